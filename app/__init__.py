@@ -1,0 +1,1 @@
+"""microscheduler: an OpenAI-compatible gateway that owns one GPU's VRAM."""

@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.settings import ConfigError, ExternalRuntime, ProcessRuntime, load_settings
+
+ISSUE_EXAMPLE = """\
+backends:
+  orchestrator:
+    url: http://127.0.0.1:8199        # base URL of a vLLM OpenAI server (no /v1)
+    models: [nemotron-8b]             # ids it serves; the first is the one sent upstream
+    aliases: [orchestrator, default]  # more names clients may use
+    role: orchestrator
+    runtime: {kind: external}         # not managed by us; health-checked only
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("MICROSCHEDULER_"):
+            monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, text: str, name: str = "models.yaml") -> Path:
+    (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def problems(tmp_path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path)
+    return info.value.problems
+
+
+def test_issue_example_is_accepted_exactly_as_written(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, ISSUE_EXAMPLE))
+    backend = settings.backends["orchestrator"]
+    assert backend.url == "http://127.0.0.1:8199"
+    assert backend.models == ["nemotron-8b"]
+    assert backend.served_model == "nemotron-8b"
+    assert backend.aliases == ["orchestrator", "default"]
+    assert backend.role == "orchestrator"
+    assert isinstance(backend.runtime, ExternalRuntime)
+    assert settings.max_body_bytes == 10 * 1024 * 1024
+    assert settings.config_dir == tmp_path
+
+
+def test_process_runtime_and_defaults(tmp_path: Path) -> None:
+    text = ISSUE_EXAMPLE.replace(
+        "runtime: {kind: external}",
+        'runtime: {kind: process, command: ["{python}", "-V"], env: {A: "1"}}',
+    )
+    runtime = load_settings(write(tmp_path, text)).backends["orchestrator"].runtime
+    assert isinstance(runtime, ProcessRuntime)
+    assert runtime.command == ["{python}", "-V"]
+    assert runtime.env == {"A": "1"}
+    assert runtime.stop_grace_s == 10.0
+
+
+def test_environment_overrides_yaml_including_nested_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, ISSUE_EXAMPLE + "timeouts: {connect_s: 3, idle_s: 30}\n")
+    monkeypatch.setenv("MICROSCHEDULER_TIMEOUTS__CONNECT_S", "1.5")
+    monkeypatch.setenv("MICROSCHEDULER_MAX_BODY_BYTES", "1000")
+    settings = load_settings(tmp_path)
+    assert settings.timeouts.connect_s == 1.5
+    assert settings.timeouts.idle_s == 30  # the YAML value of a sibling key survives
+    assert settings.max_body_bytes == 1000
+
+
+def test_backend_timeout_overrides_merge_over_global(tmp_path: Path) -> None:
+    text = ISSUE_EXAMPLE + "    timeouts: {idle_s: 5}\ntimeouts: {connect_s: 2}\n"
+    settings = load_settings(write(tmp_path, text))
+    merged = settings.backend_timeouts("orchestrator")
+    assert (merged.connect_s, merged.idle_s, merged.first_byte_s) == (2, 5, 300)
+
+
+def test_api_keys_are_comma_separated_and_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICROSCHEDULER_API_KEYS", "key-one, key-two,,")
+    settings = load_settings(write(tmp_path, ISSUE_EXAMPLE))
+    assert [k.get_secret_value() for k in settings.api_keys] == ["key-one", "key-two"]
+    assert "key-one" not in repr(settings)
+
+
+def test_cli_overrides_win_over_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICROSCHEDULER_PORT", "9000")
+    settings = load_settings(write(tmp_path, ISSUE_EXAMPLE), port=9100)
+    assert settings.port == 9100
+
+
+def test_optional_files_are_read_when_present(tmp_path: Path) -> None:
+    write(tmp_path, ISSUE_EXAMPLE)
+    assert load_settings(tmp_path).cloud_providers is None
+    write(tmp_path, "providers: {}\nchains: {}\n", "cloud_providers.yaml")
+    write(tmp_path, "profiles: {}\n", "gpu_profiles.yaml")
+    settings = load_settings(tmp_path)
+    assert settings.cloud_providers == {"providers": {}, "chains": {}}
+    assert settings.gpu_profiles == {"profiles": {}}
+
+
+def test_missing_directory_and_file_are_named(tmp_path: Path) -> None:
+    assert problems(tmp_path / "nope") == [f"{tmp_path / 'nope'}: config directory does not exist"]
+    assert problems(tmp_path)[0].startswith(f"{tmp_path / 'models.yaml'}: file not found")
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
+    write(tmp_path, "backends:\n  a: [unclosed\n")
+    (line,) = problems(tmp_path)
+    assert line.startswith(f"{tmp_path / 'models.yaml'}: line 3 column 1: invalid YAML")
+
+
+def test_invalid_optional_file_is_named(tmp_path: Path) -> None:
+    write(tmp_path, ISSUE_EXAMPLE)
+    write(tmp_path, "- a list\n", "gpu_profiles.yaml")
+    (line,) = problems(tmp_path)
+    assert line.startswith(f"{tmp_path / 'gpu_profiles.yaml'}: the top level must be a mapping")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            ISSUE_EXAMPLE.replace("http://127.0.0.1:8199", "127.0.0.1:8199"),
+            "models.yaml: backends.orchestrator.url: must be an http(s) base URL",
+        ),
+        (
+            ISSUE_EXAMPLE.replace("http://127.0.0.1:8199", "http://127.0.0.1:8199/v1"),
+            "models.yaml: backends.orchestrator.url: is the server's base URL without /v1",
+        ),
+        (
+            ISSUE_EXAMPLE.replace("[nemotron-8b]", "[]"),
+            "models.yaml: backends.orchestrator.models: List should have at least 1 item",
+        ),
+        (
+            ISSUE_EXAMPLE.replace("role: orchestrator", "rol: orchestrator"),
+            "models.yaml: backends.orchestrator.rol: unknown key",
+        ),
+        (
+            ISSUE_EXAMPLE.replace("{kind: external}", "{kind: kubernetes}"),
+            "models.yaml: backends.orchestrator.runtime: Input tag 'kubernetes' found",
+        ),
+        (
+            ISSUE_EXAMPLE.replace("{kind: external}", "{kind: process}"),
+            "models.yaml: backends.orchestrator.runtime.process.command: is required",
+        ),
+        ("backends: {}\n", "models.yaml: backends: Dictionary should have at least 1 item"),
+        ("timeouts: {}\n", "models.yaml: backends: is required"),
+        (
+            ISSUE_EXAMPLE + "timeouts: {idle_s: -1}\n",
+            "models.yaml: timeouts.idle_s: Input should be greater than 0",
+        ),
+        (
+            ISSUE_EXAMPLE + "api_keys: [abc]\n",
+            "models.yaml: api_keys: may only be set through the environment",
+        ),
+    ],
+)
+def test_invalid_config_names_file_key_and_problem(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    found = problems(write(tmp_path, text))
+    assert any(expected in line for line in found), found
+
+
+def test_duplicate_names_across_backends_are_rejected(tmp_path: Path) -> None:
+    text = ISSUE_EXAMPLE + (
+        "  reasoning:\n    url: http://127.0.0.1:8198\n    models: [r1]\n    aliases: [default]\n"
+    )
+    (line,) = problems(write(tmp_path, text))
+    assert "backends.reasoning.aliases: 'default' is already served by backend 'orchestrator'" in (
+        line
+    )
+
+
+def test_bad_environment_value_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICROSCHEDULER_TIMEOUTS__IDLE_S", "soon")
+    (line,) = problems(write(tmp_path, ISSUE_EXAMPLE))
+    assert line.startswith("environment MICROSCHEDULER_TIMEOUTS__IDLE_S: ")
+
+
+def test_shipped_configs_are_valid() -> None:
+    root = Path(__file__).resolve().parents[2] / "config"
+    for directory in (root, root / "demo"):
+        assert load_settings(directory).backends
