@@ -1,0 +1,58 @@
+"""The one place a `GatewayError` (or any other failure) becomes an HTTP response."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from app.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(err: GatewayError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
+
+
+async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    err: GatewayError
+    if exc.status_code == 404:
+        err = NotFound(f"No route for {request.method} {request.url.path}.")
+    elif exc.status_code == 405:
+        err = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}.")
+    else:
+        err = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}")
+        response = error_response(err)
+        response.status_code = exc.status_code
+        return response
+    return error_response(err)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = f"{loc}: {first.get('msg', 'invalid')}" if loc else str(first.get("msg", "invalid"))
+    return error_response(InvalidRequest(f"Invalid request: {message}", param=loc or None))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("unhandled error path=%s", request.url.path, exc_info=exc)
+    return error_response(GatewayError("The gateway failed unexpectedly; see its log."))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,72 @@
+"""The OpenAI-compatible surface: /v1/chat/completions, /v1/completions, /v1/embeddings,
+/v1/models.
+
+The proxied routes are plain Starlette routes: they take the raw body, parse only what
+routing needs and hand the rest to `RelayResponse`; no pydantic model of the whole body,
+no per-request dependency solving.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, parse_request, upstream_body
+from app.api.relay import RelayResponse
+from app.errors import PayloadTooLarge
+from app.services import Services
+from app.upstreams.http import forwardable_request_headers
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing more than `limit` bytes (checked before reading when declared)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than this gateway accepts ({limit} bytes; "
+        "see MICROSCHEDULER_MAX_BODY_BYTES)."
+    )
+
+
+def _proxy(endpoint: Endpoint) -> Route:
+    async def handle(request: Request) -> Response:
+        services: Services = request.app.state.services
+        services.auth.check_client(request.headers.get("authorization"))
+        parsed = parse_request(await read_body(request, services.settings.max_body_bytes), endpoint)
+        route = services.dispatcher.route(parsed.model)
+        return RelayResponse(
+            services.dispatcher,
+            route,
+            endpoint,
+            upstream_body(parsed, route),
+            forwardable_request_headers(request.scope["headers"]),
+        )
+
+    return Route(endpoint.path, handle, methods=["POST"], name=endpoint.name)
+
+
+async def list_models(request: Request) -> Response:
+    services: Services = request.app.state.services
+    services.auth.check_client(request.headers.get("authorization"))
+    return Response(services.model_list, media_type="application/json")
+
+
+routes: list[BaseRoute] = [
+    _proxy(CHAT),
+    _proxy(COMPLETIONS),
+    _proxy(EMBEDDINGS),
+    Route("/v1/models", list_models, methods=["GET"], name="models"),
+]

@@ -1,0 +1,159 @@
+"""RelayResponse: opens the upstream, relays its bytes, and cleans up on every exit.
+
+An ASGI callable rather than a Starlette StreamingResponse because it must:
+- open the upstream before anything is sent, so errors before the first byte are still
+  ordinary OpenAI error responses (and, later, fallback points);
+- watch `receive()` for the client going away during the whole exchange, the wait for the
+  first byte included, and then abort the upstream request (uvicorn's `send` silently
+  drops messages after a disconnect, so writing alone would never notice);
+- end a stream that breaks after its first byte with one in-band error event and
+  `data: [DONE]`.
+Chunks are passed on as they arrive; SSE is not re-parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Final
+
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from app.api.handlers import error_response
+from app.api.middleware import context_of
+from app.api.protocol import Endpoint
+from app.errors import GatewayError, UpstreamError
+from app.routing.dispatcher import Dispatcher, Exchange
+from app.routing.registry import Route
+
+logger = logging.getLogger(__name__)
+
+DONE_EVENT: Final = b"data: [DONE]\n\n"
+_SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
+
+
+class RelayResponse(Response):
+    # A Response only so routes can return it; it builds its own messages in __call__.
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        route: Route,
+        endpoint: Endpoint,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._route = route
+        self._endpoint = endpoint
+        self._body = body
+        self._upstream_headers = headers
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = context_of(scope)
+        if ctx is not None:
+            ctx.model, ctx.backend = self._route.name, self._route.backend
+        watch = _DisconnectWatch(receive)
+        exchange: Exchange | None = None
+        complete = False
+        try:
+            try:
+                exchange = await self._dispatcher.open(
+                    self._route, self._endpoint.path, self._body, self._upstream_headers
+                )
+            except GatewayError as err:
+                watch.stop()
+                await error_response(err)(scope, receive, send)
+                return
+            complete = await self._relay(exchange, send, watch)
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            watch.absorb_cancel()
+            if ctx is not None:
+                ctx.client_gone = True
+            logger.info(
+                "client disconnected, upstream request cancelled backend=%s",
+                self._route.backend,
+            )
+        finally:
+            watch.stop()
+            if exchange is not None:
+                exchange.finish(complete=complete)
+
+    async def _relay(self, exchange: Exchange, send: Send, watch: _DisconnectWatch) -> bool:
+        """Send the response on; True when the upstream body was relayed to its end."""
+        upstream = exchange.response
+        sse = upstream.is_event_stream
+        headers = upstream.headers + _SSE_EXTRA_HEADERS if sse else upstream.headers
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        if upstream.complete:
+            watch.stop()
+            await send(_body(upstream.first_chunk, more=False))
+            return True
+        await send(_body(upstream.first_chunk, more=True))
+        last = upstream.first_chunk
+        try:
+            async for chunk in upstream.rest():
+                await send(_body(chunk, more=True))
+                last = chunk
+        except UpstreamError as err:
+            self._dispatcher.record_stream_error(exchange, err)
+            logger.warning(
+                "upstream failed mid-response backend=%s error=%s", exchange.backend, err
+            )
+            watch.stop()
+            if sse:
+                await send(_body(_error_event(err, last), more=False))
+            # Otherwise return without finishing: the server closes the connection, so the
+            # client sees a truncated response rather than a silently shortened one.
+            return False
+        watch.stop()
+        await send(_body(b"", more=False))
+        return True
+
+
+def _body(data: bytes, *, more: bool) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+def _error_event(err: GatewayError, last_chunk: bytes) -> bytes:
+    # Close an event the upstream left half-written, so ours parses on its own.
+    boundary = b"" if last_chunk.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
+    payload = json.dumps(err.body(), separators=(",", ":")).encode()
+    return boundary + b"data: " + payload + b"\n\n" + DONE_EVENT
+
+
+class _DisconnectWatch:
+    """Cancels the current task when the client disconnects, until `stop()`.
+
+    The request body has been read already, so the next `receive()` only returns once
+    the client has gone (or the response is complete, which `stop()` covers first).
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.disconnected = False
+        self._stopped = False
+        self._waiter = asyncio.ensure_future(receive())
+        self._waiter.add_done_callback(self._on_message)
+
+    def _on_message(self, waiter: asyncio.Future[Message]) -> None:
+        if self._stopped or waiter.cancelled():
+            return
+        self.disconnected = True
+        self._task.cancel()
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._waiter.remove_done_callback(self._on_message)
+            self._waiter.cancel()
+
+    def absorb_cancel(self) -> None:
+        """The cancellation came from us: undo it so the task can finish cleanly."""
+        self._task.uncancel()

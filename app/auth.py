@@ -1,0 +1,75 @@
+"""Who may call what. Keys are compared in constant time and never logged.
+
+- `/v1/*`: when `MICROSCHEDULER_API_KEYS` is set, `Authorization: Bearer <one of them>`.
+- Admin endpoints (state changes): `MICROSCHEDULER_ADMIN_KEY` when set, else loopback
+  clients only.
+- `/health`, `/ready` and `/metrics` are open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from pydantic import SecretStr
+
+from app.errors import AuthenticationFailed, PermissionDenied
+
+
+class Authenticator:
+    def __init__(self, api_keys: tuple[SecretStr, ...], admin_key: SecretStr | None) -> None:
+        self._api_keys = tuple(k.get_secret_value().encode() for k in api_keys)
+        self._admin_key = admin_key.get_secret_value().encode() if admin_key else None
+
+    @property
+    def clients_need_key(self) -> bool:
+        return bool(self._api_keys)
+
+    def check_client(self, authorization: str | None) -> None:
+        if not self._api_keys:
+            return
+        token = _bearer(authorization)
+        if token is None:
+            raise AuthenticationFailed(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+            )
+        if not _matches_any(token, self._api_keys):
+            raise AuthenticationFailed("Incorrect API key provided.")
+
+    def check_admin(self, authorization: str | None, client_host: str | None) -> None:
+        if self._admin_key is None:
+            if not _is_loopback(client_host):
+                raise PermissionDenied(
+                    "Admin endpoints accept only loopback clients while "
+                    "MICROSCHEDULER_ADMIN_KEY is unset."
+                )
+            return
+        token = _bearer(authorization)
+        if token is None or not _matches_any(token, (self._admin_key,)):
+            raise AuthenticationFailed("This endpoint needs the admin key as a Bearer token.")
+
+
+def _bearer(authorization: str | None) -> bytes | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip().encode()
+
+
+def _matches_any(token: bytes, keys: tuple[bytes, ...]) -> bool:
+    # Compare with every key, so timing does not tell which (or whether an early one) matched.
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(token, key)
+    return found
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

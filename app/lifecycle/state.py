@@ -1,0 +1,48 @@
+"""Backend lifecycle states and the transitions allowed between them. Pure.
+
+    stopped ──> starting ──> ready ──> stopping ──> stopped
+                   │           │          │
+                   └────> failed <────────┘      failed ──> starting | stopping | stopped
+
+Only `ready` serves requests. `failed` keeps the reason (exit code, start timeout) so
+errors can say why.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class BackendState(enum.StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+TRANSITIONS: dict[BackendState, frozenset[BackendState]] = {
+    BackendState.STOPPED: frozenset({BackendState.STARTING}),
+    BackendState.STARTING: frozenset(
+        {BackendState.READY, BackendState.FAILED, BackendState.STOPPING}
+    ),
+    BackendState.READY: frozenset({BackendState.STOPPING, BackendState.FAILED}),
+    BackendState.STOPPING: frozenset({BackendState.STOPPED, BackendState.FAILED}),
+    BackendState.FAILED: frozenset(
+        {BackendState.STARTING, BackendState.STOPPING, BackendState.STOPPED}
+    ),
+}
+
+
+class InvalidTransition(RuntimeError):
+    def __init__(self, current: BackendState, target: BackendState) -> None:
+        super().__init__(f"backend cannot go from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+def check_transition(current: BackendState, target: BackendState) -> BackendState:
+    """Return `target` when the table allows `current -> target`, else raise."""
+    if target not in TRANSITIONS[current]:
+        raise InvalidTransition(current, target)
+    return target

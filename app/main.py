@@ -1,0 +1,45 @@
+"""create_app(settings, *, seams) -> FastAPI. Nothing is built at import time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from app.api import handlers, openai, ops
+from app.api.middleware import RequestObserver
+from app.metrics import Metrics
+from app.services import Seams, Services
+from app.settings import Settings
+
+
+def create_app(
+    settings: Settings,
+    *,
+    seams: Seams | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    metrics = Metrics(registry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = Services(settings, metrics, seams or Seams())
+        app.state.services = services
+        await services.start()
+        try:
+            yield
+        finally:
+            await services.close()
+
+    app = FastAPI(
+        title="microscheduler",
+        summary="OpenAI-compatible gateway for local vLLM servers sharing one GPU.",
+        lifespan=lifespan,
+    )
+    handlers.install(app)
+    app.include_router(ops.router)
+    app.router.routes.extend(openai.routes)
+    app.add_middleware(RequestObserver, metrics=metrics, access_log=settings.access_log)
+    return app

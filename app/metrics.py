@@ -1,0 +1,116 @@
+"""Prometheus metrics of the gateway, one registry per app (and per test).
+
+Labels come from configuration only (backend names, configured model names, a fixed set
+of endpoints and error kinds), never from request data, so cardinality stays bounded.
+Children are cached: the hot path does a dict lookup, not `labels()`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+# Up to minutes: LLM generations and (later) cold starts are long.
+LATENCY_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+ENDPOINTS: Final = ("chat_completions", "completions", "embeddings", "models")
+UPSTREAM_ERROR_KINDS: Final = (
+    "connect",
+    "connect_timeout",
+    "first_byte_timeout",
+    "idle_timeout",
+    "disconnected",
+    "http_5xx",
+)
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        ns = "microscheduler"
+        self.requests = Counter(
+            "requests",
+            "Requests answered on the OpenAI API, by HTTP status (499: client went away).",
+            ["model", "backend", "endpoint", "status"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "request_duration_seconds",
+            "Time from request to the last byte of the response.",
+            ["backend", "endpoint"],
+            namespace=ns,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttfb = Histogram(
+            "time_to_first_byte_seconds",
+            "Time from request to the first byte of the response body.",
+            ["backend", "endpoint"],
+            namespace=ns,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "upstream_errors",
+            "Failures talking to an upstream, by kind.",
+            ["backend", "kind"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "requests_in_flight",
+            "Requests holding a lease on a backend (relaying or waiting for it).",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.backend_up = Gauge(
+            "backend_up",
+            "1 when the backend's last health check answered 200, else 0.",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self._request_children: dict[tuple[str, str, str, str], Counter] = {}
+        self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
+
+    def declare_backend(self, backend: str) -> None:
+        """Create every per-backend series at zero so dashboards see them before traffic."""
+        self.in_flight.labels(backend)
+        self.backend_up.labels(backend)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(backend, kind)
+
+    def observe_request(
+        self,
+        *,
+        model: str,
+        backend: str,
+        endpoint: str,
+        status: int,
+        duration_s: float,
+        ttfb_s: float | None,
+    ) -> None:
+        key = (model, backend, endpoint, str(status))
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(*key)
+        counter.inc()
+        timing = self._timing_children.get((backend, endpoint))
+        if timing is None:
+            timing = self._timing_children[(backend, endpoint)] = (
+                self.duration.labels(backend, endpoint),
+                self.ttfb.labels(backend, endpoint),
+            )
+        timing[0].observe(duration_s)
+        if ttfb_s is not None:
+            timing[1].observe(ttfb_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

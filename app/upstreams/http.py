@@ -1,0 +1,235 @@
+"""The data plane's HTTP client: one aiohttp session per upstream, bytes relayed as they come.
+
+`HttpUpstream.open()` sends the request and returns only once the status, the headers and
+the first body chunk are in (bounded by `first_byte_s`), so a caller can still choose
+another target before the client has seen anything. The rest of the body is read chunk
+by chunk, each read bounded by `idle_s`; there is no total timeout.
+
+aiohttp exceptions never leave this module: they become `UpstreamUnavailable` or
+`UpstreamTimeout` with a bounded `kind`. There are no hidden retries here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+import aiohttp
+
+from app.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from app.settings import Timeouts
+
+logger = logging.getLogger(__name__)
+
+# RFC 9110 7.6.1 hop-by-hop headers, plus those the ASGI server writes itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FROM_UPSTREAM = HOP_BY_HOP | {"server", "date"}
+# What a client sends that must not reach the upstream: the gateway's own key, framing.
+_NOT_TO_UPSTREAM = HOP_BY_HOP | {"host", "authorization", "content-length", "cookie"}
+
+
+def forwardable_request_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Client headers to pass upstream, minus hop-by-hop ones and the gateway's credentials."""
+    out: dict[str, str] = {}
+    dropped = _connection_tokens(headers)
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1").lower()
+        if name in _NOT_TO_UPSTREAM or name in dropped:
+            continue
+        out[name] = raw_value.decode("latin-1")
+    return out
+
+
+def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[str]:
+    """Headers named in `Connection:` are hop-by-hop too (RFC 9110 7.6.1)."""
+    tokens: set[str] = set()
+    for raw_name, raw_value in headers:
+        if raw_name.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in raw_value.decode("latin-1").split(","))
+    return frozenset(tokens)
+
+
+class UpstreamResponse:
+    """An opened upstream response: status, relayable headers, the first chunk, the rest."""
+
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        first_chunk: bytes,
+        idle_s: float,
+        backend: str,
+    ) -> None:
+        self._response = response
+        self.status = response.status
+        self.first_chunk = first_chunk
+        self._idle_s = idle_s
+        self._backend = backend
+        self._eof = not first_chunk
+        hop = {t.lower() for v in response.headers.getall("connection", []) for t in v.split(",")}
+        self.headers: list[tuple[bytes, bytes]] = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in response.headers.items()
+            if name.lower() not in _NOT_FROM_UPSTREAM and name.lower() not in hop
+        ]
+        self.content_type = response.headers.get("content-type", "")
+        self.retry_after = response.headers.get("retry-after")
+
+    @property
+    def complete(self) -> bool:
+        """True when the first chunk was the whole body (the usual non-streaming case)."""
+        if not self._eof and self._response.content.at_eof():
+            self._eof = True
+        return self._eof
+
+    @property
+    def is_event_stream(self) -> bool:
+        return self.content_type.startswith("text/event-stream")
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        """The body after the first chunk, as it arrives; raises `UpstreamError`."""
+        content = self._response.content
+        while not self._eof:
+            try:
+                async with asyncio.timeout(self._idle_s):
+                    chunk = await content.readany()
+            except TimeoutError:
+                raise UpstreamTimeout(
+                    f"upstream {self._backend!r} sent nothing for {self._idle_s:g}s mid-response",
+                    kind="idle_timeout",
+                ) from None
+            except aiohttp.ClientError as exc:
+                raise UpstreamUnavailable(
+                    f"upstream {self._backend!r} broke off the response: {_describe(exc)}",
+                    kind="disconnected",
+                ) from None
+            if not chunk:
+                self._eof = True
+                return
+            yield chunk
+
+    def close(self) -> None:
+        """Abort: the connection is closed, so the upstream sees the client go away."""
+        self._response.close()
+
+    def release(self) -> None:
+        """Finished cleanly: the connection goes back to the pool."""
+        if self._eof:
+            self._response.release()
+        else:
+            self._response.close()
+
+
+class HttpUpstream:
+    """One upstream server (a vLLM instance, later a cloud provider) and its connection pool."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        timeouts: Timeouts,
+        *,
+        max_connections: int = 512,
+        extra_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url
+        self.timeouts = timeouts
+        self._extra_headers = extra_headers or {}
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> HttpUpstream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        # Created lazily so it binds to the running loop.
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections,
+                # Below uvicorn's 5 s keep-alive (vLLM's server), so we never reuse a socket
+                # the upstream is about to close.
+                keepalive_timeout=4.0,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s),
+                auto_decompress=False,  # relay bytes as sent, content-encoding included
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                raise_for_status=False,
+            )
+        return self._session
+
+    async def open(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        """POST `body` to `path`; return once status, headers and the first chunk are in."""
+        session = self._get_session()
+        if self._extra_headers:
+            headers = {**headers, **self._extra_headers}
+        url = self.base_url + path
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(self.timeouts.first_byte_s):
+                response = await session.post(url, data=body, headers=headers)
+                first = await response.content.readany()
+        except BaseException as exc:
+            if response is not None:
+                response.close()
+            if isinstance(exc, Exception):
+                raise self._translate(exc) from None
+            raise
+        return UpstreamResponse(response, first, self.timeouts.idle_s, self.name)
+
+    def _translate(self, exc: Exception) -> UpstreamError:
+        name = self.name
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return UpstreamTimeout(
+                f"connecting to upstream {name!r} took more than {self.timeouts.connect_s:g}s",
+                kind="connect_timeout",
+            )
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return UpstreamUnavailable(
+                f"upstream {name!r} is unreachable: {_describe(exc)}", kind="connect"
+            )
+        if isinstance(exc, TimeoutError):
+            return UpstreamTimeout(
+                f"upstream {name!r} sent no response within {self.timeouts.first_byte_s:g}s",
+                kind="first_byte_timeout",
+            )
+        if isinstance(exc, aiohttp.ClientError | OSError):
+            return UpstreamUnavailable(
+                f"upstream {name!r} closed the connection before answering: {_describe(exc)}",
+                kind="disconnected",
+            )
+        raise exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,126 @@
+"""Real processes on 127.0.0.1 for end-to-end tests: the fake vLLM and the gateway."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(url: str, *, timeout_s: float, status: int = 200, proc: Any = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            response = httpx.get(url, timeout=1)
+            if response.status_code == status:
+                return
+            last = f"status {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer {status} within {timeout_s}s (last: {last})")
+
+
+def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 15) -> int:
+    """SIGTERM, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+@contextlib.contextmanager
+def fake_vllm_process(model: str, *flags: str, port: int | None = None) -> Iterator[str]:
+    """A fake vLLM process; yields its base URL once /health answers."""
+    port = port or free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.sim.fake_vllm", "--port", str(port), "--model", model, *flags],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(url + "/health", timeout_s=20, proc=proc)
+        yield url
+    finally:
+        stop(proc)
+
+
+class GatewayProcess:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+        self.proc = proc
+        self.url = url
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def gateway_process(
+    models_yaml: dict[str, Any] | None = None,
+    *,
+    config_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    wait_ready: bool = False,
+) -> Iterator[GatewayProcess]:
+    """`microscheduler serve` as a real uvicorn process on a free port of 127.0.0.1."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if config_dir is None:
+            config_dir = Path(tmp) / "config"
+            config_dir.mkdir()
+            (config_dir / "models.yaml").write_text(yaml.safe_dump(models_yaml, sort_keys=False))
+        port = free_port()
+        log_path = Path(tmp) / "gateway.log"
+        clean_env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "serve", "--config", str(config_dir),
+                 "--host", "127.0.0.1", "--port", str(port)],
+                cwd=ROOT,
+                env={**clean_env, **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        gateway = GatewayProcess(proc, f"http://127.0.0.1:{port}", log_path)
+        try:
+            wait_for(gateway.url + "/health", timeout_s=20, proc=proc)
+            if wait_ready:
+                wait_for(gateway.url + "/ready", timeout_s=30, proc=proc)
+            yield gateway
+        finally:
+            stop(proc)

@@ -1,0 +1,76 @@
+"""Real servers on 127.0.0.1 for tests: the fake vLLM in process, the gateway in process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from app.main import create_app
+from app.services import Seams
+from app.settings import Settings
+from app.sim.fake_vllm import FakeConfig, build_app
+
+
+@dataclass
+class FakeServer:
+    url: str
+    client: httpx.AsyncClient  # talks to the fake directly (faults, stats)
+
+    async def set_faults(self, **faults: Any) -> None:
+        response = await self.client.post("/_fake/faults", json=faults)
+        response.raise_for_status()
+
+    async def stats(self) -> dict[str, Any]:
+        response = await self.client.get("/_fake/stats")
+        response.raise_for_status()
+        stats: dict[str, Any] = response.json()
+        return stats
+
+
+@asynccontextmanager
+async def fake_vllm(**options: Any) -> AsyncIterator[FakeServer]:
+    """The fake vLLM on an ephemeral port of 127.0.0.1, in this event loop."""
+    app = build_app(FakeConfig(port=0, **options))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+            yield FakeServer(url, client)
+    finally:
+        await runner.cleanup()
+
+
+def gateway_settings(backends: dict[str, dict[str, Any]], **fields: Any) -> Settings:
+    return Settings(backends=backends, access_log=False, **fields)
+
+
+@dataclass
+class Gateway:
+    client: httpx.AsyncClient
+    registry: CollectorRegistry
+    app: Any
+
+
+@asynccontextmanager
+async def gateway(
+    settings: Settings, *, seams: Seams | None = None, client_host: str = "127.0.0.1"
+) -> AsyncIterator[Gateway]:
+    """The gateway app in process (lifespan entered), reached through httpx's ASGI transport."""
+    registry = CollectorRegistry()
+    app = create_app(settings, seams=seams, registry=registry)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, client=(client_host, 50000))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", timeout=10
+        ) as client:
+            yield Gateway(client, registry, app)

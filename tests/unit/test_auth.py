@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import SecretStr
+
+from app.auth import Authenticator
+from app.errors import AuthenticationFailed, PermissionDenied
+
+
+def keys(*values: str) -> tuple[SecretStr, ...]:
+    return tuple(SecretStr(v) for v in values)
+
+
+def test_without_keys_clients_need_nothing() -> None:
+    Authenticator((), None).check_client(None)
+
+
+@pytest.mark.parametrize("header", ["Bearer k1", "Bearer k2", "bearer k2", "Bearer  k1 "])
+def test_any_configured_key_is_accepted(header: str) -> None:
+    Authenticator(keys("k1", "k2"), None).check_client(header)
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (None, "You didn't provide an API key"),
+        ("", "You didn't provide an API key"),
+        ("Basic k1", "You didn't provide an API key"),
+        ("Bearer ", "You didn't provide an API key"),
+        ("Bearer k3", "Incorrect API key provided"),
+        ("Bearer k1k2", "Incorrect API key provided"),
+    ],
+)
+def test_missing_or_wrong_keys_are_401(header: str | None, message: str) -> None:
+    with pytest.raises(AuthenticationFailed) as info:
+        Authenticator(keys("k1", "k2"), None).check_client(header)
+    assert info.value.status == 401
+    assert message in info.value.message
+    assert "k1" not in info.value.message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.5.0.1", "::1", "localhost"])
+def test_without_admin_key_loopback_is_admin(host: str) -> None:
+    Authenticator((), None).check_admin(None, host)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.2", "172.18.0.1", "::ffff:8.8.8.8", None, "testclient"])
+def test_without_admin_key_other_clients_are_403(host: str | None) -> None:
+    with pytest.raises(PermissionDenied):
+        Authenticator((), None).check_admin(None, host)
+
+
+def test_with_admin_key_only_the_key_counts() -> None:
+    auth = Authenticator(keys("client"), SecretStr("admin"))
+    auth.check_admin("Bearer admin", "10.0.0.2")
+    for header in (None, "Bearer client", "Bearer admin2"):
+        with pytest.raises(AuthenticationFailed):
+            auth.check_admin(header, "127.0.0.1")
