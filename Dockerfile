@@ -1,0 +1,17 @@
+# microscheduler gateway. One uvicorn worker: the gateway owns per-GPU state.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    MICROSCHEDULER_CONFIG_DIR=/app/config MICROSCHEDULER_HOST=0.0.0.0 MICROSCHEDULER_PORT=8080
+WORKDIR /app
+
+COPY pyproject.toml README.md ./
+COPY app ./app
+RUN pip install . && useradd --system --uid 10001 microscheduler
+COPY config ./config
+
+USER microscheduler
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s \
+  CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)" || exit 1
+CMD ["microscheduler", "serve"]

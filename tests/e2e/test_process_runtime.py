@@ -1,0 +1,119 @@
+"""`runtime: {kind: process}` for real: started with the gateway, stopped (whole group) with it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.fakes.processes import ROOT, free_port, gateway_process, port_is_open, stop
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_config_serves_both_backends_and_stops_them() -> None:
+    with gateway_process(config_dir=ROOT / "config" / "demo", wait_ready=True) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        for model in ("default", "reasoning"):
+            reply = client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+            )
+            assert reply.choices[0].message.content
+        assert port_is_open(8199)
+        assert port_is_open(8198)
+        assert_clean_exit(stop(gw.proc))
+        log = gw.log()
+    assert "Application shutdown complete." in log
+    assert not port_is_open(8199)
+    assert not port_is_open(8198)
+    assert "process stopped backend=orchestrator" in log
+    assert "process stopped backend=reasoning" in log
+
+
+def assert_clean_exit(code: int) -> None:
+    # uvicorn re-raises the SIGTERM it handled after a clean shutdown: -15 is its normal exit.
+    assert code in (0, -signal.SIGTERM)
+
+
+def fake_backend(port: int, *flags: str, grace: float = 10) -> dict[str, object]:
+    return {
+        "url": f"http://127.0.0.1:{port}",
+        "models": ["m"],
+        "runtime": {
+            "kind": "process",
+            "command": ["{python}", "-m", "app.sim.fake_vllm", "--port", str(port),
+                        "--model", "m", *flags],
+            "cwd": str(ROOT),
+            "stop_grace_s": grace,
+        },
+    }  # fmt: skip
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period() -> None:
+    port = free_port()
+    config = {"backends": {"stubborn": fake_backend(port, "--ignore-sigterm", grace=1)}}
+    with gateway_process(config, wait_ready=True) as gw:
+        assert port_is_open(port)
+        began = time.monotonic()
+        assert_clean_exit(stop(gw.proc))
+        took = time.monotonic() - began
+        log = gw.log()
+    assert not port_is_open(port)
+    assert "process ignored SIGTERM, killing backend=stubborn" in log
+    assert 1 <= took < 10
+
+
+def test_a_command_that_exits_is_reported_with_its_exit_code(tmp_path: Path) -> None:
+    config = {
+        "backends": {
+            "broken": {
+                "url": f"http://127.0.0.1:{free_port()}",
+                "models": ["m"],
+                "runtime": {
+                    "kind": "process",
+                    "command": ["{python}", "-c", "raise SystemExit(3)"],
+                },
+            }
+        }
+    }
+    with gateway_process(config) as gw:
+        deadline = time.monotonic() + 10
+        while True:
+            backend = httpx.get(gw.url + "/ready").json()["backends"]["broken"]
+            if backend["state"] == "failed" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert backend["state"] == "failed"
+        assert backend["reason"] == "exited with code 3 before it was ready"
+        response = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": []})
+        assert response.status_code == 503
+        assert "exited with code 3" in response.json()["error"]["message"]
+
+
+def test_a_missing_command_is_a_clear_failure() -> None:
+    config = {
+        "backends": {
+            "missing": {
+                "url": f"http://127.0.0.1:{free_port()}",
+                "models": ["m"],
+                "runtime": {"kind": "process", "command": ["/nonexistent/vllm", "serve"]},
+            }
+        }
+    }
+    with gateway_process(config) as gw:
+        deadline = time.monotonic() + 10
+        while True:
+            backend = httpx.get(gw.url + "/ready").json()["backends"]["missing"]
+            if backend["state"] == "failed" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert backend["reason"] == (
+        "backends.missing.runtime.command: cannot run '/nonexistent/vllm': "
+        "No such file or directory"
+    )
