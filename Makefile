@@ -20,7 +20,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
+# Escaped for the double-quoted echo below.
+TRY_BODY := {\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], \"stream\": true}
+
 run: $(VENV)/.installed
+	@echo "microscheduler: serving $(CONFIG) on http://$(HOST):$(PORT) (Ctrl-C stops it and its backends)."
+	@echo "Once the log says 'backend ready' for both backends, try:"
+	@echo "  curl -sN http://$(HOST):$(PORT)/v1/chat/completions -H 'content-type: application/json' -d '$(TRY_BODY)'"
+	@echo
 	$(BIN)/microscheduler serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
 check-config: $(VENV)/.installed
