@@ -5,12 +5,21 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.fakes.processes import ROOT, free_port, gateway_process, port_is_open, stop
+from tests.fakes.processes import (
+    ROOT,
+    GatewayProcess,
+    free_port,
+    gateway_process,
+    port_is_open,
+    stop,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -69,6 +78,11 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period() -> Non
     assert 1 <= took < 10
 
 
+def failed_backend(gw: GatewayProcess, name: str) -> dict[str, Any] | None:
+    backend: dict[str, Any] = httpx.get(gw.url + "/ready").json()["backends"][name]
+    return backend if backend["state"] == "failed" else None
+
+
 def test_a_command_that_exits_is_reported_with_its_exit_code(tmp_path: Path) -> None:
     config = {
         "backends": {
@@ -83,12 +97,7 @@ def test_a_command_that_exits_is_reported_with_its_exit_code(tmp_path: Path) -> 
         }
     }
     with gateway_process(config) as gw:
-        deadline = time.monotonic() + 10
-        while True:
-            backend = httpx.get(gw.url + "/ready").json()["backends"]["broken"]
-            if backend["state"] == "failed" or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        backend = wait_until(lambda: failed_backend(gw, "broken"))
         assert backend["state"] == "failed"
         assert backend["reason"] == "exited with code 3 before it was ready"
         response = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": []})
@@ -107,12 +116,7 @@ def test_a_missing_command_is_a_clear_failure() -> None:
         }
     }
     with gateway_process(config) as gw:
-        deadline = time.monotonic() + 10
-        while True:
-            backend = httpx.get(gw.url + "/ready").json()["backends"]["missing"]
-            if backend["state"] == "failed" or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        backend = wait_until(lambda: failed_backend(gw, "missing"))
     assert backend["reason"] == (
         "backends.missing.runtime.command: cannot run '/nonexistent/vllm': "
         "No such file or directory"

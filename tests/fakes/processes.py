@@ -10,13 +10,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import yaml
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,6 +49,18 @@ def wait_for(url: str, *, timeout_s: float, status: int = 200, proc: Any = None)
             last = type(exc).__name__
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer {status} within {timeout_s}s (last: {last})")
+
+
+def wait_until(check: Callable[[], T | None], *, timeout_s: float = 10) -> T:
+    """Poll `check` until it returns something truthy; fail with a clear message otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s: {check.__doc__ or check}")
+        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 15) -> int:
