@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.plan_cli import add_plan_command
 from app.settings import ConfigError, Settings, load_settings
 
 
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate the configuration and exit")
     check.add_argument("--config", type=Path, default=None, help=config_help)
     check.set_defaults(func=_check_config)
+
+    add_plan_command(commands)
     return parser
 
 
