@@ -143,10 +143,14 @@ class _DisconnectWatch:
         self._waiter.add_done_callback(self._on_message)
 
     def _on_message(self, waiter: asyncio.Future[Message]) -> None:
-        if self._stopped or waiter.cancelled():
+        if waiter.cancelled():
             return
-        self.disconnected = True
-        self._task.cancel()
+        # A server whose receive() fails has lost the client too; retrieving the error
+        # keeps it from being reported as never retrieved.
+        waiter.exception()
+        if not self._stopped:
+            self.disconnected = True
+            self._task.cancel()
 
     def stop(self) -> None:
         if not self._stopped:
