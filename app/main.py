@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,6 +29,10 @@ def create_app(
         services = Services(settings, metrics, seams or Seams())
         app.state.services = services
         await services.start()
+        # What start-up built lives as long as the app: keep it out of every later GC pass
+        # (full collections of it paused the loop for ~50 ms under load).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
