@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.gpu.catalog import catalog_model, catalog_names
 from app.gpu.kv import (
@@ -48,6 +48,8 @@ from app.gpu.share import (
 )
 from app.gpu.units import GIB, KIB, bytes_to_gib, gib_to_bytes
 from app.gpu.weights import estimate_weight_bytes, params_from_billions, served_dtype
+
+T = TypeVar("T")
 
 Handler = Callable[[argparse.Namespace], int]
 JsonDict = dict[str, Any]
@@ -605,24 +607,24 @@ def _split_spec(text: str, where: str) -> tuple[dict[str, str], set[str]]:
     return values, flags
 
 
-def _number(values: dict[str, str], key: str, where: str) -> float | None:
+def _parsed(
+    values: dict[str, str], key: str, where: str, parse: Callable[[str], T], kind: str
+) -> T | None:
     text = values.get(key)
     if text is None:
         return None
     try:
-        return float(text)
+        return parse(text)
     except ValueError:
-        raise PlanInputError(f"{where}: {key} must be a number, got {text!r}") from None
+        raise PlanInputError(f"{where}: {key} must be {kind}, got {text!r}") from None
+
+
+def _number(values: dict[str, str], key: str, where: str) -> float | None:
+    return _parsed(values, key, where, float, "a number")
 
 
 def _integer(values: dict[str, str], key: str, where: str) -> int | None:
-    text = values.get(key)
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise PlanInputError(f"{where}: {key} must be an integer, got {text!r}") from None
+    return _parsed(values, key, where, int, "an integer")
 
 
 def _gib_value(values: dict[str, str], key: str, where: str) -> int | None:
