@@ -17,7 +17,6 @@ LATENCY_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
-ENDPOINTS: Final = ("chat_completions", "completions", "embeddings", "models")
 UPSTREAM_ERROR_KINDS: Final = (
     "connect",
     "connect_timeout",

@@ -32,10 +32,8 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
         err = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}.")
     else:
         err = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}")
-        response = error_response(err)
-        response.status_code = exc.status_code
-        return response
-    return error_response(err)
+    headers = {**err.headers, **(exc.headers or {})}
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=headers or None)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

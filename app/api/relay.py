@@ -57,7 +57,6 @@ class RelayResponse(Response):
             ctx.model, ctx.backend = self._route.name, self._route.backend
         watch = _DisconnectWatch(receive)
         exchange: Exchange | None = None
-        complete = False
         try:
             try:
                 exchange = await self._dispatcher.open(
@@ -67,7 +66,7 @@ class RelayResponse(Response):
                 watch.stop()
                 await error_response(err)(scope, receive, send)
                 return
-            complete = await self._relay(exchange, send, watch)
+            await self._relay(exchange, send, watch)
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise
@@ -81,10 +80,10 @@ class RelayResponse(Response):
         finally:
             watch.stop()
             if exchange is not None:
-                exchange.finish(complete=complete)
+                exchange.finish()
 
-    async def _relay(self, exchange: Exchange, send: Send, watch: _DisconnectWatch) -> bool:
-        """Send the response on; True when the upstream body was relayed to its end."""
+    async def _relay(self, exchange: Exchange, send: Send, watch: _DisconnectWatch) -> None:
+        """Send the response on, ending a broken SSE stream with an in-band error."""
         upstream = exchange.response
         sse = upstream.is_event_stream
         headers = upstream.headers + _SSE_EXTRA_HEADERS if sse else upstream.headers
@@ -92,7 +91,7 @@ class RelayResponse(Response):
         if upstream.complete:
             watch.stop()
             await send(_body(upstream.first_chunk, more=False))
-            return True
+            return
         await send(_body(upstream.first_chunk, more=True))
         last = upstream.first_chunk
         try:
@@ -109,10 +108,9 @@ class RelayResponse(Response):
                 await send(_body(_error_event(err, last), more=False))
             # Otherwise return without finishing: the server closes the connection, so the
             # client sees a truncated response rather than a silently shortened one.
-            return False
+            return
         watch.stop()
         await send(_body(b"", more=False))
-        return True
 
 
 def _body(data: bytes, *, more: bool) -> Message:

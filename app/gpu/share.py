@@ -62,7 +62,7 @@ CUDAGraph memory") for accurate plans.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from app.gpu.units import GIB, bytes_to_gib, require_non_negative, require_positive
@@ -442,17 +442,7 @@ def _advice(
 
 
 def _unpinned(spec: InstanceSpec) -> InstanceSpec:
-    return InstanceSpec(
-        name=spec.name,
-        weight_bytes=spec.weight_bytes,
-        kv_bytes=spec.kv_bytes,
-        graph_bytes=spec.graph_bytes,
-        overhead_bytes=spec.overhead_bytes,
-        cuda_context_bytes=spec.cuda_context_bytes,
-        enforce_eager=spec.enforce_eager,
-        gpu_memory_utilization=None,
-        kv_mode="auto",
-    )
+    return replace(spec, gpu_memory_utilization=None, kv_mode="auto")
 
 
 def _flags(spec: InstanceSpec, outcome: _Outcome, step: float) -> tuple[str, ...]:

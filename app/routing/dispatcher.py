@@ -25,13 +25,10 @@ class Exchange:
         self.response = response
         self._lease = lease
 
-    def finish(self, *, complete: bool) -> None:
-        """Give back the connection (pooled when `complete`, else aborted) and the lease."""
+    def finish(self) -> None:
+        """Give back the connection (pooled if the body was read to its end) and the lease."""
         try:
-            if complete:
-                self.response.release()
-            else:
-                self.response.close()
+            self.response.release()
         finally:
             self._lease.release()
 

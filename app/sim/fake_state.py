@@ -50,16 +50,7 @@ class FakeConfig:
     version: str = "0.0.0-fake"
 
     def faults(self) -> Faults:
-        return Faults(
-            fail_status=self.fail_status,
-            fail_count=self.fail_count,
-            drop_after=self.drop_after,
-            stall_after=self.stall_after,
-            stall_before_headers=self.stall_before_headers,
-            ttft=self.ttft,
-            tokens_per_second=self.tokens_per_second,
-            health_status=self.health_status,
-        )
+        return Faults(**{f.name: getattr(self, f.name) for f in fields(Faults)})
 
 
 @dataclass

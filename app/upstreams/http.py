@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from types import TracebackType
 
 import aiohttp
 
@@ -87,7 +86,6 @@ class UpstreamResponse:
             if name.lower() not in _NOT_FROM_UPSTREAM and name.lower() not in hop
         ]
         self.content_type = response.headers.get("content-type", "")
-        self.retry_after = response.headers.get("retry-after")
 
     @property
     def complete(self) -> bool:
@@ -122,12 +120,9 @@ class UpstreamResponse:
                 return
             yield chunk
 
-    def close(self) -> None:
-        """Abort: the connection is closed, so the upstream sees the client go away."""
-        self._response.close()
-
     def release(self) -> None:
-        """Finished cleanly: the connection goes back to the pool."""
+        """Pool the connection if the body was read to its end; otherwise close it, so the
+        upstream sees the request abandoned (client gone, stream broken) and stops."""
         if self._eof:
             self._response.release()
         else:
@@ -152,17 +147,6 @@ class HttpUpstream:
         self._extra_headers = extra_headers or {}
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> HttpUpstream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _get_session(self) -> aiohttp.ClientSession:
         # Created lazily so it binds to the running loop.

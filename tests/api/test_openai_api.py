@@ -258,6 +258,7 @@ async def test_unknown_path_and_method_use_the_envelope(gw: Gateway) -> None:
     assert_openai_error(missing.json(), "not_found", "invalid_request_error")
     wrong = await gw.client.get("/v1/chat/completions")
     assert wrong.status_code == 405
+    assert wrong.headers["allow"] == "POST"
     assert_openai_error(wrong.json(), "method_not_allowed", "invalid_request_error")
 
 

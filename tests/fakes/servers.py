@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from aiohttp import web
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from app.main import create_app
@@ -63,11 +64,20 @@ class Gateway:
 
 @asynccontextmanager
 async def gateway(
-    settings: Settings, *, seams: Seams | None = None, client_host: str = "127.0.0.1"
+    settings: Settings,
+    *,
+    seams: Seams | None = None,
+    client_host: str = "127.0.0.1",
+    configure: Callable[[FastAPI], None] | None = None,
 ) -> AsyncIterator[Gateway]:
-    """The gateway app in process (lifespan entered), reached through httpx's ASGI transport."""
+    """The gateway app in process (lifespan entered), reached through httpx's ASGI transport.
+
+    `configure` may add routes to the app before it starts (e.g. a probe for a dependency).
+    """
     registry = CollectorRegistry()
     app = create_app(settings, seams=seams, registry=registry)
+    if configure is not None:
+        configure(app)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, client=(client_host, 50000))
         async with httpx.AsyncClient(
