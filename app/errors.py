@@ -12,10 +12,15 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
     ├── ModelNotFound (404, code model_not_found)
     ├── NotFound (404, code not_found)            unknown path
     ├── MethodNotAllowed (405)
-    ├── UpstreamError (server_error)              the upstream could not answer
-    │   ├── UpstreamUnavailable (503)             refused, reset, backend not ready
-    │   └── UpstreamTimeout (504)                 connect, first byte or idle timeout
-    └── ...later issues add lifecycle and fallback errors here
+    ├── Conflict (409)                            an admin action the current state forbids
+    └── UpstreamError (server_error)              the upstream could not answer
+        ├── UpstreamUnavailable (503)             refused, reset
+        │   └── BackendUnavailable (503)          a local backend cannot serve now: starting
+        │                                         failed, blocked by a zone, no VRAM, queue full
+        └── UpstreamTimeout (504)                 connect, first byte or idle timeout
+            └── WakeTimeout (504)                 a held request waited `max_wait_s`
+
+`UpstreamError.kind` is a bounded label (metrics, and the fallback policy's trigger).
 """
 
 from __future__ import annotations
@@ -105,6 +110,12 @@ class MethodNotAllowed(GatewayError):
     default_code = "method_not_allowed"
 
 
+class Conflict(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    default_code = "conflict"
+
+
 class UpstreamError(GatewayError):
     """The upstream could not give an answer; `kind` is a bounded metric label."""
 
@@ -130,3 +141,28 @@ class UpstreamUnavailable(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     default_code = "upstream_timeout"
+
+
+class BackendUnavailable(UpstreamUnavailable):
+    """A local backend cannot take the request now; `kind` says why.
+
+    Kinds: `starting`, `stopped`, `failed`, `blocked` (a VRAM zone holds its memory),
+    `no_vram` (admission refused the start), `queue_full` (`max_waiting` reached),
+    `runtime` (the runtime could not be asked, e.g. Docker proxy down).
+    """
+
+    def __init__(self, message: str, *, kind: str, retry_after_s: int | None = None) -> None:
+        headers = {"retry-after": str(retry_after_s)} if retry_after_s is not None else None
+        super().__init__(message, kind=kind, code=f"backend_{kind}", headers=headers)
+
+
+class WakeTimeout(UpstreamTimeout):
+    """A request held for a starting backend waited its `max_wait_s`."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 10) -> None:
+        super().__init__(
+            message,
+            kind="wake_timeout",
+            code="backend_wake_timeout",
+            headers={"retry-after": str(retry_after_s)},
+        )

@@ -25,6 +25,9 @@ UPSTREAM_ERROR_KINDS: Final = (
     "disconnected",
     "http_5xx",
 )
+BACKEND_STATES: Final = ("stopped", "starting", "ready", "stopping", "failed")
+START_OUTCOMES: Final = ("ready", "failed", "refused", "cancelled")
+STOP_REASONS: Final = ("idle", "eviction", "zone", "admin", "shutdown")
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 
@@ -76,6 +79,49 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
+        self.backend_state = Gauge(
+            "backend_state",
+            "1 for the lifecycle state the backend is in, 0 for the others.",
+            ["backend", "state"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.starts = Counter(
+            "backend_starts",
+            "Starts of a backend by outcome (refused: not enough VRAM).",
+            ["backend", "outcome"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.start_duration = Histogram(
+            "backend_start_duration_seconds",
+            "From the start decision to the backend answering its health check.",
+            ["backend"],
+            namespace=ns,
+            buckets=(*LATENCY_BUCKETS[5:], 900.0, 1800.0),
+            registry=self.registry,
+        )
+        self.stops = Counter(
+            "backend_stops",
+            "Stops of a backend by the gateway, by reason.",
+            ["backend", "reason"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.waiting = Gauge(
+            "requests_waiting",
+            "Requests held until their backend is ready.",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.drain_timeouts = Counter(
+            "drain_timeouts",
+            "Stops that went ahead with requests still in flight after drain_timeout_s.",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
@@ -85,6 +131,19 @@ class Metrics:
         self.backend_up.labels(backend)
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(backend, kind)
+        for state in BACKEND_STATES:
+            self.backend_state.labels(backend, state)
+        for outcome in START_OUTCOMES:
+            self.starts.labels(backend, outcome)
+        for reason in STOP_REASONS:
+            self.stops.labels(backend, reason)
+        self.start_duration.labels(backend)
+        self.waiting.labels(backend)
+        self.drain_timeouts.labels(backend)
+
+    def set_backend_state(self, backend: str, state: str) -> None:
+        for name in BACKEND_STATES:
+            self.backend_state.labels(backend, name).set(1 if name == state else 0)
 
     def observe_request(
         self,

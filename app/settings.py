@@ -23,6 +23,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -82,17 +84,68 @@ class ExternalRuntime(_Strict):
 
 
 class ProcessRuntime(_Strict):
-    """A command started with the gateway and stopped (whole process group) with it."""
+    """A command started by the gateway and stopped (whole process group) by it."""
 
     kind: Literal["process"]
     command: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: Path | None = None
-    start_timeout_s: PositiveFloat = 300.0
     stop_grace_s: PositiveFloat = 10.0
 
 
-RuntimeConfig = Annotated[ExternalRuntime | ProcessRuntime, Field(discriminator="kind")]
+class DockerRuntime(_Strict):
+    """An existing container, started and stopped through the Docker Engine API.
+
+    `stop_timeout_s` is Docker's `t`: how long the container gets after SIGTERM before
+    the engine kills it (vLLM needs a few seconds to free the GPU cleanly).
+    """
+
+    kind: Literal["docker"]
+    container: str = Field(min_length=1)
+    stop_timeout_s: NonNegativeInt = 30
+
+
+RuntimeConfig = Annotated[
+    ExternalRuntime | ProcessRuntime | DockerRuntime, Field(discriminator="kind")
+]
+
+
+class DockerSettings(_Strict):
+    """How to reach the Docker Engine API: a socket proxy URL or a Unix socket."""
+
+    url: str = "unix:///var/run/docker.sock"
+    timeout_s: PositiveFloat = 10.0  # connect and read, except stop (which waits `t` more)
+
+    @field_validator("url")
+    @classmethod
+    def _docker_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError(f"a unix URL needs a socket path, got {value!r}")
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
+                f"like unix:///var/run/docker.sock, got {value!r}"
+            )
+        return value.rstrip("/")
+
+
+class SimGpu(_Strict):
+    total_mib: PositiveInt = 32768
+    count: PositiveInt = 1
+
+
+class GpuSettings(_Strict):
+    """The GPU probe behind VRAM admission.
+
+    `sim` counts what the gateway itself placed on the GPU (the `vram_mib` of running
+    backends plus zone holds); `none` turns admission off (every start is allowed).
+    """
+
+    probe: Literal["sim", "none"] = "sim"
+    sim: SimGpu = Field(default_factory=SimGpu)
+    reclaim_timeout_s: PositiveFloat = 10.0  # wait for evicted memory to show as free
 
 
 class BackendConfig(_Strict):
@@ -105,6 +158,16 @@ class BackendConfig(_Strict):
     health_path: str = "/health"
     api_key_env: str | None = None
     max_connections: PositiveInt = 512
+    # Lifecycle (see README "Model lifecycle").
+    lifecycle: Literal["pinned", "lazy"] = "pinned"
+    idle_ttl_s: NonNegativeFloat = 0.0
+    priority: int = 50
+    vram_mib: PositiveInt | None = None
+    gpus: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
+    start_timeout_s: PositiveFloat = 300.0
+    max_waiting: NonNegativeInt = 64
+    max_wait_s: PositiveFloat = 120.0
+    drain_timeout_s: NonNegativeFloat = 60.0
 
     @field_validator("url")
     @classmethod
@@ -126,6 +189,24 @@ class BackendConfig(_Strict):
             if not name.strip():
                 raise ValueError("names must be non-empty strings")
         return names
+
+    @model_validator(mode="after")
+    def _lifecycle(self) -> BackendConfig:
+        if self.lifecycle == "lazy":
+            if self.runtime.kind == "external":
+                raise ValueError(
+                    "lifecycle: lazy needs a runtime the gateway can start (docker or process), "
+                    "not external"
+                )
+            if self.vram_mib is None:
+                raise ValueError("vram_mib: is required for lifecycle: lazy (used for admission)")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.runtime.kind != "external"
 
     @property
     def served_model(self) -> str:
@@ -152,6 +233,11 @@ class Settings(BaseSettings):
     health_interval_s: PositiveFloat = 5.0
     shutdown_grace_s: PositiveFloat = 10.0
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    state_dir: Path = Path("var")  # zone holds survive restarts here
+    wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
+    reaper_interval_s: PositiveFloat = 1.0
+    docker: DockerSettings = Field(default_factory=DockerSettings)
+    gpu: GpuSettings = Field(default_factory=GpuSettings)
     backends: dict[str, BackendConfig] = Field(min_length=1)
     # Read from their own files when present; later features give them meaning.
     cloud_providers: dict[str, Any] | None = None
@@ -181,6 +267,14 @@ class Settings(BaseSettings):
                             f"{owner[name]!r}; model ids and aliases must be unique"
                         )
                     owner[name] = backend
+        if self.gpu.probe == "sim":
+            for backend, cfg in self.backends.items():
+                missing = [g for g in cfg.gpus if g >= self.gpu.sim.count]
+                if missing:
+                    raise ValueError(
+                        f"backends.{backend}.gpus: GPU {missing[0]} does not exist "
+                        f"(gpu.sim.count is {self.gpu.sim.count})"
+                    )
         return self
 
     def backend_timeouts(self, name: str) -> Timeouts:

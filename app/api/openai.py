@@ -53,6 +53,7 @@ def _proxy(endpoint: Endpoint) -> Route:
             endpoint,
             upstream_body(parsed, route),
             forwardable_request_headers(request.scope["headers"]),
+            stream=parsed.stream,
         )
 
     return Route(endpoint.path, handle, methods=["POST"], name=endpoint.name)

@@ -7,7 +7,11 @@ An ASGI callable rather than a Starlette StreamingResponse because it must:
   first byte included, and then abort the upstream request (uvicorn's `send` silently
   drops messages after a disconnect, so writing alone would never notice);
 - end a stream that breaks after its first byte with one in-band error event and
-  `data: [DONE]`.
+  `data: [DONE]`;
+- keep a streaming client that is held while its backend wakes from timing out: after
+  `wake_notice_s` it sends `200 text/event-stream` and an SSE comment
+  (`: waking reasoning 5s`) every `wake_notice_s`. Comments carry no content, so the
+  request can still fail over; an error after them is sent in-band.
 Chunks are passed on as they arrive; SSE is not re-parsed.
 """
 
@@ -31,6 +35,7 @@ from app.routing.registry import Route
 logger = logging.getLogger(__name__)
 
 DONE_EVENT: Final = b"data: [DONE]\n\n"
+MAX_ERROR_BODY: Final = 64 * 1024
 _SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
@@ -43,7 +48,10 @@ class RelayResponse(Response):
         endpoint: Endpoint,
         body: bytes,
         headers: dict[str, str],
+        *,
+        stream: bool = False,
     ) -> None:
+        self._stream = stream
         self._dispatcher = dispatcher
         self._route = route
         self._endpoint = endpoint
@@ -56,17 +64,24 @@ class RelayResponse(Response):
         if ctx is not None:
             ctx.model, ctx.backend = self._route.name, self._route.backend
         watch = _DisconnectWatch(receive)
+        notice = _WakeNotice(send, self._route.backend) if self._stream else None
         exchange: Exchange | None = None
         try:
             try:
                 exchange = await self._dispatcher.open(
-                    self._route, self._endpoint.path, self._body, self._upstream_headers
+                    self._route, self._endpoint.path, self._body, self._upstream_headers, notice
                 )
             except GatewayError as err:
                 watch.stop()
-                await error_response(err)(scope, receive, send)
+                if notice is not None and notice.started:
+                    await send(_body(_error_event(err, b""), more=False))
+                else:
+                    await error_response(err)(scope, receive, send)
                 return
-            await self._relay(exchange, send, watch)
+            if notice is not None and notice.started:
+                await self._relay_after_notice(exchange, send, watch)
+            else:
+                await self._relay(exchange, send, watch)
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise
@@ -88,6 +103,30 @@ class RelayResponse(Response):
         sse = upstream.is_event_stream
         headers = upstream.headers + _SSE_EXTRA_HEADERS if sse else upstream.headers
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        await self._relay_body(exchange, send, watch, sse=sse)
+
+    async def _relay_after_notice(
+        self, exchange: Exchange, send: Send, watch: _DisconnectWatch
+    ) -> None:
+        """The status line is already sent (200, event stream): relay a stream as is,
+        turn anything else into one in-band error event."""
+        upstream = exchange.response
+        if upstream.status == 200 and upstream.is_event_stream:
+            await self._relay_body(exchange, send, watch, sse=True)
+            return
+        body = upstream.first_chunk
+        if not upstream.complete:
+            async for chunk in upstream.rest():
+                body += chunk
+                if len(body) > MAX_ERROR_BODY:
+                    break
+        watch.stop()
+        await send(_body(_upstream_error_event(upstream.status, body), more=False))
+
+    async def _relay_body(
+        self, exchange: Exchange, send: Send, watch: _DisconnectWatch, *, sse: bool
+    ) -> None:
+        upstream = exchange.response
         if upstream.complete:
             watch.stop()
             await send(_body(upstream.first_chunk, more=False))
@@ -118,10 +157,58 @@ def _body(data: bytes, *, more: bool) -> Message:
 
 
 def _error_event(err: GatewayError, last_chunk: bytes) -> bytes:
+    return _event_with_done(err.body(), last_chunk)
+
+
+def _event_with_done(payload: object, last_chunk: bytes) -> bytes:
     # Close an event the upstream left half-written, so ours parses on its own.
-    boundary = b"" if last_chunk.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
-    payload = json.dumps(err.body(), separators=(",", ":")).encode()
-    return boundary + b"data: " + payload + b"\n\n" + DONE_EVENT
+    ended = not last_chunk or last_chunk.endswith((b"\n\n", b"\r\n\r\n"))
+    boundary = b"" if ended else b"\n\n"
+    data = json.dumps(payload, separators=(",", ":")).encode()
+    return boundary + b"data: " + data + b"\n\n" + DONE_EVENT
+
+
+def _upstream_error_event(status: int, body: bytes) -> bytes:
+    """An upstream error response, as the in-band error event of a stream already begun."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict):
+        text = body[:MAX_ERROR_BODY].decode(errors="replace").strip()
+        error = {
+            "message": f"upstream answered {status}: {text}"
+            if text
+            else f"upstream answered {status}",
+            "type": "server_error" if status >= 500 else "invalid_request_error",
+            "param": None,
+            "code": status,
+        }
+    return _event_with_done({"error": error}, b"")
+
+
+class _WakeNotice:
+    """Keeps a held streaming client alive with SSE comments; sends the status line once."""
+
+    def __init__(self, send: Send, backend: str) -> None:
+        self._send = send
+        self._backend = backend
+        self.started = False
+
+    async def __call__(self, waited_s: float) -> None:
+        if not self.started:
+            self.started = True
+            await self._send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                *_SSE_EXTRA_HEADERS],
+                }
+            )  # fmt: skip
+        line = f": waking {self._backend} {int(waited_s)}s\n\n".encode()
+        await self._send(_body(line, more=True))
 
 
 class _DisconnectWatch:

@@ -1,32 +1,67 @@
 """One lifecycle object per backend: its state, its runtime, its leases, its health.
 
-The lock guards state transitions only and is never held across I/O. Starting is
-single-flight: the first caller creates the start task, later callers await the same task
-through `asyncio.shield`, so a caller that goes away never cancels a start others need.
+- `acquire()` is the data plane's only way in: it returns a `Lease` on a ready backend,
+  starting a stopped one and holding the request meanwhile (bounded by `max_waiting`
+  and `max_wait_s`). It decides under the backend's lock, so a request that arrives
+  while a stop is in progress waits for the stop and then starts the backend again.
+- The lock guards state transitions only and is never held across I/O.
+- Starting is single-flight: the first caller creates the start task, later callers
+  wait on the same task without owning it, so a caller that goes away never cancels a
+  start others need. Stopping is single-flight the same way.
+- A start runs inside the admission context (VRAM check, eviction, one start per GPU at
+  a time); a stop drains leases up to `drain_timeout_s` before stopping the runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Final, Protocol
 
 import httpx
 
-from app.errors import UpstreamUnavailable
+from app.errors import BackendUnavailable, GatewayError, WakeTimeout
 from app.lifecycle.state import BackendState, check_transition
 from app.metrics import Metrics
-from app.runtimes.base import Runtime, RuntimeError_
-from app.settings import BackendConfig, ProcessRuntime
-from app.tasks import spawn
+from app.runtimes.base import Runtime, RuntimeError_, RuntimeStatus
+from app.settings import BackendConfig
+from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
 
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S: Final = 2.0
-READINESS_POLL_S: Final = 0.25
-DEFAULT_START_TIMEOUT_S: Final = 300.0
+READINESS_POLL_S: Final = 0.1
+# After a failed start, requests get the failure for this long instead of a new start,
+# so a crash-looping server is not restarted by every request.
+RESTART_BACKOFF_S: Final = 5.0
+
+# Called every `wake_notice_s` while a request is held, with the seconds waited so far.
+WaitNotice = Callable[[float], Awaitable[None]]
+
+
+class AdmissionRefused(Exception):
+    """Admission could not make room for a start; the message says what holds the memory."""
+
+
+class Admission(Protocol):
+    def admit(self, backend: Backend) -> AbstractAsyncContextManager[None]:
+        """Entered around a start: reserve the backend's VRAM (evicting if needed) and
+        keep other starts on its GPUs out until the start is over. Raises
+        `AdmissionRefused` when the backend does not fit."""
+
+
+class Unchecked:
+    """Admission when there is no GPU to check: every start is allowed."""
+
+    @contextlib.asynccontextmanager
+    async def admit(self, backend: Backend) -> AsyncIterator[None]:
+        backend.holds_vram = True
+        yield
 
 
 class Lease:
@@ -53,126 +88,367 @@ class Backend:
         upstream: HttpUpstream,
         health_client: httpx.AsyncClient,
         metrics: Metrics,
+        *,
+        admission: Admission | None = None,
+        wake_notice_s: float = 5.0,
     ) -> None:
         self.name = name
         self.config = config
         self.runtime = runtime
         self.upstream = upstream
+        self.admission: Admission = admission or Unchecked()
         self._health_client = health_client
         self._metrics = metrics
+        self._wake_notice_s = wake_notice_s
         self.state = BackendState.STOPPED
-        self.reason: str | None = None  # why it is in its state, for errors and /ready
+        self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.healthy: bool | None = None  # last health check; None before the first
         self.health_error: str | None = None
         self.in_flight = 0
+        self.waiting = 0
+        self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
+        self.last_used = time.monotonic()
         self.last_start_s: float | None = None
+        self.runtime_detail: str | None = None
+        # Why it may not start now (VRAM zones): key -> description for errors.
+        self.blocks: dict[str, str] = {}
+        self._failed_at: float | None = None
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
         self._in_flight_gauge = metrics.in_flight.labels(name)
+        self._waiting_gauge = metrics.waiting.labels(name)
         self._up_gauge = metrics.backend_up.labels(name)
         metrics.declare_backend(name)
+        metrics.set_backend_state(name, self.state)
+
+    @property
+    def lazy(self) -> bool:
+        return self.config.lifecycle == "lazy"
+
+    def idle_s(self, now: float | None = None) -> float:
+        """Seconds since the last request ended (0 while requests are in flight)."""
+        if self.in_flight:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.last_used
 
     # -- data plane -----------------------------------------------------------------
 
-    async def ensure_ready(self) -> None:
-        """Return when the backend can take a request, else raise `UpstreamUnavailable`."""
-        if self.state is BackendState.READY:
-            code = self.runtime.exit_code()
-            if code is None:
-                return
-            await self._mark_exited(code)
-        retry = {"retry-after": "5"} if self.state is BackendState.STARTING else None
-        raise UpstreamUnavailable(self._unavailable_message(), kind="not_ready", headers=retry)
+    async def acquire(self, on_wait: WaitNotice | None = None) -> Lease:
+        """A lease on the ready backend; starts it if needed and holds the caller meanwhile.
 
-    def lease(self) -> Lease:
+        Raises `BackendUnavailable` (blocked, failed, refused, queue full) or
+        `WakeTimeout` (still not ready after `max_wait_s`).
+        """
+        if self.state is BackendState.READY and not self.blocks:
+            return self._lease()  # the hot path: no lock, no await
+        return await self._acquire_slow(on_wait)
+
+    async def _acquire_slow(self, on_wait: WaitNotice | None) -> Lease:
+        self._check_blocked()
+        if self.waiting >= self.config.max_waiting:
+            raise BackendUnavailable(
+                f"backend {self.name!r} is {self.state} and already holds "
+                f"{self.waiting} waiting requests (max_waiting); retry shortly",
+                kind="queue_full",
+                retry_after_s=5,
+            )
+        self.waiting += 1
+        self._waiting_gauge.inc()
+        began = time.monotonic()
+        deadline = began + self.config.max_wait_s
+        try:
+            while True:
+                async with self._lock:
+                    step = self._next_step(backoff=True)
+                    if step is None:
+                        return self._lease()
+                    task, joined_start = step
+                await self._wait_for(task, began, deadline, on_wait)
+                if joined_start and self.state is not BackendState.READY:
+                    raise self._unavailable()
+        finally:
+            self.waiting -= 1
+            self._waiting_gauge.dec()
+
+    async def _wait_for(
+        self,
+        task: asyncio.Task[None],
+        began: float,
+        deadline: float,
+        on_wait: WaitNotice | None,
+    ) -> None:
+        """Wait for a start or stop without owning it: cancelling this wait leaves it running."""
+        while not task.done():
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                raise WakeTimeout(
+                    f"backend {self.name!r} is still {self.state} after "
+                    f"{self.config.max_wait_s:g}s (max_wait_s); retry later"
+                )
+            step = min(remaining, self._wake_notice_s) if on_wait is not None else remaining
+            await asyncio.wait({task}, timeout=step)
+            if not task.done() and on_wait is not None and time.monotonic() < deadline:
+                await on_wait(time.monotonic() - began)
+
+    def _lease(self) -> Lease:
         self.in_flight += 1
+        self.last_used = time.monotonic()
+        self._drained.clear()
         self._in_flight_gauge.inc()
         return Lease(self)
 
     def _release(self) -> None:
         self.in_flight -= 1
+        self.last_used = time.monotonic()
         self._in_flight_gauge.dec()
+        if self.in_flight == 0:
+            self._drained.set()
 
-    def _unavailable_message(self) -> str:
-        if self.state is BackendState.STARTING:
-            return f"backend {self.name!r} is starting; retry shortly"
+    def _check_blocked(self) -> None:
+        if self.blocks:
+            what = "; ".join(self.blocks.values())
+            raise BackendUnavailable(
+                f"backend {self.name!r} is stopped to make room for {what}; "
+                "it wakes again when that is released",
+                kind="blocked",
+            )
+
+    def _check_backoff(self) -> None:
+        if (
+            self.state is BackendState.FAILED
+            and self._failed_at is not None
+            and time.monotonic() - self._failed_at < RESTART_BACKOFF_S
+        ):
+            raise self._unavailable()
+
+    def _unavailable(self) -> GatewayError:
         detail = f": {self.reason}" if self.reason else ""
-        return f"backend {self.name!r} is {self.state}{detail}"
+        if self.state is BackendState.STARTING:
+            return BackendUnavailable(
+                f"backend {self.name!r} is starting; retry shortly",
+                kind="starting",
+                retry_after_s=5,
+            )
+        if self.state is BackendState.FAILED:
+            return BackendUnavailable(
+                f"backend {self.name!r} failed{detail}",
+                kind="failed",
+                retry_after_s=int(RESTART_BACKOFF_S),
+            )
+        kind = "no_vram" if self.reason and self.reason.startswith("not enough VRAM") else "stopped"
+        return BackendUnavailable(f"backend {self.name!r} is {self.state}{detail}", kind=kind)
 
     # -- control plane ----------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start (or join the start in progress) and wait for its outcome.
+        """Start (or join the start in progress) and wait for it, unbounded by `max_wait_s`.
 
-        A backend the gateway does not manage is ready at once: its health is watched
-        and reported, but requests are always tried, so a recovered server is used at once.
+        Raises `BackendUnavailable` when it did not become ready.
         """
-        async with self._lock:
-            if self.state is BackendState.READY:
+        while True:
+            async with self._lock:
+                step = self._next_step(backoff=False)
+                if step is None:
+                    return
+                task, joined_start = step
+            await asyncio.wait({task})
+            if joined_start:
+                if self.state is not BackendState.READY:
+                    raise self._unavailable()
                 return
-            if not self.runtime.managed:
-                self._set_state(BackendState.STARTING, None)
-                self._set_state(BackendState.READY, f"not managed: {self.runtime.describe()}")
-                return
-            if self._start_task is None or self._start_task.done():
-                self._set_state(BackendState.STARTING, None)
-                self._start_task = spawn(self._run_start(), name=f"start:{self.name}")
-            task = self._start_task
-        await asyncio.shield(task)
 
-    async def _run_start(self) -> None:
+    def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
+        """Under the lock: None when ready, else the task to wait for and whether it is
+        a start (a stop in progress is waited for, then the caller decides again)."""
+        self._check_blocked()
+        if self.state is BackendState.READY:
+            return None
+        if self.state is BackendState.STOPPING:
+            assert self._stop_task is not None
+            return self._stop_task, False
+        if self.state is BackendState.STARTING:
+            assert self._start_task is not None
+            return self._start_task, True
+        if backoff:
+            self._check_backoff()
+        return self._begin_start(adopt=False), True
+
+    def _begin_start(self, *, adopt: bool) -> asyncio.Task[None]:
+        """Under the lock: stopped or failed -> starting, with the one start task.
+
+        `adopt`: the server already runs (and holds its memory), so skip admission."""
+        if not self.runtime.managed:
+            # Nothing to launch: it is ready at once; health is watched and reported.
+            self._set_state(BackendState.STARTING, None)
+            self._set_state(BackendState.READY, f"not managed: {self.runtime.describe()}")
+            self.holds_vram = True
+            self._start_task = spawn(_nothing(), name=f"start:{self.name}")
+            return self._start_task
+        self._set_state(BackendState.STARTING, None)
+        self._start_task = spawn(self._run_start(adopt), name=f"start:{self.name}")
+        return self._start_task
+
+    async def _run_start(self, adopt: bool) -> None:
         began = time.monotonic()
+        outcome = "failed"
+        admitted = contextlib.nullcontext() if adopt else self.admission.admit(self)
         try:
-            await self.runtime.start()
+            async with admitted:
+                await self.runtime.start()
+                await self._wait_healthy(time.monotonic() + self.config.start_timeout_s)
+            duration = time.monotonic() - began
+            async with self._lock:
+                if self.state is not BackendState.STARTING:
+                    return  # a stop took over
+                self.last_start_s = duration
+                self.last_used = time.monotonic()
+                self._set_state(BackendState.READY, None)
+            outcome = "ready"
+            self._metrics.start_duration.labels(self.name).observe(duration)
+            logger.info(
+                "backend ready backend=%s runtime=%s start_s=%.2f",
+                self.name,
+                self.runtime.kind,
+                duration,
+            )
+        except AdmissionRefused as exc:
+            outcome = "refused"
+            async with self._lock:
+                if self.state is BackendState.STARTING:
+                    self._set_state(BackendState.STOPPED, f"not enough VRAM to start: {exc}")
         except RuntimeError_ as exc:
             await self._fail(str(exc))
-            return
-        timeout = (
-            self.config.runtime.start_timeout_s
-            if isinstance(self.config.runtime, ProcessRuntime)
-            else DEFAULT_START_TIMEOUT_S
-        )
-        if not await self._wait_healthy(began + timeout, timeout):
-            return
-        self.last_start_s = time.monotonic() - began
-        async with self._lock:
-            if self.state is BackendState.STARTING:
-                self._set_state(BackendState.READY, None)
-        logger.info(
-            "backend ready backend=%s runtime=%s start_s=%.2f",
-            self.name,
-            self.runtime.kind,
-            self.last_start_s,
-        )
+        except _StartFailed as exc:
+            await self._fail(str(exc))
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._metrics.starts.labels(self.name, outcome).inc()
 
-    async def _wait_healthy(self, deadline: float, budget_s: float) -> bool:
-        """Poll `/health` until it answers 200; fail at once if the server exits."""
+    async def _wait_healthy(self, deadline: float) -> None:
+        """Poll `/health` until it answers 200; fail at once if the server exits.
+
+        A refused connection means still loading (vLLM opens its port late). When the
+        runtime cannot be asked (Docker proxy down) the health check alone decides.
+        """
         while True:
-            code = self.runtime.exit_code()
-            if code is not None:
-                await self._fail(f"exited with code {code} before it was ready")
-                return False
+            try:
+                status = await self.runtime.status()
+            except RuntimeError_ as exc:
+                logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
+            else:
+                self.runtime_detail = status.detail
+                if not status.running:
+                    code, more = _exit_text(status)
+                    raise _StartFailed(f"exited with {code} before it was ready{more}")
             if await self.check_health():
-                return True
+                return
             if time.monotonic() >= deadline:
                 await self.runtime.stop()
-                await self._fail(f"not healthy {budget_s:g}s after start; stopped it")
-                return False
+                raise _StartFailed(
+                    f"not healthy {self.config.start_timeout_s:g}s after start "
+                    "(start_timeout_s); stopped it"
+                )
             await asyncio.sleep(READINESS_POLL_S)
 
-    async def stop(self) -> None:
+    async def stop(self, reason: str, *, drain_timeout_s: float | None = None) -> None:
+        """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent."""
         async with self._lock:
-            if self.state in (BackendState.STOPPED, BackendState.STOPPING):
+            if self.state is BackendState.STOPPED:
                 return
-            self._set_state(BackendState.STOPPING, "stopping")
-            start_task = self._start_task
+            if self.state is not BackendState.STOPPING:
+                self._begin_stop(reason, drain_timeout_s)
+            task = self._stop_task
+        assert task is not None
+        await asyncio.wait({task})
+
+    async def stop_if_idle(self, now: float) -> bool:
+        """The reaper's stop: decided under the lock, so a request that just arrived wins."""
+        async with self._lock:
+            ttl = self.config.idle_ttl_s
+            if not (
+                self.lazy
+                and ttl > 0
+                and self.state is BackendState.READY
+                and self.in_flight == 0
+                and now - self.last_used >= ttl
+            ):
+                return False
+            self._begin_stop("idle", None)
+            task = self._stop_task
+        assert task is not None
+        await asyncio.wait({task})
+        return True
+
+    def _begin_stop(self, reason: str, drain_timeout_s: float | None) -> None:
+        """Under the lock: -> stopping, with the one stop task."""
+        start_task = self._start_task
+        self._set_state(BackendState.STOPPING, f"stop requested ({reason})")
+        drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self._stop_task = spawn(self._run_stop(reason, drain, start_task), name=f"stop:{self.name}")
+
+    async def _run_stop(
+        self, reason: str, drain_s: float, start_task: asyncio.Task[None] | None
+    ) -> None:
         if start_task is not None and not start_task.done():
             start_task.cancel()
+            await asyncio.wait({start_task})
+        if self.in_flight:
+            logger.info(
+                "backend draining backend=%s in_flight=%d drain_timeout_s=%g",
+                self.name,
+                self.in_flight,
+                drain_s,
+            )
+            try:
+                await asyncio.wait_for(self._drained.wait(), drain_s)
+            except TimeoutError:
+                self._metrics.drain_timeouts.labels(self.name).inc()
+                logger.warning(
+                    "drain timed out, stopping with requests in flight backend=%s in_flight=%d",
+                    self.name,
+                    self.in_flight,
+                )
         try:
-            await self.runtime.stop()
-        finally:
-            async with self._lock:
-                self._set_state(BackendState.STOPPED, "stopped by the gateway")
+            if self.runtime.managed:
+                await self.runtime.stop()
+        except RuntimeError_ as exc:
+            # The server may still hold its memory: keep counting it.
+            await self._fail(f"stop failed: {exc}", holds_vram=True)
+            return
+        async with self._lock:
+            self._set_state(BackendState.STOPPED, f"stopped by the gateway ({reason})")
+        self._metrics.stops.labels(self.name, reason).inc()
+
+    async def adopt(self) -> None:
+        """At gateway start: take over a server that is already running (it outlived a
+        previous gateway), without an admission check since its memory is already in
+        use. Leaves a server that is not running stopped."""
+        try:
+            status = await self.runtime.status()
+        except RuntimeError_ as exc:
+            logger.warning("cannot tell whether it runs backend=%s error=%s", self.name, exc)
+            return
+        if not status.running:
+            return
+        logger.info("adopting running server backend=%s detail=%s", self.name, status.detail)
+        async with self._lock:
+            if self.state is not BackendState.STOPPED:
+                return
+            self.holds_vram = True
+            task = self._begin_start(adopt=True)
+        await asyncio.wait({task})
+
+    async def abandon(self) -> None:
+        """At gateway shutdown: stop waiting for starts and stops in progress. A container
+        keeps doing what it was told (the engine finishes a stop on its own)."""
+        for task in (self._start_task, self._stop_task):
+            await cancel_and_wait(task)
 
     async def check_health(self) -> bool:
         """One `GET /health`; records the outcome. Never raises."""
@@ -195,26 +471,34 @@ class Backend:
 
     async def watch(self) -> None:
         """One periodic check: health, and whether a managed server died while ready."""
-        if self.state is BackendState.READY:
-            code = self.runtime.exit_code()
-            if code is not None:
-                await self._mark_exited(code)
-                return
+        if self.state is BackendState.READY and self.runtime.managed:
+            try:
+                status = await self.runtime.status()
+            except RuntimeError_ as exc:
+                self.runtime_detail = f"unknown: {exc}"
+            else:
+                self.runtime_detail = status.detail
+                if not status.running:
+                    code, more = _exit_text(status)
+                    await self._fail(f"its server exited with {code}{more}")
+                    return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
             await self.check_health()
 
-    async def _mark_exited(self, code: int) -> None:
-        await self._fail(f"its server exited with code {code}")
-
-    async def _fail(self, reason: str) -> None:
+    async def _fail(self, reason: str, *, holds_vram: bool = False) -> None:
         async with self._lock:
             if self.state not in (BackendState.FAILED, BackendState.STOPPED):
                 self._set_state(BackendState.FAILED, reason)
+                self._failed_at = time.monotonic()
+                self.holds_vram = holds_vram
 
     def _set_state(self, target: BackendState, reason: str | None) -> None:
         previous = self.state
         self.state = check_transition(previous, target)
         self.reason = reason
+        if target is BackendState.STOPPED:
+            self.holds_vram = False
+        self._metrics.set_backend_state(self.name, target)
         log = logger.warning if target is BackendState.FAILED else logger.info
         log(
             "backend state backend=%s from=%s to=%s reason=%s",
@@ -223,3 +507,20 @@ class Backend:
             target,
             reason or "-",
         )
+
+
+def _exit_text(status: RuntimeStatus) -> tuple[str, str]:
+    """("code 137", ", OOM-killed: ...") from a status like "exited (137), OOM-killed: ..."."""
+    code = "no exit code" if status.exit_code is None else f"code {status.exit_code}"
+    prefix = f"exited ({status.exit_code})"
+    if status.detail.startswith(prefix):
+        return code, status.detail[len(prefix) :]
+    return code, f" ({status.detail})" if status.detail else ""
+
+
+class _StartFailed(Exception):
+    """The server was launched but did not become ready; the message says why."""
+
+
+async def _nothing() -> None:
+    return None

@@ -1,11 +1,15 @@
 """Backend lifecycle states and the transitions allowed between them. Pure.
 
     stopped ──> starting ──> ready ──> stopping ──> stopped
-                   │           │          │
-                   └────> failed <────────┘      failed ──> starting | stopping | stopped
+       ^           │  │         │          │
+       └───────────┘  └──> failed <────────┘      failed ──> starting | stopping | stopped
 
-Only `ready` serves requests. `failed` keeps the reason (exit code, start timeout) so
-errors can say why.
+Only `ready` serves requests. `starting -> stopped` is a start that admission refused
+before anything was launched (not enough VRAM). `failed` keeps the reason (exit code,
+start timeout, runtime error) so errors can say why.
+
+Being *blocked* by a VRAM zone is not a state: a blocked backend is stopped (or being
+stopped) and additionally refuses to start until the zone is released.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ class BackendState(enum.StrEnum):
 TRANSITIONS: dict[BackendState, frozenset[BackendState]] = {
     BackendState.STOPPED: frozenset({BackendState.STARTING}),
     BackendState.STARTING: frozenset(
-        {BackendState.READY, BackendState.FAILED, BackendState.STOPPING}
+        {BackendState.READY, BackendState.FAILED, BackendState.STOPPING, BackendState.STOPPED}
     ),
     BackendState.READY: frozenset({BackendState.STOPPING, BackendState.FAILED}),
     BackendState.STOPPING: frozenset({BackendState.STOPPED, BackendState.FAILED}),

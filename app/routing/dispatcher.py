@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from app.errors import ModelNotFound, UpstreamError
-from app.lifecycle.backend import Backend, Lease
+from app.lifecycle.backend import Backend, Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.registry import Registry, Route
 from app.upstreams.http import UpstreamResponse
@@ -45,10 +45,20 @@ class Dispatcher:
             raise ModelNotFound(model)
         return route
 
-    async def open(self, route: Route, path: str, body: bytes, headers: dict[str, str]) -> Exchange:
+    async def open(
+        self,
+        route: Route,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        on_wait: WaitNotice | None = None,
+    ) -> Exchange:
+        """Wait for the backend (waking it if needed), then open the upstream request.
+
+        `on_wait` is called every few seconds while the request is held for a start.
+        """
         backend = self._backends[route.backend]
-        await backend.ensure_ready()
-        lease = backend.lease()
+        lease = await backend.acquire(on_wait)
         try:
             response = await backend.upstream.open(path, body, headers)
         except UpstreamError as exc:

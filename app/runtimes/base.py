@@ -1,12 +1,17 @@
-"""The runtime seam: how a backend's server process is started, stopped and watched.
+"""The runtime seam: how a backend's server is started, stopped and watched.
 
 A runtime only runs things; readiness (the server answering `/health`) is decided by the
-backend's lifecycle, which polls the server while `exit_code()` says it is still alive.
-`external` runs nothing; `process` runs a command; `docker` (next) runs a container.
+backend's lifecycle, which polls the server while `status()` says it is still running.
+`external` runs nothing; `process` runs a local command; `docker` starts and stops an
+existing container through the Docker Engine API (usually behind a socket proxy).
+
+Transport errors never escape a runtime: every failure is a `RuntimeError_` whose message
+is written for the operator (what failed, and which config key or permission to fix).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -14,18 +19,40 @@ class RuntimeError_(Exception):
     """A runtime could not do what was asked; the message says why, for the operator."""
 
 
+@dataclass(frozen=True, slots=True)
+class RuntimeStatus:
+    """What the runtime knows about its server right now.
+
+    `running` is False once the server has exited (or was never started); `exit_code`
+    is set when it exited and the runtime knows the code. `detail` is one line for
+    logs and `/backends` (for example "exited (137), OOM-killed" or "health: starting").
+    """
+
+    running: bool
+    exit_code: int | None = None
+    detail: str = ""
+
+
 class Runtime(Protocol):
     kind: str
     managed: bool  # False: the gateway does not start or stop it (external)
+    # True: the gateway stops it when the gateway stops (its own child processes).
+    # False: it outlives the gateway and is adopted when the gateway starts again.
+    stop_on_shutdown: bool
 
     async def start(self) -> None:
-        """Start the server; return once it was launched (not once it is ready)."""
+        """Start the server; return once it was launched (not once it is ready).
+
+        Starting a server that already runs is not an error."""
 
     async def stop(self) -> None:
-        """Stop the server and everything it started; return once it is gone."""
+        """Stop the server and everything it started; return once it is gone.
 
-    def exit_code(self) -> int | None:
-        """The exit code once the server has exited on its own, else None."""
+        Stopping a server that is not running is not an error."""
+
+    async def status(self) -> RuntimeStatus:
+        """Ask whether the server runs; raise `RuntimeError_` when that cannot be known
+        (for example the Docker proxy is unreachable)."""
 
     def describe(self) -> str:
         """One line for logs and errors: what this runtime runs."""

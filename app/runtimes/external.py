@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from app.runtimes.base import RuntimeStatus
+
 
 class ExternalRuntime:
     kind = "external"
     managed = False
+    stop_on_shutdown = False
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -16,8 +19,8 @@ class ExternalRuntime:
     async def stop(self) -> None:
         return None
 
-    def exit_code(self) -> int | None:
-        return None
+    async def status(self) -> RuntimeStatus:
+        return RuntimeStatus(running=True, detail="not managed")
 
     def describe(self) -> str:
         return f"external server at {self._url}"

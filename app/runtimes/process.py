@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from app.runtimes.base import RuntimeError_
+from app.runtimes.base import RuntimeError_, RuntimeStatus
 from app.settings import ProcessRuntime as ProcessConfig
 from app.tasks import spawn
 
@@ -29,6 +29,7 @@ PYTHON = "{python}"
 class ProcessRuntime:
     kind = "process"
     managed = True
+    stop_on_shutdown = True
 
     def __init__(self, backend: str, config: ProcessConfig) -> None:
         self._backend = backend
@@ -71,8 +72,13 @@ class ProcessRuntime:
         while line := await stream.readline():
             logger.info("%s %s", prefix, line.decode(errors="replace").rstrip())
 
-    def exit_code(self) -> int | None:
-        return self._proc.returncode if self._proc is not None else None
+    async def status(self) -> RuntimeStatus:
+        if self._proc is None:
+            return RuntimeStatus(running=False, detail="not started")
+        code = self._proc.returncode
+        if code is None:
+            return RuntimeStatus(running=True, detail=f"pid {self._proc.pid}")
+        return RuntimeStatus(running=False, exit_code=code, detail=f"exited ({code})")
 
     async def stop(self) -> None:
         proc = self._proc

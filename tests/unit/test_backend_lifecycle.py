@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
 
-from app.errors import UpstreamUnavailable
-from app.lifecycle.backend import Backend
+from app.errors import BackendUnavailable, WakeTimeout
+from app.lifecycle.backend import Admission, AdmissionRefused, Backend
 from app.lifecycle.state import BackendState
 from app.metrics import Metrics
+from app.runtimes.base import RuntimeStatus
 from app.settings import BackendConfig, Timeouts
 from app.upstreams.http import HttpUpstream
 
@@ -20,22 +24,26 @@ class GatedRuntime:
 
     kind = "fake"
     managed = True
+    stop_on_shutdown = True
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.starts = 0
         self.stops = 0
+        self.running = False
         self.code: int | None = None
 
     async def start(self) -> None:
         self.starts += 1
+        self.running = True
         await self.gate.wait()
 
     async def stop(self) -> None:
         self.stops += 1
+        self.running = False
 
-    def exit_code(self) -> int | None:
-        return self.code
+    async def status(self) -> RuntimeStatus:
+        return RuntimeStatus(running=self.running and self.code is None, exit_code=self.code)
 
     def describe(self) -> str:
         return "fake"
@@ -50,69 +58,193 @@ def healthy(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200)
 
 
-def make_backend(runtime: GatedRuntime, handler=healthy) -> Backend:  # type: ignore[no-untyped-def]
-    config = BackendConfig(url="http://backend:8000", models=["m"])
+def make_backend(
+    fake: GatedRuntime,
+    handler: Callable[[httpx.Request], httpx.Response] = healthy,
+    /,
+    *,
+    admission: Admission | None = None,
+    metrics: Metrics | None = None,
+    wake_notice_s: float = 5.0,
+    **config: Any,
+) -> Backend:
+    cfg = BackendConfig(url="http://backend:8000", models=["m"], **config)
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    upstream = HttpUpstream("b", config.url, Timeouts())
-    return Backend("b", config, runtime, upstream, client, Metrics())
+    upstream = HttpUpstream("b", cfg.url, Timeouts())
+    return Backend(
+        "b",
+        cfg,
+        fake,
+        upstream,
+        client,
+        metrics or Metrics(),
+        admission=admission,
+        wake_notice_s=wake_notice_s,
+    )
 
 
-async def test_fifty_concurrent_starts_make_exactly_one() -> None:
+LAZY: dict[str, Any] = {
+    "lifecycle": "lazy",
+    "vram_mib": 1000,
+    "runtime": {"kind": "process", "command": ["x"]},
+}
+
+
+class RefusingAdmission:
+    @contextlib.asynccontextmanager
+    async def admit(self, backend: Backend) -> AsyncIterator[None]:
+        raise AdmissionRefused("GPU 0: 32000 of 32768 MiB in use: backend other 32000 MiB (pinned)")
+        yield  # pragma: no cover
+
+
+async def ready_backend(fake: GatedRuntime, /, **config: Any) -> Backend:
+    fake.gate.set()
+    backend = make_backend(fake, **config)
+    await backend.start()
+    return backend
+
+
+async def test_fifty_concurrent_requests_to_a_stopped_backend_make_exactly_one_start() -> None:
     runtime = GatedRuntime()
-    backend = make_backend(runtime)
-    callers = [asyncio.create_task(backend.start()) for _ in range(50)]
-    await asyncio.sleep(0)  # let every caller reach the shared start
+    backend = make_backend(runtime, **LAZY)
+    callers = [asyncio.create_task(backend.acquire()) for _ in range(50)]
+    await asyncio.sleep(0.01)  # every caller reaches the shared start
     assert backend.state is BackendState.STARTING
+    assert backend.waiting == 50
     runtime.gate.set()
-    await asyncio.gather(*callers)
+    leases = await asyncio.gather(*callers)
     assert runtime.starts == 1
     assert state_of(backend) is BackendState.READY
-    await backend.ensure_ready()
+    assert backend.in_flight == 50
+    assert backend.waiting == 0
+    for lease in leases:
+        lease.release()
+    assert backend.in_flight == 0
 
 
-async def test_cancelling_the_first_caller_does_not_cancel_the_start() -> None:
+async def test_cancelling_the_first_waiter_does_not_cancel_the_start() -> None:
     runtime = GatedRuntime()
-    backend = make_backend(runtime)
-    first = asyncio.create_task(backend.start())
-    second = asyncio.create_task(backend.start())
-    await asyncio.sleep(0)
+    backend = make_backend(runtime, **LAZY)
+    first = asyncio.create_task(backend.acquire())
+    second = asyncio.create_task(backend.acquire())
+    await asyncio.sleep(0.01)
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
+    assert backend.state is BackendState.STARTING
     runtime.gate.set()
-    await second
-    assert backend.state is BackendState.READY
+    lease = await second
+    assert state_of(backend) is BackendState.READY
+    assert runtime.starts == 1
+    assert backend.waiting == 0
+    lease.release()
+
+
+async def test_requests_beyond_max_waiting_get_503_with_retry_after() -> None:
+    runtime = GatedRuntime()
+    backend = make_backend(runtime, **LAZY, max_waiting=2)
+    held = [asyncio.create_task(backend.acquire()) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.acquire()
+    assert info.value.kind == "queue_full"
+    assert info.value.headers == {"retry-after": "5"}
+    assert "2 waiting requests (max_waiting)" in info.value.message
+    runtime.gate.set()
+    for lease in await asyncio.gather(*held):
+        lease.release()
+
+
+async def test_a_held_request_gives_up_after_max_wait_s_and_the_start_goes_on() -> None:
+    runtime = GatedRuntime()
+    backend = make_backend(runtime, **LAZY, max_wait_s=0.05)
+    with pytest.raises(WakeTimeout) as info:
+        await backend.acquire()
+    assert info.value.status == 504
+    assert "still starting after 0.05s (max_wait_s)" in info.value.message
+    assert backend.state is BackendState.STARTING
+    runtime.gate.set()
+    (await backend.acquire()).release()
     assert runtime.starts == 1
 
 
-async def test_requests_while_starting_get_503_with_retry_after() -> None:
+async def test_a_held_request_is_told_every_wake_notice_interval() -> None:
     runtime = GatedRuntime()
-    backend = make_backend(runtime)
-    starting = asyncio.create_task(backend.start())
-    await asyncio.sleep(0)
-    with pytest.raises(UpstreamUnavailable) as info:
-        await backend.ensure_ready()
-    assert info.value.headers == {"retry-after": "5"}
-    assert "is starting" in info.value.message
-    runtime.gate.set()
-    await starting
+    backend = make_backend(runtime, **LAZY, wake_notice_s=0.01)
+    notices: list[float] = []
+
+    async def notice(waited_s: float) -> None:
+        notices.append(waited_s)
+        if len(notices) == 3:
+            runtime.gate.set()
+
+    (await backend.acquire(notice)).release()
+    assert len(notices) >= 3
+    assert notices == sorted(notices)
+    assert notices[0] > 0
 
 
-async def test_a_server_that_dies_while_ready_fails_the_next_request() -> None:
+async def test_a_server_that_exits_while_starting_fails_its_waiters_with_the_code() -> None:
     runtime = GatedRuntime()
     runtime.gate.set()
-    backend = make_backend(runtime)
-    await backend.start()
+    refuse_health = make_backend(runtime, lambda r: httpx.Response(503), **LAZY)
+    waiter = asyncio.create_task(refuse_health.acquire())
+    await asyncio.sleep(0.01)
+    runtime.code = 3
+    with pytest.raises(BackendUnavailable) as info:
+        await waiter
+    assert info.value.kind == "failed"
+    assert "exited with code 3 before it was ready" in info.value.message
+    assert refuse_health.state is BackendState.FAILED
+
+
+async def test_a_server_that_dies_while_ready_is_failed_by_the_watch() -> None:
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, **LAZY)
     runtime.code = 137
-    with pytest.raises(UpstreamUnavailable) as info:
-        await backend.ensure_ready()
+    await backend.watch()
     assert backend.state is BackendState.FAILED
-    assert info.value.message == "backend 'b' is failed: its server exited with code 137"
+    assert backend.holds_vram is False
+    # Within the restart backoff, requests get the failure instead of a new start.
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.acquire()
+    assert "its server exited with code 137" in info.value.message
+    assert info.value.headers == {"retry-after": "5"}
+    assert runtime.starts == 1
+
+
+async def test_admission_refusal_leaves_the_backend_stopped_with_the_reason() -> None:
+    runtime = GatedRuntime()
+    metrics = Metrics()
+    backend = make_backend(runtime, admission=RefusingAdmission(), metrics=metrics, **LAZY)
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.acquire()
+    assert info.value.kind == "no_vram"
+    assert "backend other 32000 MiB (pinned)" in info.value.message
+    assert backend.state is BackendState.STOPPED
+    assert runtime.starts == 0
+    assert (
+        metrics.registry.get_sample_value(
+            "microscheduler_backend_starts_total", {"backend": "b", "outcome": "refused"}
+        )
+        == 1
+    )
+
+
+async def test_a_blocked_backend_refuses_without_starting() -> None:
+    runtime = GatedRuntime()
+    backend = make_backend(runtime, **LAZY)
+    backend.blocks["zone:img"] = "VRAM zone 'img' (held by 'comfyui', 12000 MiB on GPU 0)"
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.acquire()
+    assert info.value.kind == "blocked"
+    assert "VRAM zone 'img' (held by 'comfyui'" in info.value.message
+    assert runtime.starts == 0
 
 
 async def test_leases_count_in_flight_and_release_once() -> None:
-    backend = make_backend(GatedRuntime())
-    first, second = backend.lease(), backend.lease()
+    backend = await ready_backend(GatedRuntime())
+    first, second = await backend.acquire(), await backend.acquire()
     assert backend.in_flight == 2
     first.release()
     first.release()
@@ -131,13 +263,109 @@ async def test_health_checks_record_failures_without_raising() -> None:
     assert backend.health_error == "ConnectError: refused"
 
 
-async def test_stop_during_start_ends_stopped() -> None:
+async def test_stop_during_start_ends_stopped_and_fails_the_waiters() -> None:
     runtime = GatedRuntime()
-    backend = make_backend(runtime)
-    starting = asyncio.create_task(backend.start())
-    await asyncio.sleep(0)
-    await backend.stop()
+    backend = make_backend(runtime, **LAZY)
+    waiter = asyncio.create_task(backend.acquire())
+    await asyncio.sleep(0.01)
+    await backend.stop("admin")
     assert backend.state is BackendState.STOPPED
     assert runtime.stops == 1
-    with pytest.raises(asyncio.CancelledError):
-        await starting
+    with pytest.raises(BackendUnavailable) as info:
+        await waiter
+    assert "stop requested (admin)" in info.value.message
+
+
+async def test_stop_drains_leases_before_stopping_the_runtime() -> None:
+    runtime = GatedRuntime()
+    metrics = Metrics()
+    backend = await ready_backend(runtime, metrics=metrics, **LAZY)
+    lease = await backend.acquire()
+    stopping = asyncio.create_task(backend.stop("admin"))
+    await asyncio.sleep(0.01)
+    assert backend.state is BackendState.STOPPING
+    assert runtime.stops == 0  # the stream in flight finishes first
+    lease.release()
+    await stopping
+    assert state_of(backend) is BackendState.STOPPED
+    assert runtime.stops == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "microscheduler_backend_stops_total", {"backend": "b", "reason": "admin"}
+        )
+        == 1
+    )
+    assert (
+        metrics.registry.get_sample_value("microscheduler_drain_timeouts_total", {"backend": "b"})
+        == 0
+    )
+
+
+async def test_a_drain_that_times_out_stops_anyway_and_is_counted() -> None:
+    runtime = GatedRuntime()
+    metrics = Metrics()
+    backend = await ready_backend(runtime, metrics=metrics, drain_timeout_s=0.02, **LAZY)
+    lease = await backend.acquire()
+    await backend.stop("admin")
+    assert backend.state is BackendState.STOPPED
+    assert (
+        metrics.registry.get_sample_value("microscheduler_drain_timeouts_total", {"backend": "b"})
+        == 1
+    )
+    lease.release()
+    assert backend.in_flight == 0
+
+
+async def test_a_request_arriving_during_a_stop_waits_for_it_then_starts_again() -> None:
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, **LAZY)
+    in_flight = await backend.acquire()
+    stopping = asyncio.create_task(backend.stop("idle"))
+    await asyncio.sleep(0.01)
+    arriving = asyncio.create_task(backend.acquire())
+    await asyncio.sleep(0.01)
+    assert not arriving.done()  # it neither got the stopping backend nor an error
+    in_flight.release()
+    await stopping
+    lease = await arriving
+    assert state_of(backend) is BackendState.READY
+    assert runtime.starts == 2
+    assert runtime.stops == 1
+    lease.release()
+
+
+async def test_idle_stop_only_after_the_ttl_and_never_with_requests_in_flight() -> None:
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, idle_ttl_s=10, **LAZY)
+    now = backend.last_used
+    assert await backend.stop_if_idle(now + 5) is False
+    lease = await backend.acquire()
+    assert await backend.stop_if_idle(now + 60) is False
+    lease.release()
+    assert await backend.stop_if_idle(backend.last_used + 10) is True
+    assert backend.state is BackendState.STOPPED
+    assert runtime.stops == 1
+
+
+async def test_pinned_backends_are_never_idle_stopped() -> None:
+    backend = await ready_backend(GatedRuntime(), idle_ttl_s=10)
+    assert await backend.stop_if_idle(backend.last_used + 3600) is False
+    assert backend.state is BackendState.READY
+
+
+async def test_adopting_a_running_server_skips_admission() -> None:
+    runtime = GatedRuntime()
+    runtime.running = True
+    runtime.gate.set()
+    backend = make_backend(runtime, admission=RefusingAdmission(), **LAZY)
+    await backend.adopt()
+    assert backend.state is BackendState.READY
+    assert backend.holds_vram is True
+
+
+async def test_adopting_leaves_a_server_that_does_not_run_stopped() -> None:
+    runtime = GatedRuntime()
+    backend = make_backend(runtime, **LAZY)
+    await backend.adopt()
+    assert backend.state is BackendState.STOPPED
+    assert runtime.starts == 0

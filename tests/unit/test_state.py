@@ -12,6 +12,7 @@ ALLOWED = {
     (S.STARTING, S.READY),
     (S.STARTING, S.FAILED),
     (S.STARTING, S.STOPPING),
+    (S.STARTING, S.STOPPED),  # admission refused before launch
     (S.READY, S.STOPPING),
     (S.READY, S.FAILED),
     (S.STOPPING, S.STOPPED),

@@ -1,0 +1,360 @@
+"""VramArbiter: the owner of the GPUs' memory on the gateway's side.
+
+- Admission: a start runs inside `admit(backend)`, which holds the locks of the backend's
+  GPUs for the whole start (two vLLM instances profiling memory at once break each
+  other), checks free VRAM against `vram_mib`, evicts lower-priority lazy backends when
+  needed and waits until the probe shows the memory back.
+- Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
+  what it stopped until `release_zone()` or expiry. Zones are saved in the state file
+  and re-applied when the gateway starts again.
+
+Free memory for admission is `total - max(measured used, placed)`, where *placed* is
+what the gateway put there (the `vram_mib` of admitted backends plus zone holds). With
+the simulated probe both are the same; with a real probe the larger one wins, so a zone
+granted but not yet filled by its workload is still counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Final
+
+from app.errors import Conflict, InvalidRequest, NotFound
+from app.gpu.probe import GpuProbe, GpuReading
+from app.lifecycle.backend import AdmissionRefused, Backend
+from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
+from app.lifecycle.state import BackendState
+from app.lifecycle.zones import Zone
+from app.state_store import StateStore
+
+logger = logging.getLogger(__name__)
+
+RECLAIM_POLL_S: Final = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneGrant:
+    zone: Zone
+    freed_mib: int
+    renewed: bool
+
+
+class VramArbiter:
+    def __init__(self, probe: GpuProbe, store: StateStore, *, reclaim_timeout_s: float) -> None:
+        self.probe = probe
+        self._store = store
+        self._reclaim_timeout_s = reclaim_timeout_s
+        self._backends: Mapping[str, Backend] = {}
+        self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.zones: dict[str, Zone] = {}
+
+    def attach(self, backends: Mapping[str, Backend]) -> None:
+        self._backends = backends
+
+    # -- accounting -------------------------------------------------------------------
+
+    def placed_mib(self) -> dict[int, int]:
+        """MiB per GPU the gateway placed: admitted backends and zone holds."""
+        placed: dict[int, int] = defaultdict(int)
+        for backend in self._backends.values():
+            if backend.holds_vram and backend.config.vram_mib:
+                for gpu in backend.config.gpus:
+                    placed[gpu] += backend.config.vram_mib
+        for zone in self.zones.values():
+            placed[zone.gpu] += zone.mib
+        return dict(placed)
+
+    def _admissible_free(self, reading: GpuReading) -> dict[int, int]:
+        placed = self.placed_mib()
+        return {
+            i: max(0, gpu.total_mib - max(gpu.used_mib, placed.get(i, 0)))
+            for i, gpu in reading.gpus.items()
+        }
+
+    def _residents(self, exclude: str | None = None) -> list[Resident]:
+        now = time.monotonic()
+        return [
+            Resident(
+                name=b.name,
+                gpus=tuple(b.config.gpus),
+                vram_mib=b.config.vram_mib,
+                priority=b.config.priority,
+                lazy=b.lazy,
+                in_flight=b.in_flight,
+                idle_s=b.idle_s(now),
+                evictable=b.state is BackendState.READY,
+            )
+            for b in self._backends.values()
+            if b.holds_vram and b.config.vram_mib and b.name != exclude
+        ]
+
+    def _holders(self, gpu: int, below_priority: int | None) -> list[Holder]:
+        holders = []
+        for r in self._residents():
+            if gpu not in r.gpus:
+                continue
+            if not r.lazy:
+                note = "pinned"
+            elif below_priority is not None and r.priority >= below_priority:
+                note = f"priority {r.priority}, not below {below_priority}"
+            elif not r.evictable:
+                note = "starting or stopping"
+            else:
+                note = ""
+            holders.append(Holder(f"backend {r.name}", r.vram_mib, note))
+        holders += [
+            Holder(f"zone {z.name} (holder {z.holder})", z.mib)
+            for z in self.zones.values()
+            if z.gpu == gpu
+        ]
+        return holders
+
+    # -- admission ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def admit(self, backend: Backend) -> AsyncIterator[None]:
+        gpus = sorted(backend.config.gpus)
+        async with self._locked(gpus):
+            need = backend.config.vram_mib
+            if need is not None:
+                try:
+                    await self._make_room(
+                        dict.fromkeys(gpus, need),
+                        below_priority=backend.config.priority,
+                        stop_reason="eviction",
+                        requester=backend.name,
+                    )
+                except _NoRoom as exc:
+                    raise AdmissionRefused(str(exc)) from None
+            backend.holds_vram = True
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, gpus: Iterable[int]) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            for gpu in sorted(set(gpus)):  # one order everywhere: no deadlock
+                await stack.enter_async_context(self._gpu_locks[gpu])
+            yield
+
+    async def _make_room(
+        self,
+        need: dict[int, int],
+        *,
+        below_priority: int | None,
+        stop_reason: str,
+        requester: str,
+        block: tuple[str, str] | None = None,
+    ) -> tuple[str, ...]:
+        """Evict what `plan_eviction` picks and wait for the memory; return who was stopped.
+
+        `block` (key, description) blocks the evicted backends before they are stopped,
+        so requests arriving during their drain do not wake them again.
+        """
+        reading = await self.probe.read()
+        if reading is None:
+            return ()  # no probe: admission is off
+        unknown = [g for g in need if g not in reading.gpus]
+        if unknown:
+            raise _NoRoom(
+                f"GPU {unknown[0]} is not present (the probe sees {sorted(reading.gpus)})"
+            )
+        plan = plan_eviction(
+            need,
+            self._admissible_free(reading),
+            self._residents(exclude=requester),
+            below_priority=below_priority,
+        )
+        if not plan.fits:
+            raise _NoRoom(self._refusal(need, reading, plan, below_priority))
+        if plan.evict:
+            logger.info(
+                "evicting for room requester=%s need_mib=%s evict=%s",
+                requester,
+                need,
+                ",".join(plan.evict),
+            )
+            victims = [self._backends[name] for name in plan.evict]
+            if block is not None:
+                for victim in victims:
+                    victim.blocks[block[0]] = block[1]
+            results = await asyncio.gather(
+                *(v.stop(stop_reason) for v in victims), return_exceptions=True
+            )
+            for victim, result in zip(victims, results, strict=True):
+                if isinstance(result, BaseException):
+                    logger.error("eviction stop failed backend=%s", victim.name, exc_info=result)
+            try:
+                await self._await_reclaimed(need, plan.evict)
+            except _NoRoom:
+                if block is not None:
+                    for victim in victims:
+                        victim.blocks.pop(block[0], None)
+                raise
+        return plan.evict
+
+    async def _await_reclaimed(self, need: dict[int, int], evicted: tuple[str, ...]) -> None:
+        deadline = time.monotonic() + self._reclaim_timeout_s
+        while True:
+            reading = await self.probe.read()
+            if reading is None:
+                return
+            free = self._admissible_free(reading)
+            if all(free.get(g, 0) >= mib for g, mib in need.items()):
+                return
+            if time.monotonic() >= deadline:
+                short = ", ".join(
+                    f"GPU {g}: {free.get(g, 0)} of {mib} MiB free" for g, mib in need.items()
+                )
+                raise _NoRoom(
+                    f"stopped {', '.join(evicted)} but the memory did not come back within "
+                    f"{self._reclaim_timeout_s:g}s (gpu.reclaim_timeout_s): {short}"
+                )
+            await asyncio.sleep(RECLAIM_POLL_S)
+
+    def _refusal(
+        self,
+        need: dict[int, int],
+        reading: GpuReading,
+        plan: Placement,
+        below_priority: int | None,
+    ) -> str:
+        lines = []
+        for gpu, short in sorted(plan.short_mib.items()):
+            mem = reading.gpus[gpu]
+            used = max(mem.used_mib, self.placed_mib().get(gpu, 0))
+            lines.append(
+                f"needs {need[gpu]} MiB on GPU {gpu}, {short} MiB more than eviction can free; "
+                + describe_holders(gpu, mem.total_mib, used, self._holders(gpu, below_priority))
+            )
+        return "; ".join(lines)
+
+    # -- zones --------------------------------------------------------------------------
+
+    async def acquire_zone(
+        self,
+        name: str,
+        *,
+        holder: str,
+        mib: int,
+        gpu: int,
+        ttl_s: float | None,
+        below_priority: int | None,
+    ) -> ZoneGrant:
+        async with self._locked([gpu]):
+            now = time.time()
+            expires = now + ttl_s if ttl_s is not None else None
+            current = self.zones.get(name)
+            if current is not None:
+                if current.holder != holder or current.gpu != gpu or current.mib != mib:
+                    raise Conflict(
+                        f"{current.describe()} is already held; release it first "
+                        f"(asked: {mib} MiB on GPU {gpu} for {holder!r})"
+                    )
+                renewed = replace(current, expires_at=expires)
+                self._set_zone(renewed)
+                return ZoneGrant(renewed, 0, renewed=True)
+            reading = await self.probe.read()
+            if reading is not None and gpu not in reading.gpus:
+                raise InvalidRequest(
+                    f"GPU {gpu} is not present (the probe sees {sorted(reading.gpus)})", param="gpu"
+                )
+            before = _free(reading, gpu)
+            draft = Zone(name, holder, gpu, mib, now, expires, ())
+            try:
+                stopped = await self._make_room(
+                    {gpu: mib},
+                    below_priority=below_priority,
+                    stop_reason="zone",
+                    requester=f"zone:{name}",
+                    block=(_zone_key(name), draft.describe()),
+                )
+            except _NoRoom as exc:
+                raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
+            after = _free(await self.probe.read(), gpu)
+            zone = replace(draft, stopped=stopped)
+            self._set_zone(zone)
+            logger.info(
+                "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
+                name,
+                holder,
+                mib,
+                gpu,
+                ",".join(stopped) or "-",
+            )
+            return ZoneGrant(zone, after - before, renewed=False)
+
+    def release_zone(self, name: str) -> Zone:
+        zone = self.zones.pop(name, None)
+        if zone is None:
+            raise NotFound(f"no VRAM zone {name!r} is held", code="zone_not_found")
+        self._unblock(zone)
+        self._save()
+        logger.info("zone released zone=%s holder=%s", name, zone.holder)
+        return zone
+
+    def expire_zones(self, now: float) -> list[Zone]:
+        expired = [z for z in self.zones.values() if z.expired(now)]
+        for zone in expired:
+            logger.info("zone expired zone=%s holder=%s", zone.name, zone.holder)
+            del self.zones[zone.name]
+            self._unblock(zone)
+        if expired:
+            self._save()
+        return expired
+
+    def restore(self) -> list[Zone]:
+        """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
+        data = self._store.load()
+        now = time.time()
+        for raw in data.get("zones", []):
+            try:
+                zone = Zone.from_json(raw)
+            except (KeyError, TypeError, ValueError) as exc:
+                logger.error("ignoring malformed saved zone entry=%r error=%s", raw, exc)
+                continue
+            if zone.expired(now):
+                logger.info("saved zone expired while the gateway was down zone=%s", zone.name)
+                continue
+            missing = [b for b in zone.stopped if b not in self._backends]
+            if missing:
+                logger.warning("saved zone names unknown backends zone=%s backends=%s",
+                               zone.name, ",".join(missing))  # fmt: skip
+            zone = replace(zone, stopped=tuple(b for b in zone.stopped if b in self._backends))
+            self.zones[zone.name] = zone
+            for backend in zone.stopped:
+                self._backends[backend].blocks[_zone_key(zone.name)] = zone.describe()
+        self._save()
+        return list(self.zones.values())
+
+    def _set_zone(self, zone: Zone) -> None:
+        self.zones[zone.name] = zone
+        self._save()
+
+    def _unblock(self, zone: Zone) -> None:
+        for name in zone.stopped:
+            backend = self._backends.get(name)
+            if backend is not None:
+                backend.blocks.pop(_zone_key(zone.name), None)
+
+    def _save(self) -> None:
+        self._store.save({"zones": [z.to_json() for z in self.zones.values()]})
+
+
+class _NoRoom(Exception):
+    pass
+
+
+def _zone_key(name: str) -> str:
+    return f"zone:{name}"
+
+
+def _free(reading: GpuReading | None, gpu: int) -> int:
+    if reading is None or gpu not in reading.gpus:
+        return 0
+    return reading.gpus[gpu].free_mib

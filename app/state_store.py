@@ -1,0 +1,63 @@
+"""The gateway's small persistent state (VRAM zone holds), one JSON file, atomic writes.
+
+A write goes to a temporary file in the same directory, is fsynced, then replaces the
+old file with `os.replace`, so a crash leaves the old or the new state, never half of
+one. A file that cannot be read is reported and set aside (renamed `*.corrupt`), and the
+gateway starts with empty state rather than not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+FORMAT_VERSION = 1
+
+
+class StateStore:
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / STATE_FILE
+
+    def load(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+                raise ValueError(f"expected an object with version {FORMAT_VERSION}")
+        except ValueError as exc:
+            aside = self.path.with_suffix(".corrupt")
+            os.replace(self.path, aside)
+            logger.error("state file unreadable, set aside path=%s moved_to=%s error=%s",
+                         self.path, aside, exc)  # fmt: skip
+            return {}
+        return data
+
+    def save(self, data: dict[str, Any]) -> None:
+        """Write `data` (plus the format version) atomically."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({**data, "version": FORMAT_VERSION}, indent=2, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
