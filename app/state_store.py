@@ -27,14 +27,12 @@ class StateStore:
 
     def load(self) -> dict[str, Any]:
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {}
-        try:
-            data = json.loads(text)
+            data = json.loads(self.path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
                 raise ValueError(f"expected an object with version {FORMAT_VERSION}")
-        except ValueError as exc:
+        except FileNotFoundError:
+            return {}
+        except ValueError as exc:  # bad JSON, bad UTF-8, wrong shape or version
             aside = self.path.with_suffix(".corrupt")
             os.replace(self.path, aside)
             logger.error("state file unreadable, set aside path=%s moved_to=%s error=%s",

@@ -23,14 +23,18 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready")
 async def ready(services: ServicesDep) -> JSONResponse:
-    """Readiness: config loaded and every backend the gateway keeps running is healthy."""
+    """Readiness: config loaded and every backend the gateway keeps running is healthy.
+
+    Lazy backends are listed but do not count: stopped is their normal state."""
     backends: dict[str, Any] = {}
     all_ready = True
     for name, backend in services.backends.items():
         ok = backend.state is BackendState.READY and backend.healthy is True
-        all_ready &= ok
+        if not backend.lazy:
+            all_ready &= ok
         backends[name] = {
             "ready": ok,
+            "lifecycle": backend.config.lifecycle,
             "state": str(backend.state),
             "healthy": backend.healthy,
             "reason": backend.reason,

@@ -312,7 +312,8 @@ class VramArbiter:
         """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
         data = self._store.load()
         now = time.time()
-        for raw in data.get("zones", []):
+        saved = data.get("zones", [])
+        for raw in saved:
             try:
                 zone = Zone.from_json(raw)
             except (KeyError, TypeError, ValueError) as exc:
@@ -329,7 +330,8 @@ class VramArbiter:
             self.zones[zone.name] = zone
             for backend in zone.stopped:
                 self._backends[backend].blocks[_zone_key(zone.name)] = zone.describe()
-        self._save()
+        if len(self.zones) != len(saved):
+            self._save()  # drop what expired or was malformed
         return list(self.zones.values())
 
     def _set_zone(self, zone: Zone) -> None:

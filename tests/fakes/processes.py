@@ -125,7 +125,7 @@ def gateway_process(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(config_dir),
                  "--host", "127.0.0.1", "--port", str(port)],
                 cwd=ROOT,
-                env={**clean_env, **(env or {})},
+                env={**clean_env, "MICROSCHEDULER_STATE_DIR": f"{tmp}/var", **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from app.main import create_app
+from app.runtimes.base import RuntimeStatus
 from app.services import Seams
 from app.settings import Settings
 from app.sim.fake_vllm import FakeConfig, build_app
@@ -52,6 +55,8 @@ async def fake_vllm(**options: Any) -> AsyncIterator[FakeServer]:
 
 
 def gateway_settings(backends: dict[str, dict[str, Any]], **fields: Any) -> Settings:
+    """Settings for an in-process gateway; pass `state_dir=tmp_path` when zones are used
+    (nothing is written to the state dir until a zone is acquired)."""
     return Settings(backends=backends, access_log=False, **fields)
 
 
@@ -84,3 +89,63 @@ async def gateway(
             transport=transport, base_url="http://gateway", timeout=10
         ) as client:
             yield Gateway(client, registry, app)
+
+
+class FakeVllmRuntime:
+    """A managed runtime that serves the fake vLLM in this event loop on a fixed port.
+
+    `start()` returns at once, like a container start; the port opens only when the
+    test sets `listening` (or at once when `open_at_start`), like vLLM after loading.
+    `stop()` closes the server. Counts starts and stops.
+    """
+
+    kind = "fake-vllm"
+    managed = True
+    stop_on_shutdown = True
+
+    def __init__(self, port: int, *, open_at_start: bool = True, **options: Any) -> None:
+        self.port = port
+        self.options = options
+        self.listening = asyncio.Event()
+        if open_at_start:
+            self.listening.set()
+        self.starts = 0
+        self.stops = 0
+        self.exit_code: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._opener: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.starts += 1
+        self.exit_code = None
+        self._opener = asyncio.create_task(self._open())
+
+    async def _open(self) -> None:
+        await self.listening.wait()
+        runner = web.AppRunner(
+            build_app(FakeConfig(port=self.port, **self.options)),
+            handler_cancellation=True,
+            access_log=None,
+        )
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        self._runner = runner
+
+    async def stop(self) -> None:
+        self.stops += 1
+        if self._opener is not None:
+            self._opener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._opener
+            self._opener = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def status(self) -> RuntimeStatus:
+        if self.exit_code is not None:
+            return RuntimeStatus(False, self.exit_code, f"exited ({self.exit_code})")
+        return RuntimeStatus(running=self._opener is not None)
+
+    def describe(self) -> str:
+        return f"fake vLLM on port {self.port}"

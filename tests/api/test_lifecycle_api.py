@@ -1,0 +1,336 @@
+"""Lazy wake, zones, idle stop and the admin API, with the gateway and fake vLLM servers
+in process (the fake runtime opens a real port on 127.0.0.1 when the test says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from app.runtimes.base import Runtime
+from app.services import Seams
+from app.settings import BackendConfig
+from tests.fakes.processes import free_port
+from tests.fakes.servers import FakeVllmRuntime, Gateway, gateway, gateway_settings
+
+CHAT = {"model": "lazy-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def lazy(port: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "url": f"http://127.0.0.1:{port}",
+        "models": ["lazy-model"],
+        "runtime": {"kind": "process", "command": ["unused: the test's runtime runs it"]},
+        "lifecycle": "lazy",
+        "vram_mib": 12000,
+        **fields,
+    }
+
+
+def pinned(port: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "url": f"http://127.0.0.1:{port}",
+        "models": ["pinned-model"],
+        "runtime": {"kind": "process", "command": ["unused"]},
+        "vram_mib": 16000,
+        "priority": 90,
+        **fields,
+    }
+
+
+@asynccontextmanager
+async def lifecycle_gateway(
+    backends: dict[str, dict[str, Any]],
+    runtimes: dict[str, FakeVllmRuntime],
+    tmp_path: Path,
+    **fields: Any,
+) -> AsyncIterator[Gateway]:
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtimes[name]
+
+    settings = gateway_settings(backends, state_dir=tmp_path / "var", **fields)
+    async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+        yield gw
+
+
+async def backend_state(gw: Gateway, name: str) -> dict[str, Any]:
+    response = await gw.client.get("/backends")
+    assert response.status_code == 200
+    views: list[dict[str, Any]] = response.json()["backends"]
+    return next(v for v in views if v["name"] == name)
+
+
+async def test_a_cold_request_wakes_a_lazy_backend_and_is_answered(tmp_path: Path) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
+    async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
+        assert (await backend_state(gw, "lazy"))["state"] == "stopped"
+        assert runtime.starts == 0  # lazy: nothing started with the gateway
+        request = asyncio.create_task(gw.client.post("/v1/chat/completions", json=CHAT))
+        await asyncio.sleep(0.3)
+        view = await backend_state(gw, "lazy")
+        assert view["state"] == "starting"
+        assert view["waiting"] == 1
+        runtime.listening.set()
+        response = await request
+        assert response.status_code == 200
+        assert response.json()["object"] == "chat.completion"
+        view = await backend_state(gw, "lazy")
+        assert view["state"] == "ready"
+        assert view["last_start_s"] >= 0.3
+        assert runtime.starts == 1
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_backend_starts_total{backend="lazy",outcome="ready"} 1.0' in metrics
+        assert 'microscheduler_backend_state{backend="lazy",state="ready"} 1.0' in metrics
+
+
+async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
+    async with lifecycle_gateway(
+        {"lazy": lazy(port)}, {"lazy": runtime}, tmp_path, wake_notice_s=0.1
+    ) as gw:
+
+        async def open_later() -> None:
+            await asyncio.sleep(0.35)
+            runtime.listening.set()
+
+        opener = asyncio.create_task(open_later())
+        response = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        await opener
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    text = response.text
+    comments = [line for line in text.splitlines() if line.startswith(":")]
+    assert len(comments) >= 2
+    assert comments[0].startswith(": waking lazy ")
+    assert text.index(": waking") < text.index("data: {")
+    assert text.rstrip().endswith("data: [DONE]")
+
+
+async def test_a_wake_that_fails_after_the_comments_ends_the_stream_in_band(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
+    async with lifecycle_gateway(
+        {"lazy": lazy(port, max_wait_s=0.35)}, {"lazy": runtime}, tmp_path, wake_notice_s=0.1
+    ) as gw:
+        response = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 200  # committed by the first comment
+    events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "backend_wake_timeout"
+    assert "still starting after 0.35s (max_wait_s)" in error["message"]
+
+
+async def test_a_non_streaming_request_that_waits_too_long_gets_504(tmp_path: Path) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
+    async with lifecycle_gateway(
+        {"lazy": lazy(port, max_wait_s=0.2)}, {"lazy": runtime}, tmp_path
+    ) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 504
+    assert response.headers["retry-after"] == "10"
+    assert response.json()["error"]["code"] == "backend_wake_timeout"
+
+
+async def test_zone_acquire_evicts_and_requests_during_the_hold_do_not_wake(
+    tmp_path: Path,
+) -> None:
+    lazy_port, pinned_port = free_port(), free_port()
+    runtimes = {
+        "lazy": FakeVllmRuntime(lazy_port, models=["lazy-model"]),
+        "pinned": FakeVllmRuntime(pinned_port, models=["pinned-model"]),
+    }
+    backends = {"lazy": lazy(lazy_port), "pinned": pinned(pinned_port)}
+    async with lifecycle_gateway(backends, runtimes, tmp_path) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        await gw.client.post("/backends/pinned/start")
+        # 32768 total: pinned 16000 + lazy 12000 leave 4768; 12000 more needs the lazy one.
+        response = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 12000, "holder": "comfyui", "ttl_s": 600}
+        )
+        assert response.status_code == 200, response.text
+        grant = response.json()
+        assert grant["granted"] is True
+        assert grant["stopped"] == ["lazy"]
+        assert grant["freed_mib"] == 12000
+        assert grant["free_mib"] == 32768 - 16000 - 12000
+        assert runtimes["lazy"].stops == 1
+
+        blocked = await gw.client.post("/v1/chat/completions", json=CHAT)
+        assert blocked.status_code == 503
+        error = blocked.json()["error"]
+        assert error["code"] == "backend_blocked"
+        assert "VRAM zone 'img' (held by 'comfyui'" in error["message"]
+        assert runtimes["lazy"].starts == 1  # the request did not wake it
+        assert (await backend_state(gw, "lazy"))["blocked_by"] != []
+
+        zones = (await gw.client.get("/vram/zones")).json()
+        assert [z["zone"] for z in zones["zones"]] == ["img"]
+        assert zones["gpus"][0]["used_mib"] == 16000 + 12000
+
+        released = await gw.client.post("/vram/zones/img/release")
+        assert released.status_code == 200
+        assert released.json()["unblocked"] == ["lazy"]
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        assert runtimes["lazy"].starts == 2
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_backend_stops_total{backend="lazy",reason="zone"} 1.0' in metrics
+
+
+async def test_a_zone_that_cannot_be_freed_is_refused_with_what_holds_the_memory(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtimes = {"pinned": FakeVllmRuntime(port, models=["pinned-model"])}
+    async with lifecycle_gateway({"pinned": pinned(port)}, runtimes, tmp_path) as gw:
+        await gw.client.post("/backends/pinned/start")
+        response = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 20000, "holder": "comfyui"}
+        )
+        assert response.status_code == 409
+        message = response.json()["error"]["message"]
+        assert "backend pinned 16000 MiB (pinned)" in message
+        assert (await backend_state(gw, "pinned"))["state"] == "ready"
+        assert (await gw.client.get("/vram/zones")).json()["zones"] == []
+
+
+async def test_a_second_holder_gets_409_and_the_same_holder_renews(tmp_path: Path) -> None:
+    port = free_port()
+    runtimes = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    async with lifecycle_gateway({"lazy": lazy(port)}, runtimes, tmp_path) as gw:
+        body = {"mib": 1000, "holder": "comfyui", "ttl_s": 60}
+        assert (await gw.client.post("/vram/zones/img/acquire", json=body)).status_code == 200
+        renewed = await gw.client.post("/vram/zones/img/acquire", json={**body, "ttl_s": 600})
+        assert renewed.status_code == 200
+        assert renewed.json()["renewed"] is True
+        assert renewed.json()["expires_in_s"] > 500
+        other = await gw.client.post("/vram/zones/img/acquire", json={**body, "holder": "game"})
+        assert other.status_code == 409
+        assert "already held" in other.json()["error"]["message"]
+
+
+async def test_zone_requests_are_validated_in_the_openai_envelope(tmp_path: Path) -> None:
+    port = free_port()
+    runtimes = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    async with lifecycle_gateway({"lazy": lazy(port)}, runtimes, tmp_path) as gw:
+        bad = await gw.client.post("/vram/zones/img/acquire", json={"mib": -5, "holder": "x"})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "mib"
+        no_gpu = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 5, "holder": "x", "gpu": 3}
+        )
+        assert no_gpu.status_code == 400
+        assert "GPU 3 is not present" in no_gpu.json()["error"]["message"]
+        unknown = await gw.client.post("/vram/zones/nope/release")
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "zone_not_found"
+        assert (await gw.client.get("/vram/zones")).json()["zones"] == []
+
+
+async def test_zones_survive_a_gateway_restart(tmp_path: Path) -> None:
+    port = free_port()
+    backends = {"lazy": lazy(port)}
+    first = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    async with lifecycle_gateway(backends, first, tmp_path) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        acquired = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
+        )
+        assert acquired.json()["stopped"] == ["lazy"]
+    second = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    async with lifecycle_gateway(backends, second, tmp_path) as gw:
+        zones = (await gw.client.get("/vram/zones")).json()["zones"]
+        assert [(z["zone"], z["holder"], z["blocks"]) for z in zones] == [
+            ("img", "comfyui", ["lazy"])
+        ]
+        blocked = await gw.client.post("/v1/chat/completions", json=CHAT)
+        assert blocked.json()["error"]["code"] == "backend_blocked"
+        assert second["lazy"].starts == 0
+
+
+async def test_an_idle_lazy_backend_is_stopped_after_its_ttl(tmp_path: Path) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    async with lifecycle_gateway(
+        {"lazy": lazy(port, idle_ttl_s=0.3)}, {"lazy": runtime}, tmp_path, reaper_interval_s=0.05
+    ) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        for _ in range(100):
+            if (await backend_state(gw, "lazy"))["state"] == "stopped":
+                break
+            await asyncio.sleep(0.05)
+        view = await backend_state(gw, "lazy")
+        assert view["state"] == "stopped"
+        assert "idle" in view["reason"]
+        assert runtime.stops == 1
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_backend_stops_total{backend="lazy",reason="idle"} 1.0' in metrics
+
+
+async def test_admin_stop_drains_and_the_next_request_wakes_it(tmp_path: Path) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
+        started = await gw.client.post("/backends/lazy/start")
+        assert started.status_code == 200
+        assert started.json()["state"] == "ready"
+        stopped = await gw.client.post("/backends/lazy/stop")
+        assert stopped.json()["state"] == "stopped"
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        assert runtime.starts == 2
+        missing = await gw.client.post("/backends/nope/stop")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "backend_not_found"
+
+
+async def test_admission_refusal_is_a_503_naming_the_holders(tmp_path: Path) -> None:
+    lazy_port, pinned_port = free_port(), free_port()
+    runtimes = {
+        "lazy": FakeVllmRuntime(lazy_port, models=["lazy-model"]),
+        "pinned": FakeVllmRuntime(pinned_port, models=["pinned-model"]),
+    }
+    backends = {"lazy": lazy(lazy_port, vram_mib=20000), "pinned": pinned(pinned_port)}
+    async with lifecycle_gateway(backends, runtimes, tmp_path) as gw:
+        await gw.client.post("/backends/pinned/start")
+        response = await gw.client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "backend_no_vram"
+        assert "backend pinned 16000 MiB (pinned)" in error["message"]
+        assert runtimes["lazy"].starts == 0
+
+
+async def test_admin_routes_need_admin_rights(tmp_path: Path) -> None:
+    port = free_port()
+    settings = gateway_settings({"lazy": lazy(port)}, state_dir=tmp_path)
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    seams = Seams(runtime_factory=lambda name, cfg: runtime)
+    async with gateway(settings, seams=seams, client_host="10.0.0.8") as gw:
+        for method, path in [
+            ("GET", "/backends"),
+            ("POST", "/backends/lazy/start"),
+            ("GET", "/vram/zones"),
+            ("POST", "/vram/zones/img/release"),
+        ]:
+            response = await gw.client.request(method, path)
+            assert response.status_code == 403, path
+    assert runtime.starts == 0
+
+
+async def test_ready_ignores_stopped_lazy_backends(tmp_path: Path) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
+        response = await gw.client.get("/ready")
+    assert response.status_code == 200
+    assert response.json()["backends"]["lazy"]["ready"] is False
