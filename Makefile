@@ -47,6 +47,7 @@ test: lint typecheck unit
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/wake.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -35,7 +35,7 @@ from app.upstreams.http import HttpUpstream
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S: Final = 2.0
-READINESS_POLL_S: Final = 0.1
+READINESS_POLL_S: Final = 0.05
 # After a failed start, requests get the failure for this long instead of a new start,
 # so a crash-looping server is not restarted by every request.
 RESTART_BACKOFF_S: Final = 5.0

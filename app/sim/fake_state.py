@@ -161,6 +161,7 @@ class FakeState:
         self.models = list(config.models) or ["fake-model"]
         self.faults = config.faults()
         self.stats = Stats()
+        self.listening_since: float | None = None  # time.time() when the port opened
         self.engine = FakeEngine(config.max_num_seqs)
         self.metrics = FakeMetrics(self.models[0])
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -149,6 +149,7 @@ class FakeVllm(FakeState):
                     "in_flight": stats.in_flight,
                     "running": self.engine.running,
                     "waiting": self.engine.waiting,
+                    "listening_since": self.listening_since,
                 }
             )
         )
@@ -213,6 +214,7 @@ class FakeVllmServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
+        self.fake.listening_since = time.time()  # wall clock: compared across processes
         host, port = self._runner.addresses[0][:2]
         self.url = f"http://{host}:{port}"
         return self.url

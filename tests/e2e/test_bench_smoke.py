@@ -85,3 +85,27 @@ def test_quick_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         "added_first_p50_ms",
     ]
     assert all(t["pass"] is None for t in results["targets"])
+
+
+@pytest.mark.e2e
+def test_quick_wake_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "wake.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "wake.py"), "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert "answered after the backend started listening" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["rounds"] == 3
+    for part in ("after_listen", "cold"):
+        for key in ("p50_ms", "max_ms"):
+            assert is_number(results[part][key]), (part, key)
+    # The held request cannot be answered before the backend listens, nor the cold
+    # request before the start-up delay has passed.
+    assert results["after_listen"]["p50_ms"] > 0
+    assert results["cold"]["p50_ms"] >= results["startup_delay_s"] * 1000
