@@ -2,12 +2,16 @@
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    MICROSCHEDULER_CONFIG_DIR=/app/config MICROSCHEDULER_HOST=0.0.0.0 MICROSCHEDULER_PORT=8080
+    MICROSCHEDULER_CONFIG_DIR=/app/config MICROSCHEDULER_HOST=0.0.0.0 MICROSCHEDULER_PORT=8080 \
+    MICROSCHEDULER_STATE_DIR=/app/var
 WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN pip install . && useradd --system --uid 10001 microscheduler
+# /app/var holds the state file (VRAM zone holds); compose mounts a volume there, which
+# takes this directory's owner, so it must exist and belong to the gateway's user.
+RUN pip install . && useradd --system --uid 10001 microscheduler \
+    && mkdir -p /app/var && chown microscheduler /app/var
 COPY config ./config
 
 USER microscheduler
