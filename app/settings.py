@@ -102,7 +102,8 @@ class DockerRuntime(_Strict):
 
     kind: Literal["docker"]
     container: str = Field(min_length=1)
-    stop_timeout_s: NonNegativeInt = 30
+    # Bounded: socket proxies cut requests after 10 minutes, and a stop call lasts `t`.
+    stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = 30
 
 
 RuntimeConfig = Annotated[

@@ -28,8 +28,11 @@ class StateStore:
     def load(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-            if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-                raise ValueError(f"expected an object with version {FORMAT_VERSION}")
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
+            version = data.get("version")
+            if type(version) is not int or version != FORMAT_VERSION:  # `true` is not 1
+                raise ValueError(f"expected version {FORMAT_VERSION}, found {version!r}")
         except FileNotFoundError:
             return {}
         except ValueError as exc:  # bad JSON, bad UTF-8, wrong shape or version

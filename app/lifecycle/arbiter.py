@@ -150,63 +150,101 @@ class VramArbiter:
         stop_reason: str,
         requester: str,
         block: tuple[str, str] | None = None,
-    ) -> tuple[str, ...]:
-        """Evict what `plan_eviction` picks and wait for the memory; return who was stopped.
+    ) -> tuple[tuple[str, ...], GpuReading | None]:
+        """Evict what `plan_eviction` picks and wait for the memory; return who was stopped
+        and the last reading (the one that showed the room).
 
         `block` (key, description) blocks the evicted backends before they are stopped,
         so requests arriving during their drain do not wake them again.
         """
         reading = await self.probe.read()
         if reading is None:
-            return ()  # no probe: admission is off
+            return (), None  # no probe: admission is off
         unknown = [g for g in need if g not in reading.gpus]
         if unknown:
             raise _NoRoom(
                 f"GPU {unknown[0]} is not present (the probe sees {sorted(reading.gpus)})"
             )
-        plan = plan_eviction(
-            need,
-            self._admissible_free(reading),
-            self._residents(exclude=requester),
-            below_priority=below_priority,
-        )
+        plan = self._plan(need, reading, requester, below_priority)
+        if not plan.fits:
+            stopping = self._stopping_on(need, requester)
+            if stopping:
+                # Memory already on its way back (an idle stop, say): wait for it, then
+                # decide again. `stop()` joins a stop in progress.
+                await asyncio.gather(*(b.stop(stop_reason) for b in stopping))
+                reading = await self.probe.read()
+                if reading is None:
+                    return (), None
+                plan = self._plan(need, reading, requester, below_priority)
         if not plan.fits:
             raise _NoRoom(self._refusal(need, reading, plan, below_priority))
         if plan.evict:
-            logger.info(
-                "evicting for room requester=%s need_mib=%s evict=%s",
-                requester,
-                need,
-                ",".join(plan.evict),
-            )
-            victims = [self._backends[name] for name in plan.evict]
-            if block is not None:
-                for victim in victims:
-                    victim.blocks[block[0]] = block[1]
+            reading = await self._evict(plan.evict, need, stop_reason, requester, block)
+        return plan.evict, reading
+
+    def _plan(
+        self, need: dict[int, int], reading: GpuReading, requester: str, below: int | None
+    ) -> Placement:
+        return plan_eviction(
+            need,
+            self._admissible_free(reading),
+            self._residents(exclude=requester),
+            below_priority=below,
+        )
+
+    def _stopping_on(self, need: dict[int, int], requester: str) -> list[Backend]:
+        return [
+            b
+            for b in self._backends.values()
+            if b.state is BackendState.STOPPING
+            and b.holds_vram
+            and b.name != requester
+            and any(g in need for g in b.config.gpus)
+        ]
+
+    async def _evict(
+        self,
+        names: tuple[str, ...],
+        need: dict[int, int],
+        stop_reason: str,
+        requester: str,
+        block: tuple[str, str] | None,
+    ) -> GpuReading | None:
+        logger.info(
+            "evicting for room requester=%s need_mib=%s evict=%s",
+            requester,
+            need,
+            ",".join(names),
+        )
+        victims = [self._backends[name] for name in names]
+        if block is not None:
+            for victim in victims:
+                victim.block(*block)
+        try:
             results = await asyncio.gather(
                 *(v.stop(stop_reason) for v in victims), return_exceptions=True
             )
             for victim, result in zip(victims, results, strict=True):
                 if isinstance(result, BaseException):
                     logger.error("eviction stop failed backend=%s", victim.name, exc_info=result)
-            try:
-                await self._await_reclaimed(need, plan.evict)
-            except _NoRoom:
-                if block is not None:
-                    for victim in victims:
-                        victim.blocks.pop(block[0], None)
-                raise
-        return plan.evict
+            return await self._await_reclaimed(need, names)
+        except BaseException:  # refused, cancelled or failed: no zone will hold them
+            if block is not None:
+                for victim in victims:
+                    victim.unblock(block[0])
+            raise
 
-    async def _await_reclaimed(self, need: dict[int, int], evicted: tuple[str, ...]) -> None:
+    async def _await_reclaimed(
+        self, need: dict[int, int], evicted: tuple[str, ...]
+    ) -> GpuReading | None:
         deadline = time.monotonic() + self._reclaim_timeout_s
         while True:
             reading = await self.probe.read()
             if reading is None:
-                return
+                return None
             free = self._admissible_free(reading)
             if all(free.get(g, 0) >= mib for g, mib in need.items()):
-                return
+                return reading
             if time.monotonic() >= deadline:
                 short = ", ".join(
                     f"GPU {g}: {free.get(g, 0)} of {mib} MiB free" for g, mib in need.items()
@@ -267,7 +305,7 @@ class VramArbiter:
             before = _free(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, ())
             try:
-                stopped = await self._make_room(
+                stopped, last = await self._make_room(
                     {gpu: mib},
                     below_priority=below_priority,
                     stop_reason="zone",
@@ -276,9 +314,9 @@ class VramArbiter:
                 )
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
-            after = _free(await self.probe.read(), gpu)
             zone = replace(draft, stopped=stopped)
-            self._set_zone(zone)
+            self._set_zone(zone)  # no await since the eviction: its blocks belong to it now
+            after = _free(last, gpu) if stopped else before
             logger.info(
                 "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
                 name,
@@ -329,7 +367,7 @@ class VramArbiter:
             zone = replace(zone, stopped=tuple(b for b in zone.stopped if b in self._backends))
             self.zones[zone.name] = zone
             for backend in zone.stopped:
-                self._backends[backend].blocks[_zone_key(zone.name)] = zone.describe()
+                self._backends[backend].block(_zone_key(zone.name), zone.describe())
         if len(self.zones) != len(saved):
             self._save()  # drop what expired or was malformed
         return list(self.zones.values())
@@ -342,7 +380,7 @@ class VramArbiter:
         for name in zone.stopped:
             backend = self._backends.get(name)
             if backend is not None:
-                backend.blocks.pop(_zone_key(zone.name), None)
+                backend.unblock(_zone_key(zone.name))
 
     def _save(self) -> None:
         self._store.save({"zones": [z.to_json() for z in self.zones.values()]})

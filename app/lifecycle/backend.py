@@ -112,6 +112,7 @@ class Backend:
         self.runtime_detail: str | None = None
         # Why it may not start now (VRAM zones): key -> description for errors.
         self.blocks: dict[str, str] = {}
+        self._refused = False  # stopped because admission found no room (kind no_vram)
         self._failed_at: float | None = None
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
@@ -239,7 +240,7 @@ class Backend:
                 kind="failed",
                 retry_after_s=int(RESTART_BACKOFF_S),
             )
-        kind = "no_vram" if self.reason and self.reason.startswith("not enough VRAM") else "stopped"
+        kind = "no_vram" if self._refused else "stopped"
         return BackendUnavailable(f"backend {self.name!r} is {self.state}{detail}", kind=kind)
 
     # -- control plane ----------------------------------------------------------------
@@ -320,6 +321,7 @@ class Backend:
             async with self._lock:
                 if self.state is BackendState.STARTING:
                     self._set_state(BackendState.STOPPED, f"not enough VRAM to start: {exc}")
+                    self._refused = True
         except RuntimeError_ as exc:
             await self._fail(str(exc))
         except _StartFailed as exc:
@@ -492,10 +494,18 @@ class Backend:
                 self._failed_at = time.monotonic()
                 self.holds_vram = holds_vram
 
+    def block(self, key: str, description: str) -> None:
+        """Refuse to start (requests get `blocked` naming `description`) until unblocked."""
+        self.blocks[key] = description
+
+    def unblock(self, key: str) -> None:
+        self.blocks.pop(key, None)
+
     def _set_state(self, target: BackendState, reason: str | None) -> None:
         previous = self.state
         self.state = check_transition(previous, target)
         self.reason = reason
+        self._refused = False
         if target is BackendState.STOPPED:
             self.holds_vram = False
         self._metrics.set_backend_state(self.name, target)

@@ -1,0 +1,185 @@
+"""Eviction planning and the holders line: pure functions, plain data."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
+
+
+def lazy(
+    name: str,
+    mib: int,
+    *,
+    priority: int = 50,
+    idle_s: float = 0.0,
+    in_flight: int = 0,
+    gpus: tuple[int, ...] = (0,),
+) -> Resident:
+    return Resident(
+        name=name,
+        gpus=gpus,
+        vram_mib=mib,
+        priority=priority,
+        lazy=True,
+        in_flight=in_flight,
+        idle_s=idle_s,
+    )
+
+
+def test_fits_without_evicting_anything() -> None:
+    plan = plan_eviction({0: 8000}, {0: 8000}, [lazy("a", 16000)])
+    assert plan == Placement(fits=True)
+
+
+def test_evicts_only_what_is_needed() -> None:
+    residents = [lazy("a", 8000, priority=10), lazy("b", 8000, priority=20)]
+    plan = plan_eviction({0: 10000}, {0: 4000}, residents)
+    assert plan == Placement(fits=True, evict=("a",))
+
+
+def test_an_idle_backend_goes_before_a_busy_one_of_lower_priority() -> None:
+    residents = [
+        lazy("busy-low", 8000, priority=1, in_flight=3),
+        lazy("idle-high", 8000, priority=90, idle_s=1.0),
+    ]
+    plan = plan_eviction({0: 8000}, {0: 0}, residents)
+    assert plan.evict == ("idle-high",)
+
+
+def test_a_busy_backend_is_evicted_when_idle_ones_do_not_suffice() -> None:
+    residents = [lazy("busy", 8000, in_flight=1), lazy("idle", 4000, idle_s=5.0)]
+    plan = plan_eviction({0: 12000}, {0: 0}, residents)
+    assert plan.fits
+    assert set(plan.evict) == {"busy", "idle"}
+
+
+def test_lower_priority_goes_first_among_idle_backends() -> None:
+    residents = [
+        lazy("high", 8000, priority=40, idle_s=100.0),
+        lazy("low", 8000, priority=10, idle_s=1.0),
+    ]
+    plan = plan_eviction({0: 8000}, {0: 0}, residents)
+    assert plan.evict == ("low",)
+
+
+def test_the_longest_idle_goes_first_at_equal_priority() -> None:
+    residents = [
+        lazy("recent", 8000, idle_s=5.0),
+        lazy("oldest", 8000, idle_s=500.0),
+        lazy("middle", 8000, idle_s=50.0),
+    ]
+    plan = plan_eviction({0: 8000}, {0: 0}, residents)
+    assert plan.evict == ("oldest",)
+
+
+def test_never_evicts_pinned_or_unevictable_backends() -> None:
+    residents = [
+        Resident("pinned", (0,), 16000, priority=0, lazy=False),
+        Resident("starting", (0,), 16000, priority=0, lazy=True, evictable=False),
+        lazy("small", 4000, priority=90),
+    ]
+    plan = plan_eviction({0: 8000}, {0: 0}, residents)
+    assert plan == Placement(fits=False, short_mib={0: 4000})
+
+
+def test_the_priority_ceiling_excludes_equal_and_higher_priorities() -> None:
+    residents = [lazy("equal", 8000, priority=50), lazy("higher", 8000, priority=60)]
+    refused = plan_eviction({0: 8000}, {0: 0}, residents, below_priority=50)
+    assert refused == Placement(fits=False, short_mib={0: 8000})
+    allowed = plan_eviction({0: 8000}, {0: 0}, residents, below_priority=51)
+    assert allowed == Placement(fits=True, evict=("equal",))
+
+
+def test_no_priority_ceiling_allows_any_priority() -> None:
+    residents = [lazy("top", 8000, priority=1000)]
+    plan = plan_eviction({0: 8000}, {0: 0}, residents, below_priority=None)
+    assert plan == Placement(fits=True, evict=("top",))
+
+
+def test_refuses_without_evicting_when_all_candidates_are_not_enough() -> None:
+    residents = [lazy("a", 4000), lazy("b", 4000), Resident("pinned", (0,), 12000, 0, lazy=False)]
+    plan = plan_eviction({0: 12000}, {0: 2000}, residents)
+    assert plan.fits is False
+    assert plan.evict == ()
+    assert plan.short_mib == {0: 2000}  # 12000 needed - 2000 free - 8000 evictable
+
+
+def test_short_mib_names_only_the_gpus_that_stay_short() -> None:
+    residents = [lazy("on0", 8000, gpus=(0,))]
+    plan = plan_eviction({0: 8000, 1: 8000}, {0: 0, 1: 5000}, residents)
+    assert plan == Placement(fits=False, short_mib={1: 3000})
+
+
+def test_a_multi_gpu_need_evicts_on_every_gpu() -> None:
+    residents = [
+        lazy("on0", 8000, gpus=(0,), priority=10),
+        lazy("on1", 8000, gpus=(1,), priority=10),
+        lazy("elsewhere", 8000, gpus=(2,), priority=0),
+    ]
+    plan = plan_eviction({0: 8000, 1: 8000}, {0: 0, 1: 0, 2: 0}, residents)
+    assert plan.fits
+    assert set(plan.evict) == {"on0", "on1"}
+
+
+def test_a_backend_on_two_gpus_frees_both() -> None:
+    residents = [
+        lazy("wide", 8000, gpus=(0, 1), priority=10),
+        lazy("on1", 8000, gpus=(1,), priority=20),
+    ]
+    plan = plan_eviction({0: 8000, 1: 8000}, {0: 0, 1: 0}, residents)
+    assert plan == Placement(fits=True, evict=("wide",))
+
+
+def test_a_multi_gpu_need_is_refused_when_one_gpu_stays_short() -> None:
+    residents = [lazy("on0", 8000, gpus=(0,)), Resident("pinned1", (1,), 8000, 0, lazy=False)]
+    plan = plan_eviction({0: 8000, 1: 8000}, {0: 0, 1: 0}, residents)
+    assert plan == Placement(fits=False, short_mib={1: 8000})
+
+
+def test_residents_on_other_gpus_are_not_evicted() -> None:
+    residents = [lazy("on1", 16000, gpus=(1,), priority=0), lazy("on0", 8000, priority=90)]
+    plan = plan_eviction({0: 8000}, {0: 0, 1: 0}, residents)
+    assert plan.evict == ("on0",)
+
+
+def test_a_small_pick_made_redundant_by_a_later_big_one_is_dropped() -> None:
+    # "small" is preferred (lower priority) but not enough; "big" alone is.
+    residents = [lazy("small", 2000, priority=10), lazy("big", 12000, priority=20)]
+    plan = plan_eviction({0: 10000}, {0: 0}, residents)
+    assert plan == Placement(fits=True, evict=("big",))
+
+
+def test_picks_that_are_all_needed_are_kept() -> None:
+    residents = [lazy("a", 3000, priority=10), lazy("b", 3000, priority=20)]
+    plan = plan_eviction({0: 6000}, {0: 0}, residents)
+    assert plan == Placement(fits=True, evict=("a", "b"))
+
+
+@pytest.mark.parametrize(
+    ("holders", "used", "expected"),
+    [
+        (
+            [Holder("backend small", 4000), Holder("backend orchestrator", 16000, "pinned")],
+            20000,
+            "GPU 0: 20000 of 24000 MiB in use: backend orchestrator 16000 MiB (pinned), "
+            "backend small 4000 MiB",
+        ),
+        (
+            [Holder("zone comfy (holder comfyui)", 6000)],
+            9000,
+            "GPU 0: 9000 of 24000 MiB in use: zone comfy (holder comfyui) 6000 MiB, "
+            "other processes 3000 MiB",
+        ),
+        ([], 5000, "GPU 0: 5000 of 24000 MiB in use: other processes 5000 MiB"),
+        ([], 0, "GPU 0: 0 of 24000 MiB in use: nothing the gateway knows of"),
+    ],
+)
+def test_describe_holders(holders: list[Holder], used: int, expected: str) -> None:
+    assert describe_holders(0, 24000, used, holders) == expected
+
+
+def test_describe_holders_mentions_no_other_processes_when_holders_account_for_all() -> None:
+    line = describe_holders(1, 24000, 8000, [Holder("backend a", 8000)])
+    assert line == "GPU 1: 8000 of 24000 MiB in use: backend a 8000 MiB"
+    assert "other processes" not in line
