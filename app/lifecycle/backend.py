@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -36,9 +37,11 @@ logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S: Final = 2.0
 READINESS_POLL_S: Final = 0.05
-# After a failed start, requests get the failure for this long instead of a new start,
-# so a crash-looping server is not restarted by every request.
+# After a failure, requests get the failure for this long instead of a new start, so a
+# crash-looping server is not restarted by every request; pinned backends are restarted
+# by the watch after it. It doubles with each failure in a row, up to the maximum.
 RESTART_BACKOFF_S: Final = 5.0
+MAX_RESTART_BACKOFF_S: Final = 300.0
 
 # Called every `wake_notice_s` while a request is held, with the seconds waited so far.
 WaitNotice = Callable[[float], Awaitable[None]]
@@ -91,6 +94,7 @@ class Backend:
         *,
         admission: Admission | None = None,
         wake_notice_s: float = 5.0,
+        restart_backoff_s: float = RESTART_BACKOFF_S,
     ) -> None:
         self.name = name
         self.config = config
@@ -100,6 +104,7 @@ class Backend:
         self._health_client = health_client
         self._metrics = metrics
         self._wake_notice_s = wake_notice_s
+        self._restart_backoff_s = restart_backoff_s
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.healthy: bool | None = None  # last health check; None before the first
@@ -113,7 +118,8 @@ class Backend:
         # Why it may not start now (VRAM zones): key -> description for errors.
         self.blocks: dict[str, str] = {}
         self._refused = False  # stopped because admission found no room (kind no_vram)
-        self._failed_at: float | None = None
+        self._failures = 0  # in a row; reset when it becomes ready
+        self._retry_at: float | None = None  # failed: no new start before this
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
@@ -219,12 +225,14 @@ class Backend:
             )
 
     def _check_backoff(self) -> None:
-        if (
-            self.state is BackendState.FAILED
-            and self._failed_at is not None
-            and time.monotonic() - self._failed_at < RESTART_BACKOFF_S
-        ):
+        if self.state is BackendState.FAILED and self._retry_in() > 0:
             raise self._unavailable()
+
+    def _retry_in(self) -> float:
+        """Seconds until a failed backend may be started again (0: now)."""
+        if self._retry_at is None:
+            return 0.0
+        return max(0.0, self._retry_at - time.monotonic())
 
     def _unavailable(self) -> GatewayError:
         detail = f": {self.reason}" if self.reason else ""
@@ -238,7 +246,7 @@ class Backend:
             return BackendUnavailable(
                 f"backend {self.name!r} failed{detail}",
                 kind="failed",
-                retry_after_s=int(RESTART_BACKOFF_S),
+                retry_after_s=max(1, math.ceil(self._retry_in())),
             )
         kind = "no_vram" if self._refused else "stopped"
         return BackendUnavailable(f"backend {self.name!r} is {self.state}{detail}", kind=kind)
@@ -307,6 +315,7 @@ class Backend:
                     return  # a stop took over
                 self.last_start_s = duration
                 self.last_used = time.monotonic()
+                self._failures, self._retry_at = 0, None
                 self._set_state(BackendState.READY, None)
             outcome = "ready"
             self._metrics.start_duration.labels(self.name).observe(duration)
@@ -359,7 +368,10 @@ class Backend:
             await asyncio.sleep(READINESS_POLL_S)
 
     async def stop(self, reason: str, *, drain_timeout_s: float | None = None) -> None:
-        """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent."""
+        """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent.
+
+        Raises `BackendUnavailable` (kind `runtime`) when the runtime could not stop it:
+        the server may still run and hold its memory."""
         async with self._lock:
             if self.state is BackendState.STOPPED:
                 return
@@ -368,6 +380,10 @@ class Backend:
             task = self._stop_task
         assert task is not None
         await asyncio.wait({task})
+        if self.state is BackendState.FAILED:
+            raise BackendUnavailable(
+                f"backend {self.name!r} could not be stopped: {self.reason}", kind="runtime"
+            )
 
     async def stop_if_idle(self, now: float) -> bool:
         """The reaper's stop: decided under the lock, so a request that just arrived wins."""
@@ -472,7 +488,23 @@ class Backend:
         return ok
 
     async def watch(self) -> None:
-        """One periodic check: health, and whether a managed server died while ready."""
+        """One periodic check: health, whether a managed server died while ready, and a
+        restart of a failed pinned backend once its backoff has passed."""
+        if (
+            self.state is BackendState.FAILED
+            and not self.lazy
+            and self.runtime.managed
+            and self._retry_in() == 0
+        ):
+            async with self._lock:
+                if self.state is BackendState.FAILED and not self.blocks:
+                    logger.info(
+                        "restarting pinned backend backend=%s failures=%d",
+                        self.name,
+                        self._failures,
+                    )
+                    self._begin_start(adopt=False)
+            return
         if self.state is BackendState.READY and self.runtime.managed:
             try:
                 status = await self.runtime.status()
@@ -491,7 +523,9 @@ class Backend:
         async with self._lock:
             if self.state not in (BackendState.FAILED, BackendState.STOPPED):
                 self._set_state(BackendState.FAILED, reason)
-                self._failed_at = time.monotonic()
+                self._failures += 1
+                backoff = self._restart_backoff_s * 2 ** min(self._failures - 1, 16)
+                self._retry_at = time.monotonic() + min(MAX_RESTART_BACKOFF_S, backoff)
                 self.holds_vram = holds_vram
 
     def block(self, key: str, description: str) -> None:

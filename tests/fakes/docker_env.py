@@ -370,10 +370,18 @@ class DockerProxy:
     `stop()` and `start()` (same port) simulate the proxy going down and coming back.
     """
 
-    def __init__(self, haproxy: str, socket_path: Path, port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        haproxy: str,
+        socket_path: Path,
+        port: int,
+        log_path: Path,
+        config: Path = PROXY_CONFIG,
+    ) -> None:
         self.haproxy = haproxy
         self.socket = socket_path
         self.port = port
+        self.config = config
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -392,7 +400,7 @@ class DockerProxy:
         }
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [self.haproxy, "-db", "-f", str(PROXY_CONFIG)],
+                [self.haproxy, "-db", "-f", str(self.config)],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -434,8 +442,13 @@ def _accepts(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def docker_proxy(socket_path: Path | str = DOCKER_SOCKET) -> Iterator[DockerProxy]:
+def docker_proxy(
+    socket_path: Path | str = DOCKER_SOCKET, *, config: Path = PROXY_CONFIG
+) -> Iterator[DockerProxy]:
     """The socket proxy in front of `socket_path`, started; stopped (bounded) afterwards.
+
+    `config` is the haproxy configuration (default: the project's); tests pass a modified
+    copy to see how the gateway reports a permission the proxy does not grant.
 
     Yields a DockerProxy: `.url` is http://127.0.0.1:PORT; `.stop()`/`.start()` take it
     down and bring it back on the same port; `.log()` is haproxy's output (one line per
@@ -443,7 +456,9 @@ def docker_proxy(socket_path: Path | str = DOCKER_SOCKET) -> Iterator[DockerProx
     """
     haproxy = require_haproxy()
     with tempfile.TemporaryDirectory(prefix="microscheduler-proxy-") as tmp:
-        proxy = DockerProxy(haproxy, Path(socket_path), free_port(), Path(tmp) / "haproxy.log")
+        proxy = DockerProxy(
+            haproxy, Path(socket_path), free_port(), Path(tmp) / "haproxy.log", config
+        )
         proxy.start()
         try:
             yield proxy

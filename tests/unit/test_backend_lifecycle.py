@@ -14,7 +14,7 @@ from app.errors import BackendUnavailable, WakeTimeout
 from app.lifecycle.backend import Admission, AdmissionRefused, Backend
 from app.lifecycle.state import BackendState
 from app.metrics import Metrics
-from app.runtimes.base import RuntimeStatus
+from app.runtimes.base import RuntimeError_, RuntimeStatus
 from app.settings import BackendConfig, Timeouts
 from app.upstreams.http import HttpUpstream
 
@@ -66,6 +66,7 @@ def make_backend(
     admission: Admission | None = None,
     metrics: Metrics | None = None,
     wake_notice_s: float = 5.0,
+    restart_backoff_s: float = 5.0,
     **config: Any,
 ) -> Backend:
     cfg = BackendConfig(url="http://backend:8000", models=["m"], **config)
@@ -80,6 +81,7 @@ def make_backend(
         metrics or Metrics(),
         admission=admission,
         wake_notice_s=wake_notice_s,
+        restart_backoff_s=restart_backoff_s,
     )
 
 
@@ -369,3 +371,72 @@ async def test_adopting_leaves_a_server_that_does_not_run_stopped() -> None:
     await backend.adopt()
     assert backend.state is BackendState.STOPPED
     assert runtime.starts == 0
+
+
+async def test_the_watch_restarts_a_failed_pinned_backend_after_its_backoff() -> None:
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, restart_backoff_s=0.05)
+    runtime.code = 1
+    await backend.watch()
+    assert backend.state is BackendState.FAILED
+    await backend.watch()  # within the backoff: nothing
+    assert runtime.starts == 1
+    await asyncio.sleep(0.06)
+    runtime.code = None
+    await backend.watch()
+    await asyncio.sleep(0.01)  # the restart runs as the backend's own task
+    assert runtime.starts == 2
+    assert state_of(backend) is BackendState.READY
+
+
+async def test_the_restart_backoff_doubles_with_each_failure_in_a_row() -> None:
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, restart_backoff_s=10)
+    retry_afters = []
+    for _ in range(3):
+        runtime.code = 1
+        await backend.watch()
+        with pytest.raises(BackendUnavailable) as info:
+            await backend.acquire()
+        retry_afters.append(int(info.value.headers["retry-after"]))
+        runtime.code = None
+        await backend.start()  # an operator's start ignores the backoff
+        assert state_of(backend) is BackendState.READY
+    # Ready in between resets the count: every failure here is the first in a row.
+    assert retry_afters == [10, 10, 10]
+    await backend.stop("admin")
+    failures = []
+    for _ in range(3):
+        runtime.code = 3
+        with pytest.raises(BackendUnavailable) as info:
+            await backend.start()
+        failures.append(int(info.value.headers["retry-after"]))
+    assert failures == [10, 20, 40]
+
+
+async def test_lazy_backends_are_not_restarted_by_the_watch() -> None:
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, restart_backoff_s=0.01, **LAZY)
+    runtime.code = 1
+    await backend.watch()
+    await asyncio.sleep(0.02)
+    await backend.watch()
+    assert runtime.starts == 1
+    assert backend.state is BackendState.FAILED
+
+
+class UnstoppableRuntime(GatedRuntime):
+    async def stop(self) -> None:
+        self.stops += 1
+        raise RuntimeError_("cannot reach the Docker API at http://proxy:2375: refused")
+
+
+async def test_a_stop_the_runtime_cannot_do_raises_and_keeps_counting_the_memory() -> None:
+    runtime = UnstoppableRuntime()
+    backend = await ready_backend(runtime, **LAZY)
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.stop("admin")
+    assert info.value.kind == "runtime"
+    assert "could not be stopped: stop failed: cannot reach the Docker API" in info.value.message
+    assert backend.state is BackendState.FAILED
+    assert backend.holds_vram is True
