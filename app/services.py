@@ -20,6 +20,7 @@ from app.auth import Authenticator
 from app.gpu.probe import GpuProbe, NoProbe, SimProbe
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
+from app.lifecycle.state import BackendState
 from app.metrics import Metrics
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -156,10 +157,11 @@ class Services:
         self._reaper_task = spawn(self._reaper_loop(), name="reaper")
 
     async def _adopt(self, backend: Backend) -> None:
-        if backend.blocks:
+        await backend.adopt()
+        if backend.blocks and backend.state is not BackendState.STOPPED:
+            # Running although a zone holds its memory (started by hand, or the gateway
+            # died before stopping it): it was adopted only to be stopped now.
             await backend.stop("zone", drain_timeout_s=0)
-        else:
-            await backend.adopt()
 
     async def _watch_loop(self) -> None:
         while True:

@@ -334,3 +334,49 @@ async def test_ready_ignores_stopped_lazy_backends(tmp_path: Path) -> None:
         response = await gw.client.get("/ready")
     assert response.status_code == 200
     assert response.json()["backends"]["lazy"]["ready"] is False
+
+
+async def test_a_running_lazy_backend_is_adopted_at_start_up(tmp_path: Path) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    await runtime.start()  # it outlived an earlier gateway
+    try:
+        async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
+            for _ in range(100):
+                if (await backend_state(gw, "lazy"))["state"] == "ready":
+                    break
+                await asyncio.sleep(0.02)
+            view = await backend_state(gw, "lazy")
+            assert view["state"] == "ready"
+            assert view["holds_vram"] is True
+            assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            assert runtime.stops == 0
+    finally:
+        await runtime.stop()
+
+
+async def test_a_running_backend_that_a_saved_zone_blocks_is_stopped_at_start_up(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    backends = {"lazy": lazy(port)}
+    first = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    async with lifecycle_gateway(backends, first, tmp_path) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        acquired = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
+        )
+        assert acquired.json()["stopped"] == ["lazy"]
+    second = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    await second["lazy"].start()  # someone started it by hand while the gateway was down
+    async with lifecycle_gateway(backends, second, tmp_path) as gw:
+        for _ in range(100):
+            if second["lazy"].stops:
+                break
+            await asyncio.sleep(0.02)
+        assert second["lazy"].stops == 1
+        view = await backend_state(gw, "lazy")
+        assert view["state"] == "stopped"
+        assert view["blocked_by"] != []
+        blocked = await gw.client.post("/v1/chat/completions", json=CHAT)
+        assert blocked.json()["error"]["code"] == "backend_blocked"

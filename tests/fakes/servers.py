@@ -117,6 +117,8 @@ class FakeVllmRuntime:
 
     async def start(self) -> None:
         self.starts += 1
+        if self._opener is not None:
+            return  # already running: like `docker start` of a running container
         self.exit_code = None
         self._opener = asyncio.create_task(self._open())
 
