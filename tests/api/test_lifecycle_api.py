@@ -63,6 +63,29 @@ async def backend_state(gw: Gateway, name: str) -> dict[str, Any]:
     return next(v for v in views if v["name"] == name)
 
 
+async def settled_state(gw: Gateway, name: str, state: str) -> dict[str, Any]:
+    """The backend's view once it is in `state`, or its last view after ~5 s (bounded)."""
+    for _ in range(100):
+        view = await backend_state(gw, name)
+        if view["state"] == state:
+            return view
+        await asyncio.sleep(0.05)
+    return view
+
+
+async def hold_zone_across_a_restart(port: int, tmp_path: Path) -> dict[str, dict[str, Any]]:
+    """A first gateway wakes the lazy backend, then a zone evicts it; returns the config."""
+    backends = {"lazy": lazy(port)}
+    first = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
+    async with lifecycle_gateway(backends, first, tmp_path) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        acquired = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
+        )
+        assert acquired.json()["stopped"] == ["lazy"]
+    return backends
+
+
 async def test_a_cold_request_wakes_a_lazy_backend_and_is_answered(tmp_path: Path) -> None:
     port = free_port()
     runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
@@ -239,14 +262,7 @@ async def test_zone_requests_are_validated_in_the_openai_envelope(tmp_path: Path
 
 async def test_zones_survive_a_gateway_restart(tmp_path: Path) -> None:
     port = free_port()
-    backends = {"lazy": lazy(port)}
-    first = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
-    async with lifecycle_gateway(backends, first, tmp_path) as gw:
-        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-        acquired = await gw.client.post(
-            "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
-        )
-        assert acquired.json()["stopped"] == ["lazy"]
+    backends = await hold_zone_across_a_restart(port, tmp_path)
     second = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
     async with lifecycle_gateway(backends, second, tmp_path) as gw:
         zones = (await gw.client.get("/vram/zones")).json()["zones"]
@@ -265,11 +281,7 @@ async def test_an_idle_lazy_backend_is_stopped_after_its_ttl(tmp_path: Path) -> 
         {"lazy": lazy(port, idle_ttl_s=0.3)}, {"lazy": runtime}, tmp_path, reaper_interval_s=0.05
     ) as gw:
         assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-        for _ in range(100):
-            if (await backend_state(gw, "lazy"))["state"] == "stopped":
-                break
-            await asyncio.sleep(0.05)
-        view = await backend_state(gw, "lazy")
+        view = await settled_state(gw, "lazy", "stopped")
         assert view["state"] == "stopped"
         assert "idle" in view["reason"]
         assert runtime.stops == 1
@@ -342,11 +354,7 @@ async def test_a_running_lazy_backend_is_adopted_at_start_up(tmp_path: Path) -> 
     await runtime.start()  # it outlived an earlier gateway
     try:
         async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
-            for _ in range(100):
-                if (await backend_state(gw, "lazy"))["state"] == "ready":
-                    break
-                await asyncio.sleep(0.02)
-            view = await backend_state(gw, "lazy")
+            view = await settled_state(gw, "lazy", "ready")
             assert view["state"] == "ready"
             assert view["holds_vram"] is True
             assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
@@ -359,23 +367,16 @@ async def test_a_running_backend_that_a_saved_zone_blocks_is_stopped_at_start_up
     tmp_path: Path,
 ) -> None:
     port = free_port()
-    backends = {"lazy": lazy(port)}
-    first = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
-    async with lifecycle_gateway(backends, first, tmp_path) as gw:
-        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-        acquired = await gw.client.post(
-            "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
-        )
-        assert acquired.json()["stopped"] == ["lazy"]
+    backends = await hold_zone_across_a_restart(port, tmp_path)
     second = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
     await second["lazy"].start()  # someone started it by hand while the gateway was down
     async with lifecycle_gateway(backends, second, tmp_path) as gw:
-        for _ in range(100):
+        for _ in range(100):  # it starts out stopped: wait for the adoption's stop itself
             if second["lazy"].stops:
                 break
             await asyncio.sleep(0.02)
         assert second["lazy"].stops == 1
-        view = await backend_state(gw, "lazy")
+        view = await settled_state(gw, "lazy", "stopped")
         assert view["state"] == "stopped"
         assert view["blocked_by"] != []
         blocked = await gw.client.post("/v1/chat/completions", json=CHAT)
