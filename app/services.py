@@ -101,16 +101,16 @@ class Services:
         self._reaper_task: asyncio.Task[None] | None = None
 
     def _build_probe(self, seams: Seams) -> GpuProbe:
-        placed = self.arbiter_placed
+        # The probe is built before the arbiter it reports for: read it when asked.
+        def placed() -> dict[int, int]:
+            return self.arbiter.placed_mib()
+
         if seams.probe_factory is not None:
             return seams.probe_factory(placed)
         gpu = self.settings.gpu
         if gpu.probe == "sim":
             return SimProbe(gpu.sim.total_mib, gpu.sim.count, placed)
         return NoProbe()
-
-    def arbiter_placed(self) -> dict[int, int]:
-        return self.arbiter.placed_mib()
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessConfig):

@@ -126,13 +126,13 @@ class VramArbiter:
                 try:
                     await self._make_room(
                         dict.fromkeys(gpus, need),
+                        await self.probe.read(),
                         below_priority=backend.config.priority,
                         stop_reason="eviction",
                         requester=backend.name,
                     )
                 except _NoRoom as exc:
                     raise AdmissionRefused(str(exc)) from None
-            backend.holds_vram = True
             yield
 
     @contextlib.asynccontextmanager
@@ -145,6 +145,7 @@ class VramArbiter:
     async def _make_room(
         self,
         need: dict[int, int],
+        reading: GpuReading | None,
         *,
         below_priority: int | None,
         stop_reason: str,
@@ -152,12 +153,12 @@ class VramArbiter:
         block: tuple[str, str] | None = None,
     ) -> tuple[tuple[str, ...], GpuReading | None]:
         """Evict what `plan_eviction` picks and wait for the memory; return who was stopped
-        and the last reading (the one that showed the room).
+        and the last reading (the one that showed the room). `reading` is the probe's
+        reading the caller just took.
 
         `block` (key, description) blocks the evicted backends before they are stopped,
         so requests arriving during their drain do not wake them again.
         """
-        reading = await self.probe.read()
         if reading is None:
             return (), None  # no probe: admission is off
         unknown = [g for g in need if g not in reading.gpus]
@@ -307,6 +308,7 @@ class VramArbiter:
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
+                    reading,
                     below_priority=below_priority,
                     stop_reason="zone",
                     requester=f"zone:{name}",
@@ -328,23 +330,28 @@ class VramArbiter:
             return ZoneGrant(zone, after - before, renewed=False)
 
     def release_zone(self, name: str) -> Zone:
-        zone = self.zones.pop(name, None)
+        zone = self.zones.get(name)
         if zone is None:
             raise NotFound(f"no VRAM zone {name!r} is held", code="zone_not_found")
-        self._unblock(zone)
-        self._save()
-        logger.info("zone released zone=%s holder=%s", name, zone.holder)
+        self._drop([zone], "released")
         return zone
 
     def expire_zones(self, now: float) -> list[Zone]:
         expired = [z for z in self.zones.values() if z.expired(now)]
-        for zone in expired:
-            logger.info("zone expired zone=%s holder=%s", zone.name, zone.holder)
-            del self.zones[zone.name]
-            self._unblock(zone)
         if expired:
-            self._save()
+            self._drop(expired, "expired")
         return expired
+
+    def _drop(self, zones: list[Zone], why: str) -> None:
+        """Forget `zones`, unblock what they stopped (it wakes on demand), save once."""
+        for zone in zones:
+            del self.zones[zone.name]
+            for name in zone.stopped:
+                backend = self._backends.get(name)
+                if backend is not None:
+                    backend.unblock(_zone_key(zone.name))
+            logger.info("zone %s zone=%s holder=%s", why, zone.name, zone.holder)
+        self._save()
 
     def restore(self) -> list[Zone]:
         """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
@@ -375,12 +382,6 @@ class VramArbiter:
     def _set_zone(self, zone: Zone) -> None:
         self.zones[zone.name] = zone
         self._save()
-
-    def _unblock(self, zone: Zone) -> None:
-        for name in zone.stopped:
-            backend = self._backends.get(name)
-            if backend is not None:
-                backend.unblock(_zone_key(zone.name))
 
     def _save(self) -> None:
         self._store.save({"zones": [z.to_json() for z in self.zones.values()]})

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Final, Protocol
 
@@ -36,7 +36,10 @@ from app.upstreams.http import HttpUpstream
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S: Final = 2.0
-READINESS_POLL_S: Final = 0.05
+READINESS_POLL_S: Final = 0.05  # /health while starting: a refused connection is cheap
+# Whether the server still runs, while starting: a Docker inspect through the proxy each
+# time, so not at every health poll.
+STATUS_POLL_S: Final = 0.5
 # After a failure, requests get the failure for this long instead of a new start, so a
 # crash-looping server is not restarted by every request; pinned backends are restarted
 # by the watch after it. It doubles with each failure in a row, up to the maximum.
@@ -61,10 +64,8 @@ class Admission(Protocol):
 class Unchecked:
     """Admission when there is no GPU to check: every start is allowed."""
 
-    @contextlib.asynccontextmanager
-    async def admit(self, backend: Backend) -> AsyncIterator[None]:
-        backend.holds_vram = True
-        yield
+    def admit(self, backend: Backend) -> AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
 
 
 class Lease:
@@ -164,41 +165,59 @@ class Backend:
             )
         self.waiting += 1
         self._waiting_gauge.inc()
-        began = time.monotonic()
-        deadline = began + self.config.max_wait_s
         try:
-            while True:
-                async with self._lock:
-                    step = self._next_step(backoff=True)
-                    if step is None:
-                        return self._lease()
-                    task, joined_start = step
-                await self._wait_for(task, began, deadline, on_wait)
-                if joined_start and self.state is not BackendState.READY:
-                    raise self._unavailable()
+            lease = await self._until_ready(
+                backoff=True, max_wait_s=self.config.max_wait_s, on_wait=on_wait, lease=True
+            )
         finally:
             self.waiting -= 1
             self._waiting_gauge.dec()
+        assert lease is not None
+        return lease
+
+    async def _until_ready(
+        self, *, backoff: bool, max_wait_s: float | None, on_wait: WaitNotice | None, lease: bool
+    ) -> Lease | None:
+        """Decide under the lock, wait without it, until ready; then, with `lease`, take
+        the lease under the same lock that saw it ready (a stop cannot slip between).
+
+        Waits for a stop in progress and decides again; a start it waited for that did
+        not end ready raises why."""
+        began = time.monotonic()
+        deadline = None if max_wait_s is None else began + max_wait_s
+        while True:
+            async with self._lock:
+                step = self._next_step(backoff=backoff)
+                if step is None:
+                    return self._lease() if lease else None
+                task, joined_start = step
+            await self._wait_for(task, began, deadline, on_wait)
+            if joined_start and self.state is not BackendState.READY:
+                raise self._unavailable()
 
     async def _wait_for(
         self,
         task: asyncio.Task[None],
         began: float,
-        deadline: float,
+        deadline: float | None,
         on_wait: WaitNotice | None,
     ) -> None:
-        """Wait for a start or stop without owning it: cancelling this wait leaves it running."""
+        """Wait for a start or stop without owning it: cancelling this wait leaves it
+        running. `deadline=None` waits as long as it takes."""
         while not task.done():
-            now = time.monotonic()
-            remaining = deadline - now
-            if remaining <= 0:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 raise WakeTimeout(
                     f"backend {self.name!r} is still {self.state} after "
                     f"{self.config.max_wait_s:g}s (max_wait_s); retry later"
                 )
-            step = min(remaining, self._wake_notice_s) if on_wait is not None else remaining
+            step = remaining
+            if on_wait is not None:
+                step = self._wake_notice_s if step is None else min(step, self._wake_notice_s)
             await asyncio.wait({task}, timeout=step)
-            if not task.done() and on_wait is not None and time.monotonic() < deadline:
+            if task.done() or on_wait is None:
+                continue
+            if deadline is None or time.monotonic() < deadline:
                 await on_wait(time.monotonic() - began)
 
     def _lease(self) -> Lease:
@@ -258,17 +277,7 @@ class Backend:
 
         Raises `BackendUnavailable` when it did not become ready.
         """
-        while True:
-            async with self._lock:
-                step = self._next_step(backoff=False)
-                if step is None:
-                    return
-                task, joined_start = step
-            await asyncio.wait({task})
-            if joined_start:
-                if self.state is not BackendState.READY:
-                    raise self._unavailable()
-                return
+        await self._until_ready(backoff=False, max_wait_s=None, on_wait=None, lease=False)
 
     def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
@@ -307,6 +316,7 @@ class Backend:
         admitted = contextlib.nullcontext() if adopt else self.admission.admit(self)
         try:
             async with admitted:
+                self.holds_vram = True  # admitted: counted on its GPUs from now on
                 await self.runtime.start()
                 await self._wait_healthy(time.monotonic() + self.config.start_timeout_s)
             duration = time.monotonic() - began
@@ -347,16 +357,19 @@ class Backend:
         A refused connection means still loading (vLLM opens its port late). When the
         runtime cannot be asked (Docker proxy down) the health check alone decides.
         """
+        next_status = 0.0
         while True:
-            try:
-                status = await self.runtime.status()
-            except RuntimeError_ as exc:
-                logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
-            else:
-                self.runtime_detail = status.detail
-                if not status.running:
-                    code, more = _exit_text(status)
-                    raise _StartFailed(f"exited with {code} before it was ready{more}")
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + STATUS_POLL_S
+                try:
+                    status = await self.runtime.status()
+                except RuntimeError_ as exc:
+                    logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
+                else:
+                    self.runtime_detail = status.detail
+                    if not status.running:
+                        code, more = _exit_text(status)
+                        raise _StartFailed(f"exited with {code} before it was ready{more}")
             if await self.check_health():
                 return
             if time.monotonic() >= deadline:
@@ -377,9 +390,7 @@ class Backend:
                 return
             if self.state is not BackendState.STOPPING:
                 self._begin_stop(reason, drain_timeout_s)
-            task = self._stop_task
-        assert task is not None
-        await asyncio.wait({task})
+        await self._stopped()
         if self.state is BackendState.FAILED:
             raise BackendUnavailable(
                 f"backend {self.name!r} could not be stopped: {self.reason}", kind="runtime"
@@ -398,10 +409,14 @@ class Backend:
             ):
                 return False
             self._begin_stop("idle", None)
-            task = self._stop_task
+        await self._stopped()
+        return True
+
+    async def _stopped(self) -> None:
+        """Wait, without owning it, for the stop task begun under the lock."""
+        task = self._stop_task
         assert task is not None
         await asyncio.wait({task})
-        return True
 
     def _begin_stop(self, reason: str, drain_timeout_s: float | None) -> None:
         """Under the lock: -> stopping, with the one stop task."""
@@ -458,7 +473,6 @@ class Backend:
         async with self._lock:
             if self.state is not BackendState.STOPPED:
                 return
-            self.holds_vram = True
             task = self._begin_start(adopt=True)
         await asyncio.wait({task})
 

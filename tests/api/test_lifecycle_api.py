@@ -153,6 +153,33 @@ async def test_a_wake_that_fails_after_the_comments_ends_the_stream_in_band(
     assert "still starting after 0.35s (max_wait_s)" in error["message"]
 
 
+async def test_an_upstream_error_after_the_wake_comments_is_sent_in_band(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(
+        port, open_at_start=False, models=["lazy-model"], fail_status=500, fail_count=1
+    )
+    async with lifecycle_gateway(
+        {"lazy": lazy(port)}, {"lazy": runtime}, tmp_path, wake_notice_s=0.1
+    ) as gw:
+
+        async def open_later() -> None:
+            await asyncio.sleep(0.25)  # long enough for at least one wake comment
+            runtime.listening.set()
+
+        opener = asyncio.create_task(open_later())
+        response = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        await opener
+    assert response.status_code == 200  # committed by the first comment
+    assert response.text.startswith(": waking lazy ")
+    events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == 500  # the upstream's own error object, passed on
+    assert error["type"] == "InternalServerError"
+
+
 async def test_a_non_streaming_request_that_waits_too_long_gets_504(tmp_path: Path) -> None:
     port = free_port()
     runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
