@@ -25,9 +25,10 @@ UPSTREAM_ERROR_KINDS: Final = (
     "disconnected",
     "http_5xx",
 )
-BACKEND_STATES: Final = ("stopped", "starting", "ready", "stopping", "failed")
+BACKEND_STATES: Final = ("stopped", "starting", "ready", "stopping", "failed", "sleeping")
 START_OUTCOMES: Final = ("ready", "failed", "refused", "cancelled")
-STOP_REASONS: Final = ("idle", "eviction", "zone", "admin", "shutdown")
+STOP_REASONS: Final = ("idle", "eviction", "zone", "admin", "shutdown", "yield", "profile")
+YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 
@@ -122,6 +123,49 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
+        self.backend_sleeps = Counter(
+            "backend_sleeps",
+            "Yields of a backend by vLLM sleep mode, by outcome (stopped: sleep mode was "
+            "not offered, so it was stopped instead).",
+            ["backend", "outcome"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.yield_active = Gauge(
+            "vram_yield_active",
+            "1 while a VRAM yield (POST /vram/yield) holds the GPU for an outside workload.",
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.yields = Counter(
+            "vram_yields",
+            "VRAM yield operations by outcome.",
+            ["outcome"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.yield_freed = Gauge(
+            "vram_yield_freed_bytes",
+            "Free GPU memory after the last yield minus before it, as the probe measured it.",
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.profile_active = Gauge(
+            "profile_active",
+            "1 for the active GPU profile, 0 for the others.",
+            ["profile"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.backend_enabled = Gauge(
+            "backend_enabled",
+            "1 when the active GPU profile lets the backend run, else 0.",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        for outcome in YIELD_OUTCOMES:
+            self.yields.labels(outcome)
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
@@ -138,6 +182,9 @@ class Metrics:
         for reason in STOP_REASONS:
             self.stops.labels(backend, reason)
         self.start_duration.labels(backend)
+        self.backend_enabled.labels(backend).set(1)
+        for outcome in ("slept", "stopped", "failed"):
+            self.backend_sleeps.labels(backend, outcome)
         self.waiting.labels(backend)
         self.drain_timeouts.labels(backend)
 

@@ -13,14 +13,25 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from app.auth import Authenticator
-from app.gpu.probe import GpuProbe, NoProbe, SimProbe
+from app.events import EventLog
+from app.gpu.gpu_metrics import GpuCollector, VllmLoadMetrics
+from app.gpu.nvml import NvmlSource
+from app.gpu.poller import GpuMonitor
+from app.gpu.probe import GpuProbe, NoProbe
+from app.gpu.sim_ledger import read_ledger
+from app.gpu.sim_source import SimSource
+from app.gpu.telemetry import GpuSource
+from app.gpu.vllm_metrics import ScrapeError, scrape_load
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
+from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState
+from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -35,26 +46,29 @@ from app.settings import ProcessRuntime as ProcessConfig
 from app.state_store import StateStore
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
+from app.upstreams.vllm_control import VllmControl
 
 logger = logging.getLogger(__name__)
 
 RuntimeFactory = Callable[[str, BackendConfig], Runtime]
-ProbeFactory = Callable[[Callable[[], dict[int, int]]], GpuProbe]
+GpuSourceFactory = Callable[[Callable[[], dict[int, int]]], GpuSource]
+SCRAPE_TIMEOUT_S = 2.0  # one backend's /metrics
 
 
 @dataclass(frozen=True)
 class Seams:
-    """What tests (and later features) may replace: transports, runtimes, the GPU probe.
+    """What tests (and later features) may replace: transports, runtimes, the GPU source.
 
     `runtime_factory=None` builds the runtime each backend's config names;
-    `probe_factory=None` builds the probe `gpu.probe` names (it receives the gateway's
-    placed-memory callback, which the simulated probe reports as used).
+    `gpu_source_factory=None` builds the source `gpu.probe` names (it receives the
+    gateway's placed-memory callback, which the simulated GPU without a ledger reports
+    as used).
     """
 
     health_transport: httpx.AsyncBaseTransport | None = None
     docker_transport: httpx.AsyncBaseTransport | None = None
     runtime_factory: RuntimeFactory | None = None
-    probe_factory: ProbeFactory | None = None
+    gpu_source_factory: GpuSourceFactory | None = None
 
 
 class Services:
@@ -65,15 +79,24 @@ class Services:
         self.registry = Registry.from_backends(settings.backends)
         self.auth = Authenticator(settings.api_keys, settings.admin_key)
         self.health_client = httpx.AsyncClient(transport=seams.health_transport)
+        self.events = EventLog()
         self.docker: DockerApi | None = None
         if any(isinstance(cfg.runtime, DockerConfig) for cfg in settings.backends.values()):
             self.docker = DockerApi(settings.docker, transport=seams.docker_transport)
+        self.gpu_monitor = self._build_monitor(seams)
+        if self.gpu_monitor is not None:
+            metrics.registry.register(GpuCollector(self.gpu_monitor))
+        self.vllm_load = VllmLoadMetrics(metrics.registry)
+        store = StateStore(settings.state_dir)
         self.arbiter = VramArbiter(
-            self._build_probe(seams),
-            StateStore(settings.state_dir),
+            self.gpu_monitor or NoProbe(),
+            store,
             reclaim_timeout_s=settings.gpu.reclaim_timeout_s,
         )
         runtime_factory = seams.runtime_factory or self._build_runtime
+        self._upstream_headers = {
+            name: _upstream_auth(name, cfg) for name, cfg in settings.backends.items()
+        }
         self.backends = {
             name: Backend(
                 name,
@@ -84,33 +107,77 @@ class Services:
                     cfg.url,
                     settings.backend_timeouts(name),
                     max_connections=cfg.max_connections,
-                    extra_headers=_upstream_auth(name, cfg),
+                    extra_headers=self._upstream_headers[name],
                 ),
                 self.health_client,
                 metrics,
                 admission=self.arbiter,
                 wake_notice_s=settings.wake_notice_s,
+                control=VllmControl(
+                    self.health_client, cfg.url, headers=self._upstream_headers[name]
+                ),
+                events=self.events,
             )
             for name, cfg in settings.backends.items()
         }
+        for name in self.backends:
+            self.vllm_load.declare(name)
         self.arbiter.attach(self.backends)
+        self.vram_yield = VramYield(
+            self.arbiter,
+            self.backends,
+            metrics,
+            self.events,
+            settle_timeout_s=settings.gpu.reclaim_timeout_s,
+        )
+        self.profiles = ProfileSwitch(
+            settings.gpu_profiles, self.backends, store, metrics, self.events
+        )
         self.dispatcher = Dispatcher(self.registry, self.backends, metrics)
         self.model_list = self._render_model_list()
         self._start_tasks: list[asyncio.Task[None]] = []
-        self._watch_task: asyncio.Task[None] | None = None
-        self._reaper_task: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []
 
-    def _build_probe(self, seams: Seams) -> GpuProbe:
-        # The probe is built before the arbiter it reports for: read it when asked.
+    def _build_monitor(self, seams: Seams) -> GpuMonitor | None:
+        gpu = self.settings.gpu
+
+        # The source is built before the arbiter it reports for: read it when asked.
         def placed() -> dict[int, int]:
             return self.arbiter.placed_mib()
 
-        if seams.probe_factory is not None:
-            return seams.probe_factory(placed)
-        gpu = self.settings.gpu
-        if gpu.probe == "sim":
-            return SimProbe(gpu.sim.total_mib, gpu.sim.count, placed)
-        return NoProbe()
+        source: GpuSource
+        if seams.gpu_source_factory is not None:
+            source = seams.gpu_source_factory(placed)
+        elif gpu.probe == "nvml":
+            source = NvmlSource(timeout_s=gpu.sample_timeout_s)
+        elif gpu.probe == "sim":
+            ledger = gpu.sim.ledger_dir
+            used: Callable[[], dict[int, int]] = placed
+            if ledger is not None:
+                used = lambda: read_ledger(ledger, now=time.time())  # noqa: E731
+            source = SimSource(gpu.sim.total_mib, gpu.sim.count, used)
+        else:
+            return None
+        return GpuMonitor(
+            source, poll_interval_s=gpu.poll_interval_s, stale_after_s=gpu.stale_after_s
+        )
+
+    @property
+    def probe(self) -> GpuProbe:
+        return self.arbiter.probe
+
+    def gpu_status(self) -> dict[str, Any]:
+        if self.gpu_monitor is None:
+            return {
+                "source": "none",
+                "up": False,
+                "error": "gpu.probe is none: no GPU telemetry, VRAM admission is off",
+                "gpus": [],
+            }
+        return self.gpu_monitor.describe()
+
+    def fallback_status(self) -> dict[str, Any] | None:
+        return None
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessConfig):
@@ -139,40 +206,79 @@ class Services:
     async def start(self) -> None:
         """Bring backends up in the background; the gateway serves while they load.
 
-        Zones saved by an earlier run are re-applied first. Pinned backends are started;
-        lazy ones that already run (they outlived an earlier gateway) are adopted, or
-        stopped when a zone blocks them; other lazy ones wait for their first request.
+        Zones and the yield saved by an earlier run are re-applied first, then the saved
+        GPU profile. Servers that already run (they outlived an earlier gateway) are
+        adopted without an admission check, or stopped when a hold or the profile blocks
+        them (a server the yield put to sleep stays asleep); pinned ones that do not run
+        are started; lazy ones wait for their first request.
         """
         for zone in self.arbiter.restore():
             logger.info("zone restored zone=%s holder=%s blocks=%s",
-                        zone.name, zone.holder, ",".join(zone.stopped) or "-")  # fmt: skip
+                        zone.name, zone.holder, ",".join(zone.blocks) or "-")  # fmt: skip
+        self.profiles.restore()
+        self.vram_yield.sync_metrics()
         for name, backend in self.backends.items():
-            if not backend.runtime.managed:
-                await backend.start()  # no I/O: marks it ready, health is watched below
-            elif backend.lazy:
-                self._start_tasks.append(spawn(self._adopt(backend), name=f"adopt:{name}"))
-            else:
-                self._start_tasks.append(spawn(backend.start(), name=f"startup:{name}"))
-        self._watch_task = spawn(self._watch_loop(), name="backend-watch")
-        self._reaper_task = spawn(self._reaper_loop(), name="reaper")
+            self._start_tasks.append(spawn(self._bring_up(backend), name=f"startup:{name}"))
+        self._loops = [
+            spawn(self._watch_loop(), name="backend-watch"),
+            spawn(self._reaper_loop(), name="reaper"),
+            spawn(self._scrape_loop(), name="vllm-scrape"),
+        ]
+        if self.gpu_monitor is not None:
+            self._loops.append(spawn(self.gpu_monitor.run(), name="gpu-poll"))
 
-    async def _adopt(self, backend: Backend) -> None:
+    async def _bring_up(self, backend: Backend) -> None:
+        if not backend.runtime.managed:
+            if not backend.blocks:
+                await backend.start()  # no I/O: marks it ready, health is watched below
+            return
         await backend.adopt()
-        if backend.blocks and backend.state is not BackendState.STOPPED:
-            # Running although a zone holds its memory (started by hand, or the gateway
-            # died before stopping it): it was adopted only to be stopped now.
-            await backend.stop("zone", drain_timeout_s=0)
+        if backend.blocks:
+            if backend.state not in (BackendState.STOPPED, BackendState.SLEEPING) or (
+                backend.state is BackendState.SLEEPING and "profile" in backend.blocks
+            ):
+                # Running although a hold or the profile keeps it down (started by hand,
+                # or the gateway died before stopping it): adopted only to be stopped.
+                await backend.stop(_block_reason(backend), drain_timeout_s=0)
+            return
+        if not backend.lazy and backend.state is BackendState.STOPPED:
+            await backend.start_logged("startup")
 
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.gather(*(b.watch() for b in self.backends.values()))
             await asyncio.sleep(self.settings.health_interval_s)
 
+    async def _scrape_loop(self) -> None:
+        """Each backend's vLLM `/metrics` (KV cache usage, running and waiting) per poll."""
+        while True:
+            await asyncio.gather(*(self._scrape(b) for b in self.backends.values()))
+            await asyncio.sleep(self.settings.gpu.poll_interval_s)
+
+    async def _scrape(self, backend: Backend) -> None:
+        if backend.state is not BackendState.READY:
+            self.vllm_load.update(backend.name, None)
+            return
+        try:
+            load = await scrape_load(
+                self.health_client,
+                backend.config.url,
+                headers=self._upstream_headers[backend.name],
+                timeout_s=SCRAPE_TIMEOUT_S,
+            )
+        except ScrapeError as exc:
+            logger.debug("vllm metrics scrape failed backend=%s error=%s", backend.name, exc)
+            self.vllm_load.update(backend.name, None)
+            return
+        self.vllm_load.update(backend.name, load)
+
     async def _reaper_loop(self) -> None:
-        """Stops lazy backends idle past `idle_ttl_s` and releases expired zones."""
+        """Stops lazy backends idle past `idle_ttl_s`, releases expired zones and ends an
+        expired yield."""
         while True:
             await asyncio.sleep(self.settings.reaper_interval_s)
             self.arbiter.expire_zones(time.time())
+            await self.vram_yield.expire(time.time())
             now = time.monotonic()
             idle = [b for b in self.backends.values() if b.lazy and b.config.idle_ttl_s > 0]
             if idle:
@@ -180,10 +286,12 @@ class Services:
 
     async def close(self) -> None:
         """Stop what the gateway runs itself; containers outlive it and are adopted later."""
-        await cancel_and_wait(self._reaper_task)
-        await cancel_and_wait(self._watch_task)
+        for loop in self._loops:
+            await cancel_and_wait(loop)
         for task in self._start_tasks:
             await cancel_and_wait(task)
+        await self.vram_yield.close()
+        await self.profiles.close()
         owned = [b for b in self.backends.values() if b.runtime.stop_on_shutdown]
         results = await asyncio.gather(
             *(b.stop("shutdown", drain_timeout_s=0) for b in owned), return_exceptions=True
@@ -197,6 +305,17 @@ class Services:
         await self.health_client.aclose()
         if self.docker is not None:
             await self.docker.aclose()
+        if self.gpu_monitor is not None:
+            await self.gpu_monitor.close()
+
+
+def _block_reason(backend: Backend) -> str:
+    """The stop reason (a metric label) for a backend a hold or the profile keeps down."""
+    if "profile" in backend.blocks:
+        return "profile"
+    if any(key == "zone:yield" for key in backend.blocks):
+        return "yield"
+    return "zone"
 
 
 def _upstream_auth(name: str, config: BackendConfig) -> dict[str, str] | None:

@@ -34,6 +34,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.profiles import GpuProfiles
+
 ENV_PREFIX = "MICROSCHEDULER_"
 MODELS_FILE = "models.yaml"
 CLOUD_FILE = "cloud_providers.yaml"
@@ -53,7 +55,7 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class Timeouts(_Strict):
@@ -133,20 +135,45 @@ class DockerSettings(_Strict):
 
 
 class SimGpu(_Strict):
+    """The simulated GPU of the demo and the tests.
+
+    With `ledger_dir`, its used memory is what the fake vLLM servers report there
+    (`--sim-gpu-dir`; a sleeping one reports less), measured like NVML would. Without
+    it, used memory is what the gateway placed (the `vram_mib` of running backends plus
+    zone holds).
+    """
+
     total_mib: PositiveInt = 32768
     count: PositiveInt = 1
+    ledger_dir: Path | None = None
 
 
 class GpuSettings(_Strict):
-    """The GPU probe behind VRAM admission.
+    """The GPU probe behind telemetry, VRAM admission and yield.
 
-    `sim` counts what the gateway itself placed on the GPU (the `vram_mib` of running
-    backends plus zone holds); `none` turns admission off (every start is allowed).
+    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `none` turns
+    admission off (every start is allowed) and reports no GPU.
     """
 
-    probe: Literal["sim", "none"] = "sim"
+    probe: Literal["nvml", "sim", "none"] = "sim"
+    poll_interval_s: PositiveFloat = 1.0
+    sample_timeout_s: PositiveFloat = 2.0  # one sample of every GPU; NVML can hang
+    # A snapshot older than this is reported stale in /status and the metrics.
+    stale_after_s: PositiveFloat = 10.0
     sim: SimGpu = Field(default_factory=SimGpu)
-    reclaim_timeout_s: PositiveFloat = 10.0  # wait for evicted memory to show as free
+    reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
+
+
+class YieldConfig(_Strict):
+    """How a backend gives its VRAM back for a yield (`POST /vram/yield`).
+
+    `sleep` uses vLLM's sleep mode (`POST /sleep?level=N`; the server needs
+    `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode`), which keeps the process and
+    wakes in seconds; when the server does not offer it, the backend is stopped instead.
+    """
+
+    method: Literal["stop", "sleep"] = "stop"
+    level: Literal[1, 2] = 1
 
 
 class BackendConfig(_Strict):
@@ -169,6 +196,7 @@ class BackendConfig(_Strict):
     max_waiting: NonNegativeInt = 64
     max_wait_s: PositiveFloat = 120.0
     drain_timeout_s: NonNegativeFloat = 60.0
+    yield_: YieldConfig = Field(default_factory=YieldConfig, alias="yield")
 
     @field_validator("url")
     @classmethod
@@ -240,9 +268,9 @@ class Settings(BaseSettings):
     docker: DockerSettings = Field(default_factory=DockerSettings)
     gpu: GpuSettings = Field(default_factory=GpuSettings)
     backends: dict[str, BackendConfig] = Field(min_length=1)
-    # Read from their own files when present; later features give them meaning.
+    # Read from their own files when present.
     cloud_providers: dict[str, Any] | None = None
-    gpu_profiles: dict[str, Any] | None = None
+    gpu_profiles: GpuProfiles | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -268,6 +296,13 @@ class Settings(BaseSettings):
                             f"{owner[name]!r}; model ids and aliases must be unique"
                         )
                     owner[name] = backend
+        if self.gpu_profiles is not None:
+            unknown = self.gpu_profiles.unknown_backends(self.backends)
+            if unknown:
+                raise ValueError(
+                    f"{PROFILES_FILE}: {unknown[0]}: no backend of that name in {MODELS_FILE} "
+                    f"(backends: {', '.join(self.backends)})"
+                )
         if self.gpu.probe == "sim":
             for backend, cfg in self.backends.items():
                 missing = [g for g in cfg.gpus if g >= self.gpu.sim.count]
@@ -371,6 +406,10 @@ def _describe(exc: ValidationError, directory: Path, environ: Mapping[str, str])
         else:
             source = str(directory / MODELS_FILE)
         key = ".".join(loc)
+        for fname in _FROM_OTHER_FILES.values():
+            if not loc and message.startswith(f"{fname}: "):
+                # A cross-file check (names in one file that another must define).
+                source, message = str(directory / fname), message.removeprefix(f"{fname}: ")
         if err["type"] == "missing":
             message = "is required"
         elif err["type"] == "extra_forbidden":

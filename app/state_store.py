@@ -1,4 +1,5 @@
-"""The gateway's small persistent state (VRAM zone holds), one JSON file, atomic writes.
+"""The gateway's small persistent state (VRAM zones and yield, the active GPU profile), one
+JSON file, atomic writes.
 
 A write goes to a temporary file in the same directory, is fsynced, then replaces the
 old file with `os.replace`, so a crash leaves the old or the new state, never half of
@@ -22,8 +23,23 @@ FORMAT_VERSION = 1
 
 
 class StateStore:
+    """Sections (`zones`, `profile`, ...) owned by different parts of the gateway, saved
+    together: `update(section, value)` rewrites the file with that section replaced."""
+
     def __init__(self, directory: Path) -> None:
         self.path = directory / STATE_FILE
+        self._data: dict[str, Any] | None = None
+
+    def section(self, name: str, default: Any = None) -> Any:
+        if self._data is None:
+            self._data = self.load()
+        return self._data.get(name, default)
+
+    def update(self, name: str, value: Any) -> None:
+        if self._data is None:
+            self._data = self.load()
+        self._data = {**self._data, name: value}
+        self.save(self._data)
 
     def load(self) -> dict[str, Any]:
         try:

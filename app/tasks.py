@@ -41,3 +41,20 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
             raise
     except Exception:  # already logged by the done-callback
         pass
+
+
+class OwnedTasks:
+    """Background tasks one object owns: kept until done, cancelled by `close()`."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = spawn(coro, name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            await cancel_and_wait(task)

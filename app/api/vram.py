@@ -6,6 +6,9 @@ POST /backends/{name}/stop          drain, then stop
 GET  /vram/zones                    zones held and what the GPUs look like
 POST /vram/zones/{zone}/acquire     make room for an outside workload, then hold it
 POST /vram/zones/{zone}/release     give it back; blocked backends wake on demand
+GET  /vram/yield                    the VRAM yield held, as measured when it was taken
+POST /vram/yield                    free the GPU for a game (drain, stop or sleep)
+POST /vram/restore                  give it back: pinned backends now, lazy on demand
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 from app.api.deps import AdminDep, ServicesDep
 from app.errors import Conflict, NotFound
 from app.lifecycle.backend import Backend
-from app.lifecycle.zones import Zone
+from app.lifecycle.vram_yield import YieldRequest
+from app.lifecycle.zones import YIELD_ZONE, Zone
 from app.services import Services
 
 router = APIRouter(tags=["admin"], dependencies=[AdminDep])
@@ -36,6 +40,17 @@ class ZoneRequest(BaseModel):
     gpu: NonNegativeInt = 0
     # Evict only lazy backends with a priority below this; none: any lazy backend.
     priority: int | None = None
+
+
+class YieldBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="gaming", min_length=1, max_length=128)
+    # Stop once this much is free; none: take everything yieldable.
+    min_free_mib: PositiveInt | None = None
+    ttl_s: PositiveFloat | None = None  # none: until POST /vram/restore
+    include_pinned: bool = False
+    gpu: NonNegativeInt = 0
 
 
 def backend_view(backend: Backend) -> dict[str, Any]:
@@ -59,6 +74,7 @@ def backend_view(backend: Backend) -> dict[str, Any]:
         "gpus": cfg.gpus,
         "holds_vram": backend.holds_vram,
         "blocked_by": sorted(backend.blocks.values()),
+        "yield_method": backend.yield_method,
     }
 
 
@@ -70,7 +86,8 @@ def zone_view(zone: Zone) -> dict[str, Any]:
         "mib": zone.mib,
         "granted_at": zone.granted_at,
         "expires_at": zone.expires_at,
-        "blocks": list(zone.stopped),
+        "kind": zone.kind,
+        "blocks": list(zone.blocks),
     }
 
 
@@ -149,6 +166,7 @@ async def acquire_zone(
     Acquiring a zone already held by the same holder renews its expiry; 409 when it is
     held by someone else or the memory cannot be freed (the message says what holds it).
     """
+    _not_the_yield(zone)
     grant = await services.arbiter.acquire_zone(
         zone,
         holder=request.holder,
@@ -176,5 +194,36 @@ async def acquire_zone(
 
 @router.post("/vram/zones/{zone}/release")
 async def release_zone(zone: ZoneName, services: ServicesDep) -> dict[str, Any]:
+    _not_the_yield(zone)
     released = services.arbiter.release_zone(zone)
     return {**zone_view(released), "released": True, "unblocked": list(released.stopped)}
+
+
+def _not_the_yield(zone: str) -> None:
+    if zone == YIELD_ZONE:
+        raise Conflict(
+            f"zone {YIELD_ZONE!r} is the VRAM yield's; use POST /vram/yield and POST /vram/restore"
+        )
+
+
+@router.get("/vram/yield")
+async def yield_state(services: ServicesDep) -> dict[str, Any]:
+    return services.vram_yield.view()
+
+
+@router.post("/vram/yield")
+async def take_yield(
+    services: ServicesDep, request: Annotated[YieldBody | None, Body()] = None
+) -> dict[str, Any]:
+    """Drains, then stops or puts to sleep the yieldable backends (lowest priority first)
+    until `min_free_mib` is free, and holds the memory. `freed_mib` is measured. A second
+    call answers the yield already held (`"already": true`)."""
+    body = request or YieldBody()
+    return await services.vram_yield.yield_vram(YieldRequest(**body.model_dump()))
+
+
+@router.post("/vram/restore")
+async def restore_yield(services: ServicesDep) -> dict[str, Any]:
+    """Ends the yield: pinned backends are woken or started now, lazy ones on demand.
+    Without a yield it answers `{"state": "none", "restored": false}`."""
+    return await services.vram_yield.restore()

@@ -118,21 +118,41 @@ class VramArbiter:
     # -- admission ----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admit(self, backend: Backend) -> AsyncIterator[None]:
+    async def admit(self, backend: Backend, *, check: bool = True) -> AsyncIterator[None]:
+        """Hold the backend's GPUs for its start; with `check`, first make room for its
+        `vram_mib` and afterwards record what the start used (`measured_mib`). Without
+        (a wake from sleep: its memory is already counted) only the GPUs are held."""
         gpus = sorted(backend.config.gpus)
+        if not check:
+            async with self._locked(gpus):
+                yield
+            return
         async with self._locked(gpus):
             need = backend.config.vram_mib
+            before = await self.probe.read()
             if need is not None:
                 try:
-                    await self._make_room(
+                    _, before = await self._make_room(
                         dict.fromkeys(gpus, need),
-                        await self.probe.read(),
+                        before,
                         below_priority=backend.config.priority,
                         stop_reason="eviction",
                         requester=backend.name,
                     )
                 except _NoRoom as exc:
                     raise AdmissionRefused(str(exc)) from None
+            yield
+            after = await self.probe.read()
+            if before is not None and after is not None:
+                gpu = gpus[0]
+                if gpu in before.gpus and gpu in after.gpus:
+                    used = after.gpus[gpu].used_mib - before.gpus[gpu].used_mib
+                    backend.measured_mib = max(0, used)
+
+    @contextlib.asynccontextmanager
+    async def locked(self, gpus: Iterable[int]) -> AsyncIterator[None]:
+        """Hold the locks of `gpus`: no start, eviction or zone grant on them meanwhile."""
+        async with self._locked(gpus):
             yield
 
     @contextlib.asynccontextmanager
@@ -296,7 +316,7 @@ class VramArbiter:
                         f"(asked: {mib} MiB on GPU {gpu} for {holder!r})"
                     )
                 renewed = replace(current, expires_at=expires)
-                self._set_zone(renewed)
+                self.set_zone(renewed)
                 return ZoneGrant(renewed, 0, renewed=True)
             reading = await self.probe.read()
             if reading is not None and gpu not in reading.gpus:
@@ -317,7 +337,7 @@ class VramArbiter:
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
-            self._set_zone(zone)  # no await since the eviction: its blocks belong to it now
+            self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
             after = _free(last, gpu) if stopped else before
             logger.info(
                 "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
@@ -337,7 +357,9 @@ class VramArbiter:
         return zone
 
     def expire_zones(self, now: float) -> list[Zone]:
-        expired = [z for z in self.zones.values() if z.expired(now)]
+        """Drop expired zones. A yield is not among them: its expiry is a restore, which
+        `VramYield` does (it wakes what the yield took)."""
+        expired = [z for z in self.zones.values() if z.expired(now) and z.kind == "zone"]
         if expired:
             self._drop(expired, "expired")
         return expired
@@ -346,18 +368,17 @@ class VramArbiter:
         """Forget `zones`, unblock what they stopped (it wakes on demand), save once."""
         for zone in zones:
             del self.zones[zone.name]
-            for name in zone.stopped:
+            for name in zone.blocks:
                 backend = self._backends.get(name)
                 if backend is not None:
-                    backend.unblock(_zone_key(zone.name))
+                    backend.unblock(zone.block_key)
             logger.info("zone %s zone=%s holder=%s", why, zone.name, zone.holder)
         self._save()
 
     def restore(self) -> list[Zone]:
         """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
-        data = self._store.load()
         now = time.time()
-        saved = data.get("zones", [])
+        saved = self._store.section("zones", [])
         for raw in saved:
             try:
                 zone = Zone.from_json(raw)
@@ -371,20 +392,33 @@ class VramArbiter:
             if missing:
                 logger.warning("saved zone names unknown backends zone=%s backends=%s",
                                zone.name, ",".join(missing))  # fmt: skip
-            zone = replace(zone, stopped=tuple(b for b in zone.stopped if b in self._backends))
+            zone = replace(
+                zone,
+                stopped=tuple(b for b in zone.stopped if b in self._backends),
+                slept=tuple(b for b in zone.slept if b in self._backends),
+            )
             self.zones[zone.name] = zone
-            for backend in zone.stopped:
-                self._backends[backend].block(_zone_key(zone.name), zone.describe())
+            for backend in zone.blocks:
+                self._backends[backend].block(zone.block_key, zone.describe(), zone.block_kind)
         if len(self.zones) != len(saved):
             self._save()  # drop what expired or was malformed
         return list(self.zones.values())
 
-    def _set_zone(self, zone: Zone) -> None:
+    def set_zone(self, zone: Zone) -> None:
+        """Hold `zone` (replacing one of the same name) and save. Its blocks are the
+        caller's to place."""
         self.zones[zone.name] = zone
         self._save()
 
+    def drop_zone(self, name: str, why: str) -> Zone | None:
+        """Forget zone `name` and unblock what it blocked; None when it is not held."""
+        zone = self.zones.get(name)
+        if zone is not None:
+            self._drop([zone], why)
+        return zone
+
     def _save(self) -> None:
-        self._store.save({"zones": [z.to_json() for z in self.zones.values()]})
+        self._store.update("zones", [z.to_json() for z in self.zones.values()])
 
 
 class _NoRoom(Exception):

@@ -26,12 +26,14 @@ from typing import Final, Protocol
 import httpx
 
 from app.errors import BackendUnavailable, GatewayError, WakeTimeout
+from app.events import EventLog
 from app.lifecycle.state import BackendState, check_transition
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeError_, RuntimeStatus
 from app.settings import BackendConfig
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
+from app.upstreams.vllm_control import ControlError, SleepUnsupported, VllmControl
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ STATUS_POLL_S: Final = 0.5
 RESTART_BACKOFF_S: Final = 5.0
 MAX_RESTART_BACKOFF_S: Final = 300.0
 
+# What can keep a backend from starting, most telling first: a GPU profile disabled it,
+# a VRAM yield took it, a VRAM zone stopped it.
+BLOCK_KINDS: Final = ("disabled", "yielded", "blocked")
+
 # Called every `wake_notice_s` while a request is held, with the seconds waited so far.
 WaitNotice = Callable[[float], Awaitable[None]]
 
@@ -55,16 +61,17 @@ class AdmissionRefused(Exception):
 
 
 class Admission(Protocol):
-    def admit(self, backend: Backend) -> AbstractAsyncContextManager[None]:
+    def admit(self, backend: Backend, *, check: bool = True) -> AbstractAsyncContextManager[None]:
         """Entered around a start: reserve the backend's VRAM (evicting if needed) and
         keep other starts on its GPUs out until the start is over. Raises
-        `AdmissionRefused` when the backend does not fit."""
+        `AdmissionRefused` when the backend does not fit. `check=False` (a wake from
+        sleep) only keeps other starts out."""
 
 
 class Unchecked:
     """Admission when there is no GPU to check: every start is allowed."""
 
-    def admit(self, backend: Backend) -> AbstractAsyncContextManager[None]:
+    def admit(self, backend: Backend, *, check: bool = True) -> AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
 
@@ -96,12 +103,22 @@ class Backend:
         admission: Admission | None = None,
         wake_notice_s: float = 5.0,
         restart_backoff_s: float = RESTART_BACKOFF_S,
+        control: VllmControl | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.runtime = runtime
         self.upstream = upstream
         self.admission: Admission = admission or Unchecked()
+        self.control = control or VllmControl(health_client, config.url)
+        self._events = events
+        # How a yield frees its memory; a GPU profile may override the config.
+        self.yield_method_override: str | None = None
+        self.last_drain_timed_out = False  # the last stop went ahead with requests in flight
+        # GPU memory used after its last start minus before it, as the probe saw it (starts
+        # on a GPU are one at a time, so the difference is this backend's).
+        self.measured_mib: int | None = None
         self._health_client = health_client
         self._metrics = metrics
         self._wake_notice_s = wake_notice_s
@@ -116,8 +133,10 @@ class Backend:
         self.last_used = time.monotonic()
         self.last_start_s: float | None = None
         self.runtime_detail: str | None = None
-        # Why it may not start now (VRAM zones): key -> description for errors.
+        # Why it may not start now (VRAM zones, a yield, a GPU profile): key -> description
+        # for errors; each block has a kind (the error's `backend_<kind>` code).
         self.blocks: dict[str, str] = {}
+        self._block_kinds: dict[str, str] = {}
         self._refused = False  # stopped because admission found no room (kind no_vram)
         self._failures = 0  # in a row; reset when it becomes ready
         self._retry_at: float | None = None  # failed: no new start before this
@@ -144,17 +163,20 @@ class Backend:
 
     # -- data plane -----------------------------------------------------------------
 
-    async def acquire(self, on_wait: WaitNotice | None = None) -> Lease:
+    async def acquire(
+        self, on_wait: WaitNotice | None = None, *, max_wait_s: float | None = None
+    ) -> Lease:
         """A lease on the ready backend; starts it if needed and holds the caller meanwhile.
 
         Raises `BackendUnavailable` (blocked, failed, refused, queue full) or
-        `WakeTimeout` (still not ready after `max_wait_s`).
+        `WakeTimeout` (still not ready after `max_wait_s`, or the backend's own
+        `max_wait_s` when that is shorter; a fallback chain passes a shorter one).
         """
         if self.state is BackendState.READY and not self.blocks:
             return self._lease()  # the hot path: no lock, no await
-        return await self._acquire_slow(on_wait)
+        return await self._acquire_slow(on_wait, max_wait_s)
 
-    async def _acquire_slow(self, on_wait: WaitNotice | None) -> Lease:
+    async def _acquire_slow(self, on_wait: WaitNotice | None, max_wait_s: float | None) -> Lease:
         self._check_blocked()
         if self.waiting >= self.config.max_waiting:
             raise BackendUnavailable(
@@ -166,8 +188,11 @@ class Backend:
         self.waiting += 1
         self._waiting_gauge.inc()
         try:
+            limit = self.config.max_wait_s
+            if max_wait_s is not None:
+                limit = min(limit, max_wait_s)
             lease = await self._until_ready(
-                backoff=True, max_wait_s=self.config.max_wait_s, on_wait=on_wait, lease=True
+                backoff=True, max_wait_s=limit, on_wait=on_wait, lease=True
             )
         finally:
             self.waiting -= 1
@@ -206,10 +231,10 @@ class Backend:
         running. `deadline=None` waits as long as it takes."""
         while not task.done():
             remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            if deadline is not None and remaining is not None and remaining <= 0:
                 raise WakeTimeout(
                     f"backend {self.name!r} is still {self.state} after "
-                    f"{self.config.max_wait_s:g}s (max_wait_s); retry later"
+                    f"{deadline - began:g}s (max_wait_s); retry later"
                 )
             step = remaining
             if on_wait is not None:
@@ -235,13 +260,23 @@ class Backend:
             self._drained.set()
 
     def _check_blocked(self) -> None:
-        if self.blocks:
-            what = "; ".join(self.blocks.values())
-            raise BackendUnavailable(
-                f"backend {self.name!r} is stopped to make room for {what}; "
-                "it wakes again when that is released",
-                kind="blocked",
+        if not self.blocks:
+            return
+        kind = min(self._block_kinds.values(), key=BLOCK_KINDS.index)
+        what = "; ".join(d for k, d in self.blocks.items() if self._block_kinds[k] == kind)
+        if kind == "disabled":
+            message = f"backend {self.name!r} is disabled by {what}"
+        elif kind == "yielded":
+            message = (
+                f"backend {self.name!r} gave its VRAM to {what}; "
+                "it comes back after POST /vram/restore"
             )
+        else:
+            message = (
+                f"backend {self.name!r} is stopped to make room for {what}; "
+                "it wakes again when that is released"
+            )
+        raise BackendUnavailable(message, kind=kind)
 
     def _check_backoff(self) -> None:
         if self.state is BackendState.FAILED and self._retry_in() > 0:
@@ -291,14 +326,17 @@ class Backend:
         if self.state is BackendState.STARTING:
             assert self._start_task is not None
             return self._start_task, True
+        if self.state is BackendState.SLEEPING:
+            return self._begin_start(adopt=True, wake=True), True
         if backoff:
             self._check_backoff()
         return self._begin_start(adopt=False), True
 
-    def _begin_start(self, *, adopt: bool) -> asyncio.Task[None]:
-        """Under the lock: stopped or failed -> starting, with the one start task.
+    def _begin_start(self, *, adopt: bool, wake: bool = False) -> asyncio.Task[None]:
+        """Under the lock: stopped, failed or sleeping -> starting, with the one start task.
 
-        `adopt`: the server already runs (and holds its memory), so skip admission."""
+        `adopt`: the server already runs (and holds its memory), so skip admission;
+        `wake`: it sleeps, so wake it (`POST /wake_up`) instead of starting it."""
         if not self.runtime.managed:
             # Nothing to launch: it is ready at once; health is watched and reported.
             self._set_state(BackendState.STARTING, None)
@@ -306,18 +344,26 @@ class Backend:
             self.holds_vram = True
             self._start_task = spawn(_nothing(), name=f"start:{self.name}")
             return self._start_task
-        self._set_state(BackendState.STARTING, None)
-        self._start_task = spawn(self._run_start(adopt), name=f"start:{self.name}")
+        self._set_state(BackendState.STARTING, "waking from sleep" if wake else None)
+        self._start_task = spawn(self._run_start(adopt, wake), name=f"start:{self.name}")
         return self._start_task
 
-    async def _run_start(self, adopt: bool) -> None:
+    async def _run_start(self, adopt: bool, wake: bool = False) -> None:
         began = time.monotonic()
         outcome = "failed"
-        admitted = contextlib.nullcontext() if adopt else self.admission.admit(self)
+        if wake:
+            admitted = self.admission.admit(self, check=False)
+        elif adopt:
+            admitted = contextlib.nullcontext()
+        else:
+            admitted = self.admission.admit(self)
         try:
             async with admitted:
                 self.holds_vram = True  # admitted: counted on its GPUs from now on
-                await self.runtime.start()
+                if wake:
+                    await self._wake()
+                else:
+                    await self.runtime.start()
                 await self._wait_healthy(time.monotonic() + self.config.start_timeout_s)
             duration = time.monotonic() - began
             async with self._lock:
@@ -350,6 +396,15 @@ class Backend:
             raise
         finally:
             self._metrics.starts.labels(self.name, outcome).inc()
+
+    async def _wake(self) -> None:
+        try:
+            await self.control.wake_up()
+        except ControlError as exc:
+            # Half awake is no state to serve from: stop it, the next start is a clean one.
+            logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)
+            await self.runtime.stop()
+            raise _StartFailed(f"wake from sleep failed ({exc}); stopped it") from None
 
     async def _wait_healthy(self, deadline: float) -> None:
         """Poll `/health` until it answers 200; fail at once if the server exits.
@@ -385,11 +440,14 @@ class Backend:
 
         Raises `BackendUnavailable` (kind `runtime`) when the runtime could not stop it:
         the server may still run and hold its memory."""
-        async with self._lock:
-            if self.state is BackendState.STOPPED:
-                return
-            if self.state is not BackendState.STOPPING:
-                self._begin_stop(reason, drain_timeout_s)
+        while True:
+            async with self._lock:
+                if self.state is BackendState.STOPPED:
+                    return
+                if self.state is not BackendState.STOPPING:
+                    self._begin_stop(reason, drain_timeout_s)
+                    break
+            await self._stopped()  # a stop (or a sleep) already under way: then decide again
         await self._stopped()
         if self.state is BackendState.FAILED:
             raise BackendUnavailable(
@@ -412,25 +470,72 @@ class Backend:
         await self._stopped()
         return True
 
+    async def sleep(self, reason: str, *, level: int, drain_timeout_s: float | None = None) -> str:
+        """Drain, then put the server to sleep (vLLM sleep mode); "slept" or "stopped".
+
+        A server without sleep mode (404: no `VLLM_SERVER_DEV_MODE=1`) is stopped
+        instead, and the log says why. A backend that is not ready is stopped. Raises
+        like `stop()`."""
+        async with self._lock:
+            state = self.state
+            if state is BackendState.SLEEPING:
+                return "slept"
+            if state is BackendState.READY and self.runtime.managed:
+                self._begin_stop(reason, drain_timeout_s, sleep_level=level)
+            elif state is BackendState.STOPPED:
+                return "stopped"
+        if state is not BackendState.READY or not self.runtime.managed:
+            await self.stop(reason, drain_timeout_s=drain_timeout_s)
+            return "stopped"
+        await self._stopped()
+        if self.state is BackendState.FAILED:
+            raise BackendUnavailable(
+                f"backend {self.name!r} could not be stopped: {self.reason}", kind="runtime"
+            )
+        return "slept" if self.state is BackendState.SLEEPING else "stopped"
+
+    async def start_logged(self, why: str) -> None:
+        """`start()` for a background task: a start that fails is logged, not raised (the
+        backend's state and `/status` say why)."""
+        try:
+            await self.start()
+        except BackendUnavailable as exc:
+            logger.error("start failed backend=%s why=%s error=%s", self.name, why, exc.message)
+
+    @property
+    def yield_method(self) -> str:
+        return self.yield_method_override or self.config.yield_.method
+
     async def _stopped(self) -> None:
         """Wait, without owning it, for the stop task begun under the lock."""
         task = self._stop_task
         assert task is not None
         await asyncio.wait({task})
 
-    def _begin_stop(self, reason: str, drain_timeout_s: float | None) -> None:
-        """Under the lock: -> stopping, with the one stop task."""
+    def _begin_stop(
+        self, reason: str, drain_timeout_s: float | None, *, sleep_level: int | None = None
+    ) -> None:
+        """Under the lock: -> stopping, with the one stop task (which ends in `sleeping`
+        instead when `sleep_level` is given and the server offers sleep mode)."""
         start_task = self._start_task
-        self._set_state(BackendState.STOPPING, f"stop requested ({reason})")
+        what = "stop" if sleep_level is None else f"sleep (level {sleep_level})"
+        self._set_state(BackendState.STOPPING, f"{what} requested ({reason})")
         drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-        self._stop_task = spawn(self._run_stop(reason, drain, start_task), name=f"stop:{self.name}")
+        self._stop_task = spawn(
+            self._run_stop(reason, drain, start_task, sleep_level), name=f"stop:{self.name}"
+        )
 
     async def _run_stop(
-        self, reason: str, drain_s: float, start_task: asyncio.Task[None] | None
+        self,
+        reason: str,
+        drain_s: float,
+        start_task: asyncio.Task[None] | None,
+        sleep_level: int | None = None,
     ) -> None:
         if start_task is not None and not start_task.done():
             start_task.cancel()
             await asyncio.wait({start_task})
+        self.last_drain_timed_out = False
         if self.in_flight:
             logger.info(
                 "backend draining backend=%s in_flight=%d drain_timeout_s=%g",
@@ -441,12 +546,17 @@ class Backend:
             try:
                 await asyncio.wait_for(self._drained.wait(), drain_s)
             except TimeoutError:
+                self.last_drain_timed_out = True
                 self._metrics.drain_timeouts.labels(self.name).inc()
                 logger.warning(
                     "drain timed out, stopping with requests in flight backend=%s in_flight=%d",
                     self.name,
                     self.in_flight,
                 )
+        if sleep_level is not None and await self._try_sleep(sleep_level):
+            async with self._lock:
+                self._set_state(BackendState.SLEEPING, f"asleep (level {sleep_level}, {reason})")
+            return
         try:
             if self.runtime.managed:
                 await self.runtime.stop()
@@ -457,6 +567,22 @@ class Backend:
         async with self._lock:
             self._set_state(BackendState.STOPPED, f"stopped by the gateway ({reason})")
         self._metrics.stops.labels(self.name, reason).inc()
+
+    async def _try_sleep(self, level: int) -> bool:
+        """`POST /sleep`; False (and the reason logged) when it must be stopped instead."""
+        try:
+            await self.control.sleep(level)
+        except SleepUnsupported as exc:
+            logger.warning("sleep mode not offered, stopping instead backend=%s why=%s",
+                           self.name, exc)  # fmt: skip
+            self._metrics.backend_sleeps.labels(self.name, "stopped").inc()
+            return False
+        except ControlError as exc:
+            logger.error("sleep failed, stopping instead backend=%s error=%s", self.name, exc)
+            self._metrics.backend_sleeps.labels(self.name, "failed").inc()
+            return False
+        self._metrics.backend_sleeps.labels(self.name, "slept").inc()
+        return True
 
     async def adopt(self) -> None:
         """At gateway start: take over a server that is already running (it outlived a
@@ -470,8 +596,18 @@ class Backend:
         if not status.running:
             return
         logger.info("adopting running server backend=%s detail=%s", self.name, status.detail)
+        asleep = False
+        if self.config.yield_.method == "sleep" or self.yield_method_override == "sleep":
+            try:
+                asleep = await self.control.is_sleeping()
+            except ControlError:
+                asleep = False  # no sleep mode, or not answering yet: treat it as awake
         async with self._lock:
             if self.state is not BackendState.STOPPED:
+                return
+            if asleep:
+                self.holds_vram = True
+                self._set_state(BackendState.SLEEPING, "found asleep at gateway start")
                 return
             task = self._begin_start(adopt=True)
         await asyncio.wait({task})
@@ -519,7 +655,7 @@ class Backend:
                     )
                     self._begin_start(adopt=False)
             return
-        if self.state is BackendState.READY and self.runtime.managed:
+        if self.state in (BackendState.READY, BackendState.SLEEPING) and self.runtime.managed:
             try:
                 status = await self.runtime.status()
             except RuntimeError_ as exc:
@@ -542,12 +678,16 @@ class Backend:
                 self._retry_at = time.monotonic() + min(MAX_RESTART_BACKOFF_S, backoff)
                 self.holds_vram = holds_vram
 
-    def block(self, key: str, description: str) -> None:
-        """Refuse to start (requests get `blocked` naming `description`) until unblocked."""
+    def block(self, key: str, description: str, kind: str = "blocked") -> None:
+        """Refuse to start (requests get `backend_<kind>` naming `description`) until
+        unblocked. `kind` is one of `BLOCK_KINDS`."""
+        assert kind in BLOCK_KINDS, kind
         self.blocks[key] = description
+        self._block_kinds[key] = kind
 
     def unblock(self, key: str) -> None:
         self.blocks.pop(key, None)
+        self._block_kinds.pop(key, None)
 
     def _set_state(self, target: BackendState, reason: str | None) -> None:
         previous = self.state
@@ -557,6 +697,10 @@ class Backend:
         if target is BackendState.STOPPED:
             self.holds_vram = False
         self._metrics.set_backend_state(self.name, target)
+        if self._events is not None:
+            self._events.record(
+                "backend_state", backend=self.name, state=str(target), reason=reason
+            )
         log = logger.warning if target is BackendState.FAILED else logger.info
         log(
             "backend state backend=%s from=%s to=%s reason=%s",

@@ -23,6 +23,7 @@ from app.sim.fake_text import (
     model_not_found,
     validation_error,
 )
+from app.sim.fake_vram import FakeVram
 
 
 @dataclass
@@ -48,6 +49,11 @@ class FakeConfig:
     ignore_sigterm: bool = False
     dev_mode: bool | None = None  # None: read VLLM_SERVER_DEV_MODE when the app is built
     version: str = "0.0.0-fake"
+    # GPU footprint reported to the simulated GPU's ledger (app.sim.fake_vram)
+    vram_mib: int = 0  # while awake; 0 reports nothing
+    vram_asleep_mib: int | None = None  # while asleep (level 1 or 2); None: vram_mib // 8
+    sim_gpu_dir: str | None = None  # the ledger directory; None reports nothing
+    gpus: list[int] = field(default_factory=lambda: [0])
 
     def faults(self) -> Faults:
         return Faults(**{f.name: getattr(self, f.name) for f in fields(Faults)})
@@ -164,6 +170,7 @@ class FakeState:
         self.listening_since: float | None = None  # time.time() when the port opened
         self.engine = FakeEngine(config.max_num_seqs)
         self.metrics = FakeMetrics(self.models[0])
+        self.vram = FakeVram(config)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def record(self, request: web.Request, body: Any) -> None:

@@ -7,6 +7,12 @@ Run ``python -m app.sim.fake_vllm --port 8001 --model my-model``. It serves ``/h
 (same options as the fault flags, snake_case, null resets one), ``GET /_fake/faults``,
 ``GET``/``DELETE /_fake/stats``. Like vLLM, the port refuses connections until
 ``--startup-delay`` has passed. Client disconnects cancel the handler and count as aborts.
+
+With ``--sim-gpu-dir DIR --vram-mib N`` it reports its GPU footprint to the simulated GPU's
+ledger (``app.gpu.sim_ledger``) from the moment loading begins, like vLLM, which allocates
+weights and KV cache before ``/health`` answers; ``--vram-asleep-mib`` while asleep (level 1
+or 2; default N/8: the CUDA context and graphs stay, 0.5-6 GiB on real GPUs); entry
+removed on clean shutdown (see ``app.sim.fake_vram``).
 """
 
 from __future__ import annotations
@@ -109,12 +115,14 @@ class FakeVllm(FakeState):
         if pause_mode is None:
             return error_response(ApiError(400, f"Invalid pause mode: {mode}", param="mode"))
         await self.engine.sleep(int(level_s), pause_mode)
+        self.vram.follow(self.engine.is_sleeping)
         return web.Response(status=200)
 
     async def wake_up(self, request: web.Request) -> web.StreamResponse:
         self.record(request, None)
         tags = request.query.getall("tags", [])
         self.engine.wake_up(tags or None)
+        self.vram.follow(self.engine.is_sleeping)
         return web.Response(status=200)
 
     async def is_sleeping(self, request: web.Request) -> web.StreamResponse:
@@ -150,6 +158,9 @@ class FakeVllm(FakeState):
                     "running": self.engine.running,
                     "waiting": self.engine.waiting,
                     "listening_since": self.listening_since,
+                    "vram_mib": self.vram.held_mib,
+                    "vram_gpus": list(self.vram.gpus),
+                    "vram_ledger_file": self.vram.ledger_file,
                 }
             )
         )
@@ -160,6 +171,7 @@ class FakeVllm(FakeState):
 
     async def on_shutdown(self, app: web.Application) -> None:
         self.cancel_all()
+        await self.vram.stop()
 
 
 FAKE_VLLM_KEY = web.AppKey("fake_vllm", FakeVllm)
@@ -211,6 +223,8 @@ class FakeVllmServer:
         self.url = ""
 
     async def start(self) -> str:
+        """Load (report the GPU footprint, no delay here) and listen."""
+        self.fake.vram.start(self.config.port or None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
@@ -220,7 +234,9 @@ class FakeVllmServer:
         return self.url
 
     async def stop(self) -> None:
-        await self._runner.cleanup()
+        if self._runner.server is not None:  # set up
+            await self._runner.cleanup()
+        await self.fake.vram.stop()
 
     async def __aenter__(self) -> FakeVllmServer:
         await self.start()
@@ -243,23 +259,34 @@ async def serve(config: FakeConfig) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-    if config.startup_delay > 0:
-        _log(f"loading (startup delay {config.startup_delay:g}s, port closed)")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), config.startup_delay)
-    if stop.is_set():
-        _log("stopped before startup completed")
-        return
     server = FakeVllmServer(config)
+    vram = server.fake.vram
     try:
-        await server.start()
+        vram.start(config.port or None)  # vLLM allocates while loading, before /health
     except OSError as exc:
-        _log(f"cannot listen on {config.host}:{config.port}: {exc}")
+        _log(f"cannot write the sim GPU ledger in {config.sim_gpu_dir}: {exc}")
         raise SystemExit(1) from None
-    _log(f"listening on {server.url} models={','.join(server.fake.models)}")
-    await stop.wait()
-    _log("shutting down")
-    await server.stop()
+    try:
+        if vram.enabled:
+            gpus = ",".join(map(str, vram.gpus))
+            _log(f"reporting vram={vram.held_mib}MiB gpus={gpus} ledger={vram.ledger_file}")
+        if config.startup_delay > 0:
+            _log(f"loading (startup delay {config.startup_delay:g}s, port closed)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), config.startup_delay)
+        if stop.is_set():
+            _log("stopped before startup completed")
+            return
+        try:
+            await server.start()
+        except OSError as exc:
+            _log(f"cannot listen on {config.host}:{config.port}: {exc}")
+            raise SystemExit(1) from None
+        _log(f"listening on {server.url} models={','.join(server.fake.models)}")
+        await stop.wait()
+        _log("shutting down")
+    finally:
+        await server.stop()  # removes the ledger entry
 
 
 def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -271,6 +298,16 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a GPU index list: {text!r}") from None
+    if any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(f"GPU indexes must be >= 0: {text!r}")
+    return gpus
 
 
 def parse_args(argv: list[str] | None = None) -> FakeConfig:
@@ -297,6 +334,24 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     p.add_argument("--health-status", type=nn_int, metavar="CODE")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--version-string", dest="version", default="0.0.0-fake")
+    p.add_argument(
+        "--vram-mib", type=nn_int, default=0, metavar="N",
+        help="GPU footprint while awake, reported from the start of loading (default 0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--vram-asleep-mib", type=nn_int, metavar="N",
+        help="footprint while asleep at level 1 or 2 (default: --vram-mib / 8; real vLLM "
+        "keeps its CUDA context and graphs, 0.5-6 GiB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sim-gpu-dir", metavar="PATH",
+        help="the simulated GPU's ledger directory to report to (default: report nothing)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu", dest="gpus", type=_gpu_list, action="extend", metavar="N",
+        help="GPU index(es) the footprint is on, each in full; repeatable or comma list "
+        "(default: 0)",
+    )  # fmt: skip
     ns = p.parse_args(argv)
     if ns.fail_count is not None and ns.fail_status is None:
         p.error("--fail-count requires --fail-status")
@@ -305,7 +360,10 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         if value is not None and not 100 <= value <= 599:
             p.error(f"--{name.replace('_', '-')} must be an HTTP status code")
     kwargs = vars(ns)
+    if ns.vram_asleep_mib is not None and ns.vram_asleep_mib > ns.vram_mib:
+        p.error("--vram-asleep-mib must not exceed --vram-mib")
     kwargs["models"] = kwargs["models"] or ["fake-model"]
+    kwargs["gpus"] = list(dict.fromkeys(kwargs["gpus"] or [0]))
     return FakeConfig(**kwargs)
 
 

@@ -18,7 +18,7 @@ from app.main import create_app
 from app.runtimes.base import RuntimeStatus
 from app.services import Seams
 from app.settings import Settings
-from app.sim.fake_vllm import FakeConfig, build_app
+from app.sim.fake_vllm import FAKE_VLLM_KEY, FakeConfig, build_app
 
 
 @dataclass
@@ -124,11 +124,9 @@ class FakeVllmRuntime:
 
     async def _open(self) -> None:
         await self.listening.wait()
-        runner = web.AppRunner(
-            build_app(FakeConfig(port=self.port, **self.options)),
-            handler_cancellation=True,
-            access_log=None,
-        )
+        app = build_app(FakeConfig(port=self.port, **self.options))
+        app[FAKE_VLLM_KEY].vram.start(self.port)  # reports to the ledger when given one
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
         self._runner = runner

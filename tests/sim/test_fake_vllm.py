@@ -5,18 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.gpu.sim_ledger import ledger_entries, read_ledger
 from app.sim.fake_vllm import FakeConfig, FakeVllmServer, parse_args
+from app.sim.fake_vram import asleep_mib
 
 MODELS = ["m1", "m2"]
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "alpha beta gamma"}]}
@@ -523,5 +527,159 @@ async def test_process_ignore_sigterm() -> None:
             assert (await client.get("/health")).status_code == 200
         proc.kill()
         assert await proc.wait() == -signal.SIGKILL
+    finally:
+        await _kill(proc)
+
+
+# --- GPU footprint reported to the simulated GPU's ledger ---------------------------------------
+
+
+def _ledger(directory: Path) -> dict[int, int]:
+    return read_ledger(directory, now=time.time())
+
+
+async def _ledger_is(directory: Path, expected: dict[int, int]) -> None:
+    async def check() -> bool:
+        return _ledger(directory) == expected
+
+    await eventually(check)
+    assert _ledger(directory) == expected
+
+
+def test_cli_vram_flags() -> None:
+    default = parse_args([])
+    assert default.vram_mib == 0
+    assert (default.vram_asleep_mib, default.sim_gpu_dir, default.gpus) == (None, None, [0])
+    gpu_flags = ["--gpu", "1,2", "--gpu", "3", "--gpu", "1"]
+    config = parse_args(["--vram-mib", "8000", "--sim-gpu-dir", "/tmp/l", *gpu_flags])
+    assert (config.vram_mib, config.sim_gpu_dir, config.gpus) == (8000, "/tmp/l", [1, 2, 3])
+    assert asleep_mib(config) == 1000  # default: one eighth
+    assert asleep_mib(parse_args(["--vram-mib", "8000", "--vram-asleep-mib", "0"])) == 0
+    for bad in (
+        ["--vram-mib", "800", "--vram-asleep-mib", "900"],
+        ["--vram-asleep-mib", "1"],  # more than the default --vram-mib 0
+        ["--vram-mib", "-1"],
+        ["--gpu", "a"],
+        ["--gpu", "0,-1"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+async def test_footprint_follows_sleep_state(
+    make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    server = await make_server(
+        vram_mib=8000, vram_asleep_mib=1500, sim_gpu_dir=str(tmp_path), gpus=[0, 2]
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=5) as client:
+        assert _ledger(tmp_path) == {0: 8000, 2: 8000}
+        data = await stats(client)
+        assert (data["vram_mib"], data["vram_gpus"]) == (8000, [0, 2])
+        [entry] = ledger_entries(tmp_path, now=time.time())
+        assert (entry.pid, entry.model, entry.gpus) == (os.getpid(), "m1", (0, 2))
+        [ledger_file] = tmp_path.glob("*.json")
+        assert data["vram_ledger_file"] == str(ledger_file)
+
+        assert (await client.post("/sleep", params={"level": 0})).status_code == 200
+        assert _ledger(tmp_path) == {0: 8000, 2: 8000}  # level 0 pauses, frees nothing
+        await client.post("/wake_up")
+
+        assert (await client.post("/sleep", params={"level": 2})).status_code == 200
+        assert _ledger(tmp_path) == {0: 1500, 2: 1500}
+        assert (await stats(client))["vram_mib"] == 1500
+        await client.post("/wake_up", params={"tags": "weights"})
+        assert (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
+        assert _ledger(tmp_path) == {0: 1500, 2: 1500}  # asleep until every tag is awake
+        await client.post("/wake_up", params={"tags": "kv_cache"})
+        assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
+        assert _ledger(tmp_path) == {0: 8000, 2: 8000}
+    await server.stop()
+    assert _ledger(tmp_path) == {}
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_footprint_needs_a_ledger_dir_and_a_size(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    without_dir = await make_server(vram_mib=4000)
+    zero = await make_server(sim_gpu_dir=str(tmp_path))
+    async with httpx.AsyncClient(timeout=5) as client:
+        data = (await client.get(f"{without_dir.url}/_fake/stats")).json()
+        assert (data["vram_mib"], data["vram_ledger_file"]) == (4000, None)
+        data = (await client.get(f"{zero.url}/_fake/stats")).json()
+        assert (data["vram_mib"], data["vram_ledger_file"]) == (0, None)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_process_reports_footprint_through_sleep_wake_and_sigterm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    port = _free_port()
+    proc = await _spawn(
+        "--port", str(port), "--model", "m1", "--vram-mib", "1000",
+        "--sim-gpu-dir", str(tmp_path), "--startup-delay", "0",
+    )  # fmt: skip
+    try:
+        await _wait_log(proc, "listening")
+        assert _ledger(tmp_path) == {0: 1000}
+        [entry] = ledger_entries(tmp_path, now=time.time())
+        assert (entry.pid, entry.port, entry.model, entry.mib) == (proc.pid, port, "m1", 1000)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            assert (await client.post("/sleep", params={"level": 1})).status_code == 200
+            assert (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
+            assert _ledger(tmp_path) == {0: 125}  # default: one eighth stays (CUDA context)
+            assert (await stats(client))["vram_mib"] == 125
+            assert (await client.post("/wake_up")).status_code == 200
+            assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
+            assert _ledger(tmp_path) == {0: 1000}
+        [awake] = ledger_entries(tmp_path, now=time.time())
+
+        async def heartbeat_seen() -> bool:  # nothing changes now but the heartbeat
+            [later] = ledger_entries(tmp_path, now=time.time())
+            return later.updated_at > awake.updated_at and later.mib == 1000
+
+        await eventually(heartbeat_seen, timeout=5)
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(5):
+            assert await proc.wait() == 0
+        assert _ledger(tmp_path) == {}
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        await _kill(proc)
+
+
+async def test_process_reports_while_loading(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = await _spawn(
+        "--port", str(port), "--vram-mib", "6000", "--gpu", "1",
+        "--sim-gpu-dir", str(tmp_path), "--startup-delay", "30",
+    )  # fmt: skip
+    try:
+        await _wait_log(proc, "loading")
+        assert _ledger(tmp_path) == {1: 6000}  # like vLLM: allocated before /health answers
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=2) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get("/health")
+        proc.send_signal(signal.SIGTERM)  # stopped while loading: the entry goes too
+        async with asyncio.timeout(5):
+            assert await proc.wait() == 0
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        await _kill(proc)
+
+
+async def test_process_sigkilled_leaves_a_file_the_reader_ignores(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = await _spawn("--port", str(port), "--vram-mib", "2000", "--sim-gpu-dir", str(tmp_path))
+    try:
+        await _wait_log(proc, "listening")
+        await _ledger_is(tmp_path, {0: 2000})
+        proc.kill()
+        await proc.wait()
+        assert len(list(tmp_path.glob("*.json"))) == 1
+        assert _ledger(tmp_path) == {}
     finally:
         await _kill(proc)

@@ -94,7 +94,7 @@ LAZY: dict[str, Any] = {
 
 class RefusingAdmission:
     @contextlib.asynccontextmanager
-    async def admit(self, backend: Backend) -> AsyncIterator[None]:
+    async def admit(self, backend: Backend, *, check: bool = True) -> AsyncIterator[None]:
         raise AdmissionRefused("GPU 0: 32000 of 32768 MiB in use: backend other 32000 MiB (pinned)")
         yield  # pragma: no cover
 
@@ -236,7 +236,7 @@ async def test_admission_refusal_leaves_the_backend_stopped_with_the_reason() ->
 async def test_a_blocked_backend_refuses_without_starting() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY)
-    backend.blocks["zone:img"] = "VRAM zone 'img' (held by 'comfyui', 12000 MiB on GPU 0)"
+    backend.block("zone:img", "VRAM zone 'img' (held by 'comfyui', 12000 MiB on GPU 0)")
     with pytest.raises(BackendUnavailable) as info:
         await backend.acquire()
     assert info.value.kind == "blocked"

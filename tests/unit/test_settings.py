@@ -102,10 +102,11 @@ def test_optional_files_are_read_when_present(tmp_path: Path) -> None:
     write(tmp_path, ISSUE_EXAMPLE)
     assert load_settings(tmp_path).cloud_providers is None
     write(tmp_path, "providers: {}\nchains: {}\n", "cloud_providers.yaml")
-    write(tmp_path, "profiles: {}\n", "gpu_profiles.yaml")
+    write(tmp_path, "profiles: {all: {}}\n", "gpu_profiles.yaml")
     settings = load_settings(tmp_path)
     assert settings.cloud_providers == {"providers": {}, "chains": {}}
-    assert settings.gpu_profiles == {"profiles": {}}
+    assert settings.gpu_profiles is not None
+    assert list(settings.gpu_profiles.profiles) == ["all"]
 
 
 def test_missing_directory_and_file_are_named(tmp_path: Path) -> None:
@@ -194,3 +195,27 @@ def test_shipped_configs_are_valid() -> None:
     root = Path(__file__).resolve().parents[2] / "config"
     for directory in (root, root / "demo"):
         assert load_settings(directory).backends
+
+
+def test_a_profile_naming_an_unknown_backend_is_refused_naming_the_file(tmp_path: Path) -> None:
+    write(tmp_path, ISSUE_EXAMPLE)
+    write(tmp_path, "profiles: {dev: {models: {ghost: {vram_pct: 10}}}}\n", "gpu_profiles.yaml")
+    (line,) = problems(tmp_path)
+    assert line.startswith(
+        f"{tmp_path / 'gpu_profiles.yaml'}: profiles.dev.models.ghost: no backend of that name"
+    )
+
+
+def test_profile_shares_above_the_target_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, ISSUE_EXAMPLE)
+    write(
+        tmp_path,
+        "profiles:\n  dev:\n    target_utilization_pct: 70\n    models:\n"
+        "      orchestrator: {vram_pct: 40}\n      reasoning: {vram_pct: 35}\n",
+        "gpu_profiles.yaml",
+    )
+    (line,) = problems(tmp_path)
+    assert line == (
+        f"{tmp_path / 'gpu_profiles.yaml'}: profiles.dev: models: the enabled vram_pct add up "
+        "to 75% (orchestrator 40 + reasoning 35), more than target_utilization_pct 70%"
+    )

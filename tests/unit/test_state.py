@@ -20,6 +20,11 @@ ALLOWED = {
     (S.FAILED, S.STARTING),
     (S.FAILED, S.STOPPING),
     (S.FAILED, S.STOPPED),
+    (S.STOPPING, S.SLEEPING),  # drained, then POST /sleep
+    (S.SLEEPING, S.STARTING),  # wake up
+    (S.SLEEPING, S.STOPPING),
+    (S.SLEEPING, S.FAILED),  # died while asleep
+    (S.STOPPED, S.SLEEPING),  # found asleep at gateway start
 }
 
 

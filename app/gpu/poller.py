@@ -1,0 +1,174 @@
+"""GpuMonitor: keeps the last good GPU snapshot and the health of the source behind it.
+
+- `run()` samples every `poll_interval_s` (the owner runs it as a task and cancels it);
+  it never raises and logs transitions once (probe down, probe up, GPU lost, GPU back),
+  not every poll.
+- `read()` is the `GpuProbe` of the VRAM arbiter: it takes a fresh sample (the arbiter
+  polls it while waiting for freed memory to show), and falls back to the last good
+  snapshot when the sample fails, or to None (admission off) when there never was one.
+  Lost GPUs are left out of the reading: nothing is admitted onto them.
+- `snapshot` is the last good sample; readers (`/status`, the metrics collector at scrape
+  time) use it and never call the source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from app.gpu.probe import GpuMemory, GpuReading
+from app.gpu.telemetry import MIB, GpuSnapshot, GpuSource, GpuStats, ProbeError
+
+logger = logging.getLogger(__name__)
+
+
+def reading_of(snapshot: GpuSnapshot) -> GpuReading:
+    """The admission view of a snapshot: MiB per GPU, lost GPUs left out."""
+    return GpuReading(
+        {g.index: GpuMemory(g.index, g.total_mib, g.used_mib) for g in snapshot.gpus if not g.lost},
+        snapshot.taken_at,
+    )
+
+
+def _mib_up(value: int | None) -> int | None:
+    return None if value is None else -(-value // MIB)
+
+
+def describe_gpu(stats: GpuStats) -> dict[str, Any]:
+    return {
+        "index": stats.index,
+        "uuid": stats.uuid,
+        "name": stats.name,
+        "total_mib": stats.total_mib,
+        "used_mib": stats.used_mib,
+        "free_mib": stats.free_mib,
+        "reserved_mib": _mib_up(stats.reserved_bytes),
+        "utilization_gpu_pct": stats.utilization_gpu_pct,
+        "utilization_memory_pct": stats.utilization_memory_pct,
+        "temperature_c": stats.temperature_c,
+        "power_w": stats.power_w,
+        "lost": stats.lost,
+        "error": stats.error,
+        "processes": [{"pid": p.pid, "used_mib": _mib_up(p.used_bytes)} for p in stats.processes],
+    }
+
+
+class GpuMonitor:
+    """Implements `GpuProbe` (`name`, `read()`) over a `GpuSource`."""
+
+    def __init__(self, source: GpuSource, *, poll_interval_s: float, stale_after_s: float) -> None:
+        self.source = source
+        self.name = source.name
+        self._poll_interval_s = poll_interval_s
+        self._stale_after_s = stale_after_s
+        self.snapshot: GpuSnapshot | None = None  # last good sample (immutable)
+        self.up = False  # the last sample succeeded
+        self.error: str | None = None  # of the last failure (cleared by a success)
+        self.reason: str | None = None
+        self.consecutive_failures = 0
+        self._sampled = False  # at least one attempt finished (for transition logs)
+        self._lost: frozenset[int] = frozenset()
+
+    # -- status ---------------------------------------------------------------------------
+
+    @property
+    def last_success_wall(self) -> float | None:
+        """`time.time()` of the last good sample."""
+        return None if self.snapshot is None else self.snapshot.taken_at_wall
+
+    def age_s(self) -> float | None:
+        """Seconds since the last good sample was taken; None when there is none."""
+        return None if self.snapshot is None else self.snapshot.age_s(time.monotonic())
+
+    @property
+    def stale(self) -> bool:
+        age = self.age_s()
+        return age is None or age > self._stale_after_s
+
+    def describe(self) -> dict[str, Any]:
+        """The GPU section of `/status` (JSON-able)."""
+        age = self.age_s()
+        snapshot = self.snapshot
+        return {
+            "source": self.name,
+            "up": self.up,
+            "error": self.error,
+            "reason": self.reason,
+            "consecutive_failures": self.consecutive_failures,
+            "last_success_wall": self.last_success_wall,
+            "age_s": None if age is None else round(age, 3),
+            "stale": self.stale,
+            "driver_version": None if snapshot is None else snapshot.driver_version,
+            "gpus": [] if snapshot is None else [describe_gpu(g) for g in snapshot.gpus],
+        }
+
+    # -- sampling -------------------------------------------------------------------------
+
+    async def read(self) -> GpuReading | None:
+        snapshot = await self.poll_once()
+        if snapshot is None:
+            snapshot = self.snapshot
+        return None if snapshot is None else reading_of(snapshot)
+
+    async def poll_once(self) -> GpuSnapshot | None:
+        """Take one sample and record it; None when it failed. Never raises (except
+        cancellation)."""
+        try:
+            snapshot = await self.source.sample()
+        except ProbeError as exc:
+            self._failed(str(exc), exc.reason)
+            return None
+        except Exception as exc:  # a source must raise ProbeError only: do not die of it
+            logger.exception("gpu source raised unexpectedly source=%s", self.name)
+            self._failed(f"unexpected error from the {self.name} source: {exc!r}", "error")
+            return None
+        self._succeeded(snapshot)
+        return snapshot
+
+    async def run(self) -> None:
+        """The poll loop; runs until cancelled."""
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self._poll_interval_s)
+
+    async def close(self) -> None:
+        await self.source.close()
+
+    def _succeeded(self, snapshot: GpuSnapshot) -> None:
+        # Concurrent samples (the loop and the arbiter) may finish out of order.
+        if self.snapshot is None or snapshot.taken_at >= self.snapshot.taken_at:
+            self.snapshot = snapshot
+        if not self.up:
+            if self._sampled:
+                logger.info(
+                    "gpu probe up source=%s after_failures=%d",
+                    self.name,
+                    self.consecutive_failures,
+                )
+            else:
+                logger.info("gpu probe up source=%s gpus=%d", self.name, len(snapshot.gpus))
+        self.up = True
+        self._sampled = True
+        self.error = None
+        self.reason = None
+        self.consecutive_failures = 0
+        lost = frozenset(g.index for g in snapshot.gpus if g.lost)
+        for stats in snapshot.gpus:
+            if stats.index in lost - self._lost:
+                logger.error(
+                    "gpu lost gpu=%d uuid=%s error=%s", stats.index, stats.uuid, stats.error
+                )
+        for index in sorted(self._lost - lost):
+            logger.info("gpu back gpu=%d", index)
+        self._lost = lost
+
+    def _failed(self, error: str, reason: str) -> None:
+        if self.up or not self._sampled or reason != self.reason:
+            logger.warning("gpu probe down source=%s reason=%s error=%s", self.name, reason, error)
+        self.up = False
+        self._sampled = True
+        self.error = error
+        self.reason = reason
+        self.consecutive_failures += 1

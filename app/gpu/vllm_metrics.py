@@ -1,0 +1,128 @@
+"""The load of a local vLLM, read from its Prometheus `/metrics`.
+
+vLLM (V1 engine) exposes, with labels `model_name` and `engine`:
+`vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
+(a fraction 0-1 despite its name; `vllm:gpu_cache_usage_perc` in images older than 0.9,
+read when the new name is absent).
+
+Several label sets (data-parallel engines, or several served names) are combined:
+request counts are summed (they are requests of the one backend), while the KV-cache
+usage is the maximum over engines: each engine has its own KV pool, and the fullest one
+is the one that queues and preempts; a sum would exceed 1 and a mean would hide a full
+engine behind an idle one.
+
+`parse_vllm_load` is pure; `scrape_load` does the GET and raises only `ScrapeError`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+KV_CACHE_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"  # before vLLM 0.9, removed since
+REQUESTS_RUNNING: Final = "vllm:num_requests_running"
+REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
+_WANTED: Final = (KV_CACHE_USAGE, KV_CACHE_USAGE_OLD, REQUESTS_RUNNING, REQUESTS_WAITING)
+_NAME_START: Final = re.compile(r"[a-zA-Z_:]")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLoad:
+    """None: the backend's `/metrics` does not have that metric."""
+
+    kv_cache_usage_ratio: float | None = None
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+
+
+class MetricsParseError(ValueError):
+    """The text is not Prometheus text exposition."""
+
+
+class ScrapeError(Exception):
+    """Scraping `/metrics` failed. `kind`: `connect`, `timeout`, `request`, `status` or
+    `parse`; the message says what failed."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def parse_vllm_load(text: str) -> BackendLoad:
+    """The load in a `/metrics` body; `MetricsParseError` when it is not an exposition.
+
+    Only the lines of the wanted metrics go through the Prometheus parser: a vLLM
+    exposition has hundreds of histogram lines, and parsing all of them would hold the
+    event loop for tens of milliseconds. The other lines are only checked to look like
+    exposition lines (a comment or a metric name), which catches an HTML or JSON body."""
+    relevant: list[str] = []
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            words = stripped.split(maxsplit=3)  # "# HELP name text", "# TYPE name gauge"
+            if len(words) > 2 and words[2] in _WANTED:
+                relevant.append(stripped)
+        elif stripped.startswith(_WANTED):
+            relevant.append(stripped)
+        elif not _NAME_START.match(stripped):
+            raise _parse_error(text, f"invalid line {stripped[:60]!r}")
+    values: dict[str, list[float]] = {name: [] for name in _WANTED}
+    try:
+        for family in text_string_to_metric_families("\n".join(relevant) + "\n"):
+            for sample in family.samples:
+                found = values.get(sample.name)
+                if found is not None and not math.isnan(sample.value):
+                    found.append(float(sample.value))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        raise _parse_error(text, str(exc)) from exc
+    kv = values[KV_CACHE_USAGE] or values[KV_CACHE_USAGE_OLD]
+    return BackendLoad(
+        kv_cache_usage_ratio=max(kv) if kv else None,
+        requests_running=_count(values[REQUESTS_RUNNING]),
+        requests_waiting=_count(values[REQUESTS_WAITING]),
+    )
+
+
+def _parse_error(text: str, problem: str) -> MetricsParseError:
+    first = text.lstrip()[:60]
+    return MetricsParseError(
+        f"not Prometheus text exposition ({problem}); the body starts with {first!r}"
+    )
+
+
+def _count(values: list[float]) -> int | None:
+    return round(sum(values)) if values else None
+
+
+async def scrape_load(
+    client: httpx.AsyncClient,
+    base_url: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float,
+) -> BackendLoad:
+    """GET `<base_url>/metrics` and parse it. Raises `ScrapeError`, never an httpx error."""
+    url = f"{base_url.rstrip('/')}/metrics"
+    try:
+        response = await client.get(url, headers=headers, timeout=timeout_s)
+    except httpx.ConnectError as exc:
+        raise ScrapeError(f"cannot connect to {url}: {exc}", kind="connect") from None
+    except httpx.TimeoutException:
+        raise ScrapeError(f"GET {url} timed out after {timeout_s:g} s", kind="timeout") from None
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+        raise ScrapeError(f"GET {url} failed: {exc!r}", kind="request") from None
+    if response.status_code != 200:
+        raise ScrapeError(f"GET {url} answered HTTP {response.status_code}", kind="status")
+    try:
+        return parse_vllm_load(response.text)
+    except MetricsParseError as exc:
+        raise ScrapeError(f"GET {url}: {exc}", kind="parse") from None

@@ -1,0 +1,394 @@
+"""VRAM yield: free the GPU for an outside workload (a game) with one call, and give it
+back afterwards. Built on the arbiter's zones: a yield is the zone named `yield`, so it
+is saved, survives restarts and blocks what it took like any zone.
+
+- `yield_vram()` blocks the yieldable backends of the GPU (lazy ones, and pinned ones
+  when asked), then drains and stops (or puts to sleep, per backend `yield.method`) the
+  ones holding memory, lowest priority first, until the probe shows `min_free_mib` free
+  or nothing is left. It answers what it measured: `freed_mib` is free memory after
+  minus before, as the probe saw it, never the sum of configured sizes.
+- While it holds, requests for the backends it took get 503 `backend_yielded` (or their
+  fallback chain) and never wake them; the zone keeps other starts out of the memory it
+  freed.
+- `restore()` (or the yield's `ttl_s` running out) unblocks them: pinned ones are woken
+  or started at once, lazy ones on their next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from app.errors import BackendUnavailable, InvalidRequest
+from app.events import EventLog
+from app.gpu.probe import GpuReading
+from app.lifecycle.arbiter import VramArbiter
+from app.lifecycle.backend import Backend
+from app.lifecycle.state import BackendState
+from app.lifecycle.zones import YIELD_ZONE, Zone
+from app.metrics import Metrics
+from app.tasks import OwnedTasks
+
+logger = logging.getLogger(__name__)
+
+SETTLE_POLL_S: Final = 0.25
+# A sleep frees an amount nobody can know beforehand: accept the reading once it has
+# held still for one poll and either grew or this long has passed.
+SETTLE_QUIET_S: Final = 1.0
+# Restore waits this long for pinned backends to be back before it answers; the rest
+# are reported as still starting.
+RESTORE_WAIT_S: Final = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class YieldRequest:
+    reason: str = "gaming"
+    min_free_mib: int | None = None  # None: take everything yieldable
+    ttl_s: float | None = None  # None: until restored
+    include_pinned: bool = False
+    gpu: int = 0
+
+
+class VramYield:
+    def __init__(
+        self,
+        arbiter: VramArbiter,
+        backends: Mapping[str, Backend],
+        metrics: Metrics,
+        events: EventLog,
+        *,
+        settle_timeout_s: float,
+    ) -> None:
+        self._arbiter = arbiter
+        self._backends = backends
+        self._metrics = metrics
+        self._events = events
+        self._settle_timeout_s = settle_timeout_s
+        self._lock = asyncio.Lock()  # one yield or restore at a time
+        self._tasks = OwnedTasks()  # starts begun by a restore
+
+    @property
+    def current(self) -> Zone | None:
+        return self._arbiter.zones.get(YIELD_ZONE)
+
+    def view(self) -> dict[str, Any]:
+        zone = self.current
+        if zone is None:
+            return {"state": "none"}
+        return {
+            "state": "yielded",
+            **zone.report,
+            "held_mib": zone.mib,
+            "granted_at": zone.granted_at,
+            "expires_at": zone.expires_at,
+        }
+
+    def sync_metrics(self) -> None:
+        zone = self.current
+        self._metrics.yield_active.set(1 if zone is not None else 0)
+        if zone is not None and zone.report.get("freed_mib") is not None:
+            self._metrics.yield_freed.set(int(zone.report["freed_mib"]) * 1024 * 1024)
+
+    # -- yield -------------------------------------------------------------------------
+
+    async def yield_vram(self, request: YieldRequest) -> dict[str, Any]:
+        async with self._lock:
+            if self.current is not None:
+                self._metrics.yields.labels("already").inc()
+                return {**self.view(), "already": True}
+            try:
+                answer = await self._yield(request)
+            except BaseException:
+                self._metrics.yields.labels("failed").inc()
+                raise
+            self._metrics.yields.labels("yielded").inc()
+            self.sync_metrics()
+            return {**answer, "already": False}
+
+    async def _yield(self, request: YieldRequest) -> dict[str, Any]:
+        began = time.monotonic()
+        probe = self._arbiter.probe
+        reading = await probe.read()
+        if reading is not None and request.gpu not in reading.gpus:
+            raise InvalidRequest(
+                f"GPU {request.gpu} is not present (the probe sees {sorted(reading.gpus)})",
+                param="gpu",
+            )
+        free_before = _free(reading, request.gpu)
+        now = time.time()
+        draft = Zone(
+            YIELD_ZONE,
+            holder=request.reason,
+            gpu=request.gpu,
+            mib=0,
+            granted_at=now,
+            expires_at=None if request.ttl_s is None else now + request.ttl_s,
+            stopped=(),
+            kind="yield",
+        )
+        scope = [
+            b
+            for b in self._backends.values()
+            if request.gpu in b.config.gpus
+            and b.runtime.managed
+            and (b.lazy or request.include_pinned)
+        ]
+        # Block first: from here on, nothing in scope starts or wakes.
+        for backend in scope:
+            backend.block(draft.block_key, draft.describe(), draft.block_kind)
+        logger.info("vram yield reason=%s min_free_mib=%s gpu=%d scope=%s free_mib=%s",
+                    request.reason, request.min_free_mib, request.gpu,
+                    ",".join(b.name for b in scope) or "-", free_before)  # fmt: skip
+        stopped: list[str] = []
+        slept: list[str] = []
+        failed: dict[str, str] = {}
+        drain_timeouts: list[str] = []
+        free = free_before
+        try:
+            # A start in progress holds the GPU's lock until it ends: stop it first.
+            starting = [b for b in scope if b.state is BackendState.STARTING]
+            await self._take(starting, stopped, slept, failed, drain_timeouts, sleep=False)
+            async with self._arbiter.locked([request.gpu]):
+                for backend in _yield_order(scope):
+                    if request.min_free_mib is not None and free >= request.min_free_mib:
+                        break
+                    if backend.name in stopped or not _holds_memory(backend):
+                        continue
+                    took = await self._take(
+                        [backend], stopped, slept, failed, drain_timeouts, sleep=True
+                    )
+                    if took:
+                        expected = backend.config.vram_mib if backend.name in stopped else None
+                        settled = await self._settle(request, free, expected)
+                        if settled is not None:
+                            free = _free(settled, request.gpu)
+                reading = await probe.read()
+                free_after = _free(reading, request.gpu) if reading is not None else None
+                taken = set(stopped) | set(slept)
+                # What still runs keeps serving; what is down stays blocked.
+                blocked = []
+                for backend in scope:
+                    if backend.name in taken:
+                        continue
+                    if backend.state is BackendState.STOPPED:
+                        blocked.append(backend.name)
+                    else:
+                        backend.unblock(draft.block_key)
+                report = _report(
+                    request,
+                    probe_name=probe.name,
+                    free_before=free_before if reading is not None else None,
+                    free_after=free_after,
+                    stopped=stopped,
+                    slept=slept,
+                    blocked=blocked,
+                    failed=failed,
+                    drain_timeouts=drain_timeouts,
+                    duration_s=time.monotonic() - began,
+                )
+                held = free_after or 0
+                if request.min_free_mib is not None:
+                    held = min(held, request.min_free_mib)
+                zone = Zone(
+                    YIELD_ZONE,
+                    holder=request.reason,
+                    gpu=request.gpu,
+                    mib=max(0, held),
+                    granted_at=draft.granted_at,
+                    expires_at=draft.expires_at,
+                    stopped=tuple(stopped + blocked),
+                    kind="yield",
+                    slept=tuple(slept),
+                    report=report,
+                )
+                self._arbiter.set_zone(zone)
+        except BaseException:
+            for backend in scope:
+                backend.unblock(draft.block_key)
+            raise
+        logger.info("vram yielded reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s",
+                    request.reason, report["freed_mib"], report["free_mib"],
+                    ",".join(stopped) or "-", ",".join(slept) or "-")  # fmt: skip
+        self._events.record("vram_yield", **{k: report[k] for k in _EVENT_KEYS})
+        return {"state": "yielded", **report, "held_mib": zone.mib, "expires_at": zone.expires_at}
+
+    async def _take(
+        self,
+        backends: list[Backend],
+        stopped: list[str],
+        slept: list[str],
+        failed: dict[str, str],
+        drain_timeouts: list[str],
+        *,
+        sleep: bool,
+    ) -> bool:
+        """Stop (or put to sleep) `backends` together; True when any was taken."""
+
+        async def one(backend: Backend) -> str:
+            if sleep and backend.yield_method == "sleep":
+                return await backend.sleep("yield", level=backend.config.yield_.level)
+            await backend.stop("yield")
+            return "stopped"
+
+        results = await asyncio.gather(*(one(b) for b in backends), return_exceptions=True)
+        took = False
+        for backend, result in zip(backends, results, strict=True):
+            if isinstance(result, BackendUnavailable):
+                failed[backend.name] = result.message
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            took = True
+            (slept if result == "slept" else stopped).append(backend.name)
+            if backend.last_drain_timed_out:
+                drain_timeouts.append(backend.name)
+        return took
+
+    async def _settle(
+        self, request: YieldRequest, before: int, expected_mib: int | None
+    ) -> GpuReading | None:
+        """Poll the probe until the memory a stop or sleep freed shows (bounded)."""
+        began = time.monotonic()
+        deadline = began + self._settle_timeout_s
+        previous: int | None = None
+        while True:
+            reading = await self._arbiter.probe.read()
+            if reading is None:
+                return None
+            free = _free(reading, request.gpu)
+            if request.min_free_mib is not None and free >= request.min_free_mib:
+                return reading
+            if expected_mib is not None and free - before >= expected_mib * 0.9:
+                return reading
+            quiet = time.monotonic() - began >= SETTLE_QUIET_S
+            if free == previous and (free > before or quiet):
+                return reading
+            if time.monotonic() >= deadline:
+                logger.warning("freed memory still not visible gpu=%d free_mib=%d before_mib=%d "
+                               "waited_s=%g", request.gpu, free, before,
+                               self._settle_timeout_s)  # fmt: skip
+                return reading
+            previous = free
+            await asyncio.sleep(SETTLE_POLL_S)
+
+    # -- restore -----------------------------------------------------------------------
+
+    async def restore(self, why: str = "restored") -> dict[str, Any]:
+        """Give the memory back: unblock, wake or start pinned backends now (waiting up
+        to `RESTORE_WAIT_S`), leave lazy ones for their next request."""
+        async with self._lock:
+            zone = self._arbiter.drop_zone(YIELD_ZONE, why)
+            if zone is None:
+                return {"state": "none", "restored": False}
+            self._metrics.yields.labels(why if why == "expired" else "restored").inc()
+            self.sync_metrics()
+            pinned: list[Backend] = []
+            on_demand: list[Backend] = []
+            for name in zone.blocks:
+                backend = self._backends.get(name)
+                if backend is None:
+                    continue
+                (on_demand if backend.lazy else pinned).append(backend)
+            tasks = {
+                b.name: self._tasks.spawn(b.start_logged("restore"), f"restore:{b.name}")
+                for b in pinned
+            }
+            if tasks:
+                await asyncio.wait(tasks.values(), timeout=RESTORE_WAIT_S)
+            ready = {n for n, t in tasks.items() if t.done() and _ready(self._backends[n])}
+            back = [n for n in tasks if n in ready]
+            answer = {
+                "state": "restored",
+                "restored": True,
+                "reason": zone.holder,
+                "why": why,
+                "back": back,
+                "starting": [n for n, t in tasks.items() if not t.done()],
+                "failed": {
+                    n: self._backends[n].reason
+                    for n, t in tasks.items()
+                    if t.done() and n not in ready
+                },
+                "on_demand": [b.name for b in on_demand],
+                "yielded_for_s": round(time.time() - zone.granted_at, 1),
+            }
+        lazy = [b.name for b in on_demand]
+        logger.info("vram restored why=%s back=%s on_demand=%s",
+                    why, ",".join(back) or "-", ",".join(lazy) or "-")  # fmt: skip
+        self._events.record("vram_restore", why=why, back=back, on_demand=lazy)
+        return answer
+
+    async def expire(self, now: float) -> dict[str, Any] | None:
+        zone = self.current
+        if zone is None or not zone.expired(now):
+            return None
+        return await self.restore("expired")
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+
+_EVENT_KEYS: Final = ("reason", "freed_mib", "free_mib", "stopped", "slept", "duration_s")
+
+
+def _yield_order(scope: list[Backend]) -> list[Backend]:
+    """Lowest priority first; at equal priority lazy before pinned, longest idle first."""
+    now = time.monotonic()
+    return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.idle_s(now)))
+
+
+def _ready(backend: Backend) -> bool:
+    return backend.state is BackendState.READY
+
+
+def _holds_memory(backend: Backend) -> bool:
+    return backend.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
+
+
+def _free(reading: GpuReading | None, gpu: int) -> int:
+    if reading is None or gpu not in reading.gpus:
+        return 0
+    return reading.gpus[gpu].free_mib
+
+
+def _report(
+    request: YieldRequest,
+    *,
+    probe_name: str,
+    free_before: int | None,
+    free_after: int | None,
+    stopped: list[str],
+    slept: list[str],
+    blocked: list[str],
+    failed: dict[str, str],
+    drain_timeouts: list[str],
+    duration_s: float,
+) -> dict[str, Any]:
+    freed = None if free_before is None or free_after is None else free_after - free_before
+    return {
+        "reason": request.reason,
+        "gpu": request.gpu,
+        "min_free_mib": request.min_free_mib,
+        "include_pinned": request.include_pinned,
+        "freed_mib": freed,
+        "free_mib": free_after,
+        "free_mib_before": free_before,
+        "met": (
+            None
+            if request.min_free_mib is None or free_after is None
+            else free_after >= request.min_free_mib
+        ),
+        "measured_by": probe_name
+        if freed is not None
+        else f"{probe_name}: no reading, not measured",
+        "stopped": stopped,
+        "slept": slept,
+        "blocked": blocked,
+        "failed": failed,
+        "drain_timeouts": drain_timeouts,
+        "duration_s": round(duration_s, 3),
+    }

@@ -1,0 +1,99 @@
+"""vLLM's sleep mode endpoints, spoken over httpx (control plane).
+
+`POST /sleep?level=N` frees the weights (level 1 keeps them in host RAM, level 2 drops
+them) and the KV cache; `POST /wake_up` brings them back; `GET /is_sleeping` confirms.
+The server registers these routes only with `VLLM_SERVER_DEV_MODE=1` (and needs
+`--enable-sleep-mode`); otherwise they answer 404, reported as `SleepUnsupported` so the
+caller can stop the server instead. Parameters are query parameters, not a JSON body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Final
+
+import httpx
+
+CALL_TIMEOUT_S: Final = 60.0  # freeing or reloading weights takes seconds, level 2 longer
+CONFIRM_POLL_S: Final = 0.1
+
+
+class ControlError(Exception):
+    """The server did not do what was asked; the message says what it answered."""
+
+
+class SleepUnsupported(ControlError):
+    """The server does not offer sleep mode (no `VLLM_SERVER_DEV_MODE=1`)."""
+
+
+class VllmControl:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        self._client = client
+        self._base = base_url.rstrip("/")
+        self._headers = dict(headers or {})
+        self._timeout_s = timeout_s
+
+    async def sleep(self, level: int) -> None:
+        """Put the engine to sleep and wait until `/is_sleeping` says so."""
+        await self._post("/sleep", {"level": str(level)})
+        await self._confirm(True)
+
+    async def wake_up(self) -> None:
+        await self._post("/wake_up", None)
+        await self._confirm(False)
+
+    async def is_sleeping(self) -> bool:
+        response = await self._request("GET", "/is_sleeping", None)
+        try:
+            value = response.json()["is_sleeping"]
+        except (ValueError, KeyError, TypeError):
+            raise ControlError(
+                f"GET /is_sleeping answered {response.text[:200]!r}, not {{'is_sleeping': bool}}"
+            ) from None
+        if not isinstance(value, bool):
+            raise ControlError(f"GET /is_sleeping answered is_sleeping={value!r}, not a bool")
+        return value
+
+    async def _post(self, path: str, params: dict[str, str] | None) -> None:
+        await self._request("POST", path, params)
+
+    async def _request(
+        self, method: str, path: str, params: dict[str, str] | None
+    ) -> httpx.Response:
+        try:
+            response = await self._client.request(
+                method,
+                self._base + path,
+                params=params,
+                headers=self._headers,
+                timeout=self._timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise ControlError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            raise SleepUnsupported(
+                f"{method} {path} answered 404: the server does not offer sleep mode "
+                "(start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode)"
+            )
+        if response.status_code >= 400:
+            raise ControlError(
+                f"{method} {path} answered {response.status_code}: {response.text[:200]}"
+            )
+        return response
+
+    async def _confirm(self, sleeping: bool) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        while await self.is_sleeping() != sleeping:
+            if time.monotonic() >= deadline:
+                want = "asleep" if sleeping else "awake"
+                raise ControlError(f"the server did not report {want} within {self._timeout_s:g}s")
+            await asyncio.sleep(CONFIRM_POLL_S)

@@ -1,0 +1,335 @@
+"""VRAM yield for gaming, measured on the simulated GPU: the fake vLLM servers report
+their footprint to its ledger (and drop it while asleep), like NVML would see them.
+
+Layout of every test: a 32768 MiB GPU with a pinned orchestrator (16000 MiB), a lazy
+reasoning backend (11000 MiB, yields by stopping) and a lazy embeddings backend (1000
+MiB, yields by sleeping; 125 MiB while asleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.gpu.sim_ledger import read_ledger
+from app.runtimes.base import Runtime
+from app.services import Seams
+from app.settings import BackendConfig
+from tests.fakes.processes import free_port
+from tests.fakes.servers import FakeVllmRuntime, Gateway, gateway, gateway_settings
+
+TOTAL = 32768
+ORCH, REASONING, EMBED, EMBED_ASLEEP = 16000, 11000, 1000, 125
+
+
+def chat(model: str, **fields: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, *, embed_dev_mode: bool = True) -> None:
+        self.ledger = tmp_path / "ledger"
+        self.state_dir = tmp_path / "var"
+        self.ports = {"orchestrator": free_port(), "reasoning": free_port(), "embed": free_port()}
+        self.embed_dev_mode = embed_dev_mode
+        self.runtimes: dict[str, FakeVllmRuntime] = {}
+        self.new_runtimes()
+
+    def new_runtimes(self) -> None:
+        """Fresh fake servers (a gateway's shutdown stops the in-process ones)."""
+        ledger = str(self.ledger)
+        self.runtimes = {
+            "orchestrator": FakeVllmRuntime(
+                self.ports["orchestrator"], models=["orch-model"], vram_mib=ORCH,
+                sim_gpu_dir=ledger,
+            ),
+            "reasoning": FakeVllmRuntime(
+                self.ports["reasoning"], models=["reasoning-model"], vram_mib=REASONING,
+                sim_gpu_dir=ledger, max_tokens=12, tokens_per_second=40,
+            ),
+            "embed": FakeVllmRuntime(
+                self.ports["embed"], models=["embed-model"], vram_mib=EMBED,
+                vram_asleep_mib=EMBED_ASLEEP, sim_gpu_dir=ledger, dev_mode=self.embed_dev_mode,
+            ),
+        }  # fmt: skip
+
+    def backends(self, **overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        def url(name: str) -> str:
+            return f"http://127.0.0.1:{self.ports[name]}"
+
+        process = {"kind": "process", "command": ["unused: the test's runtime runs it"]}
+        backends: dict[str, dict[str, Any]] = {
+            "orchestrator": {
+                "url": url("orchestrator"), "models": ["orch-model"], "runtime": process,
+                "vram_mib": ORCH, "priority": 90,
+            },
+            "reasoning": {
+                "url": url("reasoning"), "models": ["reasoning-model"], "runtime": process,
+                "lifecycle": "lazy", "vram_mib": REASONING, "priority": 50,
+            },
+            "embed": {
+                "url": url("embed"), "models": ["embed-model"], "runtime": process,
+                "lifecycle": "lazy", "vram_mib": EMBED, "priority": 40,
+                "yield": {"method": "sleep", "level": 1},
+            },
+        }  # fmt: skip
+        for name, fields in overrides.items():
+            backends[name] = {**backends[name], **fields}
+        return backends
+
+    @asynccontextmanager
+    async def gateway(self, **overrides: dict[str, Any]) -> AsyncIterator[Gateway]:
+        def runtime_for(name: str, config: BackendConfig) -> Runtime:
+            return self.runtimes[name]
+
+        settings = gateway_settings(
+            self.backends(**overrides),
+            state_dir=self.state_dir,
+            gpu={"probe": "sim", "sim": {"total_mib": TOTAL, "ledger_dir": self.ledger}},
+            reaper_interval_s=0.05,
+        )
+        async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+            await until_state(gw, "orchestrator", "ready")
+            yield gw
+
+    def used(self) -> int:
+        import time
+
+        return read_ledger(self.ledger, now=time.time()).get(0, 0)
+
+
+def metric_value(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not in the scrape")
+
+
+async def until_state(gw: Gateway, name: str, state: str) -> dict[str, Any]:
+    """The backend's view once it is in `state` (bounded: about 5 s)."""
+    view: dict[str, Any] = {}
+    for _ in range(100):
+        response = await gw.client.get("/backends")
+        view = next(v for v in response.json()["backends"] if v["name"] == name)
+        if view["state"] == state:
+            return view
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"backend {name} never reached {state}: {view}")
+
+
+async def wake_all(gw: Gateway) -> None:
+    for model in ("reasoning-model", "embed-model"):
+        response = await gw.client.post("/v1/chat/completions", json=chat(model, max_tokens=2))
+        assert response.status_code == 200, response.text
+
+
+async def test_a_yield_frees_what_the_stopped_and_slept_backends_held(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        assert rig.used() == ORCH + REASONING + EMBED
+        response = await gw.client.post("/vram/yield", json={"reason": "gaming"})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["state"] == "yielded"
+        assert body["already"] is False
+        assert body["stopped"] == ["reasoning"]
+        assert body["slept"] == ["embed"]
+        assert body["freed_mib"] == REASONING + EMBED - EMBED_ASLEEP  # measured, not summed
+        assert body["free_mib"] == TOTAL - ORCH - EMBED_ASLEEP
+        assert body["measured_by"] == "sim"
+        assert rig.used() == ORCH + EMBED_ASLEEP
+        assert (await until_state(gw, "embed", "sleeping"))["blocked_by"]
+
+        # While yielded nothing wakes: 503 naming the yield, no start, no wake-up.
+        starts = rig.runtimes["reasoning"].starts
+        for model in ("reasoning-model", "embed-model"):
+            refused = await gw.client.post("/v1/chat/completions", json=chat(model))
+            assert refused.status_code == 503
+            error = refused.json()["error"]
+            assert error["code"] == "backend_yielded"
+            assert "VRAM yield for 'gaming'" in error["message"]
+        assert rig.runtimes["reasoning"].starts == starts
+        assert rig.used() == ORCH + EMBED_ASLEEP
+        # The pinned orchestrator was not in the yield and still serves.
+        served = await gw.client.post("/v1/chat/completions", json=chat("orch-model"))
+        assert served.status_code == 200
+
+        again = (await gw.client.post("/vram/yield", json={"reason": "gaming"})).json()
+        assert again["already"] is True
+        assert again["freed_mib"] == body["freed_mib"]
+        state = (await gw.client.get("/vram/yield")).json()
+        assert state["state"] == "yielded"
+        assert state["held_mib"] == body["free_mib"]
+        metrics = (await gw.client.get("/metrics")).text
+        assert "microscheduler_vram_yield_active 1.0" in metrics
+        freed = metric_value(metrics, "microscheduler_vram_yield_freed_bytes")
+        assert freed == body["freed_mib"] * 1024 * 1024
+        assert 'microscheduler_vram_yields_total{outcome="already"} 1.0' in metrics
+
+        restored = (await gw.client.post("/vram/restore")).json()
+        assert restored["state"] == "restored"
+        assert restored["back"] == []
+        assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        # Lazy ones come back on their next request: the sleeping one is woken, not started.
+        embed_starts = rig.runtimes["embed"].starts
+        await wake_all(gw)
+        assert rig.runtimes["embed"].starts == embed_starts
+        assert rig.used() == ORCH + REASONING + EMBED
+        assert (await gw.client.post("/vram/restore")).json()["restored"] is False
+
+
+async def test_a_yield_stops_in_priority_order_only_until_min_free_is_met(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        free = TOTAL - ORCH - REASONING - EMBED  # 4768
+        body = (await gw.client.post("/vram/yield", json={"min_free_mib": free + 500})).json()
+        # embed (priority 40) goes first and its sleep is enough.
+        assert body["slept"] == ["embed"]
+        assert body["stopped"] == []
+        assert body["met"] is True
+        assert body["free_mib"] == free + EMBED - EMBED_ASLEEP
+        assert body["held_mib"] == free + 500
+        # reasoning kept running and keeps serving.
+        served = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert served.status_code == 200
+        # The held memory keeps other starts out: a lazy start now would not fit.
+        status = (await gw.client.get("/status")).json()
+        assert status["holds"]["yield"]["state"] == "yielded"
+
+
+async def test_include_pinned_takes_the_orchestrator_and_restore_starts_it_again(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        body = (await gw.client.post("/vram/yield", json={"include_pinned": True})).json()
+        assert body["stopped"] == ["orchestrator"]  # the lazy ones were not running
+        assert sorted(body["blocked"]) == ["embed", "reasoning"]
+        assert body["freed_mib"] == ORCH
+        assert body["free_mib"] == TOTAL
+        refused = await gw.client.post("/v1/chat/completions", json=chat("orch-model"))
+        assert refused.json()["error"]["code"] == "backend_yielded"
+        restored = (await gw.client.post("/vram/restore")).json()
+        assert restored["back"] == ["orchestrator"]
+        assert rig.used() == ORCH
+        status = (await gw.client.get("/status")).json()
+        orchestrator = next(b for b in status["backends"] if b["name"] == "orchestrator")
+        # What its start added on the GPU, as the probe measured it.
+        assert orchestrator["vram"] == {
+            "configured_mib": ORCH,
+            "planned_mib": None,
+            "measured_mib": ORCH,
+        }
+        served = await gw.client.post("/v1/chat/completions", json=chat("orch-model"))
+        assert served.status_code == 200
+
+
+async def test_a_yield_lets_a_stream_in_flight_finish(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        stream = asyncio.create_task(
+            gw.client.post("/v1/chat/completions", json=chat("reasoning-model", stream=True))
+        )
+        await until_state(gw, "reasoning", "ready")
+        await asyncio.sleep(0.05)  # the stream is under way (12 tokens at 40/s)
+        body = (await gw.client.post("/vram/yield", json={})).json()
+        response = await stream
+        assert response.status_code == 200
+        assert response.text.rstrip().endswith("data: [DONE]")
+        assert '"error"' not in response.text
+        assert body["stopped"] == ["reasoning"]
+        assert body["drain_timeouts"] == []
+        assert body["duration_s"] >= 0.1
+
+
+async def test_a_yield_reports_a_drain_that_timed_out(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.runtimes["reasoning"].options.update(max_tokens=400, tokens_per_second=20)
+    async with rig.gateway(reasoning={"drain_timeout_s": 0.2}) as gw:
+        stream = asyncio.create_task(
+            gw.client.post("/v1/chat/completions", json=chat("reasoning-model", stream=True))
+        )
+        await until_state(gw, "reasoning", "ready")
+        await asyncio.sleep(0.1)
+        body = (await gw.client.post("/vram/yield", json={})).json()
+        assert body["drain_timeouts"] == ["reasoning"]
+        assert body["stopped"] == ["reasoning"]
+        response = await stream
+        # Cut by the stop: the stream ends with the in-band error and [DONE].
+        assert '"error"' in response.text
+        assert response.text.rstrip().endswith("data: [DONE]")
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_drain_timeouts_total{backend="reasoning"} 1.0' in metrics
+
+
+async def test_a_yield_survives_a_gateway_restart(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        first = (await gw.client.post("/vram/yield", json={"reason": "elden-ring"})).json()
+        assert first["stopped"] == ["reasoning"]
+    rig.new_runtimes()
+    async with rig.gateway() as gw:
+        state = (await gw.client.get("/vram/yield")).json()
+        assert state["state"] == "yielded"
+        assert state["reason"] == "elden-ring"
+        assert state["freed_mib"] == first["freed_mib"]
+        refused = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert refused.json()["error"]["code"] == "backend_yielded"
+        assert rig.runtimes["reasoning"].starts == 0
+        restored = (await gw.client.post("/vram/restore")).json()
+        assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
+        served = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert served.status_code == 200
+
+
+async def test_a_yield_ends_by_itself_after_its_ttl(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        body = (
+            await gw.client.post("/vram/yield", json={"ttl_s": 0.3, "include_pinned": True})
+        ).json()
+        assert body["stopped"] == ["orchestrator"]
+        await until_state(gw, "orchestrator", "ready")  # restarted by the expiry
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_vram_yields_total{outcome="expired"} 1.0' in metrics
+        events = (await gw.client.get("/status")).json()["events"]
+        assert any(e["kind"] == "vram_restore" and e["why"] == "expired" for e in events)
+
+
+async def test_without_sleep_mode_the_backend_is_stopped_instead(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, embed_dev_mode=False)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        body = (await gw.client.post("/vram/yield", json={})).json()
+        assert body["slept"] == []
+        assert sorted(body["stopped"]) == ["embed", "reasoning"]
+        assert body["freed_mib"] == REASONING + EMBED
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_backend_sleeps_total{backend="embed",outcome="stopped"} 1.0' in (
+            metrics
+        )
+
+
+async def test_bad_yield_requests_are_refused_in_openais_error_shape(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        for body in ({"min_free_mib": -1}, {"ttl_s": 0}, {"surprise": 1}, {"gpu": 3}):
+            response = await gw.client.post("/vram/yield", json=body)
+            assert response.status_code in (400, 422), body
+            assert response.json()["error"]["message"], body
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        conflict = await gw.client.post("/vram/zones/yield/release")
+        assert conflict.status_code == 409
