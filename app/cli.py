@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.plan_cli import add_plan_command
+from app.profile_cli import add_profile_command
 from app.settings import ConfigError, Settings, load_settings
 
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_check_config)
 
     add_plan_command(commands)
+    add_profile_command(commands)
     return parser
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from app.gpu.catalog import catalog_model, catalog_names
+from app.gpu.description import read_hf_config
+from app.gpu.footprint import ceil_mib
 from app.gpu.kv import (
     AttentionShape,
     KvDtype,
@@ -23,7 +26,7 @@ from app.gpu.kv import (
     kv_cache_bytes,
     parse_kv_dtype,
 )
-from app.gpu.model_info import ModelInfo, model_from_hf_config
+from app.gpu.model_info import ModelInfo
 from app.gpu.planner import (
     DEFAULT_ALIGNMENT,
     DEFAULT_MAX_GPUS,
@@ -34,6 +37,7 @@ from app.gpu.planner import (
     plan_max_context,
     plan_min_gpus,
 )
+from app.gpu.profile_plan import PlannedInstance, ProfilePlan, plan_profile
 from app.gpu.share import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     DEFAULT_INSTANCE_OVERHEAD_BYTES,
@@ -48,6 +52,7 @@ from app.gpu.share import (
 )
 from app.gpu.units import GIB, KIB, bytes_to_gib, gib_to_bytes
 from app.gpu.weights import estimate_weight_bytes, params_from_billions, served_dtype
+from app.settings import PROFILES_FILE, ConfigError, Settings, load_settings
 
 T = TypeVar("T")
 
@@ -63,14 +68,14 @@ class PlanInputError(ValueError):
 
 
 def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``plan`` with its ``kv``, ``context``, ``gpus`` and ``share`` sub-commands."""
+    """Add ``plan`` with its ``kv``, ``context``, ``gpus``, ``share`` and ``profile`` commands."""
     plan = subparsers.add_parser(
         "plan",
         help="size KV caches, context lengths, GPU counts and shared-GPU vLLM flags",
         description="GPU memory planning for vLLM instances (no GPU needed).",
     )
     commands = plan.add_subparsers(
-        dest="plan_command", metavar="{kv,context,gpus,share}", required=True
+        dest="plan_command", metavar="{kv,context,gpus,share,profile}", required=True
     )
 
     kv = commands.add_parser(
@@ -169,6 +174,29 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     _add_json_arg(share)
     share.set_defaults(func=_guarded(run_share))
+
+    profile = commands.add_parser(
+        "profile",
+        help="does a GPU profile fit, and the vLLM command line of each of its instances",
+        description="For a profile of gpu_profiles.yaml (default: the active one) and the "
+        "backends' model descriptions (model_info: / hf_config: in models.yaml): each enabled "
+        "instance in start order (pinned first), its planned memory and vLLM command line, "
+        "and whether they fit on the GPU together.",
+    )
+    profile.add_argument(
+        "name", nargs="?", help="the profile (default: active: in gpu_profiles.yaml)"
+    )
+    profile.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="config directory (default: $MICROSCHEDULER_CONFIG_DIR or config/)",
+    )
+    profile.add_argument(
+        "--gpu-gib", type=float, help="GPU memory in GiB (default: the profile's gpu_total_gb)"
+    )
+    _add_json_arg(profile)
+    profile.set_defaults(func=_guarded(run_profile))
 
 
 def _add_json_arg(parser: argparse.ArgumentParser) -> None:
@@ -280,24 +308,6 @@ def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 # --------------------------------------------------------------------------- model input
 
 
-def _read_hf_config(path_text: str) -> ModelInfo:
-    path = Path(path_text)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanInputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanInputError(f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
-    if not isinstance(data, dict):
-        raise PlanInputError(f"{path} must contain a JSON object")
-    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return model_from_hf_config(data, name=name or "hf-config")
-
-
 def _shape_flags_given(args: argparse.Namespace) -> bool:
     flags = (args.layers, args.kv_heads, args.head_dim, args.kv_lora_rank, args.rope_head_dim)
     return any(value is not None for value in flags)
@@ -337,7 +347,7 @@ def _resolve_model(args: argparse.Namespace, *, required: bool) -> ModelInfo | N
     if args.model is not None:
         return catalog_model(args.model)
     if args.hf_config is not None:
-        return _read_hf_config(args.hf_config)
+        return read_hf_config(Path(args.hf_config))
     if sources:
         return ModelInfo(name="custom", shape=_shape_from_flags(args))
     if required:
@@ -780,3 +790,188 @@ def run_share(args: argparse.Namespace) -> int:
         "problems": list(plan.problems),
     }
     return _emit(args, data, _share_table(plan))
+
+
+# --------------------------------------------------------------------------- plan profile
+
+
+def _load_config(directory: Path | None) -> Settings:
+    try:
+        return load_settings(directory)
+    except ConfigError as exc:
+        more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        raise PlanInputError(f"invalid configuration: {exc.problems[0]}{more}") from None
+
+
+def _profile_gpu_bytes(args: argparse.Namespace, plan_name: str, gb: float | None) -> int:
+    if args.gpu_gib is not None:
+        if args.gpu_gib <= 0:
+            raise PlanInputError(f"--gpu-gib must be a positive number, got {args.gpu_gib!r}")
+        return gib_to_bytes(args.gpu_gib)
+    if gb is None:
+        raise PlanInputError(
+            f"profile {plan_name!r} has no gpu_total_gb; give the GPU's memory with --gpu-gib"
+        )
+    return gib_to_bytes(gb)
+
+
+def _command_text(item: PlannedInstance) -> str:
+    env = " ".join(f"{key}={value}" for key, value in item.env.items())
+    return f"{env} {shlex.join(item.argv)}" if env else shlex.join(item.argv)
+
+
+def _profile_instance_json(item: PlannedInstance) -> JsonDict:
+    planned = item.planned
+    spec = item.spec
+    return {
+        "backend": item.backend,
+        "gpu": item.gpu,
+        "lifecycle": item.config.lifecycle,
+        "model": planned.model.name,
+        "description": planned.source,
+        "vram_pct": item.vram_pct,
+        "vram_mib": item.config.vram_mib,
+        "weights": planned.weights_source,
+        "weights_gib": _gib3(spec.weight_bytes),
+        "kv_dtype": planned.kv_dtype.name,
+        "kv_bytes_per_token": planned.kv_bytes_per_token,
+        "max_model_len": planned.max_model_len,
+        "max_num_seqs": planned.max_num_seqs,
+        "kv_budget_gib": _gib3(spec.kv_bytes),
+        "cuda_graphs": not spec.enforce_eager,
+        "graphs_gib": _gib3(spec.graphs),
+        "overhead_gib": _gib3(spec.overhead_bytes),
+        "cuda_context_gib": _gib3(spec.cuda_context_bytes),
+        "sleep_mode": item.sleep_mode,
+        **_instance_json(item.plan),
+        "expected_used_mib": ceil_mib(item.plan.expected_used_bytes),
+        "command": _command_text(item),
+        "argv": list(item.argv),
+        "env": item.env,
+    }
+
+
+def _profile_json(plan: ProfilePlan, gpu_source: str) -> JsonDict:
+    return {
+        "profile": plan.name,
+        "active": plan.active,
+        "gpu_total_gib": _gib3(plan.total_bytes),
+        "gpu_total_source": gpu_source,
+        "target_utilization_pct": plan.profile.target_utilization_pct,
+        "fits": plan.fits,
+        "complete": plan.complete,
+        "problems": list(plan.problems),
+        "instances": [_profile_instance_json(item) for item in plan.instances],
+        "gpus": [
+            {
+                "gpu": gpu.gpu,
+                "held_by_undescribed_gib": _gib3(gpu.held_bytes),
+                "used_gib": _gib3(gpu.used_bytes),
+                "used_pct": round(100 * gpu.used_bytes / plan.total_bytes, 1),
+                "free_gib": _gib3(plan.total_bytes - gpu.used_bytes),
+                "fits": gpu.fits,
+            }
+            for gpu in plan.gpus
+        ],
+        "not_planned": [
+            {
+                "backend": item.backend,
+                "missing": item.missing,
+                "counted_mib": item.footprint.mib if item.footprint else None,
+                "counted_from": item.footprint.source if item.footprint else None,
+            }
+            for item in plan.unplanned
+        ],
+        "disabled": list(plan.disabled),
+    }
+
+
+def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
+    profile = plan.profile
+    many = len(plan.gpus) > 1
+    lines = [
+        f"profile {plan.name}{' (active)' if plan.active else ''}: "
+        f"{bytes_to_gib(plan.total_bytes):.2f} GiB per GPU ({gpu_source}), "
+        f"target {profile.target_utilization_pct:g}%",
+        "instances in start order (pinned first; lazy ones as if all were running):",
+        "",
+    ]
+    header = ["backend", "lifecycle", "ok", "util", "kv-cache-memory-bytes", "KV GiB"]
+    header += ["used GiB", "free after"]
+    if many:
+        header.insert(1, "gpu")
+    body = []
+    for item in plan.instances:
+        row = [
+            item.backend,
+            item.config.lifecycle,
+            "yes" if item.plan.ok else "NO",
+            item.plan.flags[1],
+            str(item.plan.kv_cache_memory_bytes or "-"),
+            f"{bytes_to_gib(item.plan.kv_bytes):.2f}",
+            f"{bytes_to_gib(item.plan.expected_used_bytes):.2f}",
+            f"{bytes_to_gib(item.plan.free_after_bytes):.2f}",
+        ]
+        if many:
+            row.insert(1, str(item.gpu))
+        body.append(row)
+    if body:
+        lines += [_table(header, body), ""]
+    for item in plan.instances:
+        planned = item.planned
+        lines.append(f"{item.backend}{f' (GPU {item.gpu})' if many else ''}: {planned.source}")
+        lines.append(f"  {_command_text(item)}")
+        lines.append(
+            f"  weights {bytes_to_gib(item.spec.weight_bytes):.2f} GiB ({planned.weights_source}"
+            f"), KV budget {bytes_to_gib(item.spec.kv_bytes):.2f} GiB ({planned.max_model_len:,}"
+            f" tokens x {planned.max_num_seqs} seqs, {planned.kv_dtype.name}), CUDA graphs "
+            f"{bytes_to_gib(item.spec.graphs):.2f} GiB"
+        )
+        if item.sleep_mode:
+            lines.append("  note: sleep mode needs VLLM_SERVER_DEV_MODE=1 in the server's env")
+        if item.config.vram_mib is not None:
+            lines.append(
+                f"  note: admission uses its vram_mib {item.config.vram_mib} MiB; the plan "
+                f"expects {ceil_mib(item.plan.expected_used_bytes)} MiB"
+            )
+        lines.extend(f"  problem: {text}" for text in item.plan.problems)
+        lines.extend(f"  note: {text}" for text in item.plan.notes)
+        lines.extend(f"  advice: {text}" for text in item.plan.advice)
+    for unplanned in plan.unplanned:
+        counted = (
+            f"{unplanned.footprint.mib} MiB ({unplanned.footprint.source}) counted as in use "
+            "before the others start"
+            if unplanned.footprint is not None
+            else "its memory is NOT counted"
+        )
+        lines.append(f"not planned: {unplanned.backend}: {unplanned.missing}; {counted}")
+    if plan.disabled:
+        lines.append(f"disabled by the profile: {', '.join(plan.disabled)}")
+    for gpu in plan.gpus:
+        lines.append(
+            f"{f'GPU {gpu.gpu}: ' if many else ''}used {bytes_to_gib(gpu.used_bytes):.2f} GiB "
+            f"({100 * gpu.used_bytes / plan.total_bytes:.1f}%), free "
+            f"{bytes_to_gib(plan.total_bytes - gpu.used_bytes):.2f} GiB"
+        )
+    if plan.fits:
+        verdict = "fits: yes" if plan.complete else "fits: yes, for the memory that is known"
+    else:
+        verdict = "fits: NO\n" + "\n".join(f"  why: {text}" for text in plan.problems)
+    lines.append(verdict)
+    return "\n".join(lines)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """``plan profile``: a GPU profile's instances, their vLLM flags, and whether they fit."""
+    settings = _load_config(args.config)
+    profiles = settings.gpu_profiles
+    if profiles is None:
+        raise PlanInputError(f"{settings.config_dir / PROFILES_FILE}: not found")
+    name = args.name if args.name is not None else profiles.default
+    profile = profiles.profiles.get(name)
+    if profile is None:
+        raise PlanInputError(f"unknown profile {name!r} (profiles: {', '.join(profiles.profiles)})")
+    total = _profile_gpu_bytes(args, name, profile.gpu_total_gb)
+    gpu_source = "--gpu-gib" if args.gpu_gib is not None else "the profile's gpu_total_gb"
+    plan = plan_profile(settings, name, total_bytes=total)
+    return _emit(args, _profile_json(plan, gpu_source), _profile_table(plan, gpu_source))

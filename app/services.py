@@ -19,6 +19,7 @@ import httpx
 
 from app.auth import Authenticator
 from app.events import EventLog
+from app.gpu.footprint import planned_footprint_mib
 from app.gpu.gpu_metrics import GpuCollector, VllmLoadMetrics
 from app.gpu.nvml import NvmlSource
 from app.gpu.poller import GpuMonitor
@@ -131,7 +132,12 @@ class Services:
             settle_timeout_s=settings.gpu.reclaim_timeout_s,
         )
         self.profiles = ProfileSwitch(
-            settings.gpu_profiles, self.backends, store, metrics, self.events
+            settings.gpu_profiles,
+            self.backends,
+            store,
+            metrics,
+            self.events,
+            on_switch=self.plan_footprints,
         )
         self.dispatcher = Dispatcher(self.registry, self.backends, metrics)
         self.model_list = self._render_model_list()
@@ -161,6 +167,26 @@ class Services:
         return GpuMonitor(
             source, poll_interval_s=gpu.poll_interval_s, stale_after_s=gpu.stale_after_s
         )
+
+    def plan_footprints(self) -> None:
+        """Each backend's admission footprint: `vram_mib`, else the active profile's share
+        of its GPU, else the planner's estimate from its model description. Re-planned when
+        the profile changes; the GPU's size comes from the last snapshot."""
+        profile = self.profiles.profile
+        snapshot = None if self.gpu_monitor is None else self.gpu_monitor.snapshot
+        for name, backend in self.backends.items():
+            stats = None if snapshot is None else snapshot.gpu(backend.config.gpus[0])
+            total = None if stats is None else stats.total_mib
+            chosen = None if profile is None else profile.models.get(name)
+            backend.footprint = planned_footprint_mib(
+                backend.config,
+                gpu_total_mib=total,
+                profile_planned_mib=None if profile is None else profile.planned_mib(name, total),
+                cuda_graphs=None if chosen is None else chosen.cuda_graphs,
+            )
+            if backend.footprint is None and backend.lazy:
+                logger.warning("no VRAM footprint known, admission will not check it "
+                               "backend=%s", name)  # fmt: skip
 
     @property
     def probe(self) -> GpuProbe:
@@ -216,6 +242,9 @@ class Services:
             logger.info("zone restored zone=%s holder=%s blocks=%s",
                         zone.name, zone.holder, ",".join(zone.blocks) or "-")  # fmt: skip
         self.profiles.restore()
+        if self.gpu_monitor is not None:
+            await self.gpu_monitor.poll_once()  # the GPU's size, for planned footprints
+        self.plan_footprints()
         self.vram_yield.sync_metrics()
         for name, backend in self.backends.items():
             self._start_tasks.append(spawn(self._bring_up(backend), name=f"startup:{name}"))

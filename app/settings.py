@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.gpu.description import HfConfigField, ModelDescription, paths_relative_to, resolve
 from app.profiles import GpuProfiles
 
 ENV_PREFIX = "MICROSCHEDULER_"
@@ -197,6 +198,10 @@ class BackendConfig(_Strict):
     max_wait_s: PositiveFloat = 120.0
     drain_timeout_s: NonNegativeFloat = 60.0
     yield_: YieldConfig = Field(default_factory=YieldConfig, alias="yield")
+    # What the model is and how it is served, for the planner (app/gpu/description.py):
+    # the admission footprint without vram_mib, and `microscheduler plan profile`.
+    model_info: ModelDescription | None = None
+    hf_config: HfConfigField = None  # read once at load, relative to the config directory
 
     @field_validator("url")
     @classmethod
@@ -227,10 +232,14 @@ class BackendConfig(_Strict):
                     "lifecycle: lazy needs a runtime the gateway can start (docker or process), "
                     "not external"
                 )
-            if self.vram_mib is None:
-                raise ValueError("vram_mib: is required for lifecycle: lazy (used for admission)")
+            if self.vram_mib is None and self.model_info is None and self.hf_config is None:
+                raise ValueError(
+                    "vram_mib: is required for lifecycle: lazy (used for admission), unless "
+                    "model_info: or hf_config: describes the model to plan it from"
+                )
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
+        resolve(self.model_info, self.hf_config)  # a description must be usable
         return self
 
     @property
@@ -361,7 +370,8 @@ def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Set
             data[key] = _read_yaml(path)
 
     try:
-        settings = Settings(**data)
+        with paths_relative_to(directory):
+            settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, directory, environ)) from None
     # Plain values the caller already validated (CLI flags), applied last so they win.

@@ -69,7 +69,9 @@ async def status(services: ServicesDep) -> dict[str, Any]:
             planned = profile.planned_mib(name, totals.get(backend.config.gpus[0]))
         view["vram"] = {
             "configured_mib": backend.config.vram_mib,
-            "planned_mib": planned,
+            "profile_mib": planned,
+            "admission_mib": backend.vram_mib,
+            "footprint": None if backend.footprint is None else backend.footprint.as_dict(),
             "measured_mib": backend.measured_mib,
         }
         backends.append(view)

@@ -70,7 +70,7 @@ def backend_view(backend: Backend) -> dict[str, Any]:
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
         "healthy": backend.healthy,
         "health_error": backend.health_error,
-        "vram_mib": cfg.vram_mib,
+        "vram_mib": backend.vram_mib,
         "gpus": cfg.gpus,
         "holds_vram": backend.holds_vram,
         "blocked_by": sorted(backend.blocks.values()),

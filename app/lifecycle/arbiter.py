@@ -2,7 +2,8 @@
 
 - Admission: a start runs inside `admit(backend)`, which holds the locks of the backend's
   GPUs for the whole start (two vLLM instances profiling memory at once break each
-  other), checks free VRAM against `vram_mib`, evicts lower-priority lazy backends when
+  other), checks free VRAM against its footprint (`Backend.vram_mib`: `vram_mib`, the
+  profile's share or the planner's estimate), evicts lower-priority lazy backends when
   needed and waits until the probe shows the memory back.
 - Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
   what it stopped until `release_zone()` or expiry. Zones are saved in the state file
@@ -63,9 +64,9 @@ class VramArbiter:
         """MiB per GPU the gateway placed: admitted backends and zone holds."""
         placed: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            if backend.holds_vram and backend.config.vram_mib:
+            if backend.holds_vram and backend.vram_mib:
                 for gpu in backend.config.gpus:
-                    placed[gpu] += backend.config.vram_mib
+                    placed[gpu] += backend.vram_mib
         for zone in self.zones.values():
             placed[zone.gpu] += zone.mib
         return dict(placed)
@@ -83,7 +84,7 @@ class VramArbiter:
             Resident(
                 name=b.name,
                 gpus=tuple(b.config.gpus),
-                vram_mib=b.config.vram_mib,
+                vram_mib=b.vram_mib,
                 priority=b.config.priority,
                 lazy=b.lazy,
                 in_flight=b.in_flight,
@@ -91,7 +92,7 @@ class VramArbiter:
                 evictable=b.state is BackendState.READY,
             )
             for b in self._backends.values()
-            if b.holds_vram and b.config.vram_mib and b.name != exclude
+            if b.holds_vram and b.vram_mib and b.name != exclude
         ]
 
     def _holders(self, gpu: int, below_priority: int | None) -> list[Holder]:
@@ -128,7 +129,7 @@ class VramArbiter:
                 yield
             return
         async with self._locked(gpus):
-            need = backend.config.vram_mib
+            need = backend.vram_mib
             before = await self.probe.read()
             if need is not None:
                 try:

@@ -27,6 +27,7 @@ import httpx
 
 from app.errors import BackendUnavailable, GatewayError, WakeTimeout
 from app.events import EventLog
+from app.gpu.footprint import Footprint
 from app.lifecycle.state import BackendState, check_transition
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeError_, RuntimeStatus
@@ -119,6 +120,11 @@ class Backend:
         # GPU memory used after its last start minus before it, as the probe saw it (starts
         # on a GPU are one at a time, so the difference is this backend's).
         self.measured_mib: int | None = None
+        # What admission counts for it: `vram_mib`, else the active profile's share, else
+        # the planner's estimate from its model description (Services keeps it current).
+        self.footprint: Footprint | None = (
+            None if config.vram_mib is None else Footprint(config.vram_mib, "vram_mib")
+        )
         self._health_client = health_client
         self._metrics = metrics
         self._wake_notice_s = wake_notice_s
@@ -150,6 +156,11 @@ class Backend:
         self._up_gauge = metrics.backend_up.labels(name)
         metrics.declare_backend(name)
         metrics.set_backend_state(name, self.state)
+
+    @property
+    def vram_mib(self) -> int | None:
+        """MiB it holds on each of its GPUs, for admission; None: not checked."""
+        return None if self.footprint is None else self.footprint.mib
 
     @property
     def lazy(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from app.errors import BackendUnavailable, NotFound
@@ -37,8 +37,11 @@ class ProfileSwitch:
         store: StateStore,
         metrics: Metrics,
         events: EventLog,
+        *,
+        on_switch: Callable[[], None] | None = None,
     ) -> None:
         self.profiles = profiles
+        self._on_switch = on_switch  # re-plans footprints (a profile's shares)
         self._backends = backends
         self._store = store
         self._metrics = metrics
@@ -119,6 +122,8 @@ class ProfileSwitch:
             self.active = name
             self._store.update(STATE_SECTION, name)
             self._apply(new)  # blocks first: requests during the drain do not wake them
+            if self._on_switch is not None:
+                self._on_switch()
             stopped, drain_timeouts, failed = await self._stop(change.disable)
             started = [b.name for b in self._startable(change.enable)]
             for backend_name in started:

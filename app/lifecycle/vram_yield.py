@@ -162,7 +162,7 @@ class VramYield:
                         [backend], stopped, slept, failed, drain_timeouts, sleep=True
                     )
                     if took:
-                        expected = backend.config.vram_mib if backend.name in stopped else None
+                        expected = backend.vram_mib if backend.name in stopped else None
                         settled = await self._settle(request, free, expected)
                         if settled is not None:
                             free = _free(settled, request.gpu)

@@ -408,3 +408,35 @@ async def test_a_running_backend_that_a_saved_zone_blocks_is_stopped_at_start_up
         assert view["blocked_by"] != []
         blocked = await gw.client.post("/v1/chat/completions", json=CHAT)
         assert blocked.json()["error"]["code"] == "backend_blocked"
+
+
+async def test_a_lazy_backend_without_vram_mib_is_admitted_on_its_planned_footprint(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    config = lazy(
+        port, model_info={"catalog": "qwen3-8b", "max_model_len": 8192, "max_num_seqs": 4}
+    )
+    del config["vram_mib"]
+    async with lifecycle_gateway({"lazy": config}, {"lazy": runtime}, tmp_path) as gw:
+        status = (await gw.client.get("/status")).json()
+        vram = status["backends"][0]["vram"]
+        assert vram["configured_mib"] is None
+        assert vram["footprint"]["source"] == "planner"
+        planned = vram["admission_mib"]
+        # qwen3-8b bf16 at 8192 x 4 on a 32 GiB GPU: ~15.6 GiB of weights and 4.5 GiB of KV.
+        assert 20000 < planned < 26000
+        # Leave one MiB less than that free: the wake is refused, naming the zone.
+        held = 32768 - planned + 1
+        acquired = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": held, "holder": "x"}
+        )
+        assert acquired.status_code == 200
+        refused = await gw.client.post("/v1/chat/completions", json=CHAT)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "backend_no_vram"
+        assert f"needs {planned} MiB on GPU 0" in refused.json()["error"]["message"]
+        assert runtime.starts == 0
+        await gw.client.post("/vram/zones/img/release")
+        assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200

@@ -228,7 +228,9 @@ async def test_include_pinned_takes_the_orchestrator_and_restore_starts_it_again
         # What its start added on the GPU, as the probe measured it.
         assert orchestrator["vram"] == {
             "configured_mib": ORCH,
-            "planned_mib": None,
+            "profile_mib": None,
+            "admission_mib": ORCH,
+            "footprint": {"mib": ORCH, "source": "vram_mib"},
             "measured_mib": ORCH,
         }
         served = await gw.client.post("/v1/chat/completions", json=chat("orch-model"))

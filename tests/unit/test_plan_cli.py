@@ -181,7 +181,7 @@ def test_kv_bad_input(argv: list[str], fragment: str, capsys: pytest.CaptureFixt
 
 def test_hf_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert_bad_input(
-        ["plan", "kv", "--hf-config", str(tmp_path / "missing.json")], capsys, "cannot read"
+        ["plan", "kv", "--hf-config", str(tmp_path / "missing.json")], capsys, "file not found"
     )
     broken = tmp_path / "broken.json"
     broken.write_text("{not json", encoding="utf-8")

@@ -1,0 +1,241 @@
+"""`microscheduler profile list | activate NAME`: the GPU profiles of a running gateway.
+
+Calls the gateway's admin API with httpx: `GET /profiles` and `POST /profiles/{name}/activate`,
+sending `Authorization: Bearer $MICROSCHEDULER_ADMIN_KEY` when that variable is set (without
+it the gateway accepts admin calls from loopback only). `--json` prints the gateway's answer.
+
+Exit codes: 0 on success; 1 when the gateway answered with an error (its message is
+printed, e.g. an unknown profile); 2 when it cannot be reached (the URL and the error are
+printed). To check a profile offline instead, use `microscheduler plan profile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+ADMIN_KEY_ENV = "MICROSCHEDULER_ADMIN_KEY"
+CONNECT_TIMEOUT_S = 5.0
+# Activation drains, stops and starts backends before it answers: give it time.
+DEFAULT_TIMEOUT_S = 900.0
+
+JsonDict = dict[str, Any]
+
+
+class Unreachable(Exception):
+    """No HTTP answer from the gateway."""
+
+
+class GatewayRefused(Exception):
+    """The gateway answered with an error."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def add_profile_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `profile` with its `list` and `activate` sub-commands."""
+    profile = subparsers.add_parser(
+        "profile",
+        help="list or activate the GPU profiles of a running gateway",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    commands = profile.add_subparsers(
+        dest="profile_command", metavar="{list,activate}", required=True
+    )
+    listing = commands.add_parser("list", help="the profiles and which one is active")
+    _add_common(listing)
+    listing.set_defaults(func=run_list)
+    activate = commands.add_parser(
+        "activate",
+        help="switch to a profile: stop what it disables, make startable what it enables",
+    )
+    activate.add_argument("name", help="the profile to activate")
+    _add_common(activate)
+    activate.set_defaults(func=run_activate)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"the gateway (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    text = " ".join(response.text.split())[:200]
+    return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {text}" if text else "")
+
+
+def call(method: str, url: str, path: str, *, timeout: float) -> JsonDict:
+    """One admin call; `Unreachable` or `GatewayRefused` unless it answers a JSON object."""
+    headers = {"Accept": "application/json"}
+    key = os.environ.get(ADMIN_KEY_ENV, "").strip()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    limits = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=limits) as client:
+            response = client.request(method, path)
+    except httpx.TimeoutException as exc:
+        raise Unreachable(
+            f"no answer from the gateway at {url} within the timeout ({type(exc).__name__})"
+        ) from None
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
+        detail = str(exc) or type(exc).__name__
+        raise Unreachable(f"cannot reach the gateway at {url}: {detail}") from None
+    if response.is_error:
+        message = _error_message(response)
+        if response.status_code in (401, 403) and not key:
+            message += f" (set {ADMIN_KEY_ENV} to the gateway's admin key)"
+        raise GatewayRefused(response.status_code, message)
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise GatewayRefused(
+            response.status_code, f"{method} {path}: the answer is not a JSON object"
+        )
+    return body
+
+
+def _run(
+    args: argparse.Namespace, method: str, path: str, render: Callable[[JsonDict, str], str]
+) -> int:
+    where = f"profile {args.profile_command}"
+    try:
+        body = call(method, args.url, path, timeout=args.timeout)
+    except Unreachable as exc:
+        print(f"error: {where}: {exc}", file=sys.stderr)
+        return 2
+    except GatewayRefused as exc:
+        print(f"error: {where}: {exc} (HTTP {exc.status})", file=sys.stderr)
+        return 1
+    print(json.dumps(body) if args.json else render(body, args.url))
+    return 0
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _names(value: object) -> str:
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping):
+        items = [str(item) for item in value]
+        return ", ".join(items) if items else "-"
+    return "-" if value in (None, "") else str(value)
+
+
+def _model_summary(models: object) -> str:
+    if not isinstance(models, Mapping) or not models:
+        return "-"
+    parts = []
+    for name, spec in models.items():
+        spec = spec if isinstance(spec, Mapping) else {}
+        bits = []
+        if spec.get("enabled") is False:
+            bits.append("off")
+        if spec.get("vram_pct") is not None:
+            bits.append(f"{spec['vram_pct']:g}%")
+        if spec.get("cuda_graphs") is False:
+            bits.append("eager")
+        if spec.get("sleep_mode") is True:
+            bits.append("sleep")
+        parts.append(f"{name} {' '.join(bits)}".rstrip())
+    return ", ".join(parts)
+
+
+def _number(value: object, suffix: str = "") -> str:
+    return f"{value:g}{suffix}" if isinstance(value, int | float) else "-"
+
+
+def render_list(body: JsonDict, url: str) -> str:
+    profiles = body.get("profiles")
+    rows = [p for p in profiles if isinstance(p, Mapping)] if isinstance(profiles, list) else []
+    header = ["", "profile", "strategy", "GPU GiB", "target", "enabled", "disabled", "models"]
+    table = [header] + [
+        [
+            "*" if p.get("active") else "",
+            str(p.get("name", "?")),
+            str(p.get("vram_strategy") or "-"),
+            _number(p.get("gpu_total_gb")),
+            _number(p.get("target_utilization_pct"), "%"),
+            _names(p.get("enabled")),
+            _names(p.get("disabled")),
+            _model_summary(p.get("models")),
+        ]
+        for p in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [f"gateway {url}: active profile {body.get('active') or '-'}", ""]
+    lines += [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+    described = [(p.get("name"), p.get("description")) for p in rows if p.get("description")]
+    if described:
+        lines.append("")
+        lines += [f"{name}: {text}" for name, text in described]
+    return "\n".join(lines)
+
+
+def render_activation(body: JsonDict, url: str) -> str:
+    previous = body.get("previous")
+    lines = [
+        f"gateway {url}: active profile {body.get('active') or '-'}"
+        + (f" (was {previous})" if previous else ""),
+        f"stopped: {_names(body.get('stopped'))}",
+        f"started: {_names(body.get('started'))}",
+        f"disabled: {_names(body.get('disabled'))}",
+        f"enabled: {_names(body.get('enabled'))}",
+    ]
+    if body.get("drain_timeouts"):
+        lines.append(f"drain timed out (requests cut): {_names(body.get('drain_timeouts'))}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """`profile list`: the gateway's profiles, the active one marked with `*`."""
+    return _run(args, "GET", "/profiles", render_list)
+
+
+def run_activate(args: argparse.Namespace) -> int:
+    """`profile activate NAME`: switch the gateway to a profile and say what changed."""
+    path = f"/profiles/{quote(args.name, safe='')}/activate"
+    return _run(args, "POST", path, render_activation)

@@ -1,0 +1,190 @@
+"""Planned VRAM footprints: precedence (vram_mib, profile, planner), numbers checked by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.gpu.description import resolve
+from app.gpu.footprint import Footprint, backend_instance, planned_footprint_mib
+from app.gpu.units import MIB
+from app.settings import BackendConfig, load_settings
+from tests.unit.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
+
+# A 14B model in bf16: 48 layers, 8 KV heads, head_dim 128, 8192 tokens x 4 sequences.
+FOURTEEN_B = {
+    "layers": 48,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "params_b": 14,
+    "weights_dtype": "bf16",
+    "max_model_len": 8192,
+    "max_num_seqs": 4,
+}
+# By hand (MiB = 2**20 bytes):
+#   weights   14e9 x 2 bytes x 1.02           = 28,560,000,000 B = 27,236.938 MiB
+#   KV        2 x 48 x 8 x 128 x 2 = 196,608 B/token x 8192 x 4 = 6 GiB = 6,144 MiB
+#   overhead  1 GiB = 1,024 MiB; CUDA context 0.5 GiB = 512 MiB; CUDA graphs 0.8 GiB = 819.2 MiB
+# No GPU total: the parts with exactly the KV budget:
+#   512 + 27,236.938 + 1,024 + 819.2 + 6,144 = 35,736.138 -> 35,737 MiB
+# On a 48 GiB GPU (49,152 MiB): vLLM's budget must hold weights + overhead + KV:
+#   27,236.938 + 1,024 + 6,144 = 34,404.938 MiB = 0.69997 x 49,152 -> U = 0.70 (0.01 steps)
+#   0.70 x 49,152 = 34,406.4 MiB, KV gets 34,406.4 - 27,236.938 - 1,024 = 6,145.46 MiB
+#   used = CUDA context 512 + 34,406.4 + graphs outside the budget 819.2 = 35,737.6 -> 35,738
+WEIGHTS_MIB = 28_560_000_000 / MIB
+NO_GPU_MIB = 35_737
+ON_48_GIB_MIB = 35_738
+
+
+def backend(**fields: Any) -> BackendConfig:
+    data: dict[str, Any] = {"url": "http://127.0.0.1:8000", "models": ["m"], **fields}
+    return BackendConfig.model_validate(data)
+
+
+def test_the_14b_example_by_hand_without_a_gpu_total() -> None:
+    footprint = planned_footprint_mib(backend(model_info=FOURTEEN_B), gpu_total_mib=None)
+    assert footprint is not None
+    assert (footprint.mib, footprint.source) == (NO_GPU_MIB, "planner")
+    parts = footprint.parts
+    assert parts is not None
+    assert parts.weights_bytes == 28_560_000_000
+    assert parts.kv_budget_bytes == parts.kv_cache_bytes == 6 * 1024 * MIB
+    assert parts.cuda_graphs_bytes == round(0.8 * 1024 * MIB)
+    assert parts.overhead_bytes == 1024 * MIB
+    assert parts.cuda_context_bytes == 512 * MIB
+    assert parts.gpu_memory_utilization is None
+    assert parts.fits_gpu is None
+
+
+def test_the_14b_example_by_hand_on_a_48_gib_gpu() -> None:
+    footprint = planned_footprint_mib(backend(model_info=FOURTEEN_B), gpu_total_mib=49_152)
+    assert footprint is not None
+    assert footprint.mib == ON_48_GIB_MIB
+    parts = footprint.parts
+    assert parts is not None
+    assert parts.gpu_memory_utilization == 0.70
+    assert parts.kv_cache_memory_bytes is None
+    assert parts.kv_cache_bytes / MIB == pytest.approx(34_406.4 - WEIGHTS_MIB - 1024)
+    assert parts.fits_gpu is True
+    assert parts.problems == ()
+    assert footprint.as_dict() == {
+        "mib": ON_48_GIB_MIB,
+        "source": "planner",
+        "weights_mib": 27_237,
+        "kv_cache_mib": 6_145,
+        "kv_budget_mib": 6_144,
+        "cuda_graphs_mib": 819,
+        "overhead_mib": 1_024,
+        "cuda_context_mib": 512,
+        "gpu_memory_utilization": 0.70,
+        "kv_cache_memory_bytes": None,
+        "fits_gpu": True,
+        "problems": [],
+    }
+
+
+def test_enforce_eager_drops_the_graphs() -> None:
+    # As above without the 819.2 MiB of graphs: 512 + 34,406.4 = 34,918.4 -> 34,919.
+    eager = backend(model_info={**FOURTEEN_B, "cuda_graphs": False})
+    footprint = planned_footprint_mib(eager, gpu_total_mib=49_152)
+    assert footprint is not None
+    assert footprint.mib == 34_919
+    # A profile's cuda_graphs wins over the description's.
+    overridden = planned_footprint_mib(
+        backend(model_info=FOURTEEN_B), gpu_total_mib=49_152, cuda_graphs=False
+    )
+    assert overridden == footprint
+
+
+def test_tensor_parallel_splits_weights_and_kv() -> None:
+    # 2 GPUs of 24 GiB: weights 27,236.938 / 2 = 13,618.47 MiB, KV 6,144 / 2 = 3,072 MiB.
+    # 13,618.47 + 1,024 + 3,072 = 17,714.47 = 0.72080 x 24,576 -> U = 0.73 = 17,940.48 MiB;
+    # used = 512 + 17,940.48 + 819.2 = 19,271.68 -> 19,272 MiB on each GPU.
+    footprint = planned_footprint_mib(
+        backend(model_info=FOURTEEN_B, gpus=[0, 1]), gpu_total_mib=24_576
+    )
+    assert footprint is not None
+    assert footprint.mib == 19_272
+    assert footprint.parts is not None
+    assert footprint.parts.gpu_memory_utilization == 0.73
+
+
+def test_an_mla_latent_is_not_split_over_gpus() -> None:
+    one = backend_instance(backend(model_info={"catalog": "deepseek-v2-lite"}))
+    two = backend_instance(backend(model_info={"catalog": "deepseek-v2-lite"}, gpus=[0, 1]))
+    assert one is not None
+    assert two is not None
+    assert two.kv_bytes == one.kv_bytes
+    assert two.weight_bytes == pytest.approx(one.weight_bytes / 2, abs=1)
+
+
+def test_an_instance_too_big_for_the_gpu_reports_its_need_and_why() -> None:
+    footprint = planned_footprint_mib(backend(model_info=FOURTEEN_B), gpu_total_mib=32_768)
+    assert footprint is not None
+    assert footprint.mib == NO_GPU_MIB  # what it needs, whatever the GPU
+    assert footprint.parts is not None
+    assert footprint.parts.fits_gpu is False
+    assert footprint.parts.problems
+
+
+@pytest.mark.parametrize(
+    ("fields", "profile_mib", "expected"),
+    [
+        ({"vram_mib": 16_900, "model_info": FOURTEEN_B}, 12_000, Footprint(16_900, "vram_mib")),
+        ({"vram_mib": 16_900}, None, Footprint(16_900, "vram_mib")),
+        ({"model_info": FOURTEEN_B}, 12_000, Footprint(12_000, "profile")),
+        ({}, 12_000, Footprint(12_000, "profile")),
+        ({}, None, None),
+    ],
+)
+def test_precedence_vram_mib_then_profile_then_planner(
+    fields: dict[str, Any], profile_mib: int | None, expected: Footprint | None
+) -> None:
+    found = planned_footprint_mib(
+        backend(**fields), gpu_total_mib=49_152, profile_planned_mib=profile_mib
+    )
+    assert found == expected
+
+
+def test_planner_is_last() -> None:
+    found = planned_footprint_mib(backend(model_info=FOURTEEN_B), gpu_total_mib=49_152)
+    assert found is not None
+    assert (found.source, found.mib) == ("planner", ON_48_GIB_MIB)
+
+
+def test_a_pinned_utilization_is_what_the_instance_takes() -> None:
+    # U = 0.80 of 49,152 = 39,321.6 MiB; + 512 + 819.2 = 40,652.8 -> 40,653.
+    pinned = backend(model_info={**FOURTEEN_B, "gpu_memory_utilization": 0.8})
+    footprint = planned_footprint_mib(pinned, gpu_total_mib=49_152)
+    assert footprint is not None
+    assert footprint.mib == 40_653
+
+
+def test_hf_config_is_read_at_load_and_never_again(tmp_path: Path) -> None:
+    model_dir = tmp_path / "models" / "fourteen"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps(R1_CONFIG), encoding="utf-8")
+    (tmp_path / "models.yaml").write_text(
+        "gpu: {probe: none}\n"
+        "backends:\n"
+        "  reasoning:\n"
+        "    url: http://127.0.0.1:8176\n"
+        "    models: [r1]\n"
+        "    runtime: {kind: process, command: [vllm]}\n"
+        "    lifecycle: lazy\n"
+        "    hf_config: models/fourteen\n"
+        "    model_info: {params_b: 14, max_model_len: 8192, max_num_seqs: 4}\n",
+        encoding="utf-8",
+    )
+    config_backend = load_settings(tmp_path).backends["reasoning"]
+    (model_dir / "config.json").unlink()  # the footprint must not need the file any more
+    footprint = planned_footprint_mib(config_backend, gpu_total_mib=49_152)
+    assert footprint is not None
+    # The same shape as FOURTEEN_B (5120 / 40 = head_dim 128): the same numbers.
+    assert footprint.mib == ON_48_GIB_MIB
+    planned = resolve(config_backend.model_info, config_backend.hf_config)
+    assert planned is not None
+    assert planned.source == f"hf_config {model_dir / 'config.json'}"

@@ -1,0 +1,264 @@
+"""`microscheduler plan profile`: a GPU profile against the GPU, from a config directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
+from tests.unit.test_plan_cli import run, run_json
+
+MODELS = """\
+gpu: {probe: none}
+backends:
+  orchestrator:
+    url: http://vllm-orchestrator:8000
+    models: [nemotron-8b]
+    runtime: {kind: docker, container: vllm-orchestrator}
+    model_info:
+      catalog: qwen3-8b
+      weights_dtype: awq
+      kv_dtype: fp8
+      max_model_len: 16384
+      max_num_seqs: 4
+  reasoning:
+    url: http://vllm-reasoning:8000
+    models: [deepseek-r1-distill-qwen-14b]
+    runtime: {kind: docker, container: vllm-reasoning}
+    lifecycle: lazy
+    hf_config: models/r1
+    model_info:
+      repo: casperhansen/deepseek-r1-distill-qwen-14b-awq
+      params_b: 14.8
+      weights_dtype: awq
+      kv_dtype: tq-t4nc
+      max_model_len: 8192
+      max_num_seqs: 4
+  embeddings:
+    url: http://vllm-embeddings:8000
+    models: [bge-m3]
+    runtime: {kind: docker, container: vllm-embeddings}
+    lifecycle: lazy
+    vram_mib: 3100
+  creative:
+    url: http://comfyui:8188
+    models: [flux]
+    runtime: {kind: docker, container: comfyui}
+    lifecycle: lazy
+    vram_mib: 12000
+"""
+
+PROFILES = """\
+profiles:
+  dev:
+    gpu_total_gb: 32
+    target_utilization_pct: 95
+    models:
+      orchestrator: {vram_pct: 40, cuda_graphs: true}
+      reasoning: {cuda_graphs: false, sleep_mode: true}
+      creative: {enabled: false}
+  production:
+    gpu_total_gb: 32
+    target_utilization_pct: 92
+    models:
+      orchestrator: {vram_pct: 85}
+      creative: {enabled: false}
+  bare:
+    models:
+      creative: {enabled: false}
+      embeddings: {enabled: false}
+active: dev
+"""
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path) -> Path:
+    (tmp_path / "models.yaml").write_text(MODELS, encoding="utf-8")
+    (tmp_path / "gpu_profiles.yaml").write_text(PROFILES, encoding="utf-8")
+    folder = tmp_path / "models" / "r1"
+    folder.mkdir(parents=True)
+    r1 = {**R1_CONFIG, "vocab_size": 152064}  # untied embeddings stay 16-bit in AWQ
+    (folder / "config.json").write_text(json.dumps(r1), encoding="utf-8")
+    return tmp_path
+
+
+def by_backend(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["backend"]: item for item in data["instances"]}
+
+
+def test_the_active_profile_fits_and_each_instance_has_its_command(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys)
+    assert data["profile"] == "dev"
+    assert data["active"] is True
+    assert data["gpu_total_gib"] == 32.0
+    assert data["fits"] is True
+    assert data["complete"] is True
+    assert data["problems"] == []
+    assert [item["backend"] for item in data["instances"]] == ["orchestrator", "reasoning"]
+    assert data["disabled"] == ["creative"]
+    # No description: its vram_mib is counted as in use before the others start.
+    assert data["not_planned"] == [
+        {
+            "backend": "embeddings",
+            "missing": "no model description: add model_info: or hf_config: to "
+            "backends.embeddings in models.yaml",
+            "counted_mib": 3100,
+            "counted_from": "vram_mib",
+        }
+    ]
+    instances = by_backend(data)
+    orchestrator = instances["orchestrator"]
+    # vram_pct 40 pins --gpu-memory-utilization 0.40: 0.40 x 32 GiB = 12.8 GiB of budget,
+    # + CUDA context 0.5 + CUDA graphs 0.8 outside it = 14.1 GiB.
+    assert orchestrator["gpu_memory_utilization"] == 0.40
+    assert orchestrator["expected_used_gib"] == 14.1
+    assert orchestrator["ok"] is True
+    assert orchestrator["argv"] == [
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-8B",
+        "--served-model-name",
+        "nemotron-8b",
+        "--port",
+        "8000",
+        "--gpu-memory-utilization",
+        "0.40",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-model-len",
+        "16384",
+        "--max-num-seqs",
+        "4",
+    ]
+    assert orchestrator["env"] == {}
+    reasoning = instances["reasoning"]
+    assert reasoning["ok"] is True
+    assert reasoning["cuda_graphs"] is False  # the profile's cuda_graphs: false
+    assert reasoning["sleep_mode"] is True
+    assert reasoning["env"] == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert reasoning["command"].startswith(
+        "VLLM_SERVER_DEV_MODE=1 vllm serve casperhansen/deepseek-r1-distill-qwen-14b-awq "
+        "--served-model-name deepseek-r1-distill-qwen-14b --port 8000 --gpu-memory-utilization "
+    )
+    assert reasoning["command"].endswith(
+        "--enforce-eager --kv-cache-dtype tq-t4nc --max-model-len 8192 --max-num-seqs 4 "
+        "--enable-sleep-mode"
+    )
+    assert reasoning["kv_dtype"] == "tq4"
+    # tq4: 48 x 8 x (68 + 68) = 52,224 bytes per token x 8192 x 4.
+    assert reasoning["kv_bytes_per_token"] == 52_224
+    assert reasoning["kv_budget_gib"] == round(52_224 * 8192 * 4 / 2**30, 3)
+    (gpu,) = data["gpus"]
+    assert gpu["fits"] is True
+    assert gpu["held_by_undescribed_gib"] == round(3100 / 1024, 3)
+
+
+def test_the_table_shows_the_commands_and_the_verdict(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["plan", "profile", "--config", str(config_dir), "dev"], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith("profile dev (active): 32.00 GiB per GPU (the profile's gpu_total_gb)")
+    assert (
+        "  vllm serve Qwen/Qwen3-8B --served-model-name nemotron-8b --port 8000 "
+        "--gpu-memory-utilization 0.40 --kv-cache-dtype fp8 --max-model-len 16384 "
+        "--max-num-seqs 4\n"
+    ) in out
+    assert "not planned: embeddings: no model description" in out
+    assert "3100 MiB (vram_mib) counted as in use before the others start" in out
+    assert "disabled by the profile: creative" in out
+    assert out.rstrip().endswith("fits: yes")
+
+
+def test_a_profile_that_does_not_fit_says_why(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "profile", "--config", str(config_dir), "production"]
+    data = run_json(argv, capsys)
+    assert data["active"] is False
+    assert data["fits"] is False
+    reasoning = by_backend(data)["reasoning"]
+    assert reasoning["ok"] is False
+    assert reasoning["runs"] is False
+    # 85% of 32 GiB for the orchestrator (+ its context and graphs) and 3100 MiB held by the
+    # embeddings leave less than the reasoning instance's weights.
+    assert data["problems"][0].startswith("reasoning: it needs ")
+    assert data["problems"][0].endswith(" GiB short)")
+    assert reasoning["advice"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")  # a plan that does not fit is still an answer
+    assert "fits: NO\n  why: reasoning: it needs " in out
+
+
+def test_above_the_target_utilization_does_not_fit(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles = PROFILES.replace("target_utilization_pct: 95", "target_utilization_pct: 60")
+    (config_dir / "gpu_profiles.yaml").write_text(profiles, encoding="utf-8")
+    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys)
+    assert data["fits"] is False
+    assert all(item["ok"] for item in data["instances"])
+    (problem,) = data["problems"]
+    assert problem.startswith("together they use ")
+    assert problem.endswith(
+        "of the 32.00 GiB GPU, more than the profile's target_utilization_pct 60%"
+    )
+
+
+def test_a_backend_without_description_or_size_is_listed_as_not_counted(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = (
+        "  tts:\n    url: http://tts:8000\n    models: [kokoro]\n"
+        "    runtime: {kind: docker, container: tts}\n"
+    )
+    (config_dir / "models.yaml").write_text(MODELS + extra, encoding="utf-8")
+    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys)
+    assert data["complete"] is False
+    tts = next(item for item in data["not_planned"] if item["backend"] == "tts")
+    assert tts["counted_mib"] is None
+    assert "backends.tts" in tts["missing"]
+    code, out, _ = run(["plan", "profile", "--config", str(config_dir)], capsys)
+    assert code == 0
+    assert "not planned: tts: no model description" in out
+    assert "its memory is NOT counted" in out
+    assert out.rstrip().endswith("fits: yes, for the memory that is known")
+
+
+def test_gpu_gib_gives_the_gpu_a_profile_does_not_name(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = run_json(
+        ["plan", "profile", "--config", str(config_dir), "bare", "--gpu-gib", "48"], capsys
+    )
+    assert data["gpu_total_gib"] == 48.0
+    assert data["gpu_total_source"] == "--gpu-gib"
+    assert data["disabled"] == ["embeddings", "creative"]
+    assert data["not_planned"] == []
+    assert data["fits"] is True
+
+
+def assert_bad_input(argv: list[str], capsys: pytest.CaptureFixture[str], fragment: str) -> None:
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("error: plan profile: ")
+    assert fragment in line
+
+
+def test_bad_input_is_one_error_line(config_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "profile", "--config", str(config_dir)]
+    assert_bad_input([*base, "nope"], capsys, "unknown profile 'nope' (profiles: dev, ")
+    assert_bad_input([*base, "bare"], capsys, "has no gpu_total_gb; give the GPU's memory")
+    assert_bad_input([*base, "--gpu-gib", "0"], capsys, "--gpu-gib must be a positive number")
+    (config_dir / "gpu_profiles.yaml").unlink()
+    assert_bad_input(base, capsys, "gpu_profiles.yaml: not found")
+    (config_dir / "models" / "r1" / "config.json").unlink()
+    assert_bad_input(
+        base, capsys, f"invalid configuration: {config_dir / 'models.yaml'}: backends.reasoning"
+    )
