@@ -15,10 +15,13 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
     ├── Conflict (409)                            an admin action the current state forbids
     └── UpstreamError (server_error)              the upstream could not answer
         ├── UpstreamUnavailable (503)             refused, reset
-        │   └── BackendUnavailable (503)          a local backend cannot serve now: starting
-        │                                         failed, blocked by a zone, no VRAM, queue full
+        │   ├── BackendUnavailable (503)          a local backend cannot serve now: starting
+        │   │                                     failed, blocked by a zone, no VRAM, queue full
+        │   ├── AllEntriesCooling (503)           every entry of a fallback chain is skipped
+        │   └── FallbackExhausted (503)           no entry of a fallback chain could answer
         └── UpstreamTimeout (504)                 connect, first byte or idle timeout
-            └── WakeTimeout (504)                 a held request waited `max_wait_s`
+            ├── WakeTimeout (504)                 a held request waited `max_wait_s`
+            └── FallbackDeadline (504)            a chain's `deadline_s` passed
 
 `UpstreamError.kind` is a bounded label (metrics, and the fallback policy's trigger).
 """
@@ -166,3 +169,63 @@ class WakeTimeout(UpstreamTimeout):
             code="backend_wake_timeout",
             headers={"retry-after": str(retry_after_s)},
         )
+
+
+class _ChainError:
+    """Mixin: what a fallback chain passed over, as `error.tried` in the envelope."""
+
+    tried: list[tuple[str, str]]
+
+    def _with_tried(self, body: dict[str, Any]) -> dict[str, Any]:
+        body["error"]["tried"] = [{"entry": entry, "reason": why} for entry, why in self.tried]
+        return body
+
+
+class AllEntriesCooling(_ChainError, UpstreamUnavailable):
+    """Every entry of a fallback chain is skipped (open circuits, no key); `Retry-After`
+    says when the first may be tried again."""
+
+    default_code = "all_entries_cooling"
+
+    def __init__(
+        self, message: str, *, tried: list[tuple[str, str]], retry_after_s: int | None,
+        headers: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        extra = {"retry-after": str(retry_after_s)} if retry_after_s is not None else {}
+        super().__init__(message, kind="all_cooling", headers={**(headers or {}), **extra})
+        self.tried = tried
+
+    def body(self) -> dict[str, Any]:
+        return self._with_tried(super().body())
+
+
+class FallbackExhausted(_ChainError, UpstreamUnavailable):
+    """Every entry of a fallback chain was tried (or skipped) and none could answer."""
+
+    default_code = "fallback_exhausted"
+
+    def __init__(
+        self, message: str, *, tried: list[tuple[str, str]], retry_after_s: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        extra = {"retry-after": str(retry_after_s)} if retry_after_s is not None else {}
+        super().__init__(message, kind="exhausted", headers={**(headers or {}), **extra})
+        self.tried = tried
+
+    def body(self) -> dict[str, Any]:
+        return self._with_tried(super().body())
+
+
+class FallbackDeadline(_ChainError, UpstreamTimeout):
+    """The chain's `deadline_s` passed before any entry answered."""
+
+    default_code = "fallback_deadline"
+
+    def __init__(
+        self, message: str, *, tried: list[tuple[str, str]], headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message, kind="deadline", headers=headers)
+        self.tried = tried
+
+    def body(self) -> dict[str, Any]:
+        return self._with_tried(super().body())

@@ -34,6 +34,7 @@ from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics
+from app.routing.chains import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
 from app.runtimes.base import Runtime
@@ -139,7 +140,10 @@ class Services:
             self.events,
             on_switch=self.plan_footprints,
         )
-        self.dispatcher = Dispatcher(self.registry, self.backends, metrics)
+        self.cloud = build_cloud(
+            settings, self.registry, self.backends, metrics, on_event=self.events.record
+        )
+        self.dispatcher = Dispatcher(self.registry, self.backends, metrics, self.cloud)
         self.model_list = self._render_model_list()
         self._start_tasks: list[asyncio.Task[None]] = []
         self._loops: list[asyncio.Task[None]] = []
@@ -203,7 +207,7 @@ class Services:
         return self.gpu_monitor.describe()
 
     def fallback_status(self) -> dict[str, Any] | None:
-        return None
+        return self.cloud.describe()
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessConfig):
@@ -331,6 +335,7 @@ class Services:
         for backend in self.backends.values():
             await backend.abandon()
             await backend.upstream.close()
+        await self.cloud.close()
         await self.health_client.aclose()
         if self.docker is not None:
             await self.docker.aclose()

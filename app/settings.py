@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.cloud import CloudConfig, cross_check
 from app.gpu.description import HfConfigField, ModelDescription, paths_relative_to, resolve
 from app.profiles import GpuProfiles
 
@@ -278,7 +279,7 @@ class Settings(BaseSettings):
     gpu: GpuSettings = Field(default_factory=GpuSettings)
     backends: dict[str, BackendConfig] = Field(min_length=1)
     # Read from their own files when present.
-    cloud_providers: dict[str, Any] | None = None
+    cloud_providers: CloudConfig | None = None
     gpu_profiles: GpuProfiles | None = None
 
     @field_validator("api_keys", mode="before")
@@ -320,6 +321,14 @@ class Settings(BaseSettings):
                         f"backends.{backend}.gpus: GPU {missing[0]} does not exist "
                         f"(gpu.sim.count is {self.gpu.sim.count})"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _cloud_names(self) -> Settings:
+        if self.cloud_providers is not None:
+            problems = cross_check(self.cloud_providers, self.backends)
+            if problems:
+                raise ValueError(f"{CLOUD_FILE}: {problems[0]}")
         return self
 
     def backend_timeouts(self, name: str) -> Timeouts:

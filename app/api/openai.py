@@ -46,14 +46,18 @@ def _proxy(endpoint: Endpoint) -> Route:
         services: Services = request.app.state.services
         services.auth.check_client(request.headers.get("authorization"))
         parsed = parse_request(await read_body(request, services.settings.max_body_bytes), endpoint)
-        route = services.dispatcher.route(parsed.model)
+        dispatcher = services.dispatcher
+        route = dispatcher.route(parsed.model)
+        body = upstream_body(parsed, route)
+        headers = forwardable_request_headers(request.scope["headers"])
+        chain = dispatcher.chain_for(route)
+        call = None
+        if chain is not None and dispatcher.cloud is not None:
+            call = dispatcher.cloud.call(
+                chain, route, endpoint.path, parsed.payload, parsed.stream, body, headers
+            )
         return RelayResponse(
-            services.dispatcher,
-            route,
-            endpoint,
-            upstream_body(parsed, route),
-            forwardable_request_headers(request.scope["headers"]),
-            stream=parsed.stream,
+            dispatcher, route, endpoint, body, headers, stream=parsed.stream, chain=call
         )
 
     return Route(endpoint.path, handle, methods=["POST"], name=endpoint.name)

@@ -13,6 +13,12 @@ An ASGI callable rather than a Starlette StreamingResponse because it must:
   (`: waking reasoning 5s`) every `wake_notice_s`. Comments carry no content, so the
   request can still fail over; an error after them is sent in-band.
 Chunks are passed on as they arrive; SSE is not re-parsed.
+
+A model with a fallback chain is opened by its `ChainCall` instead of the dispatcher: it
+may answer from another entry, and its `x-microscheduler-route` and
+`x-microscheduler-fallbacks` headers are added (after wake notices, when the status line
+is already out, they come as one SSE comment, `: route deepseek; fallbacks 1; ...`).
+When a body ends, its last bytes go to `Exchange.body_done` (token usage).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from app.api.handlers import error_response
 from app.api.middleware import context_of
 from app.api.protocol import Endpoint
 from app.errors import GatewayError, UpstreamError
+from app.lifecycle.backend import WaitNotice
+from app.routing.chains import ChainCall
 from app.routing.dispatcher import Dispatcher, Exchange
 from app.routing.registry import Route
 
@@ -50,8 +58,10 @@ class RelayResponse(Response):
         headers: dict[str, str],
         *,
         stream: bool = False,
+        chain: ChainCall | None = None,
     ) -> None:
         self._stream = stream
+        self._chain = chain
         self._dispatcher = dispatcher
         self._route = route
         self._endpoint = endpoint
@@ -68,9 +78,14 @@ class RelayResponse(Response):
         exchange: Exchange | None = None
         try:
             try:
-                exchange = await self._dispatcher.open(
-                    self._route, self._endpoint.path, self._body, self._upstream_headers, notice
-                )
+                if self._chain is None:
+                    exchange = await self._dispatcher.open(
+                        self._route, self._endpoint.path, self._body, self._upstream_headers, notice
+                    )
+                else:
+                    exchange = await self._chain.open(notice)
+                    if ctx is not None:
+                        ctx.backend = exchange.backend
             except GatewayError as err:
                 watch.stop()
                 if notice is not None and notice.started:
@@ -102,6 +117,8 @@ class RelayResponse(Response):
         upstream = exchange.response
         sse = upstream.is_event_stream
         headers = upstream.headers + _SSE_EXTRA_HEADERS if sse else upstream.headers
+        if exchange.headers:
+            headers = headers + exchange.headers
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         await self._relay_body(exchange, send, watch, sse=sse)
 
@@ -111,6 +128,8 @@ class RelayResponse(Response):
         """The status line is already sent (200, event stream): relay a stream as is,
         turn anything else into one in-band error event."""
         upstream = exchange.response
+        if exchange.headers:
+            await send(_body(_route_comment(exchange.headers), more=True))
         if upstream.status == 200 and upstream.is_event_stream:
             await self._relay_body(exchange, send, watch, sse=True)
             return
@@ -130,13 +149,14 @@ class RelayResponse(Response):
         if upstream.complete:
             watch.stop()
             await send(_body(upstream.first_chunk, more=False))
+            exchange.body_done(upstream.first_chunk)
             return
         await send(_body(upstream.first_chunk, more=True))
-        last = upstream.first_chunk
+        previous, last = b"", upstream.first_chunk
         try:
             async for chunk in upstream.rest():
                 await send(_body(chunk, more=True))
-                last = chunk
+                previous, last = last, chunk
         except UpstreamError as err:
             self._dispatcher.record_stream_error(exchange, err)
             logger.warning(
@@ -150,10 +170,19 @@ class RelayResponse(Response):
             return
         watch.stop()
         await send(_body(b"", more=False))
+        exchange.body_done(previous + last)
 
 
 def _body(data: bytes, *, more: bool) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+def _route_comment(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The chain's headers as one SSE comment, for a stream whose headers are already out."""
+    fields = dict(headers)
+    route = fields.get(b"x-microscheduler-route", b"-")
+    fallbacks = fields.get(b"x-microscheduler-fallbacks", b"0")
+    return b": route " + route + b"; fallbacks " + fallbacks + b"\n\n"
 
 
 def _error_event(err: GatewayError, last_chunk: bytes) -> bytes:
@@ -209,6 +238,15 @@ class _WakeNotice:
             )  # fmt: skip
         line = f": waking {self._backend} {int(waited_s)}s\n\n".encode()
         await self._send(_body(line, more=True))
+
+    def for_backend(self, backend: str) -> WaitNotice:
+        """The notice while a fallback chain waits for `backend` (named in the comments)."""
+
+        async def notice(waited_s: float) -> None:
+            self._backend = backend
+            await self(waited_s)
+
+        return notice
 
 
 class _DisconnectWatch:

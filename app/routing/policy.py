@@ -59,7 +59,8 @@ Raised errors:
     other UpstreamTimeout / UpstreamError     next    timeout / upstream_error  yes
     BackendUnavailable starting               next    local_starting      no
     BackendUnavailable stopped                next    local_stopped       no
-    BackendUnavailable blocked (zone, yield)  next    local_blocked       no
+    BackendUnavailable blocked (a zone)       next    local_blocked       no
+    BackendUnavailable yielded (VRAM yield)   next    local_yielded       no
     BackendUnavailable no_vram                next    local_no_vram       no
     BackendUnavailable queue_full             next    local_queue_full    no
     BackendUnavailable disabled               next    local_disabled      no
@@ -72,11 +73,16 @@ Raised errors:
 
 No raised error sets `cooldown_s` or `upstream_ok`.
 
+`stream_error` is the chain's own verdict on a 200 stream whose first event is an error
+(`data: {"error": ...}`, or an Anthropic `error` event before any content): nothing has
+reached the client yet, so it falls back and counts as a failure.
+
 Local refusals never set `cooldown_s` (not even from their own Retry-After): the backend's
 state answers for free and changes by itself, and a cooldown would skip it after it became
-ready. Deliberate refusals of a healthy system (starting, stopped, blocked by a zone, no
-VRAM, queue full, disabled) do not count as failures either; a crashed backend, a broken
-runtime and a wake that took `max_wait_s` do.
+ready. Deliberate refusals of a healthy system (starting, stopped, blocked by a zone,
+yielded, no VRAM, queue full, disabled) do not count as failures either; a crashed
+backend, a broken runtime and a wake that took the backend's own `max_wait_s` do (a chain
+that cut the wait short with its `wake_timeout_s` treats that as neutral instead).
 
 Streaming rule (issue 5, item 5): the policy is consulted only before the first content
 byte reaches the client; the caller enforces it. After that byte an upstream failure ends
@@ -148,6 +154,7 @@ _LOCAL_REASONS = {
     "starting": ("local_starting", False),
     "stopped": ("local_stopped", False),
     "blocked": ("local_blocked", False),
+    "yielded": ("local_yielded", False),
     "no_vram": ("local_no_vram", False),
     "queue_full": ("local_queue_full", False),
     "disabled": ("local_disabled", False),
@@ -169,6 +176,7 @@ REASONS = frozenset(
         "client_error",
         "unexpected_status",
         "upstream_error",
+        "stream_error",
         "local_unavailable",
         "local_wake_timeout",
         "internal",

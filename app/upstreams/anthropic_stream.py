@@ -117,11 +117,22 @@ class StreamTranslator:
         self._stop_reason: object = None
         self._stop_sequence: object = None
         self._done = False
+        self._failed = False
 
     @property
     def done(self) -> bool:
         """True once [DONE] has been returned."""
         return self._done
+
+    @property
+    def failed(self) -> bool:
+        """True when the stream ended with an in-band error (an `error` event, or cut)."""
+        return self._failed
+
+    @property
+    def usage(self) -> Json:
+        """The usage so far, in OpenAI's shape (counts are cumulative in the stream)."""
+        return openai_usage(self._usage)
 
     def feed(self, event: str, data: Json) -> list[bytes]:
         """The OpenAI SSE lines for one Anthropic event (the name falls back to `data.type`)."""
@@ -215,6 +226,7 @@ class StreamTranslator:
 
     def _fail(self, error: Json) -> list[bytes]:
         self._done = True
+        self._failed = True
         return [_sse({"error": error}), DONE]
 
     def _envelope(self) -> Json:

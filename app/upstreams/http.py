@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import aiohttp
 
@@ -61,6 +62,61 @@ def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[str]:
         if raw_name.lower() == b"connection":
             tokens.update(t.strip().lower() for t in raw_value.decode("latin-1").split(","))
     return frozenset(tokens)
+
+
+class Relayable(Protocol):
+    """What the relay needs of an opened response (`UpstreamResponse` and the provider
+    responses built on it)."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    first_chunk: bytes
+
+    @property
+    def complete(self) -> bool: ...
+
+    @property
+    def is_event_stream(self) -> bool: ...
+
+    def rest(self) -> AsyncIterator[bytes]: ...
+
+    def release(self) -> None: ...
+
+
+class BufferedResponse:
+    """A whole response held in memory (a translated answer, a translated error).
+
+    `policy_body` is what the fallback policy reads instead of the body, when the body
+    was rewritten (the provider's own error, before translation)."""
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        *,
+        policy_body: bytes | None = None,
+    ) -> None:
+        self.status = status
+        self.first_chunk = body
+        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", content_type.encode())]
+        self.content_type = content_type
+        self.policy_body = body if policy_body is None else policy_body
+
+    @property
+    def complete(self) -> bool:
+        return True
+
+    @property
+    def is_event_stream(self) -> bool:
+        return self.content_type.startswith("text/event-stream")
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        return
+        yield  # an empty async generator
+
+    def release(self) -> None:
+        pass
 
 
 class UpstreamResponse:
@@ -166,26 +222,37 @@ class HttpUpstream:
             )
         return self._session
 
-    async def open(self, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        """POST `body` to `path`; return once status, headers and the first chunk are in."""
+    async def open(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        first_byte_s: float | None = None,
+    ) -> UpstreamResponse:
+        """POST `body` to `path`; return once status, headers and the first chunk are in.
+
+        `first_byte_s` replaces the configured first-byte timeout for this request (a
+        fallback chain gives an attempt what is left of its deadline)."""
         session = self._get_session()
         if self._extra_headers:
             headers = {**headers, **self._extra_headers}
         url = self.base_url + path
         response: aiohttp.ClientResponse | None = None
+        limit = self.timeouts.first_byte_s if first_byte_s is None else first_byte_s
         try:
-            async with asyncio.timeout(self.timeouts.first_byte_s):
+            async with asyncio.timeout(limit):
                 response = await session.post(url, data=body, headers=headers)
                 first = await response.content.readany()
         except BaseException as exc:
             if response is not None:
                 response.close()
             if isinstance(exc, Exception):
-                raise self._translate(exc) from None
+                raise self._translate(exc, limit) from None
             raise
         return UpstreamResponse(response, first, self.timeouts.idle_s, self.name)
 
-    def _translate(self, exc: Exception) -> UpstreamError:
+    def _translate(self, exc: Exception, first_byte_s: float) -> UpstreamError:
         name = self.name
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return UpstreamTimeout(
@@ -198,7 +265,7 @@ class HttpUpstream:
             )
         if isinstance(exc, TimeoutError):
             return UpstreamTimeout(
-                f"upstream {name!r} sent no response within {self.timeouts.first_byte_s:g}s",
+                f"upstream {name!r} sent no response within {first_byte_s:g}s",
                 kind="first_byte_timeout",
             )
         if isinstance(exc, aiohttp.ClientError | OSError):

@@ -317,6 +317,7 @@ def test_parse_retry_after() -> None:
         ),
         (BackendUnavailable("b", kind="stopped"), Verdict("next", "local_stopped")),
         (BackendUnavailable("b", kind="blocked"), Verdict("next", "local_blocked")),
+        (BackendUnavailable("b", kind="yielded"), Verdict("next", "local_yielded")),
         (BackendUnavailable("b", kind="no_vram"), Verdict("next", "local_no_vram")),
         (
             BackendUnavailable("b", kind="queue_full", retry_after_s=5),

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cloud import CloudConfig
 from app.settings import ConfigError, ExternalRuntime, ProcessRuntime, load_settings
 
 ISSUE_EXAMPLE = """\
@@ -104,7 +105,7 @@ def test_optional_files_are_read_when_present(tmp_path: Path) -> None:
     write(tmp_path, "providers: {}\nchains: {}\n", "cloud_providers.yaml")
     write(tmp_path, "profiles: {all: {}}\n", "gpu_profiles.yaml")
     settings = load_settings(tmp_path)
-    assert settings.cloud_providers == {"providers": {}, "chains": {}}
+    assert settings.cloud_providers == CloudConfig()
     assert settings.gpu_profiles is not None
     assert list(settings.gpu_profiles.profiles) == ["all"]
 

@@ -1,0 +1,65 @@
+"""An OpenAI-compatible cloud provider (DeepSeek, a serverless vLLM, OpenAI itself).
+
+Same relay as a local backend: the body goes out with `model` replaced by the provider's,
+the key as a bearer token, and the answer comes back byte for byte. What differs:
+
+- the client's headers are not forwarded to a third party: the request carries only
+  `content-type`, `accept`, the key and the provider's configured `headers` (no
+  `accept-encoding` either, so answers arrive uncompressed and their usage is readable);
+- of the provider's response headers only `content-type`, `retry-after`,
+  `retry-after-ms` and `x-ratelimit-*` reach the client (no `set-cookie` from a CDN,
+  no provider request ids mixed with ours).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from app.cloud import ProviderConfig
+from app.settings import Timeouts
+from app.upstreams.http import HttpUpstream, Relayable
+from app.upstreams.provider import ProviderRequest
+
+_KEPT: Final = frozenset({b"content-type", b"retry-after", b"retry-after-ms"})
+
+
+class OpenAIProvider:
+    kind = "openai"
+
+    def __init__(
+        self, name: str, config: ProviderConfig, key: str | None, timeouts: Timeouts
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.first_byte_s = timeouts.first_byte_s
+        headers = dict(config.headers)
+        if key:
+            headers["authorization"] = f"Bearer {key}"  # never logged: HttpUpstream keeps it
+        self.upstream = HttpUpstream(
+            name,
+            config.base_url,
+            timeouts,
+            max_connections=config.max_connections,
+            extra_headers=headers,
+        )
+
+    def supports(self, path: str) -> bool:
+        return True
+
+    async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
+        accept = b"text/event-stream" if request.stream else b"application/json"
+        response = await self.upstream.open(
+            request.path.removeprefix("/v1"),
+            request.body_for(self.config.model),
+            {"content-type": "application/json", "accept": accept.decode()},
+            first_byte_s=first_byte_s,
+        )
+        response.headers = [
+            (name, value)
+            for name, value in response.headers
+            if name in _KEPT or name.startswith(b"x-ratelimit-")
+        ]
+        return response
+
+    async def close(self) -> None:
+        await self.upstream.close()
