@@ -33,6 +33,7 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.vram_yield import VramYield
+from app.lifecycle.zones import YIELD_ZONE
 from app.metrics import Metrics
 from app.routing.chains import build_cloud
 from app.routing.dispatcher import Dispatcher
@@ -347,7 +348,7 @@ def _block_reason(backend: Backend) -> str:
     """The stop reason (a metric label) for a backend a hold or the profile keeps down."""
     if "profile" in backend.blocks:
         return "profile"
-    if any(key == "zone:yield" for key in backend.blocks):
+    if f"zone:{YIELD_ZONE}" in backend.blocks:
         return "yield"
     return "zone"
 

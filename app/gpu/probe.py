@@ -60,3 +60,10 @@ class NoProbe:
 
     async def read(self) -> None:
         return None
+
+
+def free_on(reading: GpuReading | None, gpu: int) -> int:
+    """Free MiB on `gpu` in `reading` (0 when there is no reading or no such GPU)."""
+    if reading is None or gpu not in reading.gpus:
+        return 0
+    return reading.gpus[gpu].free_mib

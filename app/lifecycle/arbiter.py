@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.gpu.probe import GpuProbe, GpuReading
+from app.gpu.probe import GpuProbe, GpuReading, free_on
 from app.lifecycle.backend import AdmissionRefused, Backend
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.state import BackendState
@@ -324,7 +324,7 @@ class VramArbiter:
                 raise InvalidRequest(
                     f"GPU {gpu} is not present (the probe sees {sorted(reading.gpus)})", param="gpu"
                 )
-            before = _free(reading, gpu)
+            before = free_on(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, ())
             try:
                 stopped, last = await self._make_room(
@@ -339,7 +339,7 @@ class VramArbiter:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
             self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
-            after = _free(last, gpu) if stopped else before
+            after = free_on(last, gpu) if stopped else before
             logger.info(
                 "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
                 name,
@@ -428,9 +428,3 @@ class _NoRoom(Exception):
 
 def _zone_key(name: str) -> str:
     return f"zone:{name}"
-
-
-def _free(reading: GpuReading | None, gpu: int) -> int:
-    if reading is None or gpu not in reading.gpus:
-        return 0
-    return reading.gpus[gpu].free_mib

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from app.errors import BackendUnavailable, InvalidRequest
 from app.events import EventLog
-from app.gpu.probe import GpuReading
+from app.gpu.probe import GpuReading, free_on
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
@@ -118,7 +118,7 @@ class VramYield:
                 f"GPU {request.gpu} is not present (the probe sees {sorted(reading.gpus)})",
                 param="gpu",
             )
-        free_before = _free(reading, request.gpu)
+        free_before = free_on(reading, request.gpu)
         now = time.time()
         draft = Zone(
             YIELD_ZONE,
@@ -165,9 +165,9 @@ class VramYield:
                         expected = backend.vram_mib if backend.name in stopped else None
                         settled = await self._settle(request, free, expected)
                         if settled is not None:
-                            free = _free(settled, request.gpu)
+                            free = free_on(settled, request.gpu)
                 reading = await probe.read()
-                free_after = _free(reading, request.gpu) if reading is not None else None
+                free_after = free_on(reading, request.gpu) if reading is not None else None
                 taken = set(stopped) | set(slept)
                 # What still runs keeps serving; what is down stays blocked.
                 blocked = []
@@ -259,7 +259,7 @@ class VramYield:
             reading = await self._arbiter.probe.read()
             if reading is None:
                 return None
-            free = _free(reading, request.gpu)
+            free = free_on(reading, request.gpu)
             if request.min_free_mib is not None and free >= request.min_free_mib:
                 return reading
             if expected_mib is not None and free - before >= expected_mib * 0.9:
@@ -347,12 +347,6 @@ def _ready(backend: Backend) -> bool:
 
 def _holds_memory(backend: Backend) -> bool:
     return backend.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
-
-
-def _free(reading: GpuReading | None, gpu: int) -> int:
-    if reading is None or gpu not in reading.gpus:
-        return 0
-    return reading.gpus[gpu].free_mib
 
 
 def _report(
