@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
@@ -33,7 +33,6 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.vram_yield import VramYield
-from app.lifecycle.zones import YIELD_ZONE
 from app.metrics import Metrics
 from app.routing.chains import build_cloud
 from app.routing.dispatcher import Dispatcher
@@ -267,13 +266,14 @@ class Services:
                 await backend.start()  # no I/O: marks it ready, health is watched below
             return
         await backend.adopt()
-        if backend.blocks:
-            if backend.state not in (BackendState.STOPPED, BackendState.SLEEPING) or (
-                backend.state is BackendState.SLEEPING and "profile" in backend.blocks
-            ):
+        blocked = backend.blocked_as
+        if blocked is not None:
+            # A server asleep for a yield stays asleep; a disabled one is stopped.
+            keep_asleep = backend.state is BackendState.SLEEPING and blocked != "disabled"
+            if backend.state is not BackendState.STOPPED and not keep_asleep:
                 # Running although a hold or the profile keeps it down (started by hand,
                 # or the gateway died before stopping it): adopted only to be stopped.
-                await backend.stop(_block_reason(backend), drain_timeout_s=0)
+                await backend.stop(_STOP_REASONS[blocked], drain_timeout_s=0)
             return
         if not backend.lazy and backend.state is BackendState.STOPPED:
             await backend.start_logged("startup")
@@ -344,13 +344,8 @@ class Services:
             await self.gpu_monitor.close()
 
 
-def _block_reason(backend: Backend) -> str:
-    """The stop reason (a metric label) for a backend a hold or the profile keeps down."""
-    if "profile" in backend.blocks:
-        return "profile"
-    if f"zone:{YIELD_ZONE}" in backend.blocks:
-        return "yield"
-    return "zone"
+# The stop reason (a metric label) for a backend kept down, by what blocks it.
+_STOP_REASONS: Final = {"disabled": "profile", "yielded": "yield", "blocked": "zone"}
 
 
 def _upstream_auth(name: str, config: BackendConfig) -> dict[str, str] | None:

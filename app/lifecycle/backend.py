@@ -270,10 +270,17 @@ class Backend:
         if self.in_flight == 0:
             self._drained.set()
 
+    @property
+    def blocked_as(self) -> str | None:
+        """The most telling kind of what blocks it (`BLOCK_KINDS` order); None: nothing."""
+        if not self._block_kinds:
+            return None
+        return min(self._block_kinds.values(), key=BLOCK_KINDS.index)
+
     def _check_blocked(self) -> None:
-        if not self.blocks:
+        kind = self.blocked_as
+        if kind is None:
             return
-        kind = min(self._block_kinds.values(), key=BLOCK_KINDS.index)
         what = "; ".join(d for k, d in self.blocks.items() if self._block_kinds[k] == kind)
         if kind == "disabled":
             message = f"backend {self.name!r} is disabled by {what}"

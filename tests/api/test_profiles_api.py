@@ -12,9 +12,15 @@ from app.profiles import GpuProfiles
 from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig
-from tests.api.test_vram_yield_api import chat, until_state
 from tests.fakes.processes import free_port
-from tests.fakes.servers import FakeVllmRuntime, Gateway, gateway, gateway_settings
+from tests.fakes.servers import (
+    FakeVllmRuntime,
+    Gateway,
+    chat,
+    gateway,
+    gateway_settings,
+    until_backend,
+)
 
 PROFILES = {
     "profiles": {
@@ -76,7 +82,7 @@ def fakes(**reasoning: Any) -> dict[str, FakeVllmRuntime]:
 async def test_activation_drains_then_stops_disabled_backends(tmp_path: Path) -> None:
     runtimes = fakes(max_tokens=12, tokens_per_second=40)
     async with profile_gateway(tmp_path, runtimes) as gw:
-        await until_state(gw, "reasoning", "ready")
+        await until_backend(gw, "reasoning", state="ready")
         listed = (await gw.client.get("/profiles")).json()
         assert listed["active"] == "dev"
         assert [p["name"] for p in listed["profiles"]] == ["dev", "production"]
@@ -85,7 +91,7 @@ async def test_activation_drains_then_stops_disabled_backends(tmp_path: Path) ->
         stream = asyncio.create_task(
             gw.client.post("/v1/chat/completions", json=chat("reasoning-model", stream=True))
         )
-        await asyncio.sleep(0.1)  # under way: 12 tokens at 40/s
+        await until_backend(gw, "reasoning", in_flight=1)  # under way: 12 tokens at 40/s
         switched = (await gw.client.post("/profiles/production/activate")).json()
         assert switched["active"] == "production"
         assert switched["previous"] == "dev"
@@ -109,7 +115,7 @@ async def test_activation_drains_then_stops_disabled_backends(tmp_path: Path) ->
         back = (await gw.client.post("/profiles/dev/activate")).json()
         assert back["enabled"] == ["reasoning"]
         assert back["started"] == ["reasoning"]  # pinned: started again at once
-        await until_state(gw, "reasoning", "ready")
+        await until_backend(gw, "reasoning", state="ready")
         served = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
         assert served.status_code == 200
 
@@ -120,7 +126,7 @@ async def test_the_active_profile_survives_a_restart(tmp_path: Path) -> None:
     runtimes = fakes()
     async with profile_gateway(tmp_path, runtimes) as gw:
         assert (await gw.client.get("/profiles")).json()["active"] == "production"
-        await until_state(gw, "orchestrator", "ready")
+        await until_backend(gw, "orchestrator", state="ready")
         assert runtimes["reasoning"].starts == 0  # disabled: never started
         status = (await gw.client.get("/status")).json()
         assert status["profile"]["active"] == "production"

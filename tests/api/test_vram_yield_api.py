@@ -21,14 +21,17 @@ from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig
 from tests.fakes.processes import free_port
-from tests.fakes.servers import FakeVllmRuntime, Gateway, gateway, gateway_settings
+from tests.fakes.servers import (
+    FakeVllmRuntime,
+    Gateway,
+    chat,
+    gateway,
+    gateway_settings,
+    until_backend,
+)
 
 TOTAL = 32768
 ORCH, REASONING, EMBED, EMBED_ASLEEP = 16000, 11000, 1000, 125
-
-
-def chat(model: str, **fields: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}
 
 
 class Rig:
@@ -94,7 +97,7 @@ class Rig:
             reaper_interval_s=0.05,
         )
         async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
-            await until_state(gw, "orchestrator", "ready")
+            await until_backend(gw, "orchestrator", state="ready")
             yield gw
 
     def used(self) -> int:
@@ -109,18 +112,6 @@ def metric_value(text: str, name: str) -> float:
             if sample.name == name:
                 return float(sample.value)
     raise AssertionError(f"{name} not in the scrape")
-
-
-async def until_state(gw: Gateway, name: str, state: str) -> dict[str, Any]:
-    """The backend's view once it is in `state` (bounded: about 5 s)."""
-    view: dict[str, Any] = {}
-    for _ in range(100):
-        response = await gw.client.get("/backends")
-        view = next(v for v in response.json()["backends"] if v["name"] == name)
-        if view["state"] == state:
-            return view
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"backend {name} never reached {state}: {view}")
 
 
 async def wake_all(gw: Gateway) -> None:
@@ -145,7 +136,7 @@ async def test_a_yield_frees_what_the_stopped_and_slept_backends_held(tmp_path: 
         assert body["free_mib"] == TOTAL - ORCH - EMBED_ASLEEP
         assert body["measured_by"] == "sim"
         assert rig.used() == ORCH + EMBED_ASLEEP
-        assert (await until_state(gw, "embed", "sleeping"))["blocked_by"]
+        assert (await until_backend(gw, "embed", state="sleeping"))["blocked_by"]
 
         # While yielded nothing wakes: 503 naming the yield, no start, no wake-up.
         starts = rig.runtimes["reasoning"].starts
@@ -243,8 +234,7 @@ async def test_a_yield_lets_a_stream_in_flight_finish(tmp_path: Path) -> None:
         stream = asyncio.create_task(
             gw.client.post("/v1/chat/completions", json=chat("reasoning-model", stream=True))
         )
-        await until_state(gw, "reasoning", "ready")
-        await asyncio.sleep(0.05)  # the stream is under way (12 tokens at 40/s)
+        await until_backend(gw, "reasoning", in_flight=1)  # 12 tokens at 40/s: under way
         body = (await gw.client.post("/vram/yield", json={})).json()
         response = await stream
         assert response.status_code == 200
@@ -262,8 +252,7 @@ async def test_a_yield_reports_a_drain_that_timed_out(tmp_path: Path) -> None:
         stream = asyncio.create_task(
             gw.client.post("/v1/chat/completions", json=chat("reasoning-model", stream=True))
         )
-        await until_state(gw, "reasoning", "ready")
-        await asyncio.sleep(0.1)
+        await until_backend(gw, "reasoning", in_flight=1)
         body = (await gw.client.post("/vram/yield", json={})).json()
         assert body["drain_timeouts"] == ["reasoning"]
         assert body["stopped"] == ["reasoning"]
@@ -303,7 +292,7 @@ async def test_a_yield_ends_by_itself_after_its_ttl(tmp_path: Path) -> None:
             await gw.client.post("/vram/yield", json={"ttl_s": 0.3, "include_pinned": True})
         ).json()
         assert body["stopped"] == ["orchestrator"]
-        await until_state(gw, "orchestrator", "ready")  # restarted by the expiry
+        await until_backend(gw, "orchestrator", state="ready")  # restarted by the expiry
         assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
         metrics = (await gw.client.get("/metrics")).text
         assert 'microscheduler_vram_yields_total{outcome="expired"} 1.0' in metrics

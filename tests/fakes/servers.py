@@ -149,3 +149,20 @@ class FakeVllmRuntime:
 
     def describe(self) -> str:
         return f"fake vLLM on port {self.port}"
+
+
+def chat(model: str, **fields: Any) -> dict[str, Any]:
+    """A small chat completion request body for `model`."""
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+async def until_backend(gw: Gateway, name: str, **expected: Any) -> dict[str, Any]:
+    """The backend's `/backends` view once its fields equal `expected` (bounded: ~5 s)."""
+    view: dict[str, Any] = {}
+    for _ in range(100):
+        response = await gw.client.get("/backends")
+        view = next(v for v in response.json()["backends"] if v["name"] == name)
+        if all(view[key] == value for key, value in expected.items()):
+            return view
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"backend {name} never had {expected}: {view}")
