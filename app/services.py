@@ -19,21 +19,21 @@ import httpx
 
 from app.auth import Authenticator
 from app.events import EventLog
-from app.gpu.footprint import planned_footprint_mib
-from app.gpu.gpu_metrics import GpuCollector, VllmLoadMetrics
+from app.gpu.collector import GpuCollector, VllmLoadMetrics
+from app.gpu.ledger import read_ledger
 from app.gpu.nvml import NvmlSource
 from app.gpu.poller import GpuMonitor
 from app.gpu.probe import GpuProbe, NoProbe
-from app.gpu.sim_ledger import read_ledger
-from app.gpu.sim_source import SimSource
+from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSource
-from app.gpu.vllm_metrics import ScrapeError, scrape_load
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState
+from app.lifecycle.store import StateStore
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics
+from app.planner.footprint import planned_footprint_mib
 from app.routing.chains import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -42,13 +42,11 @@ from app.runtimes.docker import DockerRuntime
 from app.runtimes.docker_api import DockerApi
 from app.runtimes.external import ExternalRuntime
 from app.runtimes.process import ProcessRuntime
-from app.settings import BackendConfig, Settings
-from app.settings import DockerRuntime as DockerConfig
-from app.settings import ProcessRuntime as ProcessConfig
-from app.state_store import StateStore
+from app.settings import BackendConfig, DockerRuntimeConfig, ProcessRuntimeConfig, Settings
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
-from app.upstreams.vllm_control import VllmControl
+from app.upstreams.vllm import VllmControl
+from app.upstreams.vllm_load import ScrapeError, scrape_load
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +81,7 @@ class Services:
         self.health_client = httpx.AsyncClient(transport=seams.health_transport)
         self.events = EventLog()
         self.docker: DockerApi | None = None
-        if any(isinstance(cfg.runtime, DockerConfig) for cfg in settings.backends.values()):
+        if any(isinstance(cfg.runtime, DockerRuntimeConfig) for cfg in settings.backends.values()):
             self.docker = DockerApi(settings.docker, transport=seams.docker_transport)
         self.gpu_monitor = self._build_monitor(seams)
         if self.gpu_monitor is not None:
@@ -210,9 +208,9 @@ class Services:
         return self.cloud.describe()
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
-        if isinstance(config.runtime, ProcessConfig):
+        if isinstance(config.runtime, ProcessRuntimeConfig):
             return ProcessRuntime(name, config.runtime)
-        if isinstance(config.runtime, DockerConfig):
+        if isinstance(config.runtime, DockerRuntimeConfig):
             assert self.docker is not None
             return DockerRuntime(name, config.runtime, self.docker)
         return ExternalRuntime(config.url)

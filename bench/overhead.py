@@ -200,7 +200,7 @@ class Proc:
 
 
 def start_fake(tmp: Path, procs: list[Proc]) -> Proc:
-    args = ["app.sim.fake_vllm", "--model", MODEL, "--ttft", "0", "--tokens-per-second", "0"]
+    args = ["app.sim.vllm", "--model", MODEL, "--ttft", "0", "--tokens-per-second", "0"]
     proc = Proc(
         "fake vLLM", [*args, "--max-tokens", str(TOKENS)], dict(os.environ), "", tmp / "fake.log"
     )

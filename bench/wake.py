@@ -49,7 +49,7 @@ def start_gateway(tmp: Path, backend_port: int, startup_delay: float) -> Proc:
     config = tmp / "config"
     config.mkdir(exist_ok=True)
     command = [
-        "{python}", "-m", "app.sim.fake_vllm", "--port", str(backend_port), "--model", MODEL,
+        "{python}", "-m", "app.sim.vllm", "--port", str(backend_port), "--model", MODEL,
         "--startup-delay", str(startup_delay), "--max-tokens", "1",
     ]  # fmt: skip
     (config / "models.yaml").write_text(

@@ -31,8 +31,8 @@ from app.gpu.probe import GpuProbe, GpuReading, free_on
 from app.lifecycle.backend import AdmissionRefused, Backend
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.state import BackendState
+from app.lifecycle.store import StateStore
 from app.lifecycle.zones import Zone
-from app.state_store import StateStore
 
 logger = logging.getLogger(__name__)
 

@@ -27,14 +27,14 @@ import httpx
 
 from app.errors import BackendUnavailable, GatewayError, WakeTimeout
 from app.events import EventLog
-from app.gpu.footprint import Footprint
 from app.lifecycle.state import BackendState, check_transition
 from app.metrics import Metrics
-from app.runtimes.base import Runtime, RuntimeError_, RuntimeStatus
+from app.planner.footprint import Footprint
+from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.settings import BackendConfig
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
-from app.upstreams.vllm_control import ControlError, SleepUnsupported, VllmControl
+from app.upstreams.vllm import ControlError, SleepUnsupported, VllmControl
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ class Backend:
                 if self.state is BackendState.STARTING:
                     self._set_state(BackendState.STOPPED, f"not enough VRAM to start: {exc}")
                     self._refused = True
-        except RuntimeError_ as exc:
+        except RuntimeFailure as exc:
             await self._fail(str(exc))
         except _StartFailed as exc:
             await self._fail(str(exc))
@@ -436,7 +436,7 @@ class Backend:
                 next_status = time.monotonic() + STATUS_POLL_S
                 try:
                     status = await self.runtime.status()
-                except RuntimeError_ as exc:
+                except RuntimeFailure as exc:
                     logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
                 else:
                     self.runtime_detail = status.detail
@@ -578,7 +578,7 @@ class Backend:
         try:
             if self.runtime.managed:
                 await self.runtime.stop()
-        except RuntimeError_ as exc:
+        except RuntimeFailure as exc:
             # The server may still hold its memory: keep counting it.
             await self._fail(f"stop failed: {exc}", holds_vram=True)
             return
@@ -608,7 +608,7 @@ class Backend:
         use. Leaves a server that is not running stopped."""
         try:
             status = await self.runtime.status()
-        except RuntimeError_ as exc:
+        except RuntimeFailure as exc:
             logger.warning("cannot tell whether it runs backend=%s error=%s", self.name, exc)
             return
         if not status.running:
@@ -676,7 +676,7 @@ class Backend:
         if self.state in (BackendState.READY, BackendState.SLEEPING) and self.runtime.managed:
             try:
                 status = await self.runtime.status()
-            except RuntimeError_ as exc:
+            except RuntimeFailure as exc:
                 self.runtime_detail = f"unknown: {exc}"
             else:
                 self.runtime_detail = status.detail

@@ -18,9 +18,9 @@ from app.errors import BackendUnavailable, NotFound
 from app.events import EventLog
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
+from app.lifecycle.store import StateStore
 from app.metrics import Metrics
-from app.profiles import GpuProfiles, Profile, describe, diff
-from app.state_store import StateStore
+from app.settings.profiles import GpuProfilesConfig, ProfileConfig, describe, diff
 from app.tasks import OwnedTasks
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ STATE_SECTION: Final = "profile"
 class ProfileSwitch:
     def __init__(
         self,
-        profiles: GpuProfiles | None,
+        profiles: GpuProfilesConfig | None,
         backends: Mapping[str, Backend],
         store: StateStore,
         metrics: Metrics,
@@ -54,7 +54,7 @@ class ProfileSwitch:
                 metrics.profile_active.labels(name)
 
     @property
-    def profile(self) -> Profile | None:
+    def profile(self) -> ProfileConfig | None:
         if self.profiles is None or self.active is None:
             return None
         return self.profiles.profiles[self.active]
@@ -76,7 +76,7 @@ class ProfileSwitch:
         logger.info("gpu profile active profile=%s", self.active)
         return self.active
 
-    def _apply(self, profile: Profile) -> None:
+    def _apply(self, profile: ProfileConfig) -> None:
         """Blocks, yield methods and metrics of `profile` (no I/O)."""
         assert self.profiles is not None
         assert self.active is not None

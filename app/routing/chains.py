@@ -48,7 +48,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from app.cloud import ChainConfig, CloudConfig, ProviderConfig
 from app.errors import (
     AllEntriesCooling,
     FallbackDeadline,
@@ -80,8 +79,9 @@ from app.routing.policy import (
     first_byte_timeout,
 )
 from app.routing.registry import Registry, Route
-from app.settings import Settings, Timeouts
-from app.upstreams.anthropic_provider import AnthropicProvider, AnthropicStream
+from app.settings import Settings, TimeoutsConfig
+from app.settings.cloud import ChainConfig, CloudConfig, ProviderConfig
+from app.upstreams.anthropic.provider import AnthropicProvider, AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
 from app.upstreams.openai_compat import OpenAIProvider
 from app.upstreams.provider import Provider, ProviderRequest
@@ -379,7 +379,7 @@ def build_cloud(
     )
 
 
-def _provider_timeouts(base: Timeouts, cfg: ProviderConfig) -> Timeouts:
+def _provider_timeouts(base: TimeoutsConfig, cfg: ProviderConfig) -> TimeoutsConfig:
     update: dict[str, float] = {}
     if cfg.timeout_s is not None:
         update["connect_s"] = update["idle_s"] = cfg.timeout_s

@@ -5,7 +5,7 @@ backend's lifecycle, which polls the server while `status()` says it is still ru
 `external` runs nothing; `process` runs a local command; `docker` starts and stops an
 existing container through the Docker Engine API (usually behind a socket proxy).
 
-Transport errors never escape a runtime: every failure is a `RuntimeError_` whose message
+Transport errors never escape a runtime: every failure is a `RuntimeFailure` whose message
 is written for the operator (what failed, and which config key or permission to fix).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-class RuntimeError_(Exception):
+class RuntimeFailure(Exception):
     """A runtime could not do what was asked; the message says why, for the operator."""
 
 
@@ -51,7 +51,7 @@ class Runtime(Protocol):
         Stopping a server that is not running is not an error."""
 
     async def status(self) -> RuntimeStatus:
-        """Ask whether the server runs; raise `RuntimeError_` when that cannot be known
+        """Ask whether the server runs; raise `RuntimeFailure` when that cannot be known
         (for example the Docker proxy is unreachable)."""
 
     def describe(self) -> str:

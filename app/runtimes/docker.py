@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from app.runtimes.base import RuntimeError_, RuntimeStatus
+from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.runtimes.docker_api import ContainerInfo, DockerApi, DockerError
-from app.settings import DockerRuntime as DockerConfig
+from app.settings import DockerRuntimeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class DockerRuntime:
     managed = True
     stop_on_shutdown = False
 
-    def __init__(self, backend: str, config: DockerConfig, api: DockerApi) -> None:
+    def __init__(self, backend: str, config: DockerRuntimeConfig, api: DockerApi) -> None:
         """`api` is shared by every docker backend and closed by its owner, not here."""
         self._backend = backend
         self._config = config
@@ -71,7 +71,7 @@ class DockerRuntime:
             )
             return
         if info.status in _STILL_UP:
-            raise RuntimeError_(
+            raise RuntimeFailure(
                 f"container {self.container!r} ({self._config_key}) is still {info.status} "
                 f"after a Docker stop with t={timeout_s}s; check its restart policy"
             )

@@ -8,7 +8,7 @@ Negotiation happens lazily on first use; a failed ping caches nothing, so the ne
 tries again.
 
 Every request has an explicit timeout and is sent once (no hidden retries). Every failure
-is a `DockerError` (a `RuntimeError_`) with a `reason` and a message for the operator:
+is a `DockerError` (a `RuntimeFailure`) with a `reason` and a message for the operator:
 
     unreachable   cannot connect (proxy down, socket missing or not readable)
     timeout       the engine did not answer in time
@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from app.runtimes.base import RuntimeError_
-from app.settings import DockerSettings
+from app.runtimes.base import RuntimeFailure
+from app.settings import DockerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _URL_KEY = "docker.url / MICROSCHEDULER_DOCKER__URL"
 _MAX_ERROR_TEXT = 200
 
 
-class DockerError(RuntimeError_):
+class DockerError(RuntimeFailure):
     """A Docker Engine API call failed; `str(error)` says what to fix.
 
     `status` is the HTTP status when there was an answer (None for transport failures);
@@ -130,7 +130,7 @@ class DockerApi:
     """
 
     def __init__(
-        self, settings: DockerSettings, *, transport: httpx.AsyncBaseTransport | None = None
+        self, settings: DockerConfig, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self._url = settings.url
         self._timeout_s = settings.timeout_s

@@ -17,8 +17,8 @@ import os
 import signal
 import sys
 
-from app.runtimes.base import RuntimeError_, RuntimeStatus
-from app.settings import ProcessRuntime as ProcessConfig
+from app.runtimes.base import RuntimeFailure, RuntimeStatus
+from app.settings import ProcessRuntimeConfig
 from app.tasks import spawn
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class ProcessRuntime:
     managed = True
     stop_on_shutdown = True
 
-    def __init__(self, backend: str, config: ProcessConfig) -> None:
+    def __init__(self, backend: str, config: ProcessRuntimeConfig) -> None:
         self._backend = backend
         self._config = config
         self._proc: asyncio.subprocess.Process | None = None
@@ -57,7 +57,7 @@ class ProcessRuntime:
                 start_new_session=True,  # own process group, so stop reaches its children
             )
         except OSError as exc:
-            raise RuntimeError_(
+            raise RuntimeFailure(
                 f"backends.{self._backend}.runtime.command: cannot run "
                 f"{self._config.command[0]!r}: {exc.strerror or exc}"
             ) from None

@@ -19,7 +19,7 @@ from typing import Protocol
 import aiohttp
 
 from app.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from app.settings import Timeouts
+from app.settings import TimeoutsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class HttpUpstream:
         self,
         name: str,
         base_url: str,
-        timeouts: Timeouts,
+        timeouts: TimeoutsConfig,
         *,
         max_connections: int = 512,
         extra_headers: dict[str, str] | None = None,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from app.cloud import ProviderConfig
-from app.settings import Timeouts
+from app.settings import TimeoutsConfig
+from app.settings.cloud import ProviderConfig
 from app.upstreams.http import HttpUpstream, Relayable
 from app.upstreams.provider import ProviderRequest
 
@@ -27,7 +27,7 @@ class OpenAIProvider:
     kind = "openai"
 
     def __init__(
-        self, name: str, config: ProviderConfig, key: str | None, timeouts: Timeouts
+        self, name: str, config: ProviderConfig, key: str | None, timeouts: TimeoutsConfig
     ) -> None:
         self.name = name
         self.config = config

@@ -17,7 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from app.services import Services
-from app.sim.fake_anthropic import FakeAnthropic, FakeAnthropicServer
+from app.sim.anthropic import FakeAnthropic, FakeAnthropicServer
 from tests.fakes.provider import cloud_settings, fake_anthropic
 from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.runtimes.base import Runtime, RuntimeError_
+from app.runtimes.base import Runtime, RuntimeFailure
 from app.services import Seams, Services
 from app.settings import BackendConfig
 from tests.fakes.processes import free_port
@@ -229,7 +229,7 @@ async def test_a_local_backend_that_fails_to_start_falls_back(
     stream: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     runtime = FakeRuntime()
-    runtime.start_error = RuntimeError_("the runtime refused")
+    runtime.start_error = RuntimeFailure("the runtime refused")
     backend = {**LAZY, "url": f"http://127.0.0.1:{free_port()}"}
     async with world(
         monkeypatch, tmp_path, entries=["reasoning", "cloud"], backend=backend, runtime=runtime

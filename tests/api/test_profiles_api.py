@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from app.profiles import GpuProfiles
 from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig
+from app.settings.profiles import GpuProfilesConfig
 from tests.fakes.processes import free_port
 from tests.fakes.servers import (
     FakeVllmRuntime,
@@ -66,7 +66,7 @@ async def profile_gateway(
     settings = gateway_settings(
         backends,
         state_dir=tmp_path / "var",
-        gpu_profiles=GpuProfiles.model_validate(PROFILES),
+        gpu_profiles=GpuProfilesConfig.model_validate(PROFILES),
     )
     async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
         yield gw

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gpu.sim_ledger import read_ledger
+from app.gpu.ledger import read_ledger
 from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig

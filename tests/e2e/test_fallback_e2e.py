@@ -53,7 +53,7 @@ TOOLS: list[ChatCompletionToolParam] = [
 def fake_anthropic_process(key_env: str, env: dict[str, str]) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.sim.fake_anthropic", "--port", str(port),
+        [sys.executable, "-m", "app.sim.anthropic", "--port", str(port),
          "--api-key-env", key_env],
         cwd=ROOT,
         env={**os.environ, **env},

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gpu.telemetry import GpuProcess, GpuSnapshot, GpuSource, GpuStats
-from app.profiles import GpuProfiles
 from app.services import Seams
+from app.settings.profiles import GpuProfilesConfig
 from tests.e2e.conftest import require_tool
 from tests.fakes.promtool import check_metrics
 from tests.fakes.servers import fake_vllm, gateway, gateway_settings
@@ -96,7 +96,7 @@ async def test_a_scrape_with_every_family_passes_promtool() -> None:
         settings = gateway_settings(
             {"local": {"url": upstream.url, "models": ["m"]}},
             gpu={"poll_interval_s": 0.05},
-            gpu_profiles=GpuProfiles.model_validate({"profiles": {"all": {}}}),
+            gpu_profiles=GpuProfilesConfig.model_validate({"profiles": {"all": {}}}),
         )
         async with gateway(settings, seams=Seams(gpu_source_factory=full_gpu)) as gw:
             chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -56,7 +56,7 @@ def fake_backend(port: int, *flags: str, grace: float = 10) -> dict[str, object]
         "models": ["m"],
         "runtime": {
             "kind": "process",
-            "command": ["{python}", "-m", "app.sim.fake_vllm", "--port", str(port),
+            "command": ["{python}", "-m", "app.sim.vllm", "--port", str(port),
                         "--model", "m", *flags],
             "cwd": str(ROOT),
             "stop_grace_s": grace,

@@ -6,7 +6,7 @@ The helpers talk to the engine through its Unix socket with httpx (no Docker CLI
 build no image from a registry: the fake-vLLM image is a tiny ``docker import`` of a few
 directories (plus a static busybox when the host has one, for debugging); each container
 bind-mounts the host's Python, its site-packages, the repository's ``app/`` and the
-system library directories read-only, and runs ``python -m app.sim.fake_vllm`` on the
+system library directories read-only, and runs ``python -m app.sim.vllm`` on the
 host network, listening on 127.0.0.1 only.
 
 A missing engine or haproxy fails the test in CI (``MICROSCHEDULER_REQUIRE_SYSTEM_TOOLS``
@@ -227,7 +227,7 @@ def fake_vllm_command(
 ) -> list[str]:
     flags = ["--host", "127.0.0.1", "--port", str(port), "--model", model]
     flags += ["--startup-delay", f"{startup_delay:g}", *extra_args]
-    return [sys.executable, "-m", "app.sim.fake_vllm", *flags]
+    return [sys.executable, "-m", "app.sim.vllm", *flags]
 
 
 def create_fake_vllm_container(

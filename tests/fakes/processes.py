@@ -80,7 +80,7 @@ def fake_vllm_process(model: str, *flags: str, port: int | None = None) -> Itera
     """A fake vLLM process; yields its base URL once /health answers."""
     port = port or free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.sim.fake_vllm", "--port", str(port), "--model", model, *flags],
+        [sys.executable, "-m", "app.sim.vllm", "--port", str(port), "--model", model, *flags],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -6,7 +6,7 @@
   got) and answers a test queues with `inject()` (any status, headers, body), used for
   `Retry-After`, 401/403/404/413/422 bodies and in-stream errors. `base_url` ends in /v1,
   as `cloud_providers.yaml` takes it.
-- `fake_anthropic(key)`: `app.sim.fake_anthropic` served here.
+- `fake_anthropic(key)`: `app.sim.anthropic` served here.
 - `cloud_settings(backends, providers, chains, ...)`: gateway settings with a cloud config.
 """
 
@@ -22,8 +22,8 @@ import httpx
 from aiohttp import web
 
 from app.settings import Settings
-from app.sim.fake_anthropic import AnthropicFaults, FakeAnthropicConfig, FakeAnthropicServer
-from app.sim.fake_vllm import FakeConfig, build_app
+from app.sim.anthropic import AnthropicFaults, FakeAnthropicConfig, FakeAnthropicServer
+from app.sim.vllm import FakeConfig, build_app
 from tests.fakes.servers import gateway_settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -11,7 +11,7 @@
 - `starts` / `stops` / `status_calls`: how often each method was called.
 - `running`, `exit_code`, `detail`: what `status()` reports. `start()` sets `running`
   once its gate opens; `stop()` clears it; `exit(code)` makes the server die.
-- `start_error` / `stop_error` / `status_error`: a `RuntimeError_` to raise instead.
+- `start_error` / `stop_error` / `status_error`: a `RuntimeFailure` to raise instead.
 
     runtime = FakeRuntime(start_open=False)
     task = asyncio.create_task(backend.start())
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.runtimes.base import RuntimeError_, RuntimeStatus
+from app.runtimes.base import RuntimeFailure, RuntimeStatus
 
 
 class FakeRuntime:
@@ -57,9 +57,9 @@ class FakeRuntime:
         self.running = False
         self.exit_code: int | None = None
         self.detail = ""
-        self.start_error: RuntimeError_ | None = None
-        self.stop_error: RuntimeError_ | None = None
-        self.status_error: RuntimeError_ | None = None
+        self.start_error: RuntimeFailure | None = None
+        self.stop_error: RuntimeFailure | None = None
+        self.status_error: RuntimeFailure | None = None
 
     async def start(self) -> None:
         self.starts += 1

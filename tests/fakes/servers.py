@@ -18,7 +18,7 @@ from app.main import create_app
 from app.runtimes.base import RuntimeStatus
 from app.services import Seams
 from app.settings import Settings
-from app.sim.fake_vllm import FAKE_VLLM_KEY, FakeConfig, build_app
+from app.sim.vllm import FAKE_VLLM_KEY, FakeConfig, build_app
 
 
 @dataclass

@@ -18,10 +18,10 @@ from app.gpu.probe import SimProbe
 from app.lifecycle.arbiter import VramArbiter, ZoneGrant
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
+from app.lifecycle.store import StateStore
 from app.lifecycle.zones import Zone
 from app.metrics import Metrics
-from app.settings import BackendConfig, ProcessRuntime, Timeouts
-from app.state_store import StateStore
+from app.settings import BackendConfig, ProcessRuntimeConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from tests.fakes.runtimes import FakeRuntime
 
@@ -73,7 +73,7 @@ class Rig:
         config = BackendConfig(
             url=f"http://{name}:8000",
             models=[name],
-            runtime=ProcessRuntime(kind="process", command=["serve", name]),
+            runtime=ProcessRuntimeConfig(kind="process", command=["serve", name]),
             lifecycle="pinned" if pinned else "lazy",
             priority=priority,
             vram_mib=vram_mib,
@@ -87,7 +87,7 @@ class Rig:
             name,
             config,
             runtime,
-            HttpUpstream(name, config.url, Timeouts()),
+            HttpUpstream(name, config.url, TimeoutsConfig()),
             client,
             self.metrics,
             admission=self.arbiter,

@@ -14,8 +14,8 @@ from app.errors import BackendUnavailable, WakeTimeout
 from app.lifecycle.backend import Admission, AdmissionRefused, Backend
 from app.lifecycle.state import BackendState
 from app.metrics import Metrics
-from app.runtimes.base import RuntimeError_, RuntimeStatus
-from app.settings import BackendConfig, Timeouts
+from app.runtimes.base import RuntimeFailure, RuntimeStatus
+from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 
 
@@ -71,7 +71,7 @@ def make_backend(
 ) -> Backend:
     cfg = BackendConfig(url="http://backend:8000", models=["m"], **config)
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    upstream = HttpUpstream("b", cfg.url, Timeouts())
+    upstream = HttpUpstream("b", cfg.url, TimeoutsConfig())
     return Backend(
         "b",
         cfg,
@@ -428,7 +428,7 @@ async def test_lazy_backends_are_not_restarted_by_the_watch() -> None:
 class UnstoppableRuntime(GatedRuntime):
     async def stop(self) -> None:
         self.stops += 1
-        raise RuntimeError_("cannot reach the Docker API at http://proxy:2375: refused")
+        raise RuntimeFailure("cannot reach the Docker API at http://proxy:2375: refused")
 
 
 async def test_a_stop_the_runtime_cannot_do_raises_and_keeps_counting_the_memory() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.cloud import ChainConfig, CloudConfig
 from app.metrics import Metrics
 from app.routing.chains import Chain, Passed, build_cloud, fallbacks_header
 from app.routing.fallback_metrics import usage_in_tail
 from app.routing.registry import Registry
 from app.settings import ConfigError, Settings, load_settings
+from app.settings.cloud import ChainConfig, CloudConfig
 
 MODELS = """\
 backends:

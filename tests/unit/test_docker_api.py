@@ -13,9 +13,9 @@ import httpx
 import pytest
 import respx
 
-from app.runtimes.base import RuntimeError_
+from app.runtimes.base import RuntimeFailure
 from app.runtimes.docker_api import STOP_GRACE_S, DockerApi, DockerError
-from app.settings import DockerSettings
+from app.settings import DockerConfig
 
 URL = "http://docker-proxy:2375"
 HAPROXY_403 = (
@@ -66,7 +66,7 @@ def docker() -> Iterator[respx.MockRouter]:
 
 @pytest.fixture
 async def api() -> AsyncIterator[DockerApi]:
-    client = DockerApi(DockerSettings(url=URL, timeout_s=10.0))
+    client = DockerApi(DockerConfig(url=URL, timeout_s=10.0))
     yield client
     await client.aclose()
 
@@ -324,7 +324,7 @@ async def test_not_found_names_the_container_and_the_config_key(
     with pytest.raises(DockerError) as caught:
         await api.inspect("vllm-reasoning", config_key="backends.reasoning.runtime.container")
 
-    assert isinstance(caught.value, RuntimeError_)
+    assert isinstance(caught.value, RuntimeFailure)
     assert (caught.value.reason, caught.value.status) == ("not_found", 404)
     assert str(caught.value) == (
         "container 'vllm-reasoning' not found (backends.reasoning.runtime.container): "
@@ -511,7 +511,7 @@ async def test_a_unix_url_talks_to_the_socket(socket_dir: Path) -> None:
 
     path = socket_dir / "docker.sock"
     server = await asyncio.start_unix_server(handle, path=str(path))
-    api = DockerApi(DockerSettings(url=f"unix://{path}", timeout_s=5.0))
+    api = DockerApi(DockerConfig(url=f"unix://{path}", timeout_s=5.0))
     try:
         info = await api.inspect("vllm-reasoning")
     finally:
@@ -525,7 +525,7 @@ async def test_a_unix_url_talks_to_the_socket(socket_dir: Path) -> None:
 
 async def test_a_missing_unix_socket_is_unreachable(socket_dir: Path) -> None:
     url = f"unix://{socket_dir}/missing.sock"
-    api = DockerApi(DockerSettings(url=url, timeout_s=5.0))
+    api = DockerApi(DockerConfig(url=url, timeout_s=5.0))
     try:
         with pytest.raises(DockerError) as caught:
             await api.ping()

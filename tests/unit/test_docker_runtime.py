@@ -10,11 +10,10 @@ import httpx
 import pytest
 import respx
 
-from app.runtimes.base import Runtime, RuntimeError_, RuntimeStatus
+from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.runtimes.docker import DockerRuntime
 from app.runtimes.docker_api import DockerApi
-from app.settings import DockerRuntime as DockerConfig
-from app.settings import DockerSettings
+from app.settings import DockerConfig, DockerRuntimeConfig
 
 URL = "http://docker-proxy:2375"
 CONTAINER = "vllm-reasoning"
@@ -57,14 +56,14 @@ def docker() -> Iterator[respx.MockRouter]:
 
 @pytest.fixture
 async def api() -> AsyncIterator[DockerApi]:
-    client = DockerApi(DockerSettings(url=URL, timeout_s=10.0))
+    client = DockerApi(DockerConfig(url=URL, timeout_s=10.0))
     yield client
     await client.aclose()
 
 
 @pytest.fixture
 def runtime(api: DockerApi) -> DockerRuntime:
-    config = DockerConfig(kind="docker", container=CONTAINER, stop_timeout_s=20)
+    config = DockerRuntimeConfig(kind="docker", container=CONTAINER, stop_timeout_s=20)
     return DockerRuntime("reasoning", config, api)
 
 
@@ -106,7 +105,7 @@ async def test_start_of_a_missing_container_names_the_config_key(
 ) -> None:
     docker.post(START).mock(return_value=NOT_FOUND)
 
-    with pytest.raises(RuntimeError_) as caught:
+    with pytest.raises(RuntimeFailure) as caught:
         await runtime.start()
 
     assert str(caught.value) == (
@@ -120,7 +119,7 @@ async def test_start_when_the_proxy_is_down_is_a_runtime_error(
 ) -> None:
     docker.post(START).mock(side_effect=httpx.ConnectError("[Errno 111] Connection refused"))
 
-    with pytest.raises(RuntimeError_) as caught:
+    with pytest.raises(RuntimeFailure) as caught:
         await runtime.start()
 
     assert "cannot reach the Docker API at http://docker-proxy:2375" in str(caught.value)
@@ -173,7 +172,7 @@ async def test_stop_fails_when_the_container_still_runs(
     docker.post(STOP).mock(return_value=httpx.Response(204))
     docker.get(INSPECT).mock(return_value=inspect_answer("restarting", exit_code=137))
 
-    with pytest.raises(RuntimeError_) as caught:
+    with pytest.raises(RuntimeFailure) as caught:
         await runtime.stop()
 
     assert "vllm-reasoning" in str(caught.value)
@@ -186,7 +185,7 @@ async def test_stop_forbidden_by_the_proxy_is_a_runtime_error(
 ) -> None:
     docker.post(STOP).mock(return_value=httpx.Response(403, text="<h1>403 Forbidden</h1>"))
 
-    with pytest.raises(RuntimeError_) as caught:
+    with pytest.raises(RuntimeFailure) as caught:
         await runtime.stop()
 
     assert "ALLOW_STOP=1" in str(caught.value)
@@ -255,7 +254,7 @@ async def test_status_of_a_missing_container_names_the_config_key(
 ) -> None:
     docker.get(INSPECT).mock(return_value=NOT_FOUND)
 
-    with pytest.raises(RuntimeError_) as caught:
+    with pytest.raises(RuntimeFailure) as caught:
         await runtime.status()
 
     assert str(caught.value) == (
@@ -269,7 +268,7 @@ async def test_status_when_docker_times_out_is_a_runtime_error(
 ) -> None:
     docker.get(INSPECT).mock(side_effect=httpx.ReadTimeout("timed out"))
 
-    with pytest.raises(RuntimeError_) as caught:
+    with pytest.raises(RuntimeFailure) as caught:
         await runtime.status()
 
     assert "did not answer GET /containers/vllm-reasoning/json within 10s" in str(caught.value)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from app.gpu.description import resolve
-from app.gpu.footprint import Footprint, backend_instance, planned_footprint_mib
-from app.gpu.units import MIB
+from app.planner.description import resolve
+from app.planner.footprint import Footprint, backend_instance, planned_footprint_mib
+from app.planner.units import MIB
 from app.settings import BackendConfig, load_settings
 from tests.unit.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
 

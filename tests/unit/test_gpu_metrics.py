@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gpu.gpu_metrics import GpuCollector, VllmLoadMetrics
+from app.gpu.collector import GpuCollector, VllmLoadMetrics
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import MIB, GpuSnapshot, GpuStats, ProbeError
-from app.gpu.vllm_metrics import BackendLoad
+from app.upstreams.vllm_load import BackendLoad
 
 GIB = 1024 * MIB
 GPU_FAMILIES = (

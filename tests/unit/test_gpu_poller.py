@@ -13,7 +13,7 @@ import pytest
 
 from app.gpu.poller import GpuMonitor
 from app.gpu.probe import GpuMemory, SimProbe
-from app.gpu.sim_source import SimSource
+from app.gpu.sim import SimSource
 from app.gpu.telemetry import MIB, GpuProcess, GpuSnapshot, GpuSource, GpuStats, ProbeError
 
 GIB = 1024 * MIB

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.gpu.description import resolve
+from app.planner.description import resolve
 from app.settings import BackendConfig, ConfigError, Settings, load_settings
 
 PINNED = """\

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gpu.gpu_metrics import GpuCollector
+from app.gpu.collector import GpuCollector
 from app.gpu.nvml import NvmlApi, NvmlSource
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import MIB, ProbeError

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.plan_cli import add_plan_command
+from app.cli.plan import add_plan_command
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.gpu.kv import (
+from app.planner.kv import (
     AttentionShape,
     KvDtype,
     compression_vs_fp16,
@@ -13,7 +13,7 @@ from app.gpu.kv import (
     parse_kv_dtype,
     vector_bytes,
 )
-from app.gpu.units import GIB, MIB
+from app.planner.units import GIB, MIB
 
 QWEN3_30B_A3B = AttentionShape(layers=48, kv_heads=4, head_dim=128)
 R1_DISTILL_14B = AttentionShape(layers=48, kv_heads=8, head_dim=128)

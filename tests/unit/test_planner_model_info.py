@@ -7,11 +7,11 @@ from fractions import Fraction
 
 import pytest
 
-from app.gpu.catalog import CATALOG, catalog_model, catalog_names
-from app.gpu.kv import AttentionShape, kv_bytes_per_token
-from app.gpu.model_info import model_from_hf_config
-from app.gpu.units import GIB
-from app.gpu.weights import (
+from app.planner.catalog import CATALOG, catalog_model, catalog_names
+from app.planner.kv import AttentionShape, kv_bytes_per_token
+from app.planner.model_info import model_from_hf_config
+from app.planner.units import GIB
+from app.planner.weights import (
     bytes_per_param,
     estimate_weight_bytes,
     normalize_weight_dtype,

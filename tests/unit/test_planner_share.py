@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.gpu.share import (
+from app.planner.share import (
     InstancePlan,
     InstanceSpec,
     SharePlan,
     ShareRequest,
     plan_share,
 )
-from app.gpu.units import GIB, gib_to_bytes
+from app.planner.units import GIB, gib_to_bytes
 
 ARTICLE_GPU = gib_to_bytes(31.84)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.profiles import GpuProfiles, Profile, diff
+from app.settings.profiles import GpuProfilesConfig, ProfileConfig, diff
 
 ARTICLE = {
     "profiles": {
@@ -29,8 +29,8 @@ ARTICLE = {
 }
 
 
-def profiles(data: dict[str, Any]) -> GpuProfiles:
-    return GpuProfiles.model_validate(data)
+def profiles(data: dict[str, Any]) -> GpuProfilesConfig:
+    return GpuProfilesConfig.model_validate(data)
 
 
 def test_the_articles_profiles_are_valid() -> None:
@@ -51,14 +51,14 @@ def test_an_unknown_active_profile_is_refused() -> None:
 
 def test_shares_above_the_target_are_refused_with_the_sum() -> None:
     with pytest.raises(ValidationError) as info:
-        Profile.model_validate(
+        ProfileConfig.model_validate(
             {"target_utilization_pct": 70, "models": {"a": {"vram_pct": 40}, "b": {"vram_pct": 35}}}
         )
     assert "add up to 75% (a 40 + b 35), more than target_utilization_pct 70%" in str(info.value)
 
 
 def test_a_disabled_models_share_does_not_count() -> None:
-    profile = Profile.model_validate(
+    profile = ProfileConfig.model_validate(
         {
             "target_utilization_pct": 50,
             "models": {"a": {"vram_pct": 40}, "b": {"vram_pct": 35, "enabled": False}},
@@ -70,12 +70,12 @@ def test_a_disabled_models_share_does_not_count() -> None:
 @pytest.mark.parametrize("pct", [0, -5, 101])
 def test_percentages_must_be_in_range(pct: float) -> None:
     with pytest.raises(ValidationError):
-        Profile.model_validate({"models": {"a": {"vram_pct": pct}}})
+        ProfileConfig.model_validate({"models": {"a": {"vram_pct": pct}}})
 
 
 def test_exclusive_allows_one_planned_instance() -> None:
     with pytest.raises(ValidationError, match="exclusive gives the GPU to one instance"):
-        Profile.model_validate(
+        ProfileConfig.model_validate(
             {"vram_strategy": "exclusive", "models": {"a": {"vram_pct": 40}, "b": {"vram_pct": 40}}}
         )
 

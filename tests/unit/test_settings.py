@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cloud import CloudConfig
-from app.settings import ConfigError, ExternalRuntime, ProcessRuntime, load_settings
+from app.settings import ConfigError, ExternalRuntimeConfig, ProcessRuntimeConfig, load_settings
+from app.settings.cloud import CloudConfig
 
 ISSUE_EXAMPLE = """\
 backends:
@@ -46,7 +46,7 @@ def test_issue_example_is_accepted_exactly_as_written(tmp_path: Path) -> None:
     assert backend.served_model == "nemotron-8b"
     assert backend.aliases == ["orchestrator", "default"]
     assert backend.role == "orchestrator"
-    assert isinstance(backend.runtime, ExternalRuntime)
+    assert isinstance(backend.runtime, ExternalRuntimeConfig)
     assert settings.max_body_bytes == 10 * 1024 * 1024
     assert settings.config_dir == tmp_path
 
@@ -57,7 +57,7 @@ def test_process_runtime_and_defaults(tmp_path: Path) -> None:
         'runtime: {kind: process, command: ["{python}", "-V"], env: {A: "1"}}',
     )
     runtime = load_settings(write(tmp_path, text)).backends["orchestrator"].runtime
-    assert isinstance(runtime, ProcessRuntime)
+    assert isinstance(runtime, ProcessRuntimeConfig)
     assert runtime.command == ["{python}", "-V"]
     assert runtime.env == {"A": "1"}
     assert runtime.stop_grace_s == 10.0

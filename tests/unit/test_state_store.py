@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.state_store import FORMAT_VERSION, StateStore
+from app.lifecycle.store import FORMAT_VERSION, StateStore
 
 
 def leftovers(directory: Path) -> list[str]:

@@ -1,0 +1,163 @@
+"""GPU and vLLM-load metrics on the app's registry.
+
+`GpuCollector` reads the monitor's last snapshot at scrape time: a scrape never calls
+NVML (a hung driver cannot hang `/metrics`). Names are Prometheus-style in base units
+(bytes, ratio 0-1, watts, celsius), with dcgm-exporter's label names (`gpu`, `UUID`,
+`modelName`) so series join with dcgm-exporter's when both run. Every family is always
+exposed, with no samples when nothing is known, so HELP and TYPE are there from the
+first scrape.
+
+- `microscheduler_gpu_snapshot_age_seconds` has no sample until a first good snapshot
+  exists (alert on `absent()` or on `microscheduler_gpu_probe_up == 0`): a NaN would
+  compare false in every alert rule and break `max()`/`sum()`.
+- A lost GPU exports `microscheduler_gpu_lost 1` and none of its other series: its
+  numbers are only the last seen ones, and nothing is scheduled on it.
+
+`VllmLoadMetrics` exports what the last `/metrics` scrape of each local vLLM said.
+When a scrape fails or the backend is not running, `microscheduler_backend_metrics_up`
+is 0 and the three load series of that backend are removed (not NaN, not the old
+value): a stopped backend shows "no data", never an old KV usage, and `sum()` over
+backends stays a number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.gpu.poller import GpuMonitor
+from app.gpu.telemetry import GpuSnapshot, GpuStats
+from app.upstreams.vllm_load import BackendLoad
+
+GPU_LABELS = ("gpu", "UUID", "modelName")
+
+
+def _labels(stats: GpuStats) -> list[str]:
+    return [str(stats.index), stats.uuid, stats.name]
+
+
+class GpuCollector(Collector):
+    """Registered on `registry` when one is given (else call `registry.register`)."""
+
+    def __init__(self, monitor: GpuMonitor, registry: CollectorRegistry | None = None) -> None:
+        self._monitor = monitor
+        if registry is not None:
+            registry.register(self)
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families(None, up=False, age=None)
+
+    def collect(self) -> Iterable[Metric]:
+        monitor = self._monitor
+        return self._families(monitor.snapshot, up=monitor.up, age=monitor.age_s())
+
+    def _families(
+        self, snapshot: GpuSnapshot | None, *, up: bool, age: float | None
+    ) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "microscheduler_gpu_probe_up",
+            "1 when the last GPU sample succeeded, else 0.",
+            value=1.0 if up else 0.0,
+        )
+        age_family = GaugeMetricFamily(
+            "microscheduler_gpu_snapshot_age_seconds",
+            "Age of the last good GPU sample (no sample until there is one).",
+        )
+        if age is not None:
+            age_family.add_metric([], age)
+        yield age_family
+
+        def family(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"microscheduler_gpu_{name}", doc, labels=GPU_LABELS)
+
+        used = family("memory_used_bytes", "GPU memory in use (NVML v1: includes reserved).")
+        free = family("memory_free_bytes", "GPU memory free.")
+        total = family("memory_total_bytes", "GPU memory in total.")
+        reserved = family(
+            "memory_reserved_bytes", "GPU memory reserved by the driver and firmware (NVML v2)."
+        )
+        util = family(
+            "utilization_ratio", "Fraction of the last sample period a kernel was running (0-1)."
+        )
+        mem_util = family(
+            "memory_utilization_ratio",
+            "Fraction of the last sample period device memory was read or written (0-1).",
+        )
+        temperature = family("temperature_celsius", "GPU core temperature.")
+        power = family("power_watts", "GPU power draw.")
+        lost = family("lost", "1 when the GPU fell off the bus or cannot be read, else 0.")
+        for stats in () if snapshot is None else snapshot.gpus:
+            labels = _labels(stats)
+            lost.add_metric(labels, 1.0 if stats.lost else 0.0)
+            if stats.lost:
+                continue
+            used.add_metric(labels, float(stats.used_bytes))
+            free.add_metric(labels, float(stats.free_bytes))
+            total.add_metric(labels, float(stats.total_bytes))
+            if stats.reserved_bytes is not None:
+                reserved.add_metric(labels, float(stats.reserved_bytes))
+            if stats.utilization_gpu_pct is not None:
+                util.add_metric(labels, stats.utilization_gpu_pct / 100.0)
+            if stats.utilization_memory_pct is not None:
+                mem_util.add_metric(labels, stats.utilization_memory_pct / 100.0)
+            if stats.temperature_c is not None:
+                temperature.add_metric(labels, stats.temperature_c)
+            if stats.power_w is not None:
+                power.add_metric(labels, stats.power_w)
+        yield from (used, free, total, reserved, util, mem_util, temperature, power, lost)
+
+
+class VllmLoadMetrics:
+    """Per-backend load as scraped from vLLM's `/metrics`; backends from config only."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "microscheduler"
+        self.kv_cache_usage = Gauge(
+            "backend_kv_cache_usage_ratio",
+            "KV-cache usage of the backend's fullest engine (0-1), from vLLM's /metrics.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.requests_running = Gauge(
+            "backend_requests_running",
+            "Requests in the backend's running batches, from vLLM's /metrics.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.requests_waiting = Gauge(
+            "backend_requests_waiting",
+            "Requests queued in the backend, from vLLM's /metrics.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.metrics_up = Gauge(
+            "backend_metrics_up",
+            "1 when the last scrape of the backend's /metrics worked, else 0.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+
+    def declare(self, backend: str) -> None:
+        """Create the backend's `metrics_up` series (0 until a scrape works)."""
+        self.metrics_up.labels(backend).set(0)
+
+    def update(self, backend: str, load: BackendLoad | None) -> None:
+        """Record a scrape: None when it failed or the backend is not running."""
+        self.metrics_up.labels(backend).set(0 if load is None else 1)
+        values = (
+            (self.kv_cache_usage, None if load is None else load.kv_cache_usage_ratio),
+            (self.requests_running, None if load is None else load.requests_running),
+            (self.requests_waiting, None if load is None else load.requests_waiting),
+        )
+        for gauge, value in values:
+            if value is None:
+                gauge.remove(backend)  # a no-op when the series does not exist
+            else:
+                gauge.labels(backend).set(value)

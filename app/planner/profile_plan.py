@@ -1,0 +1,282 @@
+"""A GPU profile against the GPU: do its enabled instances fit, and how to start each one.
+
+Pure (no I/O): takes loaded `Settings` and a profile name; `microscheduler plan profile`
+prints the result.
+
+- The instances are the backends the profile enables, in the order they start: pinned ones
+  first, then lazy ones (as if every lazy backend were running at once), each in
+  `models.yaml` order. A backend on several GPUs is planned on each (tensor parallel).
+- A described backend (`model_info:` / `hf_config:`) becomes a `plan_share` instance
+  (`app/planner/share.py`): the profile's `vram_pct / 100` pins its `--gpu-memory-utilization`
+  (else its `model_info.gpu_memory_utilization`, else the planner chooses), `cuda_graphs`
+  and `sleep_mode` override the backend's.
+- A backend without a description is not planned; when its memory is known (`vram_mib`, or
+  the profile's `vram_pct`) that much is counted as in use before the first instance starts
+  (the cautious side for the start-up checks); otherwise it is listed as not counted.
+- The plan fits when every instance passes vLLM's checks with its KV budget, and what they
+  use together stays within the profile's `target_utilization_pct` of the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from app.planner.description import PlannedModel, resolve
+from app.planner.footprint import Footprint, instance_spec, planned_footprint_mib
+from app.planner.share import InstancePlan, InstanceSpec, SharePlan, ShareRequest, plan_share
+from app.planner.units import MIB, bytes_to_gib
+from app.settings import BackendConfig, Settings
+from app.settings.profiles import ProfileConfig
+
+SLEEP_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+@dataclass(frozen=True)
+class PlannedInstance:
+    """One described backend on one GPU: its plan and the command that starts it."""
+
+    backend: str
+    gpu: int
+    config: BackendConfig
+    planned: PlannedModel
+    spec: InstanceSpec
+    plan: InstancePlan
+    vram_pct: float | None
+    sleep_mode: bool
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Unplanned:
+    """An enabled backend without a model description."""
+
+    backend: str
+    gpus: tuple[int, ...]
+    footprint: Footprint | None  # counted as in use; None: its memory is not counted
+
+    @property
+    def missing(self) -> str:
+        return (
+            f"no model description: add model_info: or hf_config: to backends.{self.backend} "
+            "in models.yaml"
+        )
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    gpu: int
+    held_bytes: int  # backends without a description, counted before the first instance
+    share: SharePlan | None  # None when no described instance runs on this GPU
+    used_bytes: float
+    problems: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems and (self.share is None or self.share.fits)
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    name: str
+    active: bool
+    profile: ProfileConfig
+    total_bytes: int
+    instances: tuple[PlannedInstance, ...]  # by GPU, in start order
+    unplanned: tuple[Unplanned, ...]
+    disabled: tuple[str, ...]
+    gpus: tuple[GpuPlan, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(gpu.fits for gpu in self.gpus)
+
+    @property
+    def complete(self) -> bool:
+        """Every enabled backend's memory is known (planned or counted)."""
+        return all(item.footprint is not None for item in self.unplanned)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why it does not fit, one sentence per cause."""
+        many = len(self.gpus) > 1
+        found: list[str] = []
+        for gpu in self.gpus:
+            where = f"GPU {gpu.gpu}: " if many else ""
+            found.extend(
+                f"{where}{item.backend}: {_why(item)}"
+                for item in self.instances
+                if item.gpu == gpu.gpu and not item.plan.ok
+            )
+            found.extend(f"{where}{text}" for text in gpu.problems)
+            if gpu.share is not None:
+                found.extend(f"{where}{text}" for text in gpu.share.problems)
+        return tuple(found)
+
+
+def _why(item: PlannedInstance) -> str:
+    need, free = item.spec.footprint_bytes, item.plan.free_at_start_bytes
+    if need > free:
+        return (
+            f"it needs {bytes_to_gib(need):.2f} GiB but only {bytes_to_gib(free):.2f} GiB is "
+            f"free when it starts ({bytes_to_gib(need - free):.2f} GiB short)"
+        )
+    return item.plan.problems[0] if item.plan.problems else "does not fit"
+
+
+def start_order(settings: Settings, profile: ProfileConfig) -> list[str]:
+    """The backends `profile` enables, pinned first, each group in `models.yaml` order."""
+    enabled = [name for name in settings.backends if profile.enabled(name)]
+    return sorted(enabled, key=lambda name: settings.backends[name].lifecycle != "pinned")
+
+
+def vllm_command(
+    config: BackendConfig,
+    planned: PlannedModel,
+    plan: InstancePlan,
+    *,
+    sleep_mode: bool,
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """`vllm serve ...` for one instance (argv) and the environment it needs."""
+    model = planned.repo or config.served_model
+    argv = ["vllm", "serve", model]
+    if model != config.served_model:
+        argv += ["--served-model-name", config.served_model]
+    port = urlsplit(config.url).port
+    if port is not None:
+        argv += ["--port", str(port)]
+    if len(config.gpus) > 1:
+        argv += ["--tensor-parallel-size", str(len(config.gpus))]
+    argv += plan.flags
+    if planned.kv_dtype_flag is not None:
+        argv += ["--kv-cache-dtype", planned.kv_dtype_flag]
+    argv += ["--max-model-len", str(planned.max_model_len)]
+    argv += ["--max-num-seqs", str(planned.max_num_seqs)]
+    env: dict[str, str] = {}
+    if sleep_mode:
+        argv.append("--enable-sleep-mode")
+        env.update(SLEEP_MODE_ENV)
+    return tuple(argv), env
+
+
+def plan_profile(settings: Settings, name: str, *, total_bytes: int) -> ProfilePlan:
+    """Plan profile `name` of `settings.gpu_profiles` on GPUs of `total_bytes` each."""
+    if settings.gpu_profiles is None:
+        raise ValueError("there are no GPU profiles (gpu_profiles.yaml)")
+    profiles = settings.gpu_profiles
+    profile = profiles.profiles.get(name)
+    if profile is None:
+        raise ValueError(f"unknown profile {name!r} (profiles: {', '.join(profiles.profiles)})")
+    total_mib = total_bytes // MIB
+    order = start_order(settings, profile)
+    described: list[tuple[str, PlannedModel]] = []
+    unplanned: list[Unplanned] = []
+    for backend in order:
+        config = settings.backends[backend]
+        planned = resolve(config.model_info, config.hf_config)
+        if planned is not None:
+            described.append((backend, planned))
+            continue
+        chosen = profile.models.get(backend)
+        share = None
+        if chosen is not None and chosen.vram_pct is not None:
+            share = int(total_mib * chosen.vram_pct / 100)
+        footprint = planned_footprint_mib(
+            config, gpu_total_mib=total_mib, profile_planned_mib=share
+        )
+        unplanned.append(Unplanned(backend, tuple(config.gpus), footprint))
+
+    instances: list[PlannedInstance] = []
+    gpu_plans: list[GpuPlan] = []
+    used_gpus = sorted({gpu for backend in order for gpu in settings.backends[backend].gpus})
+    for gpu in used_gpus:
+        held = sum(
+            item.footprint.mib * MIB
+            for item in unplanned
+            if item.footprint is not None and gpu in item.gpus
+        )
+        here = [(b, p) for b, p in described if gpu in settings.backends[b].gpus]
+        gpu_plan, planned_here = _plan_gpu(settings, profile, gpu, here, held, total_bytes)
+        gpu_plans.append(gpu_plan)
+        instances.extend(planned_here)
+    return ProfilePlan(
+        name=name,
+        active=name == profiles.default,
+        profile=profile,
+        total_bytes=total_bytes,
+        instances=tuple(instances),
+        unplanned=tuple(unplanned),
+        disabled=tuple(b for b in settings.backends if not profile.enabled(b)),
+        gpus=tuple(gpu_plans),
+    )
+
+
+def _plan_gpu(
+    settings: Settings,
+    profile: ProfileConfig,
+    gpu: int,
+    described: list[tuple[str, PlannedModel]],
+    held: int,
+    total_bytes: int,
+) -> tuple[GpuPlan, list[PlannedInstance]]:
+    if held >= total_bytes:
+        problem = (
+            f"backends without a model description hold {bytes_to_gib(held):.2f} GiB, "
+            f"the whole {bytes_to_gib(total_bytes):.2f} GiB GPU"
+        )
+        return GpuPlan(gpu, held, None, float(held), (problem,)), []
+    specs: list[InstanceSpec] = []
+    for backend, planned in described:
+        config = settings.backends[backend]
+        chosen = profile.models.get(backend)
+        vram_pct = chosen.vram_pct if chosen is not None else None
+        specs.append(
+            instance_spec(
+                planned,
+                gpus=len(config.gpus),
+                name=backend,
+                cuda_graphs=chosen.cuda_graphs if chosen is not None else None,
+                gpu_memory_utilization=None if vram_pct is None else vram_pct / 100,
+            )
+        )
+    share: SharePlan | None = None
+    used = float(held)
+    if specs:
+        share = plan_share(
+            ShareRequest(total_bytes=total_bytes, instances=tuple(specs), baseline_used_bytes=held)
+        )
+        used = total_bytes - share.free_bytes
+    instances: list[PlannedInstance] = []
+    for (backend, planned), spec, plan in zip(
+        described, specs, share.instances if share else (), strict=True
+    ):
+        config = settings.backends[backend]
+        chosen = profile.models.get(backend)
+        sleep = chosen.sleep_mode if chosen is not None else None
+        if sleep is None:
+            sleep = config.yield_.method == "sleep"
+        argv, env = vllm_command(config, planned, plan, sleep_mode=sleep)
+        instances.append(
+            PlannedInstance(
+                backend=backend,
+                gpu=gpu,
+                config=config,
+                planned=planned,
+                spec=spec,
+                plan=plan,
+                vram_pct=chosen.vram_pct if chosen is not None else None,
+                sleep_mode=sleep,
+                argv=argv,
+                env=env,
+            )
+        )
+    problems: list[str] = []
+    target = profile.target_utilization_pct
+    if used > total_bytes * target / 100:
+        problems.append(
+            f"together they use {bytes_to_gib(used):.2f} GiB, {100 * used / total_bytes:.1f}% "
+            f"of the {bytes_to_gib(total_bytes):.2f} GiB GPU, more than the profile's "
+            f"target_utilization_pct {target:g}%"
+        )
+    return GpuPlan(gpu, held, share, used, tuple(problems)), instances

@@ -1,0 +1,244 @@
+"""`cloud_providers.yaml`: cloud providers and the fallback chains. The schema only; pure.
+
+```yaml
+providers:
+  deepseek:
+    kind: openai                      # an OpenAI-compatible API
+    base_url: https://api.deepseek.com/v1   # as the OpenAI SDK takes it (with /v1)
+    api_key_env: DEEPSEEK_API_KEY     # the variable holding the key, never the key
+    model: deepseek-reasoner          # the id sent upstream, whatever the client asked for
+    first_byte_timeout_s: 60          # optional; see below
+  anthropic:
+    kind: anthropic                   # the Messages API, translated both ways
+    base_url: https://api.anthropic.com      # without /v1, as Anthropic's SDK takes it
+    api_key_env: ANTHROPIC_API_KEY
+    model: claude-sonnet-4-5
+    max_tokens: 4096                  # required: used when the request sets none
+chains:
+  reasoning: [reasoning, deepseek, anthropic]   # short form: the entries only
+  orchestrator:                                 # long form: entries and options
+    entries: [orchestrator, deepseek]
+    on_context_length: next
+    wake_timeout_s: 5
+circuit: {failure_threshold: 3, cooldown_s: 30}
+```
+
+A chain is keyed by a backend `role`, a model id or an alias of `models.yaml`; a request for
+a model id or alias uses the chain keyed by that name, else the chain keyed by its
+backend's role, else no chain (it is relayed exactly as without this file). Entries are
+backend names of `models.yaml` or provider names, tried in order.
+
+Provider options:
+- `api_key_env`: the environment variable with the key (bearer for `openai`, `x-api-key`
+  for `anthropic`). Unset or empty at start-up: the provider is skipped (warning, and
+  `key_present: false` in `/status`). Leave `api_key_env` out for a server that takes no
+  key. The key is never logged, returned or put in an error.
+- `timeout_s`: connect timeout and the longest silence once the provider has started to
+  answer (default: the gateway's `timeouts.connect_s` / `timeouts.idle_s`).
+- `first_byte_timeout_s`: the wait for the first content (default `timeouts.first_byte_s`);
+  a provider silent that long is a failure and the chain moves on. For a non-streaming
+  request the first content is the whole answer.
+- `cooldown_s`: how long its circuit stays open after repeated failures (default
+  `circuit.cooldown_s`).
+- `headers`: extra request headers (not `authorization`, `x-api-key` or framing ones).
+- `max_tokens` (`anthropic`, required), `anthropic_version` (default `2023-06-01`).
+
+Chain options (long form): `on_context_length` (`relay` | `next`), `fallback_on_status`
+(4xx statuses that fall back; every 5xx always does), `wake_timeout_s` (how long a request
+waits for a local backend of the chain to start or wake before trying the next entry;
+the start goes on), `deadline_s` (one deadline for finding an entry that answers),
+`max_attempts` (upstream requests per client request), `auth_cooldown_s`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Protocol
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+DEFAULT_FALLBACK_ON_STATUS = (429, 500, 502, 503, 504, 529)
+# Headers a provider config may not set: the key goes through `api_key_env`; framing is ours.
+_RESERVED_HEADERS = frozenset(
+    {"authorization", "x-api-key", "content-length", "content-type", "host", "transfer-encoding"}
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProviderConfig(_Strict):
+    kind: Literal["openai", "anthropic"]
+    base_url: str
+    api_key_env: str | None = None
+    model: str = Field(min_length=1)
+    max_tokens: PositiveInt | None = None
+    anthropic_version: str = "2023-06-01"
+    timeout_s: PositiveFloat | None = None
+    first_byte_timeout_s: PositiveFloat | None = None
+    cooldown_s: PositiveFloat | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    max_connections: PositiveInt = 64
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"must be an http(s) URL like https://api.example.com/v1, got {value!r}"
+            )
+        if parts.query or parts.fragment:
+            raise ValueError("must not carry a query or fragment")
+        return value.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        # Never echo the value: someone may have pasted the key itself here.
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError(
+                "must be the name of an environment variable (letters, digits, _), "
+                "not the key itself"
+            )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(name for name in value if name.lower() in _RESERVED_HEADERS)
+        if reserved:
+            raise ValueError(
+                f"may not set {', '.join(reserved)} (the key comes from api_key_env; "
+                "framing headers are the gateway's)"
+            )
+        return {name.lower(): text for name, text in value.items()}
+
+    @model_validator(mode="after")
+    def _kind_options(self) -> ProviderConfig:
+        if self.kind == "anthropic":
+            if self.max_tokens is None:
+                raise ValueError(
+                    "max_tokens: is required for kind anthropic (the Messages API requires "
+                    "max_tokens; it is used when a request sets none)"
+                )
+            if urlsplit(self.base_url).path.rstrip("/").endswith("/v1"):
+                raise ValueError(
+                    "base_url: is Anthropic's base URL without /v1 "
+                    "(https://api.anthropic.com); the gateway adds /v1/messages"
+                )
+        elif self.max_tokens is not None:
+            raise ValueError("max_tokens: only applies to kind anthropic")
+        return self
+
+
+class ChainConfig(_Strict):
+    entries: list[str] = Field(min_length=1)
+    on_context_length: Literal["relay", "next"] = "relay"
+    fallback_on_status: list[Annotated[int, Field(ge=400, le=599)]] = Field(
+        default_factory=lambda: list(DEFAULT_FALLBACK_ON_STATUS)
+    )
+    wake_timeout_s: NonNegativeFloat = 10.0
+    deadline_s: PositiveFloat = 300.0
+    max_attempts: PositiveInt = 3
+    auth_cooldown_s: PositiveFloat = 300.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, value: Any) -> Any:
+        return {"entries": value} if isinstance(value, list) else value
+
+    @field_validator("entries")
+    @classmethod
+    def _unique(cls, entries: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for entry in entries:
+            if entry in seen:
+                raise ValueError(f"{entry!r} is listed twice")
+            seen.add(entry)
+        return entries
+
+
+class CircuitBreakerConfig(_Strict):
+    """Defaults of every entry's circuit breaker (local backends and providers)."""
+
+    failure_threshold: PositiveInt = 3
+    cooldown_s: PositiveFloat = 30.0
+    backoff: Annotated[float, Field(ge=1)] = 2.0
+    max_cooldown_s: PositiveFloat = 600.0
+
+    @model_validator(mode="after")
+    def _order(self) -> CircuitBreakerConfig:
+        if self.max_cooldown_s < self.cooldown_s:
+            raise ValueError("max_cooldown_s: must be at least cooldown_s")
+        return self
+
+
+class CloudConfig(_Strict):
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    chains: dict[str, ChainConfig] = Field(default_factory=dict)
+    circuit: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)
+
+    @field_validator("providers")
+    @classmethod
+    def _provider_names(cls, providers: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
+        for name in providers:
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"{name!r}: provider names are letters, digits, '_', '.', '-'")
+        return providers
+
+
+class BackendNames(Protocol):
+    """What the cross-check reads of a backend (`app.settings.BackendConfig` fits)."""
+
+    @property
+    def role(self) -> str | None: ...
+
+    @property
+    def models(self) -> list[str]: ...
+
+    @property
+    def aliases(self) -> list[str]: ...
+
+
+def cross_check(cloud: CloudConfig, backends: Mapping[str, BackendNames]) -> list[str]:
+    """Problems between `cloud_providers.yaml` and `models.yaml`, as `key: problem` lines.
+
+    A provider may not share a backend's name; a chain key must be a role, a model id or
+    an alias; a chain entry must be a backend or a provider.
+    """
+    problems = [
+        f"providers.{name}: is also the name of a backend in models.yaml; names must differ"
+        for name in cloud.providers
+        if name in backends
+    ]
+    keys = {cfg.role for cfg in backends.values() if cfg.role} | {
+        name for cfg in backends.values() for name in (*cfg.models, *cfg.aliases)
+    }
+    for key, chain in cloud.chains.items():
+        if key not in keys:
+            problems.append(
+                f"chains.{key}: names no backend role, model id or alias in models.yaml"
+            )
+        for index, entry in enumerate(chain.entries):
+            if entry not in backends and entry not in cloud.providers:
+                problems.append(
+                    f"chains.{key}.entries.{index}: {entry!r} is neither a backend in "
+                    f"models.yaml ({', '.join(backends)}) nor a provider "
+                    f"({', '.join(cloud.providers) or 'none'})"
+                )
+    return problems

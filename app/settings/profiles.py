@@ -1,0 +1,165 @@
+"""GPU profiles (`gpu_profiles.yaml`): named presets of which backends run and how much of
+the GPU each gets. The schema and the pure decisions; switching lives in
+`app/lifecycle/profile_switch.py`.
+
+```yaml
+profiles:
+  dev:
+    vram_strategy: shared
+    gpu_total_gb: 32
+    target_utilization_pct: 76
+    models:
+      orchestrator: {vram_pct: 40, cuda_graphs: true}
+      reasoning: {enabled: true, vram_pct: 35, sleep_mode: true}
+  production:
+    target_utilization_pct: 92
+    models:
+      orchestrator: {vram_pct: 92}
+      reasoning: {enabled: false}
+active: dev
+```
+
+A backend a profile does not list keeps its `models.yaml` behaviour (enabled). In a
+profile, `vram_pct` is the share of the GPU's memory the instance is planned to use (its
+`--gpu-memory-utilization` x 100); the enabled shares add up to no more than
+`target_utilization_pct`. `sleep_mode: true` makes the backend yield by vLLM sleep mode
+instead of a stop; `cuda_graphs: false` plans it with `--enforce-eager`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+
+Percent = Annotated[float, Field(gt=0, le=100)]
+# Rounding slack when shares are compared with the target (40 + 35 + 1 written as floats).
+_PCT_SLACK = 1e-9
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProfileModelConfig(_Strict):
+    enabled: bool = True
+    vram_pct: Percent | None = None
+    cuda_graphs: bool | None = None  # None: as the backend is configured
+    sleep_mode: bool | None = None  # None: the backend's `yield.method`
+    container: str | None = None  # informational (the article's shape); runtime names it
+
+
+class ProfileConfig(_Strict):
+    description: str | None = None
+    # shared: several instances share the GPU; exclusive: one instance owns it.
+    vram_strategy: Literal["shared", "exclusive"] = "shared"
+    gpu_total_gb: PositiveFloat | None = None  # None: the GPU the probe sees
+    target_utilization_pct: Percent = 90.0
+    models: dict[str, ProfileModelConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _shares(self) -> ProfileConfig:
+        enabled = {n: m for n, m in self.models.items() if m.enabled}
+        planned = {n: m.vram_pct for n, m in enabled.items() if m.vram_pct is not None}
+        total = sum(planned.values())
+        if total > self.target_utilization_pct + _PCT_SLACK:
+            parts = " + ".join(f"{n} {p:g}" for n, p in planned.items())
+            raise ValueError(
+                f"models: the enabled vram_pct add up to {total:g}% ({parts}), more than "
+                f"target_utilization_pct {self.target_utilization_pct:g}%"
+            )
+        if self.vram_strategy == "exclusive" and len(planned) > 1:
+            raise ValueError(
+                "vram_strategy: exclusive gives the GPU to one instance, but "
+                f"{len(planned)} enabled models have a vram_pct: {', '.join(planned)}"
+            )
+        return self
+
+    def enabled(self, backend: str) -> bool:
+        model = self.models.get(backend)
+        return model is None or model.enabled
+
+    def planned_mib(self, backend: str, gpu_total_mib: int | None) -> int | None:
+        """The MiB this profile plans for `backend`, or None when it plans nothing."""
+        model = self.models.get(backend)
+        if model is None or not model.enabled or model.vram_pct is None:
+            return None
+        total = gpu_total_mib if self.gpu_total_gb is None else int(self.gpu_total_gb * 1024)
+        if total is None:
+            return None
+        return int(total * model.vram_pct / 100)
+
+
+class GpuProfilesConfig(_Strict):
+    profiles: dict[str, ProfileConfig] = Field(min_length=1)
+    active: str | None = None  # None: the first profile
+
+    @model_validator(mode="after")
+    def _active_exists(self) -> GpuProfilesConfig:
+        if self.active is not None and self.active not in self.profiles:
+            raise ValueError(
+                f"active: {self.active!r} is not a profile (profiles: {', '.join(self.profiles)})"
+            )
+        return self
+
+    @property
+    def default(self) -> str:
+        return self.active if self.active is not None else next(iter(self.profiles))
+
+    def unknown_backends(self, backends: Iterable[str]) -> list[str]:
+        """`profiles.<p>.models.<name>` lines naming backends that do not exist."""
+        known = set(backends)
+        return [
+            f"profiles.{p}.models.{name}"
+            for p, profile in self.profiles.items()
+            for name in profile.models
+            if name not in known
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileChange:
+    """What activating a profile changes, by backend name."""
+
+    disable: tuple[str, ...]  # enabled before, disabled now: drain and stop
+    enable: tuple[str, ...]  # disabled before, enabled now: startable again
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"disabled": list(self.disable), "enabled": list(self.enable)}
+
+
+def diff(backends: Iterable[str], old: ProfileConfig | None, new: ProfileConfig) -> ProfileChange:
+    """Which backends a switch from `old` (None: nothing disabled) to `new` turns off/on."""
+    names = list(backends)
+    was = {n: (old is None or old.enabled(n)) for n in names}
+    now = {n: new.enabled(n) for n in names}
+    return ProfileChange(
+        disable=tuple(n for n in names if was[n] and not now[n]),
+        enable=tuple(n for n in names if not was[n] and now[n]),
+    )
+
+
+def disabled(backends: Iterable[str], profile: ProfileConfig) -> tuple[str, ...]:
+    return tuple(n for n in backends if not profile.enabled(n))
+
+
+def describe(
+    profiles: GpuProfilesConfig, active: str, backends: Mapping[str, object]
+) -> list[dict[str, object]]:
+    """`GET /profiles`: each profile, whether active, and what it enables."""
+    return [
+        {
+            "name": name,
+            "active": name == active,
+            "description": profile.description,
+            "vram_strategy": profile.vram_strategy,
+            "gpu_total_gb": profile.gpu_total_gb,
+            "target_utilization_pct": profile.target_utilization_pct,
+            "enabled": [b for b in backends if profile.enabled(b)],
+            "disabled": [b for b in backends if not profile.enabled(b)],
+            "models": {n: m.model_dump(exclude_none=True) for n, m in profile.models.items()},
+        }
+        for name, profile in profiles.profiles.items()
+    ]

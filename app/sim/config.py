@@ -1,0 +1,98 @@
+"""The fake vLLM server's options (its CLI flags, one to one) and the faults a test can
+change while it runs (`POST /_fake/faults`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class FakeConfig:
+    """All options of the fake server (CLI flags map 1:1, dashes to underscores)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    models: list[str] = field(default_factory=lambda: ["fake-model"])
+    startup_delay: float = 0.0
+    ttft: float = 0.0
+    tokens_per_second: float = 0.0
+    max_tokens: int = 16
+    max_model_len: int = 8192
+    max_num_seqs: int = 256
+    embedding_dim: int = 8
+    fail_status: int | None = None
+    fail_count: int | None = None
+    drop_after: int | None = None
+    stall_after: int | None = None
+    stall_before_headers: bool = False
+    health_status: int | None = None
+    ignore_sigterm: bool = False
+    dev_mode: bool | None = None  # None: read VLLM_SERVER_DEV_MODE when the app is built
+    version: str = "0.0.0-fake"
+    # GPU footprint reported to the simulated GPU's ledger (app.sim.vram)
+    vram_mib: int = 0  # while awake; 0 reports nothing
+    vram_asleep_mib: int | None = None  # while asleep (level 1 or 2); None: vram_mib // 8
+    sim_gpu_dir: str | None = None  # the ledger directory; None reports nothing
+    gpus: list[int] = field(default_factory=lambda: [0])
+
+    def faults(self) -> Faults:
+        return Faults(**{f.name: getattr(self, f.name) for f in fields(Faults)})
+
+
+@dataclass
+class Faults:
+    """Runtime-adjustable behaviour; ``POST /_fake/faults`` patches it (null = default)."""
+
+    fail_status: int | None = None
+    fail_count: int | None = None
+    drop_after: int | None = None
+    stall_after: int | None = None
+    stall_before_headers: bool = False
+    ttft: float = 0.0
+    tokens_per_second: float = 0.0
+    health_status: int | None = None
+
+    def take_failure(self) -> int | None:
+        """Status to fail the next generation/embedding request with, consuming fail_count."""
+        status = self.fail_status
+        if status is None or self.fail_count is None:
+            return status
+        if self.fail_count <= 0:
+            return None
+        self.fail_count -= 1
+        if self.fail_count == 0:
+            self.fail_status = self.fail_count = None
+        return status
+
+    def update(self, patch: dict[str, Any]) -> None:
+        """Validate all of ``patch`` first, then apply it; raises ValueError."""
+        defaults = {f.name: f.default for f in fields(self)}
+        new: dict[str, Any] = {}
+        for key, value in patch.items():
+            if key not in defaults:
+                raise ValueError(f"unknown fault option {key!r}")
+            if value is None:
+                new[key] = defaults[key]
+            elif key == "stall_before_headers":
+                if not isinstance(value, bool):
+                    raise ValueError("stall_before_headers must be a boolean")
+                new[key] = value
+            elif key in ("ttft", "tokens_per_second"):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"{key} must be a number")
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"{key} must be >= 0")
+                new[key] = float(value)
+            else:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{key} must be a non-negative integer")
+                if key in ("fail_status", "health_status") and not 100 <= value <= 599:
+                    raise ValueError(f"{key} must be an HTTP status code")
+                new[key] = value
+        for key, value in new.items():
+            setattr(self, key, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

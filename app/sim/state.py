@@ -1,0 +1,173 @@
+"""Shared per-server state of the fake vLLM server: statistics, request recording and the
+accounting of in-flight requests (completed / aborted / ...)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from app.sim.config import FakeConfig, Faults
+from app.sim.engine import FakeEngine, Job
+from app.sim.metrics import FakeMetrics
+from app.sim.text import (
+    ApiError,
+    error_body,
+    error_type_for,
+    model_not_found,
+    validation_error,
+)
+from app.sim.vram import FakeVram
+
+
+@dataclass
+class Stats:
+    """What ``GET /_fake/stats`` reports (``in_flight`` is live and never reset)."""
+
+    requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
+    completed: int = 0
+    aborted: int = 0
+    failed: int = 0
+    dropped: int = 0
+    in_flight: int = 0
+
+    def reset(self) -> None:
+        self.requests.clear()
+        self.completed = self.aborted = self.failed = self.dropped = 0
+
+
+class RequestRun:
+    """Progress of one admitted request, read by the accounting in ``track``."""
+
+    __slots__ = ("arrival", "drop_after", "job", "outcome", "sent", "stall_after", "tokens")
+
+    def __init__(self, faults: Faults, arrival: float) -> None:
+        self.job = Job()
+        self.arrival = arrival
+        self.outcome = "abort"  # overwritten on normal completion
+        self.tokens = 0
+        self.sent = 0
+        self.drop_after = faults.drop_after
+        self.stall_after = faults.stall_after
+
+
+async def forever() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.Response(status=err.status, body=err.body(), content_type="application/json")
+
+
+def json_response(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
+
+
+class FakeState:
+    """Everything one fake server shares between its handlers."""
+
+    def __init__(self, config: FakeConfig) -> None:
+        self.config = config
+        self.models = list(config.models) or ["fake-model"]
+        self.faults = config.faults()
+        self.stats = Stats()
+        self.listening_since: float | None = None  # time.time() when the port opened
+        self.engine = FakeEngine(config.max_num_seqs)
+        self.metrics = FakeMetrics(self.models[0])
+        self.vram = FakeVram(config)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def record(self, request: web.Request, body: Any) -> None:
+        self.stats.requests.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "query": request.query_string,
+                "headers": {k.lower(): v for k, v in request.headers.items()},
+                "body": body,
+            }
+        )
+
+    async def parse_body(self, request: web.Request) -> dict[str, Any]:
+        """Read, record and parse a JSON object body; raises ApiError like vLLM."""
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError as exc:
+            self.record(request, None)
+            pos = getattr(exc, "pos", 0)
+            raise validation_error([pos], "json_invalid", "JSON decode error") from None
+        self.record(request, body)
+        if body is None:
+            raise validation_error([], "missing", "Field required")
+        if not isinstance(body, dict):
+            raise validation_error([], "model_attributes_type", "Input should be an object")
+        return body
+
+    def resolve_model(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.models[0]  # vLLM: a request without "model" uses the served model
+        if not isinstance(model, str) or model not in self.models:
+            raise model_not_found(str(model))
+        return model
+
+    def injected_failure(self) -> web.Response | None:
+        status = self.faults.take_failure()
+        if status is None:
+            return None
+        self.stats.failed += 1
+        message = f"Injected failure (fake vLLM fail_status={status})"
+        body = error_body(status, message, error_type_for(status))
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    async def track(
+        self, run: RequestRun, work: Callable[[], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Run ``work`` as an in-flight request; account for its outcome however it ends."""
+        stats, engine, metrics = self.stats, self.engine, self.metrics
+        stats.in_flight += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        admitted = False
+        try:
+            if self.faults.stall_before_headers:
+                await forever()
+            admitted = await engine.admit(run.job)
+            response: web.StreamResponse = await work()
+            return response
+        finally:
+            stats.in_flight -= 1
+            if task is not None:
+                self._tasks.discard(task)
+            if admitted:
+                engine.release(run.job)
+            if run.tokens:
+                metrics.generation_tokens.inc(run.tokens)
+            outcome = run.outcome
+            if outcome == "dropped":
+                stats.dropped += 1
+            elif outcome == "abort":
+                stats.aborted += 1
+                metrics.request_success["abort"].inc()
+            else:
+                stats.completed += 1
+                metrics.request_success[outcome].inc()
+                metrics.e2e.observe(time.monotonic() - run.arrival)
+
+    def first_token(self, run: RequestRun, prompt_tokens: int) -> None:
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.ttft.observe(time.monotonic() - run.arrival)
+
+    def cancel_all(self) -> None:
+        """Shutdown: end in-flight requests (stalls included) so the server stops quickly."""
+        self.engine.abort_all()
+        for task in list(self._tasks):
+            task.cancel()

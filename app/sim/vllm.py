@@ -1,0 +1,382 @@
+"""A fast, faithful stand-in for vLLM's OpenAI-compatible server (``vllm serve``).
+
+Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health``,
+``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings`` and ``/metrics`` in vLLM's shapes; ``/sleep``, ``/wake_up`` and
+``/is_sleeping`` only with ``VLLM_SERVER_DEV_MODE=1``. Test controls: ``POST /_fake/faults``
+(same options as the fault flags, snake_case, null resets one), ``GET /_fake/faults``,
+``GET``/``DELETE /_fake/stats``. Like vLLM, the port refuses connections until
+``--startup-delay`` has passed. Client disconnects cancel the handler and count as aborts.
+
+With ``--sim-gpu-dir DIR --vram-mib N`` it reports its GPU footprint to the simulated GPU's
+ledger (``app.gpu.ledger``) from the moment loading begins, like vLLM, which allocates
+weights and KV cache before ``/health`` answers; ``--vram-asleep-mib`` while asleep (level 1
+or 2; default N/8: the CUDA context and graphs stay, 0.5-6 GiB on real GPUs); entry
+removed on clean shutdown (see ``app.sim.vram``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from app.sim.config import FakeConfig
+from app.sim.engine import PauseMode
+from app.sim.generation import GenerationApi
+from app.sim.metrics import CONTENT_TYPE
+from app.sim.state import FakeState, error_response, json_response
+from app.sim.text import ApiError, dumps
+
+__all__ = [
+    "FakeConfig",
+    "FakeVllmServer",
+    "build_app",
+    "main",
+    "make_runner",
+    "parse_args",
+    "serve",
+]
+
+_NOT_FOUND = b'{"detail":"Not Found"}'
+_PAUSE_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "wait", "keep": "keep"}
+
+
+class FakeVllm(FakeState):
+    """The non-generation endpoints: health, models, metrics, sleep mode, test controls."""
+
+    # --- plain endpoints ---------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=self.faults.health_status or 200)
+
+    async def version(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        return json_response(dumps({"version": self.config.version}))
+
+    async def list_models(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        created = int(time.time())
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.models[0],
+                "parent": None,
+                "max_model_len": self.config.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.models
+        ]
+        return json_response(dumps({"object": "list", "data": cards}))
+
+    async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
+        body = self.metrics.render(self.engine)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def not_found(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        return web.Response(status=404, body=_NOT_FOUND, content_type="application/json")
+
+    # --- sleep mode (VLLM_SERVER_DEV_MODE=1 only) --------------------------------------------
+
+    async def sleep(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        level_s, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
+        if not level_s.isdigit() or int(level_s) not in (0, 1, 2):
+            return error_response(ApiError(400, f"Invalid sleep level: {level_s}", param="level"))
+        pause_mode = _PAUSE_MODES.get(mode)
+        if pause_mode is None:
+            return error_response(ApiError(400, f"Invalid pause mode: {mode}", param="mode"))
+        await self.engine.sleep(int(level_s), pause_mode)
+        self.vram.follow(self.engine.is_sleeping)
+        return web.Response(status=200)
+
+    async def wake_up(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        tags = request.query.getall("tags", [])
+        self.engine.wake_up(tags or None)
+        self.vram.follow(self.engine.is_sleeping)
+        return web.Response(status=200)
+
+    async def is_sleeping(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        return json_response(dumps({"is_sleeping": self.engine.is_sleeping}))
+
+    # --- test controls -----------------------------------------------------------------------
+
+    async def get_faults(self, request: web.Request) -> web.StreamResponse:
+        return json_response(dumps(self.faults.as_dict()))
+
+    async def set_faults(self, request: web.Request) -> web.StreamResponse:
+        try:
+            patch = json.loads(await request.read() or b"{}")
+            if not isinstance(patch, dict):
+                raise ValueError("body must be a JSON object")
+            self.faults.update(patch)
+        except ValueError as exc:
+            return error_response(ApiError(400, str(exc)))
+        return json_response(dumps(self.faults.as_dict()))
+
+    async def get_stats(self, request: web.Request) -> web.StreamResponse:
+        stats = self.stats
+        return json_response(
+            dumps(
+                {
+                    "requests": list(stats.requests),
+                    "completed": stats.completed,
+                    "aborted": stats.aborted,
+                    "failed": stats.failed,
+                    "dropped": stats.dropped,
+                    "in_flight": stats.in_flight,
+                    "running": self.engine.running,
+                    "waiting": self.engine.waiting,
+                    "listening_since": self.listening_since,
+                    "vram_mib": self.vram.held_mib,
+                    "vram_gpus": list(self.vram.gpus),
+                    "vram_ledger_file": self.vram.ledger_file,
+                }
+            )
+        )
+
+    async def reset_stats(self, request: web.Request) -> web.StreamResponse:
+        self.stats.reset()
+        return await self.get_stats(request)
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        self.cancel_all()
+        await self.vram.stop()
+
+
+FAKE_VLLM_KEY = web.AppKey("fake_vllm", FakeVllm)
+
+
+def build_app(config: FakeConfig) -> web.Application:
+    """The aiohttp application; serve it with ``handler_cancellation=True`` (see ``serve``)."""
+    fake = FakeVllm(config)
+    dev_mode = config.dev_mode
+    if dev_mode is None:
+        dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0") == "1"
+    app = web.Application(client_max_size=64 * 1024**2)
+    app[FAKE_VLLM_KEY] = fake
+    app.on_shutdown.append(fake.on_shutdown)
+    add = app.router.add_route
+    add("GET", "/health", fake.health)
+    add("GET", "/version", fake.version)
+    add("GET", "/v1/models", fake.list_models)
+    gen = GenerationApi(fake)
+    add("POST", "/v1/chat/completions", gen.chat_completions)
+    add("POST", "/v1/completions", gen.completions)
+    add("POST", "/v1/embeddings", gen.embeddings)
+    add("GET", "/metrics", fake.metrics_endpoint)
+    if dev_mode:
+        add("POST", "/sleep", fake.sleep)
+        add("POST", "/wake_up", fake.wake_up)
+        add("GET", "/is_sleeping", fake.is_sleeping)
+    add("GET", "/_fake/faults", fake.get_faults)
+    add("POST", "/_fake/faults", fake.set_faults)
+    add("GET", "/_fake/stats", fake.get_stats)
+    add("DELETE", "/_fake/stats", fake.reset_stats)
+    add("*", "/{tail:.*}", fake.not_found)
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """A runner with client-disconnect cancellation and no access log."""
+    return web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+
+
+class FakeVllmServer:
+    """The fake server inside the current event loop (for tests): ``async with``."""
+
+    def __init__(self, config: FakeConfig | None = None) -> None:
+        self.config = config or FakeConfig(port=0)
+        self.app = build_app(self.config)
+        self.fake = self.app[FAKE_VLLM_KEY]
+        self._runner = make_runner(self.app)
+        self.url = ""
+
+    async def start(self) -> str:
+        """Load (report the GPU footprint, no delay here) and listen."""
+        self.fake.vram.start(self.config.port or None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        self.fake.listening_since = time.time()  # wall clock: compared across processes
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner.server is not None:  # set up
+            await self._runner.cleanup()
+        await self.fake.vram.stop()
+
+    async def __aenter__(self) -> FakeVllmServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _log(message: str) -> None:
+    print(f"INFO:     [fake-vllm pid={os.getpid()}] {message}", file=sys.stderr, flush=True)
+
+
+async def serve(config: FakeConfig) -> None:
+    """Wait ``startup_delay`` (port closed), serve until SIGTERM/SIGINT, shut down quickly."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    if config.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    server = FakeVllmServer(config)
+    vram = server.fake.vram
+    try:
+        vram.start(config.port or None)  # vLLM allocates while loading, before /health
+    except OSError as exc:
+        _log(f"cannot write the sim GPU ledger in {config.sim_gpu_dir}: {exc}")
+        raise SystemExit(1) from None
+    try:
+        if vram.enabled:
+            gpus = ",".join(map(str, vram.gpus))
+            _log(f"reporting vram={vram.held_mib}MiB gpus={gpus} ledger={vram.ledger_file}")
+        if config.startup_delay > 0:
+            _log(f"loading (startup delay {config.startup_delay:g}s, port closed)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), config.startup_delay)
+        if stop.is_set():
+            _log("stopped before startup completed")
+            return
+        try:
+            await server.start()
+        except OSError as exc:
+            _log(f"cannot listen on {config.host}:{config.port}: {exc}")
+            raise SystemExit(1) from None
+        _log(f"listening on {server.url} models={','.join(server.fake.models)}")
+        await stop.wait()
+        _log("shutting down")
+    finally:
+        await server.stop()  # removes the ledger entry
+
+
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a GPU index list: {text!r}") from None
+    if any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(f"GPU indexes must be >= 0: {text!r}")
+    return gpus
+
+
+def parse_args(argv: list[str] | None = None) -> FakeConfig:
+    p = argparse.ArgumentParser(prog="python -m app.sim.vllm", description=__doc__)
+    nn_int, nn_float = _non_negative(int), _non_negative(float)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=nn_int, default=8000)
+    p.add_argument(
+        "--model", "--served-model-name", dest="models", nargs="+", action="extend",
+        metavar="NAME", help="served model name(s); repeatable (default: fake-model)",
+    )  # fmt: skip
+    p.add_argument("--startup-delay", type=nn_float, default=0.0, metavar="S")
+    p.add_argument("--ttft", type=nn_float, default=0.0, metavar="S")
+    p.add_argument("--tokens-per-second", type=nn_float, default=0.0, metavar="R")
+    p.add_argument("--max-tokens", type=nn_int, default=16)
+    p.add_argument("--max-model-len", type=nn_int, default=8192)
+    p.add_argument("--max-num-seqs", type=nn_int, default=256)
+    p.add_argument("--embedding-dim", type=nn_int, default=8)
+    p.add_argument("--fail-status", type=nn_int, metavar="CODE")
+    p.add_argument("--fail-count", type=nn_int, metavar="N")
+    p.add_argument("--drop-after", type=nn_int, metavar="N")
+    p.add_argument("--stall-after", type=nn_int, metavar="N")
+    p.add_argument("--stall-before-headers", action="store_true")
+    p.add_argument("--health-status", type=nn_int, metavar="CODE")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--version-string", dest="version", default="0.0.0-fake")
+    p.add_argument(
+        "--vram-mib", type=nn_int, default=0, metavar="N",
+        help="GPU footprint while awake, reported from the start of loading (default 0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--vram-asleep-mib", type=nn_int, metavar="N",
+        help="footprint while asleep at level 1 or 2 (default: --vram-mib / 8; real vLLM "
+        "keeps its CUDA context and graphs, 0.5-6 GiB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sim-gpu-dir", metavar="PATH",
+        help="the simulated GPU's ledger directory to report to (default: report nothing)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu", dest="gpus", type=_gpu_list, action="extend", metavar="N",
+        help="GPU index(es) the footprint is on, each in full; repeatable or comma list "
+        "(default: 0)",
+    )  # fmt: skip
+    ns = p.parse_args(argv)
+    if ns.fail_count is not None and ns.fail_status is None:
+        p.error("--fail-count requires --fail-status")
+    for name in ("fail_status", "health_status"):
+        value = getattr(ns, name)
+        if value is not None and not 100 <= value <= 599:
+            p.error(f"--{name.replace('_', '-')} must be an HTTP status code")
+    kwargs = vars(ns)
+    if ns.vram_asleep_mib is not None and ns.vram_asleep_mib > ns.vram_mib:
+        p.error("--vram-asleep-mib must not exceed --vram-mib")
+    kwargs["models"] = kwargs["models"] or ["fake-model"]
+    kwargs["gpus"] = list(dict.fromkeys(kwargs["gpus"] or [0]))
+    return FakeConfig(**kwargs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""Anthropic's Messages API as a chain entry: the HTTP exchange around the translation.
+
+`open()` translates the chat-completions body (`to_anthropic_request`), posts it to
+`/v1/messages` with `x-api-key` and `anthropic-version`, and returns only once it knows
+what the client will get:
+
+- a non-2xx answer: read whole (bounded), kept raw for the fallback policy (Retry-After,
+  `overloaded_error`, "prompt is too long") and translated to OpenAI's envelope for the
+  client (`BufferedResponse.policy_body` holds the raw one);
+- a non-streaming 200: read whole and translated to a `chat.completion`;
+- a stream: events are read and translated until the first one that carries content (a
+  text delta, a tool call, the end of the message). `message_start` and `ping` carry
+  none, so an `error` event before any content (Anthropic reports `overloaded_error`
+  this way inside a 200) leaves `early_error` set and the chain can still fall back.
+  `first_byte_s` bounds that whole wait: a stream that stalls after `message_start`
+  stalls before its first byte.
+
+Only `/v1/chat/completions` is offered; the chain skips this provider for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.settings import TimeoutsConfig
+from app.settings.cloud import ProviderConfig
+from app.upstreams.anthropic import (
+    SseParser,
+    StreamTranslator,
+    anthropic_headers,
+    openai_error_from_anthropic,
+    to_anthropic_request,
+    to_openai_completion,
+)
+from app.upstreams.anthropic.response import dump_json
+from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
+from app.upstreams.provider import ProviderRequest
+
+CHAT_PATH: Final = "/v1/chat/completions"
+MAX_ERROR_BODY: Final = 64 * 1024
+MAX_ANSWER_BODY: Final = 32 * 1024 * 1024
+_KEPT_ON_ERROR: Final = frozenset({b"retry-after", b"retry-after-ms"})
+_SSE_TYPE: Final = b"text/event-stream; charset=utf-8"
+_MALFORMED: Final = {
+    "type": "error",
+    "error": {"type": "api_error", "message": "The Anthropic stream carried a malformed event."},
+}
+
+
+class AnthropicProvider:
+    kind = "anthropic"
+
+    def __init__(
+        self, name: str, config: ProviderConfig, key: str | None, timeouts: TimeoutsConfig
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.first_byte_s = timeouts.first_byte_s
+        assert config.max_tokens is not None  # the schema requires it for kind anthropic
+        self._max_tokens = config.max_tokens
+        headers = dict(config.headers)
+        if key:
+            headers.update(anthropic_headers(key, version=config.anthropic_version))
+        else:
+            headers["anthropic-version"] = config.anthropic_version
+        self.upstream = HttpUpstream(
+            name,
+            config.base_url,
+            timeouts,
+            max_connections=config.max_connections,
+            extra_headers=headers,  # holds the key: never logged
+        )
+
+    def supports(self, path: str) -> bool:
+        return path == CHAT_PATH
+
+    async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
+        body = to_anthropic_request(
+            request.payload,
+            model=self.config.model,
+            default_max_tokens=self._max_tokens,
+            stream=request.stream,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + first_byte_s
+        response = await self.upstream.open(
+            "/v1/messages",
+            dump_json(body).encode(),
+            {"content-type": "application/json"},
+            first_byte_s=first_byte_s,
+        )
+        try:
+            if response.status != 200 or not request.stream:
+                return await self._whole(response, request, deadline - loop.time())
+            stream = AnthropicStream(
+                response,
+                StreamTranslator(self.config.model, int(time.time()), request.include_usage),
+                self.name,
+            )
+            await stream.prime(deadline - loop.time(), first_byte_s)
+            return stream
+        except BaseException:
+            response.release()
+            raise
+
+    async def _whole(
+        self, response: UpstreamResponse, request: ProviderRequest, within_s: float
+    ) -> BufferedResponse:
+        ok = response.status == 200
+        limit = MAX_ANSWER_BODY if ok else MAX_ERROR_BODY
+        try:
+            async with asyncio.timeout(max(within_s, 0.0)):
+                raw = await _read(response, limit)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"upstream {self.name!r} did not finish its answer in time",
+                kind="first_byte_timeout",
+            ) from None
+        finally:
+            response.release()
+        if not ok:
+            kept = [(n, v) for n, v in response.headers if n in _KEPT_ON_ERROR]
+            envelope = openai_error_from_anthropic(response.status, raw)
+            answer = BufferedResponse(
+                response.status, dump_json(envelope).encode(), policy_body=raw
+            )
+            answer.headers.extend(kept)
+            return answer
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            raise UpstreamUnavailable(
+                f"upstream {self.name!r} answered 200 with a body that is not a message",
+                kind="bad_response",
+            )
+        created = int(time.time())
+        completion = to_openai_completion(message, model=self.config.model, created=created)
+        return BufferedResponse(200, dump_json(completion).encode())
+
+    async def close(self) -> None:
+        await self.upstream.close()
+
+
+async def _read(response: UpstreamResponse, limit: int) -> bytes:
+    parts = [response.first_chunk]
+    size = len(response.first_chunk)
+    if not response.complete:
+        async for chunk in response.rest():
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                break
+    return b"".join(parts)[:limit]
+
+
+class AnthropicStream:
+    """A Messages stream as OpenAI chunks; `prime()` reads up to the first content."""
+
+    status = 200
+    is_event_stream = True
+
+    def __init__(self, response: UpstreamResponse, translator: StreamTranslator, name: str) -> None:
+        self._response = response
+        self._translator = translator
+        self._name = name
+        self._parser = SseParser()
+        self._chunks = response.rest()
+        self._committed = False
+        self.early_error = False  # an error event (or the end) came before any content
+        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", _SSE_TYPE)]
+        self.first_chunk = b""
+
+    @property
+    def complete(self) -> bool:
+        return self._translator.done
+
+    @property
+    def failed(self) -> bool:
+        """The client got (or will get) an in-band error instead of a whole answer."""
+        return self._translator.failed
+
+    def usage(self) -> tuple[int, int]:
+        usage = self._translator.usage
+        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+
+    async def prime(self, within_s: float, first_byte_s: float) -> None:
+        parts = [self._translate(self._response.first_chunk)]
+        try:
+            async with asyncio.timeout(max(within_s, 0.0)):
+                while not (self._committed or self._translator.done):
+                    chunk = await anext(self._chunks, None)
+                    if chunk is None:
+                        parts.append(b"".join(self._translator.finish()))
+                        break
+                    parts.append(self._translate(chunk))
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"upstream {self._name!r} sent no content within {first_byte_s:g}s",
+                kind="first_byte_timeout",
+            ) from None
+        if self._translator.done and not self._committed:
+            self.early_error = self._translator.failed
+        self.first_chunk = b"".join(parts)
+
+    def _translate(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        for event, data in self._parser.feed(chunk):
+            try:
+                payload: Any = json.loads(data)
+            except ValueError:
+                payload = None
+            if not isinstance(payload, dict):
+                event, payload = "error", _MALFORMED
+            kind = event if event and event != "message" else str(payload.get("type", ""))
+            lines = self._translator.feed(event, payload)
+            if lines and kind not in ("message_start", "error"):
+                self._committed = True
+            out.extend(lines)
+            if self._translator.done:
+                break
+        return b"".join(out)
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        if self._translator.done:
+            return
+        async for chunk in self._chunks:
+            out = self._translate(chunk)
+            if out:
+                yield out
+            if self._translator.done:
+                return
+        tail = b"".join(self._translator.finish())
+        if tail:
+            yield tail
+
+    def release(self) -> None:
+        self._response.release()
