@@ -21,10 +21,6 @@ class Authenticator:
         self._api_keys = tuple(k.get_secret_value().encode() for k in api_keys)
         self._admin_key = admin_key.get_secret_value().encode() if admin_key else None
 
-    @property
-    def clients_need_key(self) -> bool:
-        return bool(self._api_keys)
-
     def check_client(self, authorization: str | None) -> None:
         if not self._api_keys:
             return

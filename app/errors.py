@@ -28,6 +28,7 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, ClassVar
 
 
@@ -146,15 +147,26 @@ class UpstreamTimeout(UpstreamError):
     default_code = "upstream_timeout"
 
 
+class UnavailableKind(StrEnum):
+    """Why a local backend cannot take a request; its error code is `backend_<kind>`."""
+
+    STARTING = "starting"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    BLOCKED = "blocked"  # a VRAM zone holds its memory
+    YIELDED = "yielded"  # a VRAM yield took it
+    DISABLED = "disabled"  # the active GPU profile disables it
+    NO_VRAM = "no_vram"  # admission refused the start
+    QUEUE_FULL = "queue_full"  # `max_waiting` requests are held already
+    RUNTIME = "runtime"  # the runtime could not do it (e.g. Docker proxy down)
+
+
 class BackendUnavailable(UpstreamUnavailable):
-    """A local backend cannot take the request now; `kind` says why.
+    """A local backend cannot take the request now; `kind` says why."""
 
-    Kinds: `starting`, `stopped`, `failed`, `blocked` (a VRAM zone holds its memory),
-    `no_vram` (admission refused the start), `queue_full` (`max_waiting` reached),
-    `runtime` (the runtime could not be asked, e.g. Docker proxy down).
-    """
-
-    def __init__(self, message: str, *, kind: str, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, kind: UnavailableKind, retry_after_s: int | None = None
+    ) -> None:
         headers = {"retry-after": str(retry_after_s)} if retry_after_s is not None else None
         super().__init__(message, kind=kind, code=f"backend_{kind}", headers=headers)
 

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from app.api import handlers, openai, ops, profiles, vram
+from app.api import backends, handlers, openai, ops, profiles, vram
 from app.api.middleware import RequestObserver
 from app.metrics import Metrics
 from app.services import Seams, Services
@@ -45,6 +45,7 @@ def create_app(
     )
     handlers.install(app)
     app.include_router(ops.router)
+    app.include_router(backends.router)
     app.include_router(vram.router)
     app.include_router(profiles.router)
     app.router.routes.extend(openai.routes)

@@ -3,6 +3,9 @@
 Labels come from configuration only (backend names, configured model names, a fixed set
 of endpoints and error kinds), never from request data, so cardinality stays bounded.
 Children are cached: the hot path does a dict lookup, not `labels()`.
+
+The GPU series are `app.gpu.collector`'s; the load scraped from each vLLM is
+`app.upstreams.vllm_load`'s.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from app.lifecycle.state import BackendState, SleepOutcome, StartOutcome, StopReason
 
 # Up to minutes: LLM generations and (later) cold starts are long.
 LATENCY_BUCKETS: Final = (
@@ -25,9 +30,6 @@ UPSTREAM_ERROR_KINDS: Final = (
     "disconnected",
     "http_5xx",
 )
-BACKEND_STATES: Final = ("stopped", "starting", "ready", "stopping", "failed", "sleeping")
-START_OUTCOMES: Final = ("ready", "failed", "refused", "cancelled")
-STOP_REASONS: Final = ("idle", "eviction", "zone", "admin", "shutdown", "yield", "profile")
 YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -175,22 +177,22 @@ class Metrics:
         self.backend_up.labels(backend)
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(backend, kind)
-        for state in BACKEND_STATES:
+        for state in BackendState:
             self.backend_state.labels(backend, state)
-        for outcome in START_OUTCOMES:
+        for outcome in StartOutcome:
             self.starts.labels(backend, outcome)
-        for reason in STOP_REASONS:
+        for reason in StopReason:
             self.stops.labels(backend, reason)
         self.start_duration.labels(backend)
         self.backend_enabled.labels(backend).set(1)
-        for outcome in ("slept", "stopped", "failed"):
-            self.backend_sleeps.labels(backend, outcome)
+        for slept in SleepOutcome:
+            self.backend_sleeps.labels(backend, slept)
         self.waiting.labels(backend)
         self.drain_timeouts.labels(backend)
 
-    def set_backend_state(self, backend: str, state: str) -> None:
-        for name in BACKEND_STATES:
-            self.backend_state.labels(backend, name).set(1 if name == state else 0)
+    def set_backend_state(self, backend: str, state: BackendState) -> None:
+        for name in BackendState:
+            self.backend_state.labels(backend, name).set(1 if name is state else 0)
 
     def observe_request(
         self,

@@ -8,12 +8,15 @@ no per-request dependency solving.
 
 from __future__ import annotations
 
+import json
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, parse_request, upstream_body
 from app.api.relay import RelayResponse
+from app.api.views import model_list
 from app.errors import PayloadTooLarge
 from app.services import Services
 from app.upstreams.http import forwardable_request_headers
@@ -66,7 +69,8 @@ def _proxy(endpoint: Endpoint) -> Route:
 async def list_models(request: Request) -> Response:
     services: Services = request.app.state.services
     services.auth.check_client(request.headers.get("authorization"))
-    return Response(services.model_list, media_type="application/json")
+    body = json.dumps(model_list(services.registry, services.started_at)).encode()
+    return Response(body, media_type="application/json")
 
 
 routes: list[BaseRoute] = [

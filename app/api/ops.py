@@ -11,8 +11,14 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from app.api.deps import AdminDep, ServicesDep
-from app.api.vram import backend_view, zone_view
-from app.lifecycle.state import BackendState
+from app.api.views import (
+    backend_view,
+    backend_vram_view,
+    gpu_status_view,
+    ready_view,
+    yield_view,
+    zone_view,
+)
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["ops"])
@@ -32,17 +38,10 @@ async def ready(services: ServicesDep) -> JSONResponse:
     backends: dict[str, Any] = {}
     all_ready = True
     for name, backend in services.backends.items():
-        ok = backend.state is BackendState.READY and backend.healthy is True
+        view = ready_view(backend)
         if not backend.lazy:
-            all_ready &= ok
-        backends[name] = {
-            "ready": ok,
-            "lifecycle": backend.config.lifecycle,
-            "state": str(backend.state),
-            "healthy": backend.healthy,
-            "reason": backend.reason,
-            "health_error": backend.health_error,
-        }
+            all_ready &= view["ready"]
+        backends[name] = view
     body = {"status": "ready" if all_ready else "not_ready", "backends": backends}
     return JSONResponse(body, status_code=200 if all_ready else 503)
 
@@ -59,22 +58,15 @@ async def status(services: ServicesDep) -> dict[str, Any]:
     the fallback chains, and the last 100 events. Reads state only: it never calls NVML
     or a backend."""
     profile = services.profiles.profile
-    gpu = services.gpu_status()
-    totals = {g["index"]: g["total_mib"] for g in gpu.get("gpus") or []}
+    monitor = services.gpu_monitor
+    gpu = gpu_status_view(None if monitor is None else monitor.status())
+    totals = {g["index"]: g["total_mib"] for g in gpu["gpus"]}
     backends = []
     for name, backend in services.backends.items():
-        view = backend_view(backend)
         planned = None
         if profile is not None:
             planned = profile.planned_mib(name, totals.get(backend.config.gpus[0]))
-        view["vram"] = {
-            "configured_mib": backend.config.vram_mib,
-            "profile_mib": planned,
-            "admission_mib": backend.vram_mib,
-            "footprint": None if backend.footprint is None else backend.footprint.as_dict(),
-            "measured_mib": backend.measured_mib,
-        }
-        backends.append(view)
+        backends.append({**backend_view(backend), "vram": backend_vram_view(backend, planned)})
     return {
         "gateway": {
             "started_at": services.started_at,
@@ -83,11 +75,11 @@ async def status(services: ServicesDep) -> dict[str, Any]:
         "gpu": gpu,
         "backends": backends,
         "holds": {
-            "yield": services.vram_yield.view(),
+            "yield": yield_view(services.vram_yield.current),
             "zones": [zone_view(z) for z in services.arbiter.zones.values() if z.kind == "zone"],
             "placed_mib": services.arbiter.placed_mib(),
         },
         "profile": {"active": services.profiles.active},
-        "fallback": services.fallback_status(),
+        "fallback": services.cloud.describe(),
         "events": services.events.recent(),
     }

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 
 from app.api.deps import AdminDep, ServicesDep
+from app.api.views import activation_view, profiles_view
 
 router = APIRouter(tags=["admin"], dependencies=[AdminDep])
 
@@ -20,10 +21,10 @@ ProfileName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 @router.get("/profiles")
 async def list_profiles(services: ServicesDep) -> dict[str, Any]:
-    return services.profiles.view()
+    return profiles_view(services.profiles, services.backends)
 
 
 @router.post("/profiles/{name}/activate")
 async def activate_profile(name: ProfileName, services: ServicesDep) -> dict[str, Any]:
     """Answers what changed: `disabled`, `enabled`, `stopped`, `started`, `drain_timeouts`."""
-    return await services.profiles.activate(name)
+    return activation_view(await services.profiles.activate(name))

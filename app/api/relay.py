@@ -35,7 +35,7 @@ from app.api.handlers import error_response
 from app.api.middleware import context_of
 from app.api.protocol import Endpoint
 from app.errors import GatewayError, UpstreamError
-from app.lifecycle.backend import WaitNotice
+from app.lifecycle.lease import WaitNotice
 from app.routing.chains import ChainCall
 from app.routing.dispatcher import Dispatcher, Exchange
 from app.routing.registry import Route

@@ -1,8 +1,5 @@
-"""Admin API of the control plane: backends and VRAM zones. Admin auth on every route.
+"""Admin API of the GPUs' memory: VRAM zones and the yield. Admin auth on every route.
 
-GET  /backends                      state, in-flight, waiting, last start, VRAM
-POST /backends/{name}/start         start (or join the start) and wait for the outcome
-POST /backends/{name}/stop          drain, then stop
 GET  /vram/zones                    zones held and what the GPUs look like
 POST /vram/zones/{zone}/acquire     make room for an outside workload, then hold it
 POST /vram/zones/{zone}/release     give it back; blocked backends wake on demand
@@ -13,18 +10,17 @@ POST /vram/restore                  give it back: pinned backends now, lazy on d
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from app.api.deps import AdminDep, ServicesDep
-from app.errors import Conflict, NotFound
-from app.lifecycle.backend import Backend
+from app.api.views import expires_in_s, restore_view, yield_outcome_view, yield_view, zone_view
+from app.errors import Conflict
+from app.gpu.telemetry import free_mib
 from app.lifecycle.vram_yield import YieldRequest
-from app.lifecycle.zones import YIELD_ZONE, Zone
-from app.services import Services
+from app.lifecycle.zones import YIELD_ZONE
 
 router = APIRouter(tags=["admin"], dependencies=[AdminDep])
 
@@ -53,88 +49,9 @@ class YieldBody(BaseModel):
     gpu: NonNegativeInt = 0
 
 
-def backend_view(backend: Backend) -> dict[str, Any]:
-    cfg = backend.config
-    return {
-        "name": backend.name,
-        "state": str(backend.state),
-        "reason": backend.reason,
-        "lifecycle": cfg.lifecycle,
-        "runtime": backend.runtime.describe(),
-        "runtime_detail": backend.runtime_detail,
-        "priority": cfg.priority,
-        "in_flight": backend.in_flight,
-        "waiting": backend.waiting,
-        "idle_s": round(backend.idle_s(), 1),
-        "idle_ttl_s": cfg.idle_ttl_s,
-        "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
-        "healthy": backend.healthy,
-        "health_error": backend.health_error,
-        "vram_mib": backend.vram_mib,
-        "gpus": cfg.gpus,
-        "holds_vram": backend.holds_vram,
-        "blocked_by": sorted(backend.blocks.values()),
-        "yield_method": backend.yield_method,
-    }
-
-
-def zone_view(zone: Zone) -> dict[str, Any]:
-    return {
-        "zone": zone.name,
-        "holder": zone.holder,
-        "gpu": zone.gpu,
-        "mib": zone.mib,
-        "granted_at": zone.granted_at,
-        "expires_at": zone.expires_at,
-        "kind": zone.kind,
-        "blocks": list(zone.blocks),
-    }
-
-
-def _backend(services: Services, name: str) -> Backend:
-    backend = services.backends.get(name)
-    if backend is None:
-        raise NotFound(
-            f"no backend named {name!r} (configured: {', '.join(services.backends)})",
-            code="backend_not_found",
-        )
-    return backend
-
-
-@router.get("/backends")
-async def list_backends(services: ServicesDep) -> dict[str, Any]:
-    return {"backends": [backend_view(b) for b in services.backends.values()]}
-
-
-@router.post("/backends/{name}/start")
-async def start_backend(name: str, services: ServicesDep) -> dict[str, Any]:
-    """Waits until the backend is ready (or its start failed: then 503 with the reason)."""
-    backend = _backend(services, name)
-    if backend.blocks:
-        raise Conflict(
-            f"backend {name!r} is blocked by {'; '.join(backend.blocks.values())}; "
-            "release that first"
-        )
-    await backend.start()
-    return backend_view(backend)
-
-
-@router.post("/backends/{name}/stop")
-async def stop_backend(name: str, services: ServicesDep) -> dict[str, Any]:
-    """Drains requests in flight (up to the backend's `drain_timeout_s`), then stops it.
-    The next request for it wakes it again."""
-    backend = _backend(services, name)
-    if not backend.runtime.managed:
-        raise Conflict(
-            f"backend {name!r} is not managed by the gateway ({backend.runtime.describe()})"
-        )
-    await backend.stop("admin")
-    return backend_view(backend)
-
-
 @router.get("/vram/zones")
 async def list_zones(services: ServicesDep) -> dict[str, Any]:
-    reading = await services.arbiter.probe.read()
+    reading = await services.arbiter.read_gpus()
     placed = services.arbiter.placed_mib()
     gpus = (
         None
@@ -147,11 +64,12 @@ async def list_zones(services: ServicesDep) -> dict[str, Any]:
                 "free_mib": g.free_mib,
                 "placed_mib": placed.get(g.index, 0),
             }
-            for g in reading.gpus.values()
+            for g in reading.gpus
+            if not g.lost
         ]
     )
     return {
-        "probe": services.arbiter.probe.name,
+        "probe": services.arbiter.probe_name,
         "gpus": gpus,
         "zones": [zone_view(z) for z in services.arbiter.zones.values()],
     }
@@ -175,10 +93,10 @@ async def acquire_zone(
         ttl_s=request.ttl_s,
         below_priority=request.priority,
     )
-    reading = await services.arbiter.probe.read()
+    reading = await services.arbiter.read_gpus()
     free = None
-    if reading is not None and grant.zone.gpu in reading.gpus:
-        free = reading.gpus[grant.zone.gpu].free_mib
+    if reading is not None and reading.usable(grant.zone.gpu) is not None:
+        free = free_mib(reading, grant.zone.gpu)
     return {
         **zone_view(grant.zone),
         "granted": True,
@@ -186,9 +104,7 @@ async def acquire_zone(
         "freed_mib": grant.freed_mib,
         "stopped": list(grant.zone.stopped) if not grant.renewed else [],
         "free_mib": free,
-        "expires_in_s": (
-            None if grant.zone.expires_at is None else round(grant.zone.expires_at - time.time(), 1)
-        ),
+        "expires_in_s": expires_in_s(grant.zone.expires_at),
     }
 
 
@@ -208,7 +124,7 @@ def _not_the_yield(zone: str) -> None:
 
 @router.get("/vram/yield")
 async def yield_state(services: ServicesDep) -> dict[str, Any]:
-    return services.vram_yield.view()
+    return yield_view(services.vram_yield.current)
 
 
 @router.post("/vram/yield")
@@ -219,11 +135,13 @@ async def take_yield(
     until `min_free_mib` is free, and holds the memory. `freed_mib` is measured. A second
     call answers the yield already held (`"already": true`)."""
     body = request or YieldBody()
-    return await services.vram_yield.yield_vram(YieldRequest(**body.model_dump()))
+    return yield_outcome_view(
+        await services.vram_yield.yield_vram(YieldRequest(**body.model_dump()))
+    )
 
 
 @router.post("/vram/restore")
 async def restore_yield(services: ServicesDep) -> dict[str, Any]:
     """Ends the yield: pinned backends are woken or started now, lazy ones on demand.
     Without a yield it answers `{"state": "none", "restored": false}`."""
-    return await services.vram_yield.restore()
+    return restore_view(await services.vram_yield.restore())

@@ -1,4 +1,4 @@
-"""GPU and vLLM-load metrics on the app's registry.
+"""GPU metrics on the app's registry.
 
 `GpuCollector` reads the monitor's last snapshot at scrape time: a scrape never calls
 NVML (a hung driver cannot hang `/metrics`). Names are Prometheus-style in base units
@@ -12,25 +12,18 @@ first scrape.
   compare false in every alert rule and break `max()`/`sum()`.
 - A lost GPU exports `microscheduler_gpu_lost 1` and none of its other series: its
   numbers are only the last seen ones, and nothing is scheduled on it.
-
-`VllmLoadMetrics` exports what the last `/metrics` scrape of each local vLLM said.
-When a scrape fails or the backend is not running, `microscheduler_backend_metrics_up`
-is 0 and the three load series of that backend are removed (not NaN, not the old
-value): a stopped backend shows "no data", never an old KV usage, and `sum()` over
-backends stays a number.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, GpuStats
-from app.upstreams.vllm_load import BackendLoad
 
 GPU_LABELS = ("gpu", "UUID", "modelName")
 
@@ -108,56 +101,3 @@ class GpuCollector(Collector):
             if stats.power_w is not None:
                 power.add_metric(labels, stats.power_w)
         yield from (used, free, total, reserved, util, mem_util, temperature, power, lost)
-
-
-class VllmLoadMetrics:
-    """Per-backend load as scraped from vLLM's `/metrics`; backends from config only."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        ns = "microscheduler"
-        self.kv_cache_usage = Gauge(
-            "backend_kv_cache_usage_ratio",
-            "KV-cache usage of the backend's fullest engine (0-1), from vLLM's /metrics.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
-        )
-        self.requests_running = Gauge(
-            "backend_requests_running",
-            "Requests in the backend's running batches, from vLLM's /metrics.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
-        )
-        self.requests_waiting = Gauge(
-            "backend_requests_waiting",
-            "Requests queued in the backend, from vLLM's /metrics.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
-        )
-        self.metrics_up = Gauge(
-            "backend_metrics_up",
-            "1 when the last scrape of the backend's /metrics worked, else 0.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
-        )
-
-    def declare(self, backend: str) -> None:
-        """Create the backend's `metrics_up` series (0 until a scrape works)."""
-        self.metrics_up.labels(backend).set(0)
-
-    def update(self, backend: str, load: BackendLoad | None) -> None:
-        """Record a scrape: None when it failed or the backend is not running."""
-        self.metrics_up.labels(backend).set(0 if load is None else 1)
-        values = (
-            (self.kv_cache_usage, None if load is None else load.kv_cache_usage_ratio),
-            (self.requests_running, None if load is None else load.requests_running),
-            (self.requests_waiting, None if load is None else load.requests_waiting),
-        )
-        for gauge, value in values:
-            if value is None:
-                gauge.remove(backend)  # a no-op when the series does not exist
-            else:
-                gauge.labels(backend).set(value)

@@ -3,10 +3,11 @@
 - `run()` samples every `poll_interval_s` (the owner runs it as a task and cancels it);
   it never raises and logs transitions once (probe down, probe up, GPU lost, GPU back),
   not every poll.
-- `read()` is the `GpuProbe` of the VRAM arbiter: it takes a fresh sample (the arbiter
-  polls it while waiting for freed memory to show), and falls back to the last good
-  snapshot when the sample fails, or to None (admission off) when there never was one.
-  Lost GPUs are left out of the reading: nothing is admitted onto them.
+- `read()` is what the VRAM arbiter and the yield measure with: it takes a fresh sample
+  (the arbiter polls it while waiting for freed memory to show), and falls back to the
+  last good snapshot when the sample fails, or to None (admission off) when there never
+  was one. Lost GPUs stay in the snapshot, marked; admission skips them
+  (`GpuSnapshot.usable`).
 - `snapshot` is the last good sample; readers (`/status`, the metrics collector at scrape
   time) use it and never call the source.
 """
@@ -16,47 +17,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
 
-from app.gpu.probe import GpuMemory, GpuReading
-from app.gpu.telemetry import MIB, GpuSnapshot, GpuSource, GpuStats, ProbeError
+from app.gpu.telemetry import GpuSnapshot, GpuSource, ProbeError
 
 logger = logging.getLogger(__name__)
 
 
-def reading_of(snapshot: GpuSnapshot) -> GpuReading:
-    """The admission view of a snapshot: MiB per GPU, lost GPUs left out."""
-    return GpuReading(
-        {g.index: GpuMemory(g.index, g.total_mib, g.used_mib) for g in snapshot.gpus if not g.lost},
-        snapshot.taken_at,
-    )
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    """The GPU telemetry as last seen: `snapshot` is None until a sample succeeds."""
 
-
-def _mib_up(value: int | None) -> int | None:
-    return None if value is None else -(-value // MIB)
-
-
-def describe_gpu(stats: GpuStats) -> dict[str, Any]:
-    return {
-        "index": stats.index,
-        "uuid": stats.uuid,
-        "name": stats.name,
-        "total_mib": stats.total_mib,
-        "used_mib": stats.used_mib,
-        "free_mib": stats.free_mib,
-        "reserved_mib": _mib_up(stats.reserved_bytes),
-        "utilization_gpu_pct": stats.utilization_gpu_pct,
-        "utilization_memory_pct": stats.utilization_memory_pct,
-        "temperature_c": stats.temperature_c,
-        "power_w": stats.power_w,
-        "lost": stats.lost,
-        "error": stats.error,
-        "processes": [{"pid": p.pid, "used_mib": _mib_up(p.used_bytes)} for p in stats.processes],
-    }
+    source: str
+    up: bool
+    error: str | None
+    reason: str | None
+    consecutive_failures: int
+    age_s: float | None
+    stale: bool
+    snapshot: GpuSnapshot | None
 
 
 class GpuMonitor:
-    """Implements `GpuProbe` (`name`, `read()`) over a `GpuSource`."""
+    """The last good sample of a `GpuSource` and the health of that source."""
 
     def __init__(self, source: GpuSource, *, poll_interval_s: float, stale_after_s: float) -> None:
         self.source = source
@@ -87,30 +70,26 @@ class GpuMonitor:
         age = self.age_s()
         return age is None or age > self._stale_after_s
 
-    def describe(self) -> dict[str, Any]:
-        """The GPU section of `/status` (JSON-able)."""
+    def status(self) -> GpuStatus:
+        """What `/status` shows of the GPUs: the last good snapshot and the source's health."""
         age = self.age_s()
-        snapshot = self.snapshot
-        return {
-            "source": self.name,
-            "up": self.up,
-            "error": self.error,
-            "reason": self.reason,
-            "consecutive_failures": self.consecutive_failures,
-            "last_success_wall": self.last_success_wall,
-            "age_s": None if age is None else round(age, 3),
-            "stale": self.stale,
-            "driver_version": None if snapshot is None else snapshot.driver_version,
-            "gpus": [] if snapshot is None else [describe_gpu(g) for g in snapshot.gpus],
-        }
+        return GpuStatus(
+            source=self.name,
+            up=self.up,
+            error=self.error,
+            reason=self.reason,
+            consecutive_failures=self.consecutive_failures,
+            age_s=None if age is None else round(age, 3),
+            stale=self.stale,
+            snapshot=self.snapshot,
+        )
 
     # -- sampling -------------------------------------------------------------------------
 
-    async def read(self) -> GpuReading | None:
+    async def read(self) -> GpuSnapshot | None:
+        """A fresh sample, else the last good one, else None (there never was one)."""
         snapshot = await self.poll_once()
-        if snapshot is None:
-            snapshot = self.snapshot
-        return None if snapshot is None else reading_of(snapshot)
+        return self.snapshot if snapshot is None else snapshot
 
     async def poll_once(self) -> GpuSnapshot | None:
         """Take one sample and record it; None when it failed. Never raises (except

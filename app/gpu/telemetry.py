@@ -1,9 +1,11 @@
 """What the gateway knows about its GPUs: immutable samples, no I/O.
 
 A `GpuSource` (NVML, or the simulated GPU of the demo and the tests) takes one sample of
-every GPU; the poller (`app/gpu/poller.py`) keeps the last good one as a `GpuSnapshot`
+every GPU: it is the one seam between the gateway and its GPUs, and the one thing tests
+replace. The poller (`app/gpu/poller.py`) keeps the last good sample as a `GpuSnapshot`
 with its age, and everything else (admission, yield, `/status`, the GPU metrics) reads
-that snapshot. Sizes are bytes, as NVML reports them; `mib` helpers round down.
+snapshots. Sizes are bytes, as NVML reports them; `total_mib` rounds down and `used_mib`
+up, so free memory is never overstated.
 
 Fields a GPU or driver does not support (power on some boards, utilization in some
 containers) are `None`, never 0.
@@ -83,8 +85,23 @@ class GpuSnapshot:
                 return stats
         return None
 
+    def usable(self, index: int) -> GpuStats | None:
+        """GPU `index` unless it is absent or lost: what admission may place memory on."""
+        stats = self.gpu(index)
+        return None if stats is None or stats.lost else stats
+
+    @property
+    def usable_indices(self) -> list[int]:
+        return sorted(g.index for g in self.gpus if not g.lost)
+
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.taken_at)
+
+
+def free_mib(snapshot: GpuSnapshot | None, gpu: int) -> int:
+    """Free MiB on `gpu` (0 without a snapshot, or when the GPU is absent or lost)."""
+    stats = None if snapshot is None else snapshot.usable(gpu)
+    return 0 if stats is None else stats.free_mib
 
 
 class GpuSource(Protocol):

@@ -27,10 +27,11 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.gpu.probe import GpuProbe, GpuReading, free_on
+from app.gpu.poller import GpuMonitor
+from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.backend import AdmissionRefused, Backend
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
-from app.lifecycle.state import BackendState
+from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
 from app.lifecycle.zones import Zone
 
@@ -47,8 +48,12 @@ class ZoneGrant:
 
 
 class VramArbiter:
-    def __init__(self, probe: GpuProbe, store: StateStore, *, reclaim_timeout_s: float) -> None:
-        self.probe = probe
+    def __init__(
+        self, gpus: GpuMonitor | None, store: StateStore, *, reclaim_timeout_s: float
+    ) -> None:
+        """`gpus` None: no GPU telemetry, so admission is off (every start is allowed)."""
+        self._gpus = gpus
+        self.probe_name = "none" if gpus is None else gpus.name
         self._store = store
         self._reclaim_timeout_s = reclaim_timeout_s
         self._backends: Mapping[str, Backend] = {}
@@ -57,6 +62,10 @@ class VramArbiter:
 
     def attach(self, backends: Mapping[str, Backend]) -> None:
         self._backends = backends
+
+    async def read_gpus(self) -> GpuSnapshot | None:
+        """A fresh GPU sample (else the last good one); None: no telemetry, admission off."""
+        return None if self._gpus is None else await self._gpus.read()
 
     # -- accounting -------------------------------------------------------------------
 
@@ -71,11 +80,12 @@ class VramArbiter:
             placed[zone.gpu] += zone.mib
         return dict(placed)
 
-    def _admissible_free(self, reading: GpuReading) -> dict[int, int]:
+    def _admissible_free(self, reading: GpuSnapshot) -> dict[int, int]:
         placed = self.placed_mib()
         return {
-            i: max(0, gpu.total_mib - max(gpu.used_mib, placed.get(i, 0)))
-            for i, gpu in reading.gpus.items()
+            gpu.index: max(0, gpu.total_mib - max(gpu.used_mib, placed.get(gpu.index, 0)))
+            for gpu in reading.gpus
+            if not gpu.lost
         }
 
     def _residents(self, exclude: str | None = None) -> list[Resident]:
@@ -130,25 +140,24 @@ class VramArbiter:
             return
         async with self._locked(gpus):
             need = backend.vram_mib
-            before = await self.probe.read()
+            before = await self.read_gpus()
             if need is not None:
                 try:
                     _, before = await self._make_room(
                         dict.fromkeys(gpus, need),
                         before,
                         below_priority=backend.config.priority,
-                        stop_reason="eviction",
+                        stop_reason=StopReason.EVICTION,
                         requester=backend.name,
                     )
                 except _NoRoom as exc:
                     raise AdmissionRefused(str(exc)) from None
             yield
-            after = await self.probe.read()
-            if before is not None and after is not None:
-                gpu = gpus[0]
-                if gpu in before.gpus and gpu in after.gpus:
-                    used = after.gpus[gpu].used_mib - before.gpus[gpu].used_mib
-                    backend.measured_mib = max(0, used)
+            after = await self.read_gpus()
+            first_before = None if before is None else before.usable(gpus[0])
+            first_after = None if after is None else after.usable(gpus[0])
+            if first_before is not None and first_after is not None:
+                backend.record_measured(max(0, first_after.used_mib - first_before.used_mib))
 
     @contextlib.asynccontextmanager
     async def locked(self, gpus: Iterable[int]) -> AsyncIterator[None]:
@@ -166,13 +175,13 @@ class VramArbiter:
     async def _make_room(
         self,
         need: dict[int, int],
-        reading: GpuReading | None,
+        reading: GpuSnapshot | None,
         *,
         below_priority: int | None,
-        stop_reason: str,
+        stop_reason: StopReason,
         requester: str,
         block: tuple[str, str] | None = None,
-    ) -> tuple[tuple[str, ...], GpuReading | None]:
+    ) -> tuple[tuple[str, ...], GpuSnapshot | None]:
         """Evict what `plan_eviction` picks and wait for the memory; return who was stopped
         and the last reading (the one that showed the room). `reading` is the probe's
         reading the caller just took.
@@ -182,10 +191,10 @@ class VramArbiter:
         """
         if reading is None:
             return (), None  # no probe: admission is off
-        unknown = [g for g in need if g not in reading.gpus]
+        unknown = [g for g in need if reading.usable(g) is None]
         if unknown:
             raise _NoRoom(
-                f"GPU {unknown[0]} is not present (the probe sees {sorted(reading.gpus)})"
+                f"GPU {unknown[0]} is not present (the probe sees {reading.usable_indices})"
             )
         plan = self._plan(need, reading, requester, below_priority)
         if not plan.fits:
@@ -194,7 +203,7 @@ class VramArbiter:
                 # Memory already on its way back (an idle stop, say): wait for it, then
                 # decide again. `stop()` joins a stop in progress.
                 await asyncio.gather(*(b.stop(stop_reason) for b in stopping))
-                reading = await self.probe.read()
+                reading = await self.read_gpus()
                 if reading is None:
                     return (), None
                 plan = self._plan(need, reading, requester, below_priority)
@@ -205,7 +214,7 @@ class VramArbiter:
         return plan.evict, reading
 
     def _plan(
-        self, need: dict[int, int], reading: GpuReading, requester: str, below: int | None
+        self, need: dict[int, int], reading: GpuSnapshot, requester: str, below: int | None
     ) -> Placement:
         return plan_eviction(
             need,
@@ -228,10 +237,10 @@ class VramArbiter:
         self,
         names: tuple[str, ...],
         need: dict[int, int],
-        stop_reason: str,
+        stop_reason: StopReason,
         requester: str,
         block: tuple[str, str] | None,
-    ) -> GpuReading | None:
+    ) -> GpuSnapshot | None:
         logger.info(
             "evicting for room requester=%s need_mib=%s evict=%s",
             requester,
@@ -258,10 +267,10 @@ class VramArbiter:
 
     async def _await_reclaimed(
         self, need: dict[int, int], evicted: tuple[str, ...]
-    ) -> GpuReading | None:
+    ) -> GpuSnapshot | None:
         deadline = time.monotonic() + self._reclaim_timeout_s
         while True:
-            reading = await self.probe.read()
+            reading = await self.read_gpus()
             if reading is None:
                 return None
             free = self._admissible_free(reading)
@@ -280,13 +289,14 @@ class VramArbiter:
     def _refusal(
         self,
         need: dict[int, int],
-        reading: GpuReading,
+        reading: GpuSnapshot,
         plan: Placement,
         below_priority: int | None,
     ) -> str:
         lines = []
         for gpu, short in sorted(plan.short_mib.items()):
-            mem = reading.gpus[gpu]
+            mem = reading.usable(gpu)
+            assert mem is not None  # `_make_room` refused GPUs that are not present
             used = max(mem.used_mib, self.placed_mib().get(gpu, 0))
             lines.append(
                 f"needs {need[gpu]} MiB on GPU {gpu}, {short} MiB more than eviction can free; "
@@ -319,27 +329,28 @@ class VramArbiter:
                 renewed = replace(current, expires_at=expires)
                 self.set_zone(renewed)
                 return ZoneGrant(renewed, 0, renewed=True)
-            reading = await self.probe.read()
-            if reading is not None and gpu not in reading.gpus:
+            reading = await self.read_gpus()
+            if reading is not None and reading.usable(gpu) is None:
                 raise InvalidRequest(
-                    f"GPU {gpu} is not present (the probe sees {sorted(reading.gpus)})", param="gpu"
+                    f"GPU {gpu} is not present (the probe sees {reading.usable_indices})",
+                    param="gpu",
                 )
-            before = free_on(reading, gpu)
+            before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, ())
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
                     reading,
                     below_priority=below_priority,
-                    stop_reason="zone",
+                    stop_reason=StopReason.ZONE,
                     requester=f"zone:{name}",
-                    block=(_zone_key(name), draft.describe()),
+                    block=(draft.block_key, draft.describe()),
                 )
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
             self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
-            after = free_on(last, gpu) if stopped else before
+            after = free_mib(last, gpu) if stopped else before
             logger.info(
                 "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
                 name,
@@ -424,7 +435,3 @@ class VramArbiter:
 
 class _NoRoom(Exception):
     pass
-
-
-def _zone_key(name: str) -> str:
-    return f"zone:{name}"

@@ -10,6 +10,10 @@
   start others need. Stopping is single-flight the same way.
 - A start runs inside the admission context (VRAM check, eviction, one start per GPU at
   a time); a stop drains leases up to `drain_timeout_s` before stopping the runtime.
+- The I/O with the server (runtime, health, sleep mode) is `app.lifecycle.server.Server`'s;
+  this module decides.
+- Its fields are written only here: other objects read them and change a backend through
+  its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
 """
 
 from __future__ import annotations
@@ -19,42 +23,32 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Final, Protocol
+from typing import Protocol
 
-import httpx
-
-from app.errors import BackendUnavailable, GatewayError, WakeTimeout
+from app.errors import BackendUnavailable, GatewayError, UnavailableKind, WakeTimeout
 from app.events import EventLog
-from app.lifecycle.state import BackendState, check_transition
+from app.lifecycle.blocks import BlockKind, Blocks
+from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
+from app.lifecycle.server import Server, StartFailed, exit_text
+from app.lifecycle.state import (
+    RESTART_BACKOFF_S,
+    BackendState,
+    RestartBackoff,
+    SleepOutcome,
+    StartOutcome,
+    StopReason,
+    check_transition,
+)
 from app.metrics import Metrics
 from app.planner.footprint import Footprint
-from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
+from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
-from app.upstreams.vllm import ControlError, SleepUnsupported, VllmControl
+from app.upstreams.vllm import VllmClient
 
 logger = logging.getLogger(__name__)
-
-HEALTH_TIMEOUT_S: Final = 2.0
-READINESS_POLL_S: Final = 0.05  # /health while starting: a refused connection is cheap
-# Whether the server still runs, while starting: a Docker inspect through the proxy each
-# time, so not at every health poll.
-STATUS_POLL_S: Final = 0.5
-# After a failure, requests get the failure for this long instead of a new start, so a
-# crash-looping server is not restarted by every request; pinned backends are restarted
-# by the watch after it. It doubles with each failure in a row, up to the maximum.
-RESTART_BACKOFF_S: Final = 5.0
-MAX_RESTART_BACKOFF_S: Final = 300.0
-
-# What can keep a backend from starting, most telling first: a GPU profile disabled it,
-# a VRAM yield took it, a VRAM zone stopped it.
-BLOCK_KINDS: Final = ("disabled", "yielded", "blocked")
-
-# Called every `wake_notice_s` while a request is held, with the seconds waited so far.
-WaitNotice = Callable[[float], Awaitable[None]]
 
 
 class AdmissionRefused(Exception):
@@ -76,21 +70,6 @@ class Unchecked:
         return contextlib.nullcontext()
 
 
-class Lease:
-    """A request's hold on a backend, from routing to the last byte relayed."""
-
-    __slots__ = ("_backend", "_released")
-
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._backend._release()
-
-
 class Backend:
     def __init__(
         self,
@@ -98,79 +77,119 @@ class Backend:
         config: BackendConfig,
         runtime: Runtime,
         upstream: HttpUpstream,
-        health_client: httpx.AsyncClient,
+        vllm: VllmClient,
         metrics: Metrics,
         *,
         admission: Admission | None = None,
         wake_notice_s: float = 5.0,
         restart_backoff_s: float = RESTART_BACKOFF_S,
-        control: VllmControl | None = None,
         events: EventLog | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.runtime = runtime
-        self.upstream = upstream
+        self.upstream = upstream  # the data plane: client requests (aiohttp)
+        self.server = Server(name, runtime, vllm, metrics)  # the control plane's I/O
         self.admission: Admission = admission or Unchecked()
-        self.control = control or VllmControl(health_client, config.url)
         self._events = events
         # How a yield frees its memory; a GPU profile may override the config.
-        self.yield_method_override: str | None = None
+        self._yield_method_override: str | None = None
         self.last_drain_timed_out = False  # the last stop went ahead with requests in flight
         # GPU memory used after its last start minus before it, as the probe saw it (starts
         # on a GPU are one at a time, so the difference is this backend's).
-        self.measured_mib: int | None = None
+        self._measured_mib: int | None = None
         # What admission counts for it: `vram_mib`, else the active profile's share, else
-        # the planner's estimate from its model description (Services keeps it current).
-        self.footprint: Footprint | None = (
+        # the planner's estimate from its model description (the supervisor keeps it current).
+        self._footprint: Footprint | None = (
             None if config.vram_mib is None else Footprint(config.vram_mib, "vram_mib")
         )
-        self._health_client = health_client
         self._metrics = metrics
         self._wake_notice_s = wake_notice_s
-        self._restart_backoff_s = restart_backoff_s
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
-        self.healthy: bool | None = None  # last health check; None before the first
-        self.health_error: str | None = None
-        self.in_flight = 0
-        self.waiting = 0
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
-        self.last_used = time.monotonic()
+        self._leases = Leases(name, metrics)
         self.last_start_s: float | None = None
-        self.runtime_detail: str | None = None
-        # Why it may not start now (VRAM zones, a yield, a GPU profile): key -> description
-        # for errors; each block has a kind (the error's `backend_<kind>` code).
-        self.blocks: dict[str, str] = {}
-        self._block_kinds: dict[str, str] = {}
+        # Why it may not start now (VRAM zones, a yield, a GPU profile).
+        self._blocks = Blocks()
         self._refused = False  # stopped because admission found no room (kind no_vram)
-        self._failures = 0  # in a row; reset when it becomes ready
-        self._retry_at: float | None = None  # failed: no new start before this
+        self._backoff = RestartBackoff(restart_backoff_s)  # after failures in a row
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._in_flight_gauge = metrics.in_flight.labels(name)
-        self._waiting_gauge = metrics.waiting.labels(name)
-        self._up_gauge = metrics.backend_up.labels(name)
         metrics.declare_backend(name)
         metrics.set_backend_state(name, self.state)
 
     @property
     def vram_mib(self) -> int | None:
         """MiB it holds on each of its GPUs, for admission; None: not checked."""
-        return None if self.footprint is None else self.footprint.mib
+        return None if self._footprint is None else self._footprint.mib
+
+    @property
+    def footprint(self) -> Footprint | None:
+        return self._footprint
+
+    def plan(self, footprint: Footprint | None) -> None:
+        """Admission counts `footprint` from the next start on (None: not checked)."""
+        self._footprint = footprint
+
+    @property
+    def measured_mib(self) -> int | None:
+        return self._measured_mib
+
+    def record_measured(self, mib: int) -> None:
+        """What the GPU showed its last start used (admission measures it)."""
+        self._measured_mib = mib
+
+    @property
+    def yield_method(self) -> str:
+        """How a yield frees its memory: `stop` or `sleep`."""
+        return self._yield_method_override or self.config.yield_.method
+
+    def set_yield_method(self, method: str | None) -> None:
+        """A GPU profile's choice of yield method; None: the backend's own config."""
+        self._yield_method_override = method
+
+    @property
+    def blocks(self) -> Blocks:
+        """What keeps it from starting, key -> description (read-only; see `block`)."""
+        return self._blocks
 
     @property
     def lazy(self) -> bool:
         return self.config.lifecycle == "lazy"
 
+    @property
+    def healthy(self) -> bool | None:
+        """The last health check; None before the first."""
+        return self.server.healthy
+
+    @property
+    def health_error(self) -> str | None:
+        return self.server.health_error
+
+    @property
+    def runtime_detail(self) -> str | None:
+        return self.server.runtime_detail
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a lease (relaying through it)."""
+        return self._leases.in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Requests held until it is ready."""
+        return self._leases.waiting
+
+    @property
+    def last_used(self) -> float:
+        """`time.monotonic()` when a request last began or ended."""
+        return self._leases.last_used
+
     def idle_s(self, now: float | None = None) -> float:
         """Seconds since the last request ended (0 while requests are in flight)."""
-        if self.in_flight:
-            return 0.0
-        return (time.monotonic() if now is None else now) - self.last_used
+        return self._leases.idle_s(now)
 
     # -- data plane -----------------------------------------------------------------
 
@@ -183,31 +202,24 @@ class Backend:
         `WakeTimeout` (still not ready after `max_wait_s`, or the backend's own
         `max_wait_s` when that is shorter; a fallback chain passes a shorter one).
         """
-        if self.state is BackendState.READY and not self.blocks:
-            return self._lease()  # the hot path: no lock, no await
+        if self.state is BackendState.READY and not self._blocks:
+            return self._leases.take()  # the hot path: no lock, no await
         return await self._acquire_slow(on_wait, max_wait_s)
 
     async def _acquire_slow(self, on_wait: WaitNotice | None, max_wait_s: float | None) -> Lease:
         self._check_blocked()
-        if self.waiting >= self.config.max_waiting:
+        if self._leases.waiting >= self.config.max_waiting:
             raise BackendUnavailable(
                 f"backend {self.name!r} is {self.state} and already holds "
                 f"{self.waiting} waiting requests (max_waiting); retry shortly",
-                kind="queue_full",
+                kind=UnavailableKind.QUEUE_FULL,
                 retry_after_s=5,
             )
-        self.waiting += 1
-        self._waiting_gauge.inc()
-        try:
-            limit = self.config.max_wait_s
-            if max_wait_s is not None:
-                limit = min(limit, max_wait_s)
+        limit = min(self.config.max_wait_s, math.inf if max_wait_s is None else max_wait_s)
+        with self._leases.waiting_one():
             lease = await self._until_ready(
                 backoff=True, max_wait_s=limit, on_wait=on_wait, lease=True
             )
-        finally:
-            self.waiting -= 1
-            self._waiting_gauge.dec()
         assert lease is not None
         return lease
 
@@ -225,76 +237,24 @@ class Backend:
             async with self._lock:
                 step = self._next_step(backoff=backoff)
                 if step is None:
-                    return self._lease() if lease else None
+                    return self._leases.take() if lease else None
                 task, joined_start = step
-            await self._wait_for(task, began, deadline, on_wait)
-            if joined_start and self.state is not BackendState.READY:
-                raise self._unavailable()
-
-    async def _wait_for(
-        self,
-        task: asyncio.Task[None],
-        began: float,
-        deadline: float | None,
-        on_wait: WaitNotice | None,
-    ) -> None:
-        """Wait for a start or stop without owning it: cancelling this wait leaves it
-        running. `deadline=None` waits as long as it takes."""
-        while not task.done():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if deadline is not None and remaining is not None and remaining <= 0:
+            done = await wait_without_owning(
+                task, began=began, deadline=deadline, on_wait=on_wait, every_s=self._wake_notice_s
+            )
+            if not done:
+                assert deadline is not None
                 raise WakeTimeout(
                     f"backend {self.name!r} is still {self.state} after "
                     f"{deadline - began:g}s (max_wait_s); retry later"
                 )
-            step = remaining
-            if on_wait is not None:
-                step = self._wake_notice_s if step is None else min(step, self._wake_notice_s)
-            await asyncio.wait({task}, timeout=step)
-            if task.done() or on_wait is None:
-                continue
-            if deadline is None or time.monotonic() < deadline:
-                await on_wait(time.monotonic() - began)
-
-    def _lease(self) -> Lease:
-        self.in_flight += 1
-        self.last_used = time.monotonic()
-        self._drained.clear()
-        self._in_flight_gauge.inc()
-        return Lease(self)
-
-    def _release(self) -> None:
-        self.in_flight -= 1
-        self.last_used = time.monotonic()
-        self._in_flight_gauge.dec()
-        if self.in_flight == 0:
-            self._drained.set()
-
-    @property
-    def blocked_as(self) -> str | None:
-        """The most telling kind of what blocks it (`BLOCK_KINDS` order); None: nothing."""
-        if not self._block_kinds:
-            return None
-        return min(self._block_kinds.values(), key=BLOCK_KINDS.index)
+            if joined_start and self.state is not BackendState.READY:
+                raise self._unavailable()
 
     def _check_blocked(self) -> None:
-        kind = self.blocked_as
-        if kind is None:
-            return
-        what = "; ".join(d for k, d in self.blocks.items() if self._block_kinds[k] == kind)
-        if kind == "disabled":
-            message = f"backend {self.name!r} is disabled by {what}"
-        elif kind == "yielded":
-            message = (
-                f"backend {self.name!r} gave its VRAM to {what}; "
-                "it comes back after POST /vram/restore"
-            )
-        else:
-            message = (
-                f"backend {self.name!r} is stopped to make room for {what}; "
-                "it wakes again when that is released"
-            )
-        raise BackendUnavailable(message, kind=kind)
+        refusal = self._blocks.refusal(self.name)
+        if refusal is not None:
+            raise refusal
 
     def _check_backoff(self) -> None:
         if self.state is BackendState.FAILED and self._retry_in() > 0:
@@ -302,25 +262,23 @@ class Backend:
 
     def _retry_in(self) -> float:
         """Seconds until a failed backend may be started again (0: now)."""
-        if self._retry_at is None:
-            return 0.0
-        return max(0.0, self._retry_at - time.monotonic())
+        return self._backoff.retry_in(time.monotonic())
 
     def _unavailable(self) -> GatewayError:
         detail = f": {self.reason}" if self.reason else ""
         if self.state is BackendState.STARTING:
             return BackendUnavailable(
                 f"backend {self.name!r} is starting; retry shortly",
-                kind="starting",
+                kind=UnavailableKind.STARTING,
                 retry_after_s=5,
             )
         if self.state is BackendState.FAILED:
             return BackendUnavailable(
                 f"backend {self.name!r} failed{detail}",
-                kind="failed",
+                kind=UnavailableKind.FAILED,
                 retry_after_s=max(1, math.ceil(self._retry_in())),
             )
-        kind = "no_vram" if self._refused else "stopped"
+        kind = UnavailableKind.NO_VRAM if self._refused else UnavailableKind.STOPPED
         return BackendUnavailable(f"backend {self.name!r} is {self.state}{detail}", kind=kind)
 
     # -- control plane ----------------------------------------------------------------
@@ -368,7 +326,7 @@ class Backend:
 
     async def _run_start(self, adopt: bool, wake: bool = False) -> None:
         began = time.monotonic()
-        outcome = "failed"
+        outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, check=False)
         elif adopt:
@@ -378,20 +336,17 @@ class Backend:
         try:
             async with admitted:
                 self.holds_vram = True  # admitted: counted on its GPUs from now on
-                if wake:
-                    await self._wake()
-                else:
-                    await self.runtime.start()
-                await self._wait_healthy(time.monotonic() + self.config.start_timeout_s)
+                await self.server.launch(wake=wake)
+                await self.server.wait_healthy(self.config.start_timeout_s)
             duration = time.monotonic() - began
             async with self._lock:
                 if self.state is not BackendState.STARTING:
                     return  # a stop took over
                 self.last_start_s = duration
-                self.last_used = time.monotonic()
-                self._failures, self._retry_at = 0, None
+                self._leases.touch()
+                self._backoff.reset()
                 self._set_state(BackendState.READY, None)
-            outcome = "ready"
+            outcome = StartOutcome.READY
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(
                 "backend ready backend=%s runtime=%s start_s=%.2f",
@@ -400,60 +355,20 @@ class Backend:
                 duration,
             )
         except AdmissionRefused as exc:
-            outcome = "refused"
+            outcome = StartOutcome.REFUSED
             async with self._lock:
                 if self.state is BackendState.STARTING:
                     self._set_state(BackendState.STOPPED, f"not enough VRAM to start: {exc}")
                     self._refused = True
-        except RuntimeFailure as exc:
-            await self._fail(str(exc))
-        except _StartFailed as exc:
+        except (RuntimeFailure, StartFailed) as exc:
             await self._fail(str(exc))
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            outcome = StartOutcome.CANCELLED
             raise
         finally:
             self._metrics.starts.labels(self.name, outcome).inc()
 
-    async def _wake(self) -> None:
-        try:
-            await self.control.wake_up()
-        except ControlError as exc:
-            # Half awake is no state to serve from: stop it, the next start is a clean one.
-            logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)
-            await self.runtime.stop()
-            raise _StartFailed(f"wake from sleep failed ({exc}); stopped it") from None
-
-    async def _wait_healthy(self, deadline: float) -> None:
-        """Poll `/health` until it answers 200; fail at once if the server exits.
-
-        A refused connection means still loading (vLLM opens its port late). When the
-        runtime cannot be asked (Docker proxy down) the health check alone decides.
-        """
-        next_status = 0.0
-        while True:
-            if time.monotonic() >= next_status:
-                next_status = time.monotonic() + STATUS_POLL_S
-                try:
-                    status = await self.runtime.status()
-                except RuntimeFailure as exc:
-                    logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
-                else:
-                    self.runtime_detail = status.detail
-                    if not status.running:
-                        code, more = _exit_text(status)
-                        raise _StartFailed(f"exited with {code} before it was ready{more}")
-            if await self.check_health():
-                return
-            if time.monotonic() >= deadline:
-                await self.runtime.stop()
-                raise _StartFailed(
-                    f"not healthy {self.config.start_timeout_s:g}s after start "
-                    "(start_timeout_s); stopped it"
-                )
-            await asyncio.sleep(READINESS_POLL_S)
-
-    async def stop(self, reason: str, *, drain_timeout_s: float | None = None) -> None:
+    async def stop(self, reason: StopReason, *, drain_timeout_s: float | None = None) -> None:
         """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent.
 
         Raises `BackendUnavailable` (kind `runtime`) when the runtime could not stop it:
@@ -469,7 +384,8 @@ class Backend:
         await self._stopped()
         if self.state is BackendState.FAILED:
             raise BackendUnavailable(
-                f"backend {self.name!r} could not be stopped: {self.reason}", kind="runtime"
+                f"backend {self.name!r} could not be stopped: {self.reason}",
+                kind=UnavailableKind.RUNTIME,
             )
 
     async def stop_if_idle(self, now: float) -> bool:
@@ -480,16 +396,17 @@ class Backend:
                 self.lazy
                 and ttl > 0
                 and self.state is BackendState.READY
-                and self.in_flight == 0
-                and now - self.last_used >= ttl
+                and self._leases.idle_s(now) >= ttl
             ):
                 return False
-            self._begin_stop("idle", None)
+            self._begin_stop(StopReason.IDLE, None)
         await self._stopped()
         return True
 
-    async def sleep(self, reason: str, *, level: int, drain_timeout_s: float | None = None) -> str:
-        """Drain, then put the server to sleep (vLLM sleep mode); "slept" or "stopped".
+    async def sleep(
+        self, reason: StopReason, *, level: int, drain_timeout_s: float | None = None
+    ) -> SleepOutcome:
+        """Drain, then put the server to sleep (vLLM sleep mode); `SLEPT` or `STOPPED`.
 
         A server without sleep mode (404: no `VLLM_SERVER_DEV_MODE=1`) is stopped
         instead, and the log says why. A backend that is not ready is stopped. Raises
@@ -497,20 +414,21 @@ class Backend:
         async with self._lock:
             state = self.state
             if state is BackendState.SLEEPING:
-                return "slept"
+                return SleepOutcome.SLEPT
             if state is BackendState.READY and self.runtime.managed:
                 self._begin_stop(reason, drain_timeout_s, sleep_level=level)
             elif state is BackendState.STOPPED:
-                return "stopped"
+                return SleepOutcome.STOPPED
         if state is not BackendState.READY or not self.runtime.managed:
             await self.stop(reason, drain_timeout_s=drain_timeout_s)
-            return "stopped"
+            return SleepOutcome.STOPPED
         await self._stopped()
         if self.state is BackendState.FAILED:
             raise BackendUnavailable(
-                f"backend {self.name!r} could not be stopped: {self.reason}", kind="runtime"
+                f"backend {self.name!r} could not be stopped: {self.reason}",
+                kind=UnavailableKind.RUNTIME,
             )
-        return "slept" if self.state is BackendState.SLEEPING else "stopped"
+        return SleepOutcome.SLEPT if self.state is BackendState.SLEEPING else SleepOutcome.STOPPED
 
     async def start_logged(self, why: str) -> None:
         """`start()` for a background task: a start that fails is logged, not raised (the
@@ -520,10 +438,6 @@ class Backend:
         except BackendUnavailable as exc:
             logger.error("start failed backend=%s why=%s error=%s", self.name, why, exc.message)
 
-    @property
-    def yield_method(self) -> str:
-        return self.yield_method_override or self.config.yield_.method
-
     async def _stopped(self) -> None:
         """Wait, without owning it, for the stop task begun under the lock."""
         task = self._stop_task
@@ -531,7 +445,7 @@ class Backend:
         await asyncio.wait({task})
 
     def _begin_stop(
-        self, reason: str, drain_timeout_s: float | None, *, sleep_level: int | None = None
+        self, reason: StopReason, drain_timeout_s: float | None, *, sleep_level: int | None = None
     ) -> None:
         """Under the lock: -> stopping, with the one stop task (which ends in `sleeping`
         instead when `sleep_level` is given and the server offers sleep mode)."""
@@ -545,7 +459,7 @@ class Backend:
 
     async def _run_stop(
         self,
-        reason: str,
+        reason: StopReason,
         drain_s: float,
         start_task: asyncio.Task[None] | None,
         sleep_level: int | None = None,
@@ -561,9 +475,7 @@ class Backend:
                 self.in_flight,
                 drain_s,
             )
-            try:
-                await asyncio.wait_for(self._drained.wait(), drain_s)
-            except TimeoutError:
+            if not await self._leases.drained(drain_s):
                 self.last_drain_timed_out = True
                 self._metrics.drain_timeouts.labels(self.name).inc()
                 logger.warning(
@@ -571,13 +483,12 @@ class Backend:
                     self.name,
                     self.in_flight,
                 )
-        if sleep_level is not None and await self._try_sleep(sleep_level):
+        if sleep_level is not None and await self.server.sleep(sleep_level) is SleepOutcome.SLEPT:
             async with self._lock:
                 self._set_state(BackendState.SLEEPING, f"asleep (level {sleep_level}, {reason})")
             return
         try:
-            if self.runtime.managed:
-                await self.runtime.stop()
+            await self.server.stop()
         except RuntimeFailure as exc:
             # The server may still hold its memory: keep counting it.
             await self._fail(f"stop failed: {exc}", holds_vram=True)
@@ -586,40 +497,14 @@ class Backend:
             self._set_state(BackendState.STOPPED, f"stopped by the gateway ({reason})")
         self._metrics.stops.labels(self.name, reason).inc()
 
-    async def _try_sleep(self, level: int) -> bool:
-        """`POST /sleep`; False (and the reason logged) when it must be stopped instead."""
-        try:
-            await self.control.sleep(level)
-        except SleepUnsupported as exc:
-            logger.warning("sleep mode not offered, stopping instead backend=%s why=%s",
-                           self.name, exc)  # fmt: skip
-            self._metrics.backend_sleeps.labels(self.name, "stopped").inc()
-            return False
-        except ControlError as exc:
-            logger.error("sleep failed, stopping instead backend=%s error=%s", self.name, exc)
-            self._metrics.backend_sleeps.labels(self.name, "failed").inc()
-            return False
-        self._metrics.backend_sleeps.labels(self.name, "slept").inc()
-        return True
-
     async def adopt(self) -> None:
         """At gateway start: take over a server that is already running (it outlived a
         previous gateway), without an admission check since its memory is already in
         use. Leaves a server that is not running stopped."""
-        try:
-            status = await self.runtime.status()
-        except RuntimeFailure as exc:
-            logger.warning("cannot tell whether it runs backend=%s error=%s", self.name, exc)
+        may_sleep = "sleep" in (self.config.yield_.method, self._yield_method_override)
+        running, asleep = await self.server.found_running(may_sleep=may_sleep)
+        if not running:
             return
-        if not status.running:
-            return
-        logger.info("adopting running server backend=%s detail=%s", self.name, status.detail)
-        asleep = False
-        if self.config.yield_.method == "sleep" or self.yield_method_override == "sleep":
-            try:
-                asleep = await self.control.is_sleeping()
-            except ControlError:
-                asleep = False  # no sleep mode, or not answering yet: treat it as awake
         async with self._lock:
             if self.state is not BackendState.STOPPED:
                 return
@@ -637,23 +522,8 @@ class Backend:
             await cancel_and_wait(task)
 
     async def check_health(self) -> bool:
-        """One `GET /health`; records the outcome. Never raises."""
-        error: str | None
-        try:
-            response = await self._health_client.get(
-                self.config.url + self.config.health_path, timeout=HEALTH_TIMEOUT_S
-            )
-        except httpx.HTTPError as exc:
-            ok, error = False, f"{type(exc).__name__}: {exc}".rstrip(": ")
-        else:
-            ok = response.status_code == 200
-            error = None if ok else f"health answered {response.status_code}"
-        if ok != self.healthy:
-            log = logger.info if ok else logger.warning
-            log("backend health backend=%s healthy=%s error=%s", self.name, ok, error)
-        self.healthy, self.health_error = ok, error
-        self._up_gauge.set(1 if ok else 0)
-        return ok
+        """One health check of its server; records the outcome. Never raises."""
+        return await self.server.check_health()
 
     async def watch(self) -> None:
         """One periodic check: health, whether a managed server died while ready, and a
@@ -665,47 +535,37 @@ class Backend:
             and self._retry_in() == 0
         ):
             async with self._lock:
-                if self.state is BackendState.FAILED and not self.blocks:
+                if self.state is BackendState.FAILED and not self._blocks:
                     logger.info(
                         "restarting pinned backend backend=%s failures=%d",
                         self.name,
-                        self._failures,
+                        self._backoff.failures,
                     )
                     self._begin_start(adopt=False)
             return
         if self.state in (BackendState.READY, BackendState.SLEEPING) and self.runtime.managed:
-            try:
-                status = await self.runtime.status()
-            except RuntimeFailure as exc:
-                self.runtime_detail = f"unknown: {exc}"
-            else:
-                self.runtime_detail = status.detail
-                if not status.running:
-                    code, more = _exit_text(status)
-                    await self._fail(f"its server exited with {code}{more}")
-                    return
+            exited = await self.server.exited()
+            if exited is not None:
+                code, more = exit_text(exited)
+                await self._fail(f"its server exited with {code}{more}")
+                return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
-            await self.check_health()
+            await self.server.check_health()
 
     async def _fail(self, reason: str, *, holds_vram: bool = False) -> None:
         async with self._lock:
             if self.state not in (BackendState.FAILED, BackendState.STOPPED):
                 self._set_state(BackendState.FAILED, reason)
-                self._failures += 1
-                backoff = self._restart_backoff_s * 2 ** min(self._failures - 1, 16)
-                self._retry_at = time.monotonic() + min(MAX_RESTART_BACKOFF_S, backoff)
+                self._backoff.failed(time.monotonic())
                 self.holds_vram = holds_vram
 
-    def block(self, key: str, description: str, kind: str = "blocked") -> None:
+    def block(self, key: str, description: str, kind: BlockKind = BlockKind.BLOCKED) -> None:
         """Refuse to start (requests get `backend_<kind>` naming `description`) until
-        unblocked. `kind` is one of `BLOCK_KINDS`."""
-        assert kind in BLOCK_KINDS, kind
-        self.blocks[key] = description
-        self._block_kinds[key] = kind
+        `unblock(key)`."""
+        self._blocks.add(key, description, kind)
 
     def unblock(self, key: str) -> None:
-        self.blocks.pop(key, None)
-        self._block_kinds.pop(key, None)
+        self._blocks.remove(key)
 
     def _set_state(self, target: BackendState, reason: str | None) -> None:
         previous = self.state
@@ -727,19 +587,6 @@ class Backend:
             target,
             reason or "-",
         )
-
-
-def _exit_text(status: RuntimeStatus) -> tuple[str, str]:
-    """("code 137", ", OOM-killed: ...") from a status like "exited (137), OOM-killed: ..."."""
-    code = "no exit code" if status.exit_code is None else f"code {status.exit_code}"
-    prefix = f"exited ({status.exit_code})"
-    if status.detail.startswith(prefix):
-        return code, status.detail[len(prefix) :]
-    return code, f" ({status.detail})" if status.detail else ""
-
-
-class _StartFailed(Exception):
-    """The server was launched but did not become ready; the message says why."""
 
 
 async def _nothing() -> None:

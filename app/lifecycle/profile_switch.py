@@ -4,29 +4,68 @@ The active profile decides which backends may run: a disabled backend is blocked
 requests get 503 `backend_disabled` or go to their fallback chain) and stopped after
 draining; a backend enabled again becomes startable (pinned ones are started at once).
 It also picks each backend's yield method (`sleep_mode`). The active profile is saved
-in the state file and survives restarts.
+in the state file and survives restarts. `activate()` answers a typed `ProfileActivation`;
+`app.api.views` renders it and the profiles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
 
 from app.errors import BackendUnavailable, NotFound
 from app.events import EventLog
 from app.lifecycle.backend import Backend
-from app.lifecycle.state import BackendState
+from app.lifecycle.blocks import BlockKind
+from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
 from app.metrics import Metrics
-from app.settings.profiles import GpuProfilesConfig, ProfileConfig, describe, diff
+from app.settings.profiles import GpuProfilesConfig, ProfileConfig
 from app.tasks import OwnedTasks
 
 logger = logging.getLogger(__name__)
 
 BLOCK_KEY: Final = "profile"
 STATE_SECTION: Final = "profile"
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileChange:
+    """What activating a profile changes, by backend name."""
+
+    disable: tuple[str, ...]  # enabled before, disabled now: drain and stop
+    enable: tuple[str, ...]  # disabled before, enabled now: startable again
+
+
+def diff(backends: Iterable[str], old: ProfileConfig | None, new: ProfileConfig) -> ProfileChange:
+    """Which backends a switch from `old` (None: nothing disabled) to `new` turns off/on."""
+    names = list(backends)
+    was = {n: (old is None or old.enabled(n)) for n in names}
+    now = {n: new.enabled(n) for n in names}
+    return ProfileChange(
+        disable=tuple(n for n in names if was[n] and not now[n]),
+        enable=tuple(n for n in names if not was[n] and now[n]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileActivation:
+    """What a switch did: the change, what it stopped and started, what could not stop."""
+
+    active: str
+    previous: str | None
+    change: ProfileChange
+    stopped: tuple[str, ...]
+    started: tuple[str, ...]
+    drain_timeouts: tuple[str, ...]
+    failed: dict[str, str]  # backend -> why it could not be stopped
+
+    @property
+    def changed(self) -> bool:
+        return self.previous != self.active
 
 
 class ProfileSwitch:
@@ -85,26 +124,17 @@ class ProfileSwitch:
             if enabled:
                 backend.unblock(BLOCK_KEY)
             else:
-                backend.block(BLOCK_KEY, f"GPU profile {self.active!r}", "disabled")
+                backend.block(BLOCK_KEY, f"GPU profile {self.active!r}", BlockKind.DISABLED)
             model = profile.models.get(name)
             sleep_mode = None if model is None else model.sleep_mode
-            backend.yield_method_override = None if sleep_mode is None else (
+            backend.set_yield_method(None if sleep_mode is None else (
                 "sleep" if sleep_mode else "stop"
-            )  # fmt: skip
+            ))  # fmt: skip
             self._metrics.backend_enabled.labels(name).set(1 if enabled else 0)
         for name in self.profiles.profiles:
             self._metrics.profile_active.labels(name).set(1 if name == self.active else 0)
 
-    def view(self) -> dict[str, Any]:
-        if self.profiles is None:
-            return {"active": None, "profiles": []}
-        assert self.active is not None
-        return {
-            "active": self.active,
-            "profiles": describe(self.profiles, self.active, self._backends),
-        }
-
-    async def activate(self, name: str) -> dict[str, Any]:
+    async def activate(self, name: str) -> ProfileActivation:
         if self.profiles is None:
             raise NotFound(
                 "no GPU profiles are configured (add gpu_profiles.yaml to the config directory)",
@@ -129,29 +159,32 @@ class ProfileSwitch:
             for backend_name in started:
                 backend = self._backends[backend_name]
                 self._tasks.spawn(backend.start_logged("profile"), f"profile-start:{backend_name}")
-        answer = {
-            "active": name,
-            "previous": previous,
-            "changed": previous != name,
-            **change.as_dict(),
-            "stopped": stopped,
-            "started": started,
-            "drain_timeouts": drain_timeouts,
-            "failed": failed,
-        }
         logger.info("gpu profile switched from=%s to=%s disabled=%s enabled=%s",
                     previous, name, ",".join(change.disable) or "-",
                     ",".join(change.enable) or "-")  # fmt: skip
         self._events.record(
-            "profile", active=name, previous=previous, **change.as_dict(), stopped=stopped
+            "profile",
+            active=name,
+            previous=previous,
+            disabled=list(change.disable),
+            enabled=list(change.enable),
+            stopped=stopped,
         )
-        return answer
+        return ProfileActivation(
+            active=name,
+            previous=previous,
+            change=change,
+            stopped=tuple(stopped),
+            started=tuple(started),
+            drain_timeouts=tuple(drain_timeouts),
+            failed=failed,
+        )
 
     async def _stop(self, names: tuple[str, ...]) -> tuple[list[str], list[str], dict[str, str]]:
         backends = [self._backends[n] for n in names]
         was_down = {b.name for b in backends if b.state is BackendState.STOPPED}
         results = await asyncio.gather(
-            *(b.stop("profile") for b in backends), return_exceptions=True
+            *(b.stop(StopReason.PROFILE) for b in backends), return_exceptions=True
         )
         stopped, drain_timeouts, failed = [], [], {}
         for backend, result in zip(backends, results, strict=True):

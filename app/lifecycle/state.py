@@ -21,6 +21,13 @@ stopped) and additionally refuses to start until the zone is released.
 from __future__ import annotations
 
 import enum
+from typing import Final
+
+# After a failure, requests get the failure for this long instead of a new start, so a
+# crash-looping server is not restarted by every request; pinned backends are restarted
+# by the watch after it. It doubles with each failure in a row, up to the maximum.
+RESTART_BACKOFF_S: Final = 5.0
+MAX_RESTART_BACKOFF_S: Final = 300.0
 
 
 class BackendState(enum.StrEnum):
@@ -50,6 +57,36 @@ TRANSITIONS: dict[BackendState, frozenset[BackendState]] = {
 }
 
 
+class StopReason(enum.StrEnum):
+    """Why the gateway stopped (or put to sleep) a backend: the `reason` label of
+    `microscheduler_backend_stops_total` and the words in its state's reason."""
+
+    IDLE = "idle"  # idle past idle_ttl_s
+    EVICTION = "eviction"  # room for a backend of higher priority
+    ZONE = "zone"  # room for a VRAM zone
+    ADMIN = "admin"  # POST /backends/{name}/stop
+    SHUTDOWN = "shutdown"  # the gateway stops its own processes
+    YIELD = "yield"  # POST /vram/yield
+    PROFILE = "profile"  # a GPU profile disabled it
+
+
+class StartOutcome(enum.StrEnum):
+    """How a start ended: the `outcome` label of `microscheduler_backend_starts_total`."""
+
+    READY = "ready"
+    FAILED = "failed"
+    REFUSED = "refused"  # admission found no room
+    CANCELLED = "cancelled"
+
+
+class SleepOutcome(enum.StrEnum):
+    """How a yield by sleep mode ended: the label of `microscheduler_backend_sleeps_total`."""
+
+    SLEPT = "slept"
+    STOPPED = "stopped"  # the server offers no sleep mode: stopped instead
+    FAILED = "failed"  # the sleep call failed: stopped instead
+
+
 class InvalidTransition(RuntimeError):
     def __init__(self, current: BackendState, target: BackendState) -> None:
         super().__init__(f"backend cannot go from {current} to {target}")
@@ -62,3 +99,25 @@ def check_transition(current: BackendState, target: BackendState) -> BackendStat
     if target not in TRANSITIONS[current]:
         raise InvalidTransition(current, target)
     return target
+
+
+class RestartBackoff:
+    """When a failed backend may be started again: `base_s` after the first failure in a
+    row, doubling with each further one up to `MAX_RESTART_BACKOFF_S`. Time is passed in."""
+
+    def __init__(self, base_s: float = RESTART_BACKOFF_S) -> None:
+        self._base_s = base_s
+        self.failures = 0  # in a row; reset when the backend becomes ready
+        self._retry_at: float | None = None
+
+    def failed(self, now: float) -> None:
+        self.failures += 1
+        backoff = self._base_s * 2 ** min(self.failures - 1, 16)
+        self._retry_at = now + min(MAX_RESTART_BACKOFF_S, backoff)
+
+    def reset(self) -> None:
+        self.failures, self._retry_at = 0, None
+
+    def retry_in(self, now: float) -> float:
+        """Seconds until a new start is allowed (0: now)."""
+        return 0.0 if self._retry_at is None else max(0.0, self._retry_at - now)

@@ -12,6 +12,8 @@ is saved, survives restarts and blocks what it took like any zone.
   freed.
 - `restore()` (or the yield's `ttl_s` running out) unblocks them: pinned ones are woken
   or started at once, lazy ones on their next request.
+
+Answers are typed (`YieldOutcome`, `RestoreReport`); `app.api.views` renders them.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from app.errors import BackendUnavailable, InvalidRequest
 from app.events import EventLog
-from app.gpu.probe import GpuReading, free_on
+from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
-from app.lifecycle.state import BackendState
-from app.lifecycle.zones import YIELD_ZONE, Zone
+from app.lifecycle.state import BackendState, SleepOutcome, StopReason
+from app.lifecycle.zones import YIELD_ZONE, YieldReport, Zone
 from app.metrics import Metrics
 from app.tasks import OwnedTasks
 
@@ -51,6 +53,28 @@ class YieldRequest:
     ttl_s: float | None = None  # None: until restored
     include_pinned: bool = False
     gpu: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class YieldOutcome:
+    """The yield that holds (its zone and report); `already`: it held before this call."""
+
+    zone: Zone
+    already: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What a restore gave back: pinned backends `back` (or still `starting`, or `failed`
+    with why), lazy ones `on_demand`."""
+
+    reason: str  # the yield's reason (its holder)
+    why: str  # restored | expired
+    back: tuple[str, ...]
+    starting: tuple[str, ...]
+    failed: dict[str, str | None]
+    on_demand: tuple[str, ...]
+    yielded_for_s: float
 
 
 class VramYield:
@@ -75,50 +99,39 @@ class VramYield:
     def current(self) -> Zone | None:
         return self._arbiter.zones.get(YIELD_ZONE)
 
-    def view(self) -> dict[str, Any]:
-        zone = self.current
-        if zone is None:
-            return {"state": "none"}
-        return {
-            "state": "yielded",
-            **zone.report,
-            "held_mib": zone.mib,
-            "granted_at": zone.granted_at,
-            "expires_at": zone.expires_at,
-        }
-
     def sync_metrics(self) -> None:
         zone = self.current
         self._metrics.yield_active.set(1 if zone is not None else 0)
-        if zone is not None and zone.report.get("freed_mib") is not None:
-            self._metrics.yield_freed.set(int(zone.report["freed_mib"]) * 1024 * 1024)
+        freed = None if zone is None or zone.report is None else zone.report.freed_mib
+        if freed is not None:
+            self._metrics.yield_freed.set(freed * 1024 * 1024)
 
     # -- yield -------------------------------------------------------------------------
 
-    async def yield_vram(self, request: YieldRequest) -> dict[str, Any]:
+    async def yield_vram(self, request: YieldRequest) -> YieldOutcome:
         async with self._lock:
-            if self.current is not None:
+            current = self.current
+            if current is not None:
                 self._metrics.yields.labels("already").inc()
-                return {**self.view(), "already": True}
+                return YieldOutcome(current, already=True)
             try:
-                answer = await self._yield(request)
+                zone = await self._yield(request)
             except BaseException:
                 self._metrics.yields.labels("failed").inc()
                 raise
             self._metrics.yields.labels("yielded").inc()
             self.sync_metrics()
-            return {**answer, "already": False}
+            return YieldOutcome(zone, already=False)
 
-    async def _yield(self, request: YieldRequest) -> dict[str, Any]:
+    async def _yield(self, request: YieldRequest) -> Zone:
         began = time.monotonic()
-        probe = self._arbiter.probe
-        reading = await probe.read()
-        if reading is not None and request.gpu not in reading.gpus:
+        reading = await self._arbiter.read_gpus()
+        if reading is not None and reading.usable(request.gpu) is None:
             raise InvalidRequest(
-                f"GPU {request.gpu} is not present (the probe sees {sorted(reading.gpus)})",
+                f"GPU {request.gpu} is not present (the probe sees {reading.usable_indices})",
                 param="gpu",
             )
-        free_before = free_on(reading, request.gpu)
+        free_before = free_mib(reading, request.gpu)
         now = time.time()
         draft = Zone(
             YIELD_ZONE,
@@ -165,9 +178,9 @@ class VramYield:
                         expected = backend.vram_mib if backend.name in stopped else None
                         settled = await self._settle(request, free, expected)
                         if settled is not None:
-                            free = free_on(settled, request.gpu)
-                reading = await probe.read()
-                free_after = free_on(reading, request.gpu) if reading is not None else None
+                            free = free_mib(settled, request.gpu)
+                reading = await self._arbiter.read_gpus()
+                free_after = free_mib(reading, request.gpu) if reading is not None else None
                 taken = set(stopped) | set(slept)
                 # What still runs keeps serving; what is down stays blocked.
                 blocked = []
@@ -180,7 +193,7 @@ class VramYield:
                         backend.unblock(draft.block_key)
                 report = _report(
                     request,
-                    probe_name=probe.name,
+                    probe_name=self._arbiter.probe_name,
                     free_before=free_before if reading is not None else None,
                     free_after=free_after,
                     stopped=stopped,
@@ -211,10 +224,18 @@ class VramYield:
                 backend.unblock(draft.block_key)
             raise
         logger.info("vram yielded reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s",
-                    request.reason, report["freed_mib"], report["free_mib"],
+                    request.reason, report.freed_mib, report.free_mib,
                     ",".join(stopped) or "-", ",".join(slept) or "-")  # fmt: skip
-        self._events.record("vram_yield", **{k: report[k] for k in _EVENT_KEYS})
-        return {"state": "yielded", **report, "held_mib": zone.mib, "expires_at": zone.expires_at}
+        self._events.record(
+            "vram_yield",
+            reason=report.reason,
+            freed_mib=report.freed_mib,
+            free_mib=report.free_mib,
+            stopped=list(report.stopped),
+            slept=list(report.slept),
+            duration_s=report.duration_s,
+        )
+        return zone
 
     async def _take(
         self,
@@ -228,11 +249,11 @@ class VramYield:
     ) -> bool:
         """Stop (or put to sleep) `backends` together; True when any was taken."""
 
-        async def one(backend: Backend) -> str:
+        async def one(backend: Backend) -> SleepOutcome:
             if sleep and backend.yield_method == "sleep":
-                return await backend.sleep("yield", level=backend.config.yield_.level)
-            await backend.stop("yield")
-            return "stopped"
+                return await backend.sleep(StopReason.YIELD, level=backend.config.yield_.level)
+            await backend.stop(StopReason.YIELD)
+            return SleepOutcome.STOPPED
 
         results = await asyncio.gather(*(one(b) for b in backends), return_exceptions=True)
         took = False
@@ -243,23 +264,23 @@ class VramYield:
             if isinstance(result, BaseException):
                 raise result
             took = True
-            (slept if result == "slept" else stopped).append(backend.name)
+            (slept if result is SleepOutcome.SLEPT else stopped).append(backend.name)
             if backend.last_drain_timed_out:
                 drain_timeouts.append(backend.name)
         return took
 
     async def _settle(
         self, request: YieldRequest, before: int, expected_mib: int | None
-    ) -> GpuReading | None:
+    ) -> GpuSnapshot | None:
         """Poll the probe until the memory a stop or sleep freed shows (bounded)."""
         began = time.monotonic()
         deadline = began + self._settle_timeout_s
         previous: int | None = None
         while True:
-            reading = await self._arbiter.probe.read()
+            reading = await self._arbiter.read_gpus()
             if reading is None:
                 return None
-            free = free_on(reading, request.gpu)
+            free = free_mib(reading, request.gpu)
             if request.min_free_mib is not None and free >= request.min_free_mib:
                 return reading
             if expected_mib is not None and free - before >= expected_mib * 0.9:
@@ -277,13 +298,13 @@ class VramYield:
 
     # -- restore -----------------------------------------------------------------------
 
-    async def restore(self, why: str = "restored") -> dict[str, Any]:
+    async def restore(self, why: str = "restored") -> RestoreReport | None:
         """Give the memory back: unblock, wake or start pinned backends now (waiting up
-        to `RESTORE_WAIT_S`), leave lazy ones for their next request."""
+        to `RESTORE_WAIT_S`), leave lazy ones for their next request. None: no yield."""
         async with self._lock:
             zone = self._arbiter.drop_zone(YIELD_ZONE, why)
             if zone is None:
-                return {"state": "none", "restored": False}
+                return None
             self._metrics.yields.labels(why if why == "expired" else "restored").inc()
             self.sync_metrics()
             pinned: list[Backend] = []
@@ -301,28 +322,26 @@ class VramYield:
                 await asyncio.wait(tasks.values(), timeout=RESTORE_WAIT_S)
             ready = {n for n, t in tasks.items() if t.done() and _ready(self._backends[n])}
             back = [n for n in tasks if n in ready]
-            answer = {
-                "state": "restored",
-                "restored": True,
-                "reason": zone.holder,
-                "why": why,
-                "back": back,
-                "starting": [n for n, t in tasks.items() if not t.done()],
-                "failed": {
+            answer = RestoreReport(
+                reason=zone.holder,
+                why=why,
+                back=tuple(back),
+                starting=tuple(n for n, t in tasks.items() if not t.done()),
+                failed={
                     n: self._backends[n].reason
                     for n, t in tasks.items()
                     if t.done() and n not in ready
                 },
-                "on_demand": [b.name for b in on_demand],
-                "yielded_for_s": round(time.time() - zone.granted_at, 1),
-            }
+                on_demand=tuple(b.name for b in on_demand),
+                yielded_for_s=round(time.time() - zone.granted_at, 1),
+            )
         lazy = [b.name for b in on_demand]
         logger.info("vram restored why=%s back=%s on_demand=%s",
                     why, ",".join(back) or "-", ",".join(lazy) or "-")  # fmt: skip
         self._events.record("vram_restore", why=why, back=back, on_demand=lazy)
         return answer
 
-    async def expire(self, now: float) -> dict[str, Any] | None:
+    async def expire(self, now: float) -> RestoreReport | None:
         zone = self.current
         if zone is None or not zone.expired(now):
             return None
@@ -330,9 +349,6 @@ class VramYield:
 
     async def close(self) -> None:
         await self._tasks.close()
-
-
-_EVENT_KEYS: Final = ("reason", "freed_mib", "free_mib", "stopped", "slept", "duration_s")
 
 
 def _yield_order(scope: list[Backend]) -> list[Backend]:
@@ -361,28 +377,26 @@ def _report(
     failed: dict[str, str],
     drain_timeouts: list[str],
     duration_s: float,
-) -> dict[str, Any]:
+) -> YieldReport:
     freed = None if free_before is None or free_after is None else free_after - free_before
-    return {
-        "reason": request.reason,
-        "gpu": request.gpu,
-        "min_free_mib": request.min_free_mib,
-        "include_pinned": request.include_pinned,
-        "freed_mib": freed,
-        "free_mib": free_after,
-        "free_mib_before": free_before,
-        "met": (
+    return YieldReport(
+        reason=request.reason,
+        gpu=request.gpu,
+        min_free_mib=request.min_free_mib,
+        include_pinned=request.include_pinned,
+        freed_mib=freed,
+        free_mib=free_after,
+        free_mib_before=free_before,
+        met=(
             None
             if request.min_free_mib is None or free_after is None
             else free_after >= request.min_free_mib
         ),
-        "measured_by": probe_name
-        if freed is not None
-        else f"{probe_name}: no reading, not measured",
-        "stopped": stopped,
-        "slept": slept,
-        "blocked": blocked,
-        "failed": failed,
-        "drain_timeouts": drain_timeouts,
-        "duration_s": round(duration_s, 3),
-    }
+        measured_by=probe_name if freed is not None else f"{probe_name}: no reading, not measured",
+        stopped=tuple(stopped),
+        slept=tuple(slept),
+        blocked=tuple(blocked),
+        failed=dict(failed),
+        drain_timeouts=tuple(drain_timeouts),
+        duration_s=round(duration_s, 3),
+    )

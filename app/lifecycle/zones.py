@@ -1,16 +1,80 @@
-"""VRAM zones held for outside workloads (image generation): the data, no I/O.
+"""VRAM zones held for outside workloads (image generation, a game): the data, no I/O.
 
 A zone reserves `mib` on one GPU for a named holder until it is released or expires.
 The lazy backends stopped to make room are *blocked* while it is held: their requests
-fall back or get 503 naming the zone, and never wake them.
+fall back or get 503 naming the zone, and never wake them. A VRAM yield is a zone too
+(named `yield`); it keeps the `YieldReport` of what it measured when it was taken.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from app.lifecycle.blocks import BlockKind
+
 YIELD_ZONE = "yield"  # the name of the zone a VRAM yield holds
+
+
+@dataclass(frozen=True, slots=True)
+class YieldReport:
+    """What a yield did, as the probe measured it (never the sum of configured sizes).
+
+    `freed_mib` is free memory after minus before; None when there was no reading."""
+
+    reason: str
+    gpu: int
+    min_free_mib: int | None
+    include_pinned: bool
+    freed_mib: int | None
+    free_mib: int | None
+    free_mib_before: int | None
+    met: bool | None  # free_mib reached min_free_mib; None without a target or a reading
+    measured_by: str
+    stopped: tuple[str, ...]
+    slept: tuple[str, ...]
+    blocked: tuple[str, ...]  # down already, kept down while the yield holds
+    failed: Mapping[str, str]  # backend -> why it could not be stopped
+    drain_timeouts: tuple[str, ...]
+    duration_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("stopped", "slept", "blocked", "drain_timeouts"):
+            data[key] = list(data[key])
+        data["failed"] = dict(self.failed)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> YieldReport:
+        """Raises KeyError/TypeError/ValueError on a malformed report."""
+
+        def names(key: str) -> tuple[str, ...]:
+            return tuple(str(n) for n in data.get(key) or ())
+
+        def number(key: str) -> int | None:
+            value = data.get(key)
+            return None if value is None else int(value)
+
+        met = data.get("met")
+        return cls(
+            reason=str(data["reason"]),
+            gpu=int(data["gpu"]),
+            min_free_mib=number("min_free_mib"),
+            include_pinned=bool(data.get("include_pinned", False)),
+            freed_mib=number("freed_mib"),
+            free_mib=number("free_mib"),
+            free_mib_before=number("free_mib_before"),
+            met=None if met is None else bool(met),
+            measured_by=str(data.get("measured_by", "")),
+            stopped=names("stopped"),
+            slept=names("slept"),
+            blocked=names("blocked"),
+            failed={str(k): str(v) for k, v in dict(data.get("failed") or {}).items()},
+            drain_timeouts=names("drain_timeouts"),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,15 +89,15 @@ class Zone:
     # A yield (`POST /vram/yield`) is a zone too: it holds what it freed for a game.
     kind: Literal["zone", "yield"] = "zone"
     slept: tuple[str, ...] = ()  # backends put to sleep for it (yield), blocked too
-    report: dict[str, Any] = field(default_factory=dict)  # the yield's answer, as measured
+    report: YieldReport | None = None  # a yield's measurements
 
     @property
     def blocks(self) -> tuple[str, ...]:
         return self.stopped + self.slept
 
     @property
-    def block_kind(self) -> str:
-        return "yielded" if self.kind == "yield" else "blocked"
+    def block_kind(self) -> BlockKind:
+        return BlockKind.YIELDED if self.kind == "yield" else BlockKind.BLOCKED
 
     @property
     def block_key(self) -> str:
@@ -60,7 +124,7 @@ class Zone:
             "stopped": list(self.stopped),
             "kind": self.kind,
             "slept": list(self.slept),
-            "report": self.report,
+            "report": None if self.report is None else self.report.to_json(),
         }
 
     @classmethod
@@ -77,5 +141,5 @@ class Zone:
             stopped=tuple(str(b) for b in data["stopped"]),
             kind="yield" if data.get("kind") == "yield" else "zone",
             slept=tuple(str(b) for b in data.get("slept", ())),
-            report=dict(data.get("report") or {}),
+            report=None if not data.get("report") else YieldReport.from_json(data["report"]),
         )

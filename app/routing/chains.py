@@ -57,7 +57,8 @@ from app.errors import (
     UpstreamTimeout,
     WakeTimeout,
 )
-from app.lifecycle.backend import Backend, WaitNotice
+from app.lifecycle.backend import Backend
+from app.lifecycle.lease import WaitNotice
 from app.metrics import Metrics
 from app.routing.circuit import (
     ChainAvailability,

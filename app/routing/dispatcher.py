@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from app.errors import ModelNotFound, UpstreamError
-from app.lifecycle.backend import Backend, Lease, WaitNotice
+from app.lifecycle.backend import Backend
+from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.fallback_metrics import TokenCounter
 from app.routing.registry import Registry, Route

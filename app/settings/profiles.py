@@ -1,6 +1,5 @@
 """GPU profiles (`gpu_profiles.yaml`): named presets of which backends run and how much of
-the GPU each gets. The schema and the pure decisions; switching lives in
-`app/lifecycle/profile_switch.py`.
+the GPU each gets. The schema; switching lives in `app/lifecycle/profile_switch.py`.
 
 ```yaml
 profiles:
@@ -28,8 +27,7 @@ instead of a stop; `cuda_graphs: false` plans it with `--enforce-eager`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
@@ -117,49 +115,3 @@ class GpuProfilesConfig(_Strict):
             for name in profile.models
             if name not in known
         ]
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileChange:
-    """What activating a profile changes, by backend name."""
-
-    disable: tuple[str, ...]  # enabled before, disabled now: drain and stop
-    enable: tuple[str, ...]  # disabled before, enabled now: startable again
-
-    def as_dict(self) -> dict[str, list[str]]:
-        return {"disabled": list(self.disable), "enabled": list(self.enable)}
-
-
-def diff(backends: Iterable[str], old: ProfileConfig | None, new: ProfileConfig) -> ProfileChange:
-    """Which backends a switch from `old` (None: nothing disabled) to `new` turns off/on."""
-    names = list(backends)
-    was = {n: (old is None or old.enabled(n)) for n in names}
-    now = {n: new.enabled(n) for n in names}
-    return ProfileChange(
-        disable=tuple(n for n in names if was[n] and not now[n]),
-        enable=tuple(n for n in names if not was[n] and now[n]),
-    )
-
-
-def disabled(backends: Iterable[str], profile: ProfileConfig) -> tuple[str, ...]:
-    return tuple(n for n in backends if not profile.enabled(n))
-
-
-def describe(
-    profiles: GpuProfilesConfig, active: str, backends: Mapping[str, object]
-) -> list[dict[str, object]]:
-    """`GET /profiles`: each profile, whether active, and what it enables."""
-    return [
-        {
-            "name": name,
-            "active": name == active,
-            "description": profile.description,
-            "vram_strategy": profile.vram_strategy,
-            "gpu_total_gb": profile.gpu_total_gb,
-            "target_utilization_pct": profile.target_utilization_pct,
-            "enabled": [b for b in backends if profile.enabled(b)],
-            "disabled": [b for b in backends if not profile.enabled(b)],
-            "models": {n: m.model_dump(exclude_none=True) for n, m in profile.models.items()},
-        }
-        for name, profile in profiles.profiles.items()
-    ]

@@ -1,10 +1,17 @@
-"""vLLM's sleep mode endpoints, spoken over httpx (control plane).
+"""What the control plane asks a local vLLM over HTTP (httpx): health, sleep mode, load.
 
-`POST /sleep?level=N` frees the weights (level 1 keeps them in host RAM, level 2 drops
-them) and the KV cache; `POST /wake_up` brings them back; `GET /is_sleeping` confirms.
-The server registers these routes only with `VLLM_SERVER_DEV_MODE=1` (and needs
-`--enable-sleep-mode`); otherwise they answer 404, reported as `SleepUnsupported` so the
-caller can stop the server instead. Parameters are query parameters, not a JSON body.
+- `health()`: `GET <health_path>` (vLLM's `/health`), 200 or not; never raises.
+- `sleep(level)`, `wake_up()`, `is_sleeping()`: vLLM's sleep mode. `POST /sleep?level=N`
+  frees the weights (level 1 keeps them in host RAM, level 2 drops them) and the KV cache;
+  `POST /wake_up` brings them back; `GET /is_sleeping` confirms. The server registers
+  these routes only with `VLLM_SERVER_DEV_MODE=1` (and needs `--enable-sleep-mode`);
+  otherwise they answer 404, reported as `SleepUnsupported` so the caller can stop the
+  server instead. Parameters are query parameters, not a JSON body.
+- `load()`: `GET /metrics`, parsed by `app.upstreams.vllm_load`; raises only `ScrapeError`.
+
+Control calls and the scrape send the upstream's own key (vLLM `--api-key`); the health
+check does not, as before: `/health` is open on vLLM. The requests of clients go through
+`app.upstreams.http.HttpUpstream` (aiohttp), not through here.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from typing import Final
 
 import httpx
 
+from app.upstreams.vllm_load import BackendLoad, MetricsParseError, ScrapeError, parse_vllm_load
+
+HEALTH_TIMEOUT_S: Final = 2.0
 CALL_TIMEOUT_S: Final = 60.0  # freeing or reloading weights takes seconds, level 2 longer
 CONFIRM_POLL_S: Final = 0.1
 
@@ -28,27 +38,45 @@ class SleepUnsupported(ControlError):
     """The server does not offer sleep mode (no `VLLM_SERVER_DEV_MODE=1`)."""
 
 
-class VllmControl:
+class VllmClient:
+    """One backend's vLLM, spoken to over the gateway's shared control-plane client."""
+
     def __init__(
         self,
         client: httpx.AsyncClient,
         base_url: str,
         *,
         headers: Mapping[str, str] | None = None,
+        health_path: str = "/health",
         timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         self._client = client
         self._base = base_url.rstrip("/")
         self._headers = dict(headers or {})
+        self._health_url = self._base + health_path
         self._timeout_s = timeout_s
+
+    # -- health -----------------------------------------------------------------------
+
+    async def health(self) -> str | None:
+        """None when the server answers its health check with 200, else why not."""
+        try:
+            response = await self._client.get(self._health_url, timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}".rstrip(": ")
+        if response.status_code == 200:
+            return None
+        return f"health answered {response.status_code}"
+
+    # -- sleep mode -------------------------------------------------------------------
 
     async def sleep(self, level: int) -> None:
         """Put the engine to sleep and wait until `/is_sleeping` says so."""
-        await self._post("/sleep", {"level": str(level)})
+        await self._request("POST", "/sleep", {"level": str(level)})
         await self._confirm(True)
 
     async def wake_up(self) -> None:
-        await self._post("/wake_up", None)
+        await self._request("POST", "/wake_up", None)
         await self._confirm(False)
 
     async def is_sleeping(self) -> bool:
@@ -62,9 +90,6 @@ class VllmControl:
         if not isinstance(value, bool):
             raise ControlError(f"GET /is_sleeping answered is_sleeping={value!r}, not a bool")
         return value
-
-    async def _post(self, path: str, params: dict[str, str] | None) -> None:
-        await self._request("POST", path, params)
 
     async def _request(
         self, method: str, path: str, params: dict[str, str] | None
@@ -97,3 +122,25 @@ class VllmControl:
                 want = "asleep" if sleeping else "awake"
                 raise ControlError(f"the server did not report {want} within {self._timeout_s:g}s")
             await asyncio.sleep(CONFIRM_POLL_S)
+
+    # -- load -------------------------------------------------------------------------
+
+    async def load(self, *, timeout_s: float) -> BackendLoad:
+        """GET `/metrics` and parse it. Raises `ScrapeError`, never an httpx error."""
+        url = f"{self._base}/metrics"
+        try:
+            response = await self._client.get(url, headers=self._headers, timeout=timeout_s)
+        except httpx.ConnectError as exc:
+            raise ScrapeError(f"cannot connect to {url}: {exc}", kind="connect") from None
+        except httpx.TimeoutException:
+            raise ScrapeError(
+                f"GET {url} timed out after {timeout_s:g} s", kind="timeout"
+            ) from None
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            raise ScrapeError(f"GET {url} failed: {exc!r}", kind="request") from None
+        if response.status_code != 200:
+            raise ScrapeError(f"GET {url} answered HTTP {response.status_code}", kind="status")
+        try:
+            return parse_vllm_load(response.text)
+        except MetricsParseError as exc:
+            raise ScrapeError(f"GET {url}: {exc}", kind="parse") from None

@@ -11,18 +11,23 @@ usage is the maximum over engines: each engine has its own KV pool, and the full
 is the one that queues and preempts; a sum would exceed 1 and a mean would hide a full
 engine behind an idle one.
 
-`parse_vllm_load` is pure; `scrape_load` does the GET and raises only `ScrapeError`.
+`parse_vllm_load` is pure; `app.upstreams.vllm.VllmClient.load()` does the GET and raises
+only `ScrapeError`.
+
+`VllmLoadMetrics` exports what the last scrape of each backend said. When a scrape fails
+or the backend is not running, `microscheduler_backend_metrics_up` is 0 and the three load
+series of that backend are removed (not NaN, not the old value): a stopped backend shows
+"no data", never an old KV usage, and `sum()` over backends stays a number.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-import httpx
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
@@ -103,26 +108,54 @@ def _count(values: list[float]) -> int | None:
     return round(sum(values)) if values else None
 
 
-async def scrape_load(
-    client: httpx.AsyncClient,
-    base_url: str,
-    *,
-    headers: Mapping[str, str] | None = None,
-    timeout_s: float,
-) -> BackendLoad:
-    """GET `<base_url>/metrics` and parse it. Raises `ScrapeError`, never an httpx error."""
-    url = f"{base_url.rstrip('/')}/metrics"
-    try:
-        response = await client.get(url, headers=headers, timeout=timeout_s)
-    except httpx.ConnectError as exc:
-        raise ScrapeError(f"cannot connect to {url}: {exc}", kind="connect") from None
-    except httpx.TimeoutException:
-        raise ScrapeError(f"GET {url} timed out after {timeout_s:g} s", kind="timeout") from None
-    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-        raise ScrapeError(f"GET {url} failed: {exc!r}", kind="request") from None
-    if response.status_code != 200:
-        raise ScrapeError(f"GET {url} answered HTTP {response.status_code}", kind="status")
-    try:
-        return parse_vllm_load(response.text)
-    except MetricsParseError as exc:
-        raise ScrapeError(f"GET {url}: {exc}", kind="parse") from None
+class VllmLoadMetrics:
+    """Per-backend load as scraped from vLLM's `/metrics`; backends from config only."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "microscheduler"
+        self.kv_cache_usage = Gauge(
+            "backend_kv_cache_usage_ratio",
+            "KV-cache usage of the backend's fullest engine (0-1), from vLLM's /metrics.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.requests_running = Gauge(
+            "backend_requests_running",
+            "Requests in the backend's running batches, from vLLM's /metrics.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.requests_waiting = Gauge(
+            "backend_requests_waiting",
+            "Requests queued in the backend, from vLLM's /metrics.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.metrics_up = Gauge(
+            "backend_metrics_up",
+            "1 when the last scrape of the backend's /metrics worked, else 0.",
+            ["backend"],
+            namespace=ns,
+            registry=registry,
+        )
+
+    def declare(self, backend: str) -> None:
+        """Create the backend's `metrics_up` series (0 until a scrape works)."""
+        self.metrics_up.labels(backend).set(0)
+
+    def update(self, backend: str, load: BackendLoad | None) -> None:
+        """Record a scrape: None when it failed or the backend is not running."""
+        self.metrics_up.labels(backend).set(0 if load is None else 1)
+        values = (
+            (self.kv_cache_usage, None if load is None else load.kv_cache_usage_ratio),
+            (self.requests_running, None if load is None else load.requests_running),
+            (self.requests_waiting, None if load is None else load.requests_waiting),
+        )
+        for gauge, value in values:
+            if value is None:
+                gauge.remove(backend)  # a no-op when the series does not exist
+            else:
+                gauge.labels(backend).set(value)

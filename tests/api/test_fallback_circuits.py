@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app.lifecycle.blocks import BlockKind
 from tests.api.test_fallback_triggers import CLOUD_MODEL, LOCAL_MODEL, World, ask, world
 
 CIRCUIT = {"failure_threshold": 2, "cooldown_s": 10, "backoff": 2}
@@ -196,7 +197,7 @@ async def test_local_refusals_are_not_attempts(
     async with world(
         monkeypatch, tmp_path, entries=["reasoning", "cloud"], chain={"max_attempts": 1}
     ) as w:
-        w.services.backends["reasoning"].block("test", "a test", kind="disabled")
+        w.services.backends["reasoning"].block("test", "a test", kind=BlockKind.DISABLED)
         response = await ask(w.gw, stream=False)
         assert response.json()["model"] == CLOUD_MODEL
 
@@ -271,7 +272,7 @@ async def test_repeated_fallbacks_are_coalesced_in_the_events(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     async with clocked(monkeypatch, tmp_path, entries=["reasoning", "cloud"]) as (w, clock):
-        w.services.backends["reasoning"].block("game", "a game", kind="yielded")
+        w.services.backends["reasoning"].block("game", "a game", kind=BlockKind.YIELDED)
         for _ in range(3):
             await ask(w.gw, stream=False)
         assert [e["repeats"] for e in events_of(w, "fallback")] == [0]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.lifecycle.blocks import BlockKind
 from app.services import Services
 from tests.fakes.provider import cloud_settings, fake_anthropic, fake_openai_provider
 from tests.fakes.servers import fake_vllm, gateway
@@ -51,7 +52,7 @@ async def test_keys_appear_in_no_log_status_metrics_or_error_body(
         )
         async with gateway(settings) as gw:
             services: Services = gw.app.state.services
-            services.backends["reasoning"].block("t", "a test", kind="yielded")
+            services.backends["reasoning"].block("t", "a test", kind=BlockKind.YIELDED)
             texts: list[str] = []
             for body in (CHAT, {**CHAT, "stream": True}):
                 response = await gw.client.post("/v1/chat/completions", json=body)

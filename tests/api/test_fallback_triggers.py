@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.lifecycle.blocks import BlockKind
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.services import Seams, Services
 from app.settings import BackendConfig
@@ -150,7 +151,7 @@ class LocalCase:
     reason: str
     backend: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
-    block: str | None = None
+    block: BlockKind | None = None
 
 
 LAZY = {
@@ -168,9 +169,9 @@ LOCAL_CASES = [
         LocalCase("timeout", {"timeouts": {"first_byte_s": 0.3}}, {"stall_before_headers": True}),
         id="first-byte-timeout",
     ),
-    pytest.param(LocalCase("local_blocked", block="blocked"), id="blocked-by-zone"),
-    pytest.param(LocalCase("local_yielded", block="yielded"), id="yielded"),
-    pytest.param(LocalCase("local_disabled", block="disabled"), id="disabled"),
+    pytest.param(LocalCase("local_blocked", block=BlockKind.BLOCKED), id="blocked-by-zone"),
+    pytest.param(LocalCase("local_yielded", block=BlockKind.YIELDED), id="yielded"),
+    pytest.param(LocalCase("local_disabled", block=BlockKind.DISABLED), id="disabled"),
 ]
 
 
@@ -425,7 +426,7 @@ async def test_embeddings_and_completions_follow_the_chain_too(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     async with world(monkeypatch, tmp_path, entries=["reasoning", "cloud"]) as w:
-        w.services.backends["reasoning"].block("test", "a test", kind="yielded")
+        w.services.backends["reasoning"].block("test", "a test", kind=BlockKind.YIELDED)
         embedding = await w.gw.client.post(
             "/v1/embeddings", json={"model": "reasoning", "input": "hello"}
         )

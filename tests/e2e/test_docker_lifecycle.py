@@ -26,7 +26,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.lifecycle.backend import RESTART_BACKOFF_S
+from app.lifecycle.state import RESTART_BACKOFF_S
 from tests.fakes import docker_env
 from tests.fakes.processes import (
     GatewayProcess,

@@ -14,15 +14,17 @@ import httpx
 import pytest
 
 from app.errors import BackendUnavailable, Conflict, InvalidRequest
-from app.gpu.probe import SimProbe
+from app.gpu.poller import GpuMonitor
+from app.gpu.sim import SimSource
 from app.lifecycle.arbiter import VramArbiter, ZoneGrant
 from app.lifecycle.backend import Backend
-from app.lifecycle.state import BackendState
+from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
 from app.lifecycle.zones import Zone
 from app.metrics import Metrics
 from app.settings import BackendConfig, ProcessRuntimeConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
+from app.upstreams.vllm import VllmClient
 from tests.fakes.runtimes import FakeRuntime
 
 TOTAL_MIB = 24000
@@ -53,9 +55,10 @@ class Rig:
         self.runtimes: dict[str, FakeRuntime] = {}
         self.health: dict[str, Health] = {}
         self._clients: list[httpx.AsyncClient] = []
-        self.arbiter = VramArbiter(
-            SimProbe(total_mib, count, self.placed), self.store, reclaim_timeout_s=5.0
+        gpus = GpuMonitor(
+            SimSource(total_mib, count, self.placed), poll_interval_s=1.0, stale_after_s=10.0
         )
+        self.arbiter = VramArbiter(gpus, self.store, reclaim_timeout_s=5.0)
         self.arbiter.attach(self.backends)  # the same dict: backends added later count
 
     def placed(self) -> dict[int, int]:
@@ -88,7 +91,7 @@ class Rig:
             config,
             runtime,
             HttpUpstream(name, config.url, TimeoutsConfig()),
-            client,
+            VllmClient(client, config.url),
             self.metrics,
             admission=self.arbiter,
         )
@@ -348,7 +351,7 @@ async def test_a_start_waits_for_a_stop_in_progress_instead_of_refusing(rig: Rig
     # not refused: the start proceeds once the stop is done, without evicting anything.
     going = await rig.ready("going", vram_mib=16000, priority=10)
     rig.runtimes["going"].stop_gate.clear()
-    stopping = asyncio.create_task(going.stop("idle"))
+    stopping = asyncio.create_task(going.stop(StopReason.IDLE))
     await within(rig.runtimes["going"].stop_called.wait())
     requester = rig.add("requester", vram_mib=16000, priority=50)
 

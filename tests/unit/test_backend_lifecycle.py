@@ -12,11 +12,12 @@ import pytest
 
 from app.errors import BackendUnavailable, WakeTimeout
 from app.lifecycle.backend import Admission, AdmissionRefused, Backend
-from app.lifecycle.state import BackendState
+from app.lifecycle.state import BackendState, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
+from app.upstreams.vllm import VllmClient
 
 
 class GatedRuntime:
@@ -77,7 +78,7 @@ def make_backend(
         cfg,
         fake,
         upstream,
-        client,
+        VllmClient(client, cfg.url),
         metrics or Metrics(),
         admission=admission,
         wake_notice_s=wake_notice_s,
@@ -270,7 +271,7 @@ async def test_stop_during_start_ends_stopped_and_fails_the_waiters() -> None:
     backend = make_backend(runtime, **LAZY)
     waiter = asyncio.create_task(backend.acquire())
     await asyncio.sleep(0.01)
-    await backend.stop("admin")
+    await backend.stop(StopReason.ADMIN)
     assert backend.state is BackendState.STOPPED
     assert runtime.stops == 1
     with pytest.raises(BackendUnavailable) as info:
@@ -283,7 +284,7 @@ async def test_stop_drains_leases_before_stopping_the_runtime() -> None:
     metrics = Metrics()
     backend = await ready_backend(runtime, metrics=metrics, **LAZY)
     lease = await backend.acquire()
-    stopping = asyncio.create_task(backend.stop("admin"))
+    stopping = asyncio.create_task(backend.stop(StopReason.ADMIN))
     await asyncio.sleep(0.01)
     assert backend.state is BackendState.STOPPING
     assert runtime.stops == 0  # the stream in flight finishes first
@@ -308,7 +309,7 @@ async def test_a_drain_that_times_out_stops_anyway_and_is_counted() -> None:
     metrics = Metrics()
     backend = await ready_backend(runtime, metrics=metrics, drain_timeout_s=0.02, **LAZY)
     lease = await backend.acquire()
-    await backend.stop("admin")
+    await backend.stop(StopReason.ADMIN)
     assert backend.state is BackendState.STOPPED
     assert (
         metrics.registry.get_sample_value("microscheduler_drain_timeouts_total", {"backend": "b"})
@@ -322,7 +323,7 @@ async def test_a_request_arriving_during_a_stop_waits_for_it_then_starts_again()
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, **LAZY)
     in_flight = await backend.acquire()
-    stopping = asyncio.create_task(backend.stop("idle"))
+    stopping = asyncio.create_task(backend.stop(StopReason.IDLE))
     await asyncio.sleep(0.01)
     arriving = asyncio.create_task(backend.acquire())
     await asyncio.sleep(0.01)
@@ -404,7 +405,7 @@ async def test_the_restart_backoff_doubles_with_each_failure_in_a_row() -> None:
         assert state_of(backend) is BackendState.READY
     # Ready in between resets the count: every failure here is the first in a row.
     assert retry_afters == [10, 10, 10]
-    await backend.stop("admin")
+    await backend.stop(StopReason.ADMIN)
     failures = []
     for _ in range(3):
         runtime.code = 3
@@ -435,7 +436,7 @@ async def test_a_stop_the_runtime_cannot_do_raises_and_keeps_counting_the_memory
     runtime = UnstoppableRuntime()
     backend = await ready_backend(runtime, **LAZY)
     with pytest.raises(BackendUnavailable) as info:
-        await backend.stop("admin")
+        await backend.stop(StopReason.ADMIN)
     assert info.value.kind == "runtime"
     assert "could not be stopped: stop failed: cannot reach the Docker API" in info.value.message
     assert backend.state is BackendState.FAILED

@@ -7,6 +7,7 @@ import json
 import zlib
 from dataclasses import dataclass
 from email.utils import formatdate
+from typing import cast
 
 import pytest
 
@@ -16,6 +17,7 @@ from app.errors import (
     InvalidRequest,
     ModelNotFound,
     PayloadTooLarge,
+    UnavailableKind,
     UpstreamTimeout,
     UpstreamUnavailable,
     WakeTimeout,
@@ -312,24 +314,30 @@ def test_parse_retry_after() -> None:
         (UpstreamUnavailable("?", kind="new_kind"), Verdict("next", "upstream_error", None, True)),
         (UpstreamTimeout("?", kind="new_kind"), Verdict("next", "timeout", None, True)),
         (
-            BackendUnavailable("b", kind="starting", retry_after_s=5),
+            BackendUnavailable("b", kind=UnavailableKind.STARTING, retry_after_s=5),
             Verdict("next", "local_starting"),
         ),
-        (BackendUnavailable("b", kind="stopped"), Verdict("next", "local_stopped")),
-        (BackendUnavailable("b", kind="blocked"), Verdict("next", "local_blocked")),
-        (BackendUnavailable("b", kind="yielded"), Verdict("next", "local_yielded")),
-        (BackendUnavailable("b", kind="no_vram"), Verdict("next", "local_no_vram")),
+        (BackendUnavailable("b", kind=UnavailableKind.STOPPED), Verdict("next", "local_stopped")),
+        (BackendUnavailable("b", kind=UnavailableKind.BLOCKED), Verdict("next", "local_blocked")),
+        (BackendUnavailable("b", kind=UnavailableKind.YIELDED), Verdict("next", "local_yielded")),
+        (BackendUnavailable("b", kind=UnavailableKind.NO_VRAM), Verdict("next", "local_no_vram")),
         (
-            BackendUnavailable("b", kind="queue_full", retry_after_s=5),
+            BackendUnavailable("b", kind=UnavailableKind.QUEUE_FULL, retry_after_s=5),
             Verdict("next", "local_queue_full"),
         ),
-        (BackendUnavailable("b", kind="disabled"), Verdict("next", "local_disabled")),
+        (BackendUnavailable("b", kind=UnavailableKind.DISABLED), Verdict("next", "local_disabled")),
         (
-            BackendUnavailable("b", kind="failed", retry_after_s=8),
+            BackendUnavailable("b", kind=UnavailableKind.FAILED, retry_after_s=8),
             Verdict("next", "local_failed", None, True),
         ),
-        (BackendUnavailable("b", kind="runtime"), Verdict("next", "local_runtime", None, True)),
-        (BackendUnavailable("b", kind="new_kind"), Verdict("next", "local_unavailable")),
+        (
+            BackendUnavailable("b", kind=UnavailableKind.RUNTIME),
+            Verdict("next", "local_runtime", None, True),
+        ),
+        (  # a kind this policy does not know yet
+            BackendUnavailable("b", kind=cast(UnavailableKind, "new_kind")),
+            Verdict("next", "local_unavailable"),
+        ),
         (WakeTimeout("still starting"), Verdict("next", "local_wake_timeout", None, True)),
         (InvalidRequest("bad"), Verdict("relay", "client_error")),
         (PayloadTooLarge("big"), Verdict("relay", "client_error")),

@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gpu.collector import GpuCollector, VllmLoadMetrics
+from app.gpu.collector import GpuCollector
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import MIB, GpuSnapshot, GpuStats, ProbeError
-from app.upstreams.vllm_load import BackendLoad
+from app.upstreams.vllm_load import BackendLoad, VllmLoadMetrics
 
 GIB = 1024 * MIB
 GPU_FAMILIES = (

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
+from app.api.views import gpu_status_view
 from app.gpu.poller import GpuMonitor
-from app.gpu.probe import GpuMemory, SimProbe
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import MIB, GpuProcess, GpuSnapshot, GpuSource, GpuStats, ProbeError
 
@@ -89,10 +89,10 @@ async def test_read_takes_a_fresh_sample_and_reports_mib() -> None:
 
     assert source.calls == 2  # fresh each time: the arbiter polls for freed memory
     assert reading is not None
-    assert dict(reading.gpus) == {
-        0: GpuMemory(0, 24576, 4096),
-        1: GpuMemory(1, 24576, 10240),
-    }
+    assert [(g.index, g.total_mib, g.used_mib) for g in reading.gpus] == [
+        (0, 24576, 4096),
+        (1, 24576, 10240),
+    ]
     assert monitor.name == "fake"
     assert monitor.up
     assert (monitor.error, monitor.reason, monitor.consecutive_failures) == (None, None, 0)
@@ -100,11 +100,11 @@ async def test_read_takes_a_fresh_sample_and_reports_mib() -> None:
     assert reading.taken_at <= monitor.snapshot.taken_at
 
 
-async def test_describe_is_the_status_section() -> None:
+async def test_status_is_the_status_section() -> None:
     monitor = monitor_of(FakeSource(gpu(0, 4)))
     await monitor.read()
 
-    status = monitor.describe()
+    status = gpu_status_view(monitor.status())
 
     assert status["source"] == "fake"
     assert (status["up"], status["error"], status["reason"], status["stale"]) == (
@@ -150,7 +150,7 @@ async def test_failure_without_any_snapshot_turns_admission_off() -> None:
     assert monitor.age_s() is None
     assert monitor.stale
     assert monitor.last_success_wall is None
-    assert monitor.describe()["gpus"] == []
+    assert gpu_status_view(monitor.status())["gpus"] == []
 
 
 async def test_failure_after_success_serves_the_last_good_snapshot() -> None:
@@ -168,8 +168,8 @@ async def test_failure_after_success_serves_the_last_good_snapshot() -> None:
     assert monitor.snapshot is snapshot
     assert not monitor.up
     assert monitor.consecutive_failures == 2
-    assert monitor.describe()["reason"] == "driver_not_loaded"
-    assert monitor.describe()["gpus"][0]["used_mib"] == 4096
+    assert gpu_status_view(monitor.status())["reason"] == "driver_not_loaded"
+    assert gpu_status_view(monitor.status())["gpus"][0]["used_mib"] == 4096
 
     source.fail = None
     await monitor.read()
@@ -215,9 +215,9 @@ async def test_a_lost_gpu_is_left_out_of_admission_and_logged_once(
         back = await monitor.read()
 
     assert reading is not None
-    assert list(reading.gpus) == [0]
+    assert reading.usable_indices == [0]
     assert back is not None
-    assert list(back.gpus) == [0, 1]
+    assert back.usable_indices == [0, 1]
     lost_logs = [r for r in caplog.records if r.getMessage().startswith("gpu lost")]
     assert len(lost_logs) == 1
     assert lost_logs[0].levelno == logging.ERROR
@@ -229,7 +229,7 @@ async def test_lost_gpu_in_status() -> None:
     monitor = monitor_of(FakeSource(gpu(0), gpu(1, lost=True)))
     await monitor.read()
 
-    status = monitor.describe()
+    status = gpu_status_view(monitor.status())
 
     assert monitor.up  # the sample worked; one GPU is lost
     assert [(g["index"], g["lost"], g["error"]) for g in status["gpus"]] == [
@@ -338,7 +338,7 @@ async def test_age_and_stale() -> None:
     assert age is not None
     assert age >= 30.0
     assert monitor.stale
-    assert monitor.describe()["stale"] is True
+    assert gpu_status_view(monitor.status())["stale"] is True
 
     source.age_s = 0.0
     await monitor.read()
@@ -449,14 +449,15 @@ async def test_sim_source_reports_placed_memory_clamped() -> None:
     await source.close()
 
 
-async def test_monitor_over_sim_reads_like_the_sim_probe() -> None:
+async def test_monitor_over_sim_reports_placed_memory_as_used() -> None:
     placed: dict[int, int] = {0: 7000}
     used: Callable[[], dict[int, int]] = lambda: placed  # noqa: E731
     monitor = monitor_of(SimSource(24000, 2, used))
-    probe = SimProbe(24000, 2, used)
 
     reading = await monitor.read()
-    expected = await probe.read()
 
     assert reading is not None
-    assert dict(reading.gpus) == dict(expected.gpus)
+    assert [(g.index, g.total_mib, g.used_mib, g.free_mib) for g in reading.gpus] == [
+        (0, 24000, 7000, 17000),
+        (1, 24000, 0, 24000),
+    ]

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.api.views import gpu_status_view
 from app.gpu.collector import GpuCollector
 from app.gpu.nvml import NvmlApi, NvmlSource
 from app.gpu.poller import GpuMonitor
@@ -534,7 +535,7 @@ async def test_real_nvml_missing_through_the_monitor_and_metrics() -> None:
     assert monitor.up is False
     assert monitor.error is not None
     assert monitor.reason in ("library_not_found", "driver_not_loaded")
-    status = monitor.describe()
+    status = gpu_status_view(monitor.status())
     assert (status["source"], status["up"], status["stale"], status["gpus"]) == (
         "nvml",
         False,

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.settings.profiles import GpuProfilesConfig, ProfileConfig, diff
+from app.lifecycle.profile_switch import diff
+from app.settings.profiles import GpuProfilesConfig, ProfileConfig
 
 ARTICLE = {
     "profiles": {

@@ -9,12 +9,12 @@ import httpx
 import pytest
 import respx
 
+from app.upstreams.vllm import VllmClient
 from app.upstreams.vllm_load import (
     BackendLoad,
     MetricsParseError,
     ScrapeError,
     parse_vllm_load,
-    scrape_load,
 )
 from tests.fakes.servers import fake_vllm
 
@@ -154,7 +154,7 @@ def test_garbage_is_a_parse_error(garbage: str) -> None:
     assert repr(garbage.lstrip()[:20])[:-1] in str(caught.value)
 
 
-# -- scrape_load ----------------------------------------------------------------------
+# -- VllmClient.load ----------------------------------------------------------------------
 
 URL = "http://vllm.test:8000"
 
@@ -166,9 +166,8 @@ async def test_scrape_good_with_headers() -> None:
                 return_value=httpx.Response(200, text=V1_TEXT)
             )
 
-            load = await scrape_load(
-                client, f"{URL}/", headers={"Authorization": "Bearer k"}, timeout_s=2
-            )
+            vllm = VllmClient(client, f"{URL}/", headers={"Authorization": "Bearer k"})
+            load = await vllm.load(timeout_s=2)
 
     assert load == BackendLoad(0.4217, 3, 1)
     assert route.call_count == 1
@@ -180,7 +179,7 @@ async def test_scrape_status_error() -> None:
             router.get(f"{URL}/metrics").mock(return_value=httpx.Response(500, text="boom"))
 
             with pytest.raises(ScrapeError) as caught:
-                await scrape_load(client, URL, timeout_s=2)
+                await VllmClient(client, URL).load(timeout_s=2)
 
     assert caught.value.kind == "status"
     assert str(caught.value) == f"GET {URL}/metrics answered HTTP 500"
@@ -194,7 +193,7 @@ async def test_scrape_parse_error() -> None:
             )
 
             with pytest.raises(ScrapeError) as caught:
-                await scrape_load(client, URL, timeout_s=2)
+                await VllmClient(client, URL).load(timeout_s=2)
 
     assert caught.value.kind == "parse"
     assert "not Prometheus text exposition" in str(caught.value)
@@ -206,7 +205,7 @@ async def test_scrape_timeout() -> None:
             router.get(f"{URL}/metrics").mock(side_effect=httpx.ReadTimeout("slow"))
 
             with pytest.raises(ScrapeError) as caught:
-                await scrape_load(client, URL, timeout_s=1.5)
+                await VllmClient(client, URL).load(timeout_s=1.5)
 
     assert caught.value.kind == "timeout"
     assert "timed out after 1.5 s" in str(caught.value)
@@ -218,7 +217,7 @@ async def test_scrape_connection_refused_for_real() -> None:
         port = sock.getsockname()[1]
     async with httpx.AsyncClient() as client:
         with pytest.raises(ScrapeError) as caught:
-            await scrape_load(client, f"http://127.0.0.1:{port}", timeout_s=2)
+            await VllmClient(client, f"http://127.0.0.1:{port}").load(timeout_s=2)
 
     assert caught.value.kind == "connect"
     assert f"cannot connect to http://127.0.0.1:{port}/metrics" in str(caught.value)
@@ -226,6 +225,6 @@ async def test_scrape_connection_refused_for_real() -> None:
 
 async def test_scrape_the_fake_vllm_for_real() -> None:
     async with fake_vllm() as server, httpx.AsyncClient() as client:
-        load = await scrape_load(client, server.url, timeout_s=5)
+        load = await VllmClient(client, server.url).load(timeout_s=5)
 
     assert load == BackendLoad(kv_cache_usage_ratio=0.0, requests_running=0, requests_waiting=0)

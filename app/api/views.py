@@ -1,0 +1,242 @@
+"""JSON views of the control plane's typed results: the one place they become dicts.
+
+Domain objects answer dataclasses (a `Zone`, a `YieldOutcome`, a `ProfileActivation`,
+a `GpuStatus`...) or are read directly (a `Backend`); the routes render them here, so a
+field's JSON name and rounding are decided once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from app.gpu.poller import GpuStatus
+from app.gpu.telemetry import MIB, GpuStats
+from app.lifecycle.backend import Backend
+from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
+from app.lifecycle.state import BackendState
+from app.lifecycle.vram_yield import RestoreReport, YieldOutcome
+from app.lifecycle.zones import Zone
+from app.routing.registry import Registry
+
+Json = dict[str, Any]
+
+# -- backends ----------------------------------------------------------------------------
+
+
+def backend_view(backend: Backend) -> Json:
+    cfg = backend.config
+    return {
+        "name": backend.name,
+        "state": str(backend.state),
+        "reason": backend.reason,
+        "lifecycle": cfg.lifecycle,
+        "runtime": backend.runtime.describe(),
+        "runtime_detail": backend.runtime_detail,
+        "priority": cfg.priority,
+        "in_flight": backend.in_flight,
+        "waiting": backend.waiting,
+        "idle_s": round(backend.idle_s(), 1),
+        "idle_ttl_s": cfg.idle_ttl_s,
+        "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
+        "healthy": backend.healthy,
+        "health_error": backend.health_error,
+        "vram_mib": backend.vram_mib,
+        "gpus": cfg.gpus,
+        "holds_vram": backend.holds_vram,
+        "blocked_by": sorted(backend.blocks.values()),
+        "yield_method": backend.yield_method,
+    }
+
+
+def backend_vram_view(backend: Backend, profile_mib: int | None) -> Json:
+    """A backend's memory in `/status`: configured, the profile's share, what admission
+    counts (and how it was planned), and what its last start measured."""
+    footprint = backend.footprint
+    return {
+        "configured_mib": backend.config.vram_mib,
+        "profile_mib": profile_mib,
+        "admission_mib": backend.vram_mib,
+        "footprint": None if footprint is None else footprint.as_dict(),
+        "measured_mib": backend.measured_mib,
+    }
+
+
+def ready_view(backend: Backend) -> Json:
+    return {
+        "ready": backend.state is BackendState.READY and backend.healthy is True,
+        "lifecycle": backend.config.lifecycle,
+        "state": str(backend.state),
+        "healthy": backend.healthy,
+        "reason": backend.reason,
+        "health_error": backend.health_error,
+    }
+
+
+# -- zones and the yield -----------------------------------------------------------------
+
+
+def zone_view(zone: Zone) -> Json:
+    return {
+        "zone": zone.name,
+        "holder": zone.holder,
+        "gpu": zone.gpu,
+        "mib": zone.mib,
+        "granted_at": zone.granted_at,
+        "expires_at": zone.expires_at,
+        "kind": zone.kind,
+        "blocks": list(zone.blocks),
+    }
+
+
+def yield_view(zone: Zone | None) -> Json:
+    """`GET /vram/yield`: the yield that holds, as measured when it was taken."""
+    if zone is None:
+        return {"state": "none"}
+    report = {} if zone.report is None else zone.report.to_json()
+    return {
+        "state": "yielded",
+        **report,
+        "held_mib": zone.mib,
+        "granted_at": zone.granted_at,
+        "expires_at": zone.expires_at,
+    }
+
+
+def yield_outcome_view(outcome: YieldOutcome) -> Json:
+    """`POST /vram/yield`: the yield, and whether it held already before this call."""
+    return {**yield_view(outcome.zone), "already": outcome.already}
+
+
+def restore_view(report: RestoreReport | None) -> Json:
+    if report is None:
+        return {"state": "none", "restored": False}
+    return {
+        "state": "restored",
+        "restored": True,
+        "reason": report.reason,
+        "why": report.why,
+        "back": list(report.back),
+        "starting": list(report.starting),
+        "failed": dict(report.failed),
+        "on_demand": list(report.on_demand),
+        "yielded_for_s": report.yielded_for_s,
+    }
+
+
+# -- GPU profiles ------------------------------------------------------------------------
+
+
+def profiles_view(switch: ProfileSwitch, backends: Iterable[str]) -> Json:
+    """`GET /profiles`: each profile, whether active, and what it enables."""
+    config = switch.profiles
+    if config is None:
+        return {"active": None, "profiles": []}
+    names = list(backends)
+    profiles = [
+        {
+            "name": name,
+            "active": name == switch.active,
+            "description": profile.description,
+            "vram_strategy": profile.vram_strategy,
+            "gpu_total_gb": profile.gpu_total_gb,
+            "target_utilization_pct": profile.target_utilization_pct,
+            "enabled": [b for b in names if profile.enabled(b)],
+            "disabled": [b for b in names if not profile.enabled(b)],
+            "models": {n: m.model_dump(exclude_none=True) for n, m in profile.models.items()},
+        }
+        for name, profile in config.profiles.items()
+    ]
+    return {"active": switch.active, "profiles": profiles}
+
+
+def activation_view(activation: ProfileActivation) -> Json:
+    return {
+        "active": activation.active,
+        "previous": activation.previous,
+        "changed": activation.changed,
+        "disabled": list(activation.change.disable),
+        "enabled": list(activation.change.enable),
+        "stopped": list(activation.stopped),
+        "started": list(activation.started),
+        "drain_timeouts": list(activation.drain_timeouts),
+        "failed": dict(activation.failed),
+    }
+
+
+# -- GPUs ----------------------------------------------------------------------------------
+
+NO_GPU_STATUS: Json = {
+    "source": "none",
+    "up": False,
+    "error": "gpu.probe is none: no GPU telemetry, VRAM admission is off",
+    "gpus": [],
+}
+
+
+def gpu_status_view(status: GpuStatus | None) -> Json:
+    """The GPU section of `/status` (None: `gpu.probe: none`)."""
+    if status is None:
+        return dict(NO_GPU_STATUS)
+    snapshot = status.snapshot
+    return {
+        "source": status.source,
+        "up": status.up,
+        "error": status.error,
+        "reason": status.reason,
+        "consecutive_failures": status.consecutive_failures,
+        "last_success_wall": None if snapshot is None else snapshot.taken_at_wall,
+        "age_s": status.age_s,
+        "stale": status.stale,
+        "driver_version": None if snapshot is None else snapshot.driver_version,
+        "gpus": [] if snapshot is None else [gpu_view(g) for g in snapshot.gpus],
+    }
+
+
+def gpu_view(stats: GpuStats) -> Json:
+    return {
+        "index": stats.index,
+        "uuid": stats.uuid,
+        "name": stats.name,
+        "total_mib": stats.total_mib,
+        "used_mib": stats.used_mib,
+        "free_mib": stats.free_mib,
+        "reserved_mib": _mib_up(stats.reserved_bytes),
+        "utilization_gpu_pct": stats.utilization_gpu_pct,
+        "utilization_memory_pct": stats.utilization_memory_pct,
+        "temperature_c": stats.temperature_c,
+        "power_w": stats.power_w,
+        "lost": stats.lost,
+        "error": stats.error,
+        "processes": [{"pid": p.pid, "used_mib": _mib_up(p.used_bytes)} for p in stats.processes],
+    }
+
+
+def _mib_up(value: int | None) -> int | None:
+    return None if value is None else -(-value // MIB)
+
+
+# -- models --------------------------------------------------------------------------------
+
+
+def model_list(registry: Registry, created: float) -> Json:
+    """`GET /v1/models` in OpenAI's list shape."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": entry.id,
+                "object": "model",
+                "created": int(created),
+                "owned_by": entry.backend,
+                "root": entry.root,
+                "parent": None,
+            }
+            for entry in registry.entries
+        ],
+    }
+
+
+def expires_in_s(expires_at: float | None) -> float | None:
+    return None if expires_at is None else round(expires_at - time.time(), 1)

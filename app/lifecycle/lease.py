@@ -1,0 +1,114 @@
+"""Who holds a backend: the requests relaying through it (leases) and those waiting for it
+to be ready. A stop drains the leases; the reaper reads how long it has been idle.
+
+No locks here: every change is synchronous, so it cannot interleave with another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from app.metrics import Metrics
+
+# Called every few seconds while a request is held, with the seconds waited so far.
+WaitNotice = Callable[[float], Awaitable[None]]
+
+
+class Lease:
+    """A request's hold on a backend, from routing to the last byte relayed."""
+
+    __slots__ = ("_leases", "_released")
+
+    def __init__(self, leases: Leases) -> None:
+        self._leases = leases
+        self._released = False
+
+    def release(self) -> None:
+        """Give the hold back; a second call does nothing."""
+        if not self._released:
+            self._released = True
+            self._leases._give_back()
+
+
+class Leases:
+    def __init__(self, backend: str, metrics: Metrics) -> None:
+        self.in_flight = 0
+        self.waiting = 0
+        self.last_used = time.monotonic()  # when a request last began or ended
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._in_flight_gauge = metrics.in_flight.labels(backend)
+        self._waiting_gauge = metrics.waiting.labels(backend)
+
+    def take(self) -> Lease:
+        self.in_flight += 1
+        self.last_used = time.monotonic()
+        self._drained.clear()
+        self._in_flight_gauge.inc()
+        return Lease(self)
+
+    def _give_back(self) -> None:
+        self.in_flight -= 1
+        self.last_used = time.monotonic()
+        self._in_flight_gauge.dec()
+        if self.in_flight == 0:
+            self._drained.set()
+
+    def touch(self) -> None:
+        """Count as used now (a backend that just became ready is not idle)."""
+        self.last_used = time.monotonic()
+
+    def idle_s(self, now: float | None = None) -> float:
+        """Seconds since the last request ended (0 while requests are in flight)."""
+        if self.in_flight:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.last_used
+
+    @contextmanager
+    def waiting_one(self) -> Iterator[None]:
+        """Count one request as waiting for the backend while the block runs."""
+        self.waiting += 1
+        self._waiting_gauge.inc()
+        try:
+            yield
+        finally:
+            self.waiting -= 1
+            self._waiting_gauge.dec()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no lease is held; False when `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+async def wait_without_owning(
+    task: asyncio.Task[Any],
+    *,
+    began: float,
+    deadline: float | None,
+    on_wait: WaitNotice | None,
+    every_s: float,
+) -> bool:
+    """Wait for a start or stop that others share: cancelling this wait leaves `task`
+    running. Calls `on_wait` every `every_s` meanwhile. False when `deadline` (monotonic;
+    None: none) passed first."""
+    while not task.done():
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        step = remaining
+        if on_wait is not None:
+            step = every_s if step is None else min(step, every_s)
+        await asyncio.wait({task}, timeout=step)
+        if task.done() or on_wait is None:
+            continue
+        if deadline is None or time.monotonic() < deadline:
+            await on_wait(time.monotonic() - began)
+    return True

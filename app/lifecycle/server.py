@@ -1,0 +1,155 @@
+"""A backend's server as its lifecycle drives it: the runtime that runs it (start, stop,
+status) and the vLLM in it (health, sleep mode), with what was last seen of its health.
+
+All the I/O of a backend's lifecycle happens here; `Backend` decides when, under its
+lock, and owns the state. Nothing here changes a backend's state: failures are raised
+(`StartFailed`, `RuntimeFailure`) or returned for the backend to act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Final
+
+from app.lifecycle.state import SleepOutcome
+from app.metrics import Metrics
+from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
+from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+
+logger = logging.getLogger(__name__)
+
+READINESS_POLL_S: Final = 0.05  # /health while starting: a refused connection is cheap
+# Whether the server still runs, while starting: a Docker inspect through the proxy each
+# time, so not at every health poll.
+STATUS_POLL_S: Final = 0.5
+
+
+class StartFailed(Exception):
+    """The server was launched (or woken) but did not become ready; the message says why."""
+
+
+class Server:
+    def __init__(self, name: str, runtime: Runtime, vllm: VllmClient, metrics: Metrics) -> None:
+        self.name = name
+        self.runtime = runtime
+        self.vllm = vllm
+        self.healthy: bool | None = None  # last health check; None before the first
+        self.health_error: str | None = None
+        self.runtime_detail: str | None = None  # the runtime's last word on it
+        self._up_gauge = metrics.backend_up.labels(name)
+        self._sleeps = metrics.backend_sleeps
+
+    async def check_health(self) -> bool:
+        """One health check; records the outcome (and logs a change). Never raises."""
+        error = await self.vllm.health()
+        ok = error is None
+        if ok != self.healthy:
+            log = logger.info if ok else logger.warning
+            log("backend health backend=%s healthy=%s error=%s", self.name, ok, error)
+        self.healthy, self.health_error = ok, error
+        self._up_gauge.set(1 if ok else 0)
+        return ok
+
+    async def exited(self) -> RuntimeStatus | None:
+        """The runtime's status when the server has exited; None while it runs or when the
+        runtime cannot be asked (then `runtime_detail` says so)."""
+        try:
+            status = await self.runtime.status()
+        except RuntimeFailure as exc:
+            self.runtime_detail = f"unknown: {exc}"
+            return None
+        self.runtime_detail = status.detail
+        return None if status.running else status
+
+    async def launch(self, *, wake: bool) -> None:
+        """Start the server, or wake it from sleep mode (`POST /wake_up`). Raises
+        `RuntimeFailure` or `StartFailed`."""
+        if not wake:
+            await self.runtime.start()
+            return
+        try:
+            await self.vllm.wake_up()
+        except ControlError as exc:
+            # Half awake is no state to serve from: stop it, the next start is a clean one.
+            logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)
+            await self.runtime.stop()
+            raise StartFailed(f"wake from sleep failed ({exc}); stopped it") from None
+
+    async def wait_healthy(self, start_timeout_s: float) -> None:
+        """Poll the health check until it passes; fail at once if the server exits.
+
+        A refused connection means still loading (vLLM opens its port late). When the
+        runtime cannot be asked (Docker proxy down) the health check alone decides.
+        """
+        deadline = time.monotonic() + start_timeout_s
+        next_status = 0.0
+        while True:
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + STATUS_POLL_S
+                try:
+                    status = await self.runtime.status()
+                except RuntimeFailure as exc:
+                    logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
+                else:
+                    self.runtime_detail = status.detail
+                    if not status.running:
+                        code, more = exit_text(status)
+                        raise StartFailed(f"exited with {code} before it was ready{more}")
+            if await self.check_health():
+                return
+            if time.monotonic() >= deadline:
+                await self.runtime.stop()
+                raise StartFailed(
+                    f"not healthy {start_timeout_s:g}s after start (start_timeout_s); stopped it"
+                )
+            await asyncio.sleep(READINESS_POLL_S)
+
+    async def stop(self) -> None:
+        """Stop a server the gateway manages (nothing for an external one)."""
+        if self.runtime.managed:
+            await self.runtime.stop()
+
+    async def sleep(self, level: int) -> SleepOutcome:
+        """`POST /sleep`; `SLEPT`, or why it must be stopped instead (logged and counted)."""
+        try:
+            await self.vllm.sleep(level)
+        except SleepUnsupported as exc:
+            logger.warning("sleep mode not offered, stopping instead backend=%s why=%s",
+                           self.name, exc)  # fmt: skip
+            outcome = SleepOutcome.STOPPED
+        except ControlError as exc:
+            logger.error("sleep failed, stopping instead backend=%s error=%s", self.name, exc)
+            outcome = SleepOutcome.FAILED
+        else:
+            outcome = SleepOutcome.SLEPT
+        self._sleeps.labels(self.name, outcome).inc()
+        return outcome
+
+    async def found_running(self, *, may_sleep: bool) -> tuple[bool, bool]:
+        """At gateway start: (runs, asleep) for a server that may have outlived an earlier
+        gateway. Asleep is only asked when it `may_sleep`; unknown counts as not running."""
+        try:
+            status = await self.runtime.status()
+        except RuntimeFailure as exc:
+            logger.warning("cannot tell whether it runs backend=%s error=%s", self.name, exc)
+            return False, False
+        if not status.running:
+            return False, False
+        logger.info("adopting running server backend=%s detail=%s", self.name, status.detail)
+        if not may_sleep:
+            return True, False
+        try:
+            return True, await self.vllm.is_sleeping()
+        except ControlError:
+            return True, False  # no sleep mode, or not answering yet: treat it as awake
+
+
+def exit_text(status: RuntimeStatus) -> tuple[str, str]:
+    """("code 137", ", OOM-killed: ...") from a status like "exited (137), OOM-killed: ..."."""
+    code = "no exit code" if status.exit_code is None else f"code {status.exit_code}"
+    prefix = f"exited ({status.exit_code})"
+    if status.detail.startswith(prefix):
+        return code, status.detail[len(prefix) :]
+    return code, f" ({status.detail})" if status.detail else ""
