@@ -29,7 +29,7 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 
 class GatewayError(Exception):
@@ -67,6 +67,15 @@ class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
     default_code: ClassVar[str | None] = None
+
+    @classmethod
+    def wrong_type(cls, param: str, wanted: str, value: object) -> InvalidRequest:
+        """`param` holds a JSON value of the wrong type; worded as OpenAI words it."""
+        return cls(
+            f"Invalid type for '{param}': expected {wanted}, but got {json_type_name(value)}.",
+            param=param,
+            code="invalid_type",
+        )
 
 
 class PayloadTooLarge(InvalidRequest):
@@ -241,3 +250,19 @@ class FallbackDeadline(_ChainError, UpstreamTimeout):
 
     def body(self) -> dict[str, Any]:
         return self._with_tried(super().body())
+
+
+_JSON_NAMES: Final = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
+
+
+def json_type_name(value: object) -> str:
+    """The JSON name of a parsed value's type (`integer`, `array`, `null`, ...)."""
+    return _JSON_NAMES.get(type(value), type(value).__name__)

@@ -31,7 +31,7 @@ from app.lifecycle.store import StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics
-from app.routing.chains import build_cloud
+from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
 from app.runtimes.base import Runtime

@@ -18,6 +18,7 @@ from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, parse_requ
 from app.api.relay import RelayResponse
 from app.api.views import model_list
 from app.errors import PayloadTooLarge
+from app.routing.exchange import Call
 from app.services import Services
 from app.upstreams.http import forwardable_request_headers
 
@@ -49,19 +50,16 @@ def _proxy(endpoint: Endpoint) -> Route:
         services: Services = request.app.state.services
         services.auth.check_client(request.headers.get("authorization"))
         parsed = parse_request(await read_body(request, services.settings.max_body_bytes), endpoint)
-        dispatcher = services.dispatcher
-        route = dispatcher.route(parsed.model)
-        body = upstream_body(parsed, route)
-        headers = forwardable_request_headers(request.scope["headers"])
-        chain = dispatcher.chain_for(route)
-        call = None
-        if chain is not None and dispatcher.cloud is not None:
-            call = dispatcher.cloud.call(
-                chain, route, endpoint.path, parsed.payload, parsed.stream, body, headers
-            )
-        return RelayResponse(
-            dispatcher, route, endpoint, body, headers, stream=parsed.stream, chain=call
+        route = services.dispatcher.route(parsed.model)
+        call = Call(
+            route,
+            endpoint.path,
+            parsed.payload,
+            parsed.stream,
+            upstream_body(parsed, route),
+            forwardable_request_headers(request.scope["headers"]),
         )
+        return RelayResponse(services.dispatcher, call)
 
     return Route(endpoint.path, handle, methods=["POST"], name=endpoint.name)
 

@@ -57,15 +57,15 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     if model is None:
         raise InvalidRequest("You must provide a model parameter.", param="model")
     if not isinstance(model, str) or not model:
-        raise _wrong_type("model", "a non-empty string", model)
+        raise InvalidRequest.wrong_type("model", "a non-empty string", model)
     stream = payload.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise _wrong_type("stream", "a boolean", stream)
+        raise InvalidRequest.wrong_type("stream", "a boolean", stream)
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise _wrong_type("stream_options", "an object", options)
+        raise InvalidRequest.wrong_type("stream_options", "an object", options)
     if endpoint.required not in payload:
         raise InvalidRequest(
             f"Missing required parameter: '{endpoint.required}'.", param=endpoint.required
@@ -73,7 +73,7 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     value = payload[endpoint.required]
     if not isinstance(value, endpoint.required_types):
         wanted = " or ".join(_TYPE_NAMES[t] for t in endpoint.required_types)
-        raise _wrong_type(endpoint.required, wanted, value)
+        raise InvalidRequest.wrong_type(endpoint.required, wanted, value)
     return ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
 
 
@@ -87,21 +87,3 @@ def upstream_body(request: ParsedRequest, route: Route) -> bytes:
 
 
 _TYPE_NAMES: Final = {list: "an array", str: "a string", dict: "an object", bool: "a boolean"}
-_JSON_NAMES: Final = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
-
-
-def _wrong_type(param: str, wanted: str, value: object) -> InvalidRequest:
-    got = _JSON_NAMES.get(type(value), type(value).__name__)
-    return InvalidRequest(
-        f"Invalid type for '{param}': expected {wanted}, but got {got}.",
-        param=param,
-        code="invalid_type",
-    )

@@ -14,8 +14,8 @@ An ASGI callable rather than a Starlette StreamingResponse because it must:
   request can still fail over; an error after them is sent in-band.
 Chunks are passed on as they arrive; SSE is not re-parsed.
 
-A model with a fallback chain is opened by its `ChainCall` instead of the dispatcher: it
-may answer from another entry, and its `x-microscheduler-route` and
+The dispatcher decides where the request goes; a model with a fallback chain may answer
+from another entry, and then the exchange's `x-microscheduler-route` and
 `x-microscheduler-fallbacks` headers are added (after wake notices, when the status line
 is already out, they come as one SSE comment, `: route deepseek; fallbacks 1; ...`).
 When a body ends, its last bytes go to `Exchange.body_done` (token usage).
@@ -33,12 +33,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.handlers import error_response
 from app.api.middleware import context_of
-from app.api.protocol import Endpoint
 from app.errors import GatewayError, UpstreamError
 from app.lifecycle.lease import WaitNotice
-from app.routing.chains import ChainCall
-from app.routing.dispatcher import Dispatcher, Exchange
-from app.routing.registry import Route
+from app.routing.dispatcher import Dispatcher
+from app.routing.exchange import Call, Exchange
 
 logger = logging.getLogger(__name__)
 
@@ -49,43 +47,24 @@ _SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b
 
 class RelayResponse(Response):
     # A Response only so routes can return it; it builds its own messages in __call__.
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        route: Route,
-        endpoint: Endpoint,
-        body: bytes,
-        headers: dict[str, str],
-        *,
-        stream: bool = False,
-        chain: ChainCall | None = None,
-    ) -> None:
-        self._stream = stream
-        self._chain = chain
+    def __init__(self, dispatcher: Dispatcher, call: Call) -> None:
         self._dispatcher = dispatcher
-        self._route = route
-        self._endpoint = endpoint
-        self._body = body
-        self._upstream_headers = headers
+        self._call = call
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = context_of(scope)
+        route = self._call.route
         if ctx is not None:
-            ctx.model, ctx.backend = self._route.name, self._route.backend
+            ctx.model, ctx.backend = route.name, route.backend
         watch = _DisconnectWatch(receive)
-        notice = _WakeNotice(send, self._route.backend) if self._stream else None
+        notice = _WakeNotice(send, route.backend) if self._call.stream else None
         exchange: Exchange | None = None
         try:
             try:
-                if self._chain is None:
-                    exchange = await self._dispatcher.open(
-                        self._route, self._endpoint.path, self._body, self._upstream_headers, notice
-                    )
-                else:
-                    exchange = await self._chain.open(notice)
-                    if ctx is not None:
-                        ctx.backend = exchange.backend
+                exchange = await self._dispatcher.open(self._call, notice)
+                if ctx is not None:
+                    ctx.backend = exchange.backend
             except GatewayError as err:
                 watch.stop()
                 if notice is not None and notice.started:
@@ -105,7 +84,7 @@ class RelayResponse(Response):
                 ctx.client_gone = True
             logger.info(
                 "client disconnected, upstream request cancelled backend=%s",
-                self._route.backend,
+                route.backend,
             )
         finally:
             watch.stop()

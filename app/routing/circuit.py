@@ -42,7 +42,7 @@ from enum import StrEnum
 from math import ceil
 from typing import Any
 
-from app.routing.policy import Verdict
+from app.routing.policy import FallbackReason, Verdict
 
 
 class CircuitState(StrEnum):
@@ -90,7 +90,7 @@ class CircuitSnapshot:
     consecutive_failures: int
     open_until: float | None  # set while open (on the caller's clock)
     retry_in_s: float  # seconds until it may be tried again; 0 when it may be now
-    last_reason: str | None
+    last_reason: FallbackReason | None
     trial_in_flight: bool
 
     def as_dict(self) -> dict[str, Any]:
@@ -111,7 +111,7 @@ class Circuit:
         self._trips = 0
         self._open_until = 0.0
         self._trial_started: float | None = None
-        self._last_reason: str | None = None
+        self._last_reason: FallbackReason | None = None
 
     # -- reading ------------------------------------------------------------------------
 
@@ -182,7 +182,7 @@ class Circuit:
         self._failures = 0
 
     def record_failure(
-        self, permit: Permit, now: float, reason: str, *, cooldown_s: float | None = None
+        self, permit: Permit, now: float, reason: FallbackReason, *, cooldown_s: float | None = None
     ) -> None:
         current = permit.generation == self._generation
         if current:
@@ -209,7 +209,7 @@ class Circuit:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _open(self, now: float, cooldown_s: float, reason: str) -> None:
+    def _open(self, now: float, cooldown_s: float, reason: FallbackReason) -> None:
         until = now + cooldown_s
         if self._state is CircuitState.OPEN:
             until = max(until, self._open_until)
@@ -264,8 +264,8 @@ class Circuits:
 @dataclass(frozen=True, slots=True)
 class Skipped:
     entry: str
-    reason: str  # circuit_open, trial_in_flight, or the caller's exclusion reason
-    last_failure: str | None = None  # what opened the circuit
+    reason: FallbackReason  # circuit_open, trial_in_flight, or the caller's exclusion
+    last_failure: FallbackReason | None = None  # what opened the circuit
     available_at: float | None = None  # None: not within this request (excluded)
 
 
@@ -285,7 +285,7 @@ def available_entries(
     circuits: Circuits,
     now: float,
     *,
-    excluded: Mapping[str, str] | None = None,
+    excluded: Mapping[str, FallbackReason] | None = None,
 ) -> ChainAvailability:
     """Which entries of `chain` may be tried now, in order, and what is skipped and why.
 
@@ -305,7 +305,9 @@ def available_entries(
             available.append(entry)
             continue
         snap = circuit.snapshot(now)
-        reason = "trial_in_flight" if snap.trial_in_flight else "circuit_open"
+        reason = (
+            FallbackReason.TRIAL_IN_FLIGHT if snap.trial_in_flight else FallbackReason.CIRCUIT_OPEN
+        )
         skipped.append(Skipped(entry, reason, snap.last_reason, circuit.available_at(now)))
     if available:
         return ChainAvailability(tuple(available), tuple(skipped))

@@ -1,86 +1,23 @@
-"""Dispatch: from a resolved route to an opened upstream response holding a lease.
+"""Dispatch: from a routed request to an opened upstream response holding a lease.
 
-A model without a fallback chain goes to its backend (`open`); one with a chain is walked
-by `app.routing.chains.ChainCall`, which returns the same `Exchange`.
+The dispatcher decides where a request goes: a model with a fallback chain is walked by
+`app.routing.chains.ChainCall`; any other goes to its backend. Both open a local backend
+through `app.routing.local.open_upstream` and return the same `Exchange`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
 
 from app.errors import ModelNotFound, UpstreamError
 from app.lifecycle.backend import Backend
-from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
+from app.routing.chains import ChainCall
+from app.routing.cloud import Chain, Cloud
+from app.routing.exchange import Call, Exchange, Notice
 from app.routing.fallback_metrics import TokenCounter
+from app.routing.local import open_upstream
 from app.routing.registry import Registry, Route
-from app.upstreams.http import Relayable
-
-if TYPE_CHECKING:
-    from app.routing.chains import Chain, Cloud
-
-
-class ExchangeHooks(Protocol):
-    """What a fallback chain learns after the first byte (circuits, provider outcomes)."""
-
-    def stream_failed(self, exchange: Exchange, error: UpstreamError) -> None: ...
-
-    def finished(self, exchange: Exchange) -> None: ...
-
-
-class Exchange:
-    """An upstream response in progress and the lease that goes with it.
-
-    `backend` is the entry that answers (a backend, or a provider for a chain); `headers`
-    are added to the response (a chain's `x-microscheduler-*`)."""
-
-    __slots__ = (
-        "_lease",
-        "backend",
-        "completed",
-        "headers",
-        "hooks",
-        "response",
-        "route",
-        "tokens",
-    )
-
-    def __init__(
-        self,
-        route: Route,
-        backend: str,
-        response: Relayable,
-        lease: Lease | None,
-        *,
-        headers: list[tuple[bytes, bytes]] | None = None,
-        tokens: TokenCounter | None = None,
-        hooks: ExchangeHooks | None = None,
-    ) -> None:
-        self.route = route
-        self.backend = backend
-        self.response = response
-        self._lease = lease
-        self.headers = headers
-        self.tokens = tokens
-        self.hooks = hooks
-        self.completed = False
-
-    def body_done(self, tail: bytes) -> None:
-        """The body was relayed to its end; `tail` is its last bytes (usage is read there)."""
-        self.completed = True
-        if self.tokens is not None:
-            self.tokens.count_tail(tail)
-
-    def finish(self) -> None:
-        """Give back the connection (pooled if the body was read to its end) and the lease."""
-        try:
-            self.response.release()
-        finally:
-            if self._lease is not None:
-                self._lease.release()
-            if self.hooks is not None:
-                self.hooks.finished(self)
 
 
 class Dispatcher:
@@ -94,7 +31,7 @@ class Dispatcher:
         self._registry = registry
         self._backends = backends
         self._metrics = metrics
-        self.cloud = cloud
+        self._cloud = cloud
         self._chains: Mapping[str, Chain] = cloud.chain_by_model if cloud is not None else {}
         self._tokens: Mapping[str, TokenCounter] = (
             {name: cloud.metrics.token_counter(name) for name in backends}
@@ -108,36 +45,21 @@ class Dispatcher:
             raise ModelNotFound(model)
         return route
 
-    def chain_for(self, route: Route) -> Chain | None:
-        """The fallback chain of the name the client used, if one is configured."""
-        return self._chains.get(route.name)
-
-    async def open(
-        self,
-        route: Route,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        on_wait: WaitNotice | None = None,
-    ) -> Exchange:
-        """Wait for the backend (waking it if needed), then open the upstream request.
-
-        `on_wait` is called every few seconds while the request is held for a start.
-        """
-        backend = self._backends[route.backend]
-        lease = await backend.acquire(on_wait)
-        try:
-            response = await backend.upstream.open(path, body, headers)
-        except UpstreamError as exc:
-            lease.release()
-            self._metrics.upstream_errors.labels(backend.name, exc.kind).inc()
-            raise
-        except BaseException:
-            lease.release()
-            raise
-        if response.status >= 500:
-            self._metrics.upstream_errors.labels(backend.name, "http_5xx").inc()
-        return Exchange(route, backend.name, response, lease, tokens=self._tokens.get(backend.name))
+    async def open(self, call: Call, notice: Notice | None = None) -> Exchange:
+        """Open `call` where it goes: its fallback chain when the name the client used has
+        one, else its backend (woken if needed; `notice` is called every few seconds
+        while the request is held for a start)."""
+        chain = self._chains.get(call.route.name)
+        if chain is not None and self._cloud is not None:
+            return await ChainCall(self._cloud, chain, call).open(notice)
+        backend = self._backends[call.route.backend]
+        lease = await backend.acquire(notice)
+        response = await open_upstream(
+            backend, lease, call.path, call.body, call.headers, self._metrics.upstream_errors
+        )
+        return Exchange(
+            call.route, backend.name, response, lease, tokens=self._tokens.get(backend.name)
+        )
 
     def record_stream_error(self, exchange: Exchange, exc: UpstreamError) -> None:
         if exchange.backend in self._backends:

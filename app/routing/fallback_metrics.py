@@ -30,17 +30,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from app.routing.policy import REASONS
+from app.routing.policy import REASONS, SKIP_REASONS
 
-# Why a chain passes over an entry without an upstream verdict.
-SKIP_REASONS: Final = (
-    "circuit_open",  # its circuit is open (it failed recently)
-    "trial_in_flight",  # half-open: another request is its trial
-    "no_api_key",  # its key variable was unset at start-up
-    "unsupported_endpoint",  # e.g. Anthropic for /v1/completions or /v1/embeddings
-    "max_attempts",  # the chain's cap on upstream requests was reached
-    "deadline",  # the chain's deadline passed
-)
 _NOT_FALLBACK: Final = frozenset({"ok", "client_error", "internal"})
 FALLBACK_REASONS: Final = tuple(sorted(REASONS - _NOT_FALLBACK)) + SKIP_REASONS
 PROVIDER_OUTCOMES: Final = (

@@ -6,7 +6,7 @@ body). `classify()` turns either into a `Verdict`:
 
 - `action`: `serve` (2xx: relay it to the client), `relay` (a client error: relay it as
   is, never try elsewhere), `next` (try the next entry of the chain);
-- `reason`: a bounded label from `REASONS` (metrics, the `x-microscheduler-fallbacks`
+- `reason`: a `FallbackReason` from `REASONS` (metrics, the `x-microscheduler-fallbacks`
   header, the 503 body);
 - `cooldown_s`: skip this entry that long (its circuit opens at once), or None;
 - `counts_as_failure`: counts towards the entry's circuit threshold;
@@ -104,7 +104,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from email.utils import parsedate_to_datetime
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Final, Literal, Protocol
 
 from app.errors import (
     BackendUnavailable,
@@ -115,6 +116,62 @@ from app.errors import (
 )
 
 Action = Literal["serve", "relay", "next"]
+
+
+class FallbackReason(StrEnum):
+    """Why a chain entry was passed over, or what an attempt at it came to: metric labels,
+    the `x-microscheduler-fallbacks` header, `error.tried`, events. A closed vocabulary."""
+
+    # Verdicts on an upstream response.
+    OK = "ok"
+    AUTH_MISCONFIGURED = "auth_misconfigured"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    HTTP_5XX = "http_5xx"
+    CONTEXT_LENGTH = "context_length"
+    RATE_LIMITED = "rate_limited"
+    HTTP_4XX = "http_4xx"
+    CLIENT_ERROR = "client_error"
+    UNEXPECTED_STATUS = "unexpected_status"
+    STREAM_ERROR = "stream_error"  # a 200 stream whose first event is an error
+    # Verdicts on a raised error: transport failures, local refusals, the rest.
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    DISCONNECTED = "disconnected"
+    UPSTREAM_ERROR = "upstream_error"
+    LOCAL_STARTING = "local_starting"
+    LOCAL_STOPPED = "local_stopped"
+    LOCAL_BLOCKED = "local_blocked"
+    LOCAL_YIELDED = "local_yielded"
+    LOCAL_NO_VRAM = "local_no_vram"
+    LOCAL_QUEUE_FULL = "local_queue_full"
+    LOCAL_DISABLED = "local_disabled"
+    LOCAL_FAILED = "local_failed"
+    LOCAL_RUNTIME = "local_runtime"
+    LOCAL_UNAVAILABLE = "local_unavailable"
+    LOCAL_WAKE_TIMEOUT = "local_wake_timeout"
+    INTERNAL = "internal"
+    # Passed over without a verdict of the entry's own.
+    NO_API_KEY = "no_api_key"  # its key variable was unset at start-up
+    UNSUPPORTED_ENDPOINT = "unsupported_endpoint"  # e.g. Anthropic for /v1/embeddings
+    CIRCUIT_OPEN = "circuit_open"  # its circuit is open (it failed recently)
+    TRIAL_IN_FLIGHT = "trial_in_flight"  # half-open: another request is its trial
+    MAX_ATTEMPTS = "max_attempts"  # the chain's cap on upstream requests was reached
+    DEADLINE = "deadline"  # the chain's deadline cut this attempt short
+    DEADLINE_UNREACHED = "deadline_unreached"  # the deadline passed before it was reached
+
+
+R = FallbackReason
+# Reasons that are not a verdict on an attempt at the entry.
+SKIP_REASONS: Final = (
+    R.CIRCUIT_OPEN,
+    R.TRIAL_IN_FLIGHT,
+    R.NO_API_KEY,
+    R.UNSUPPORTED_ENDPOINT,
+    R.MAX_ATTEMPTS,
+    R.DEADLINE,
+)
 
 # Header shapes accepted: a mapping (httpx, aiohttp, plain dict) or the relayable pairs
 # of `UpstreamResponse.headers`.
@@ -143,47 +200,26 @@ _OVERLOADED_MARKER = "overloaded_error"  # Anthropic's error.type (529, sometime
 _DELAY = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 _TRANSPORT_REASONS = {
-    "connect": "connect",
-    "connect_timeout": "connect",
-    "first_byte_timeout": "timeout",
-    "idle_timeout": "timeout",
-    "disconnected": "disconnected",
+    "connect": R.CONNECT,
+    "connect_timeout": R.CONNECT,
+    "first_byte_timeout": R.TIMEOUT,
+    "idle_timeout": R.TIMEOUT,
+    "disconnected": R.DISCONNECTED,
 }
 # kind -> (reason, counts_as_failure)
 _LOCAL_REASONS = {
-    "starting": ("local_starting", False),
-    "stopped": ("local_stopped", False),
-    "blocked": ("local_blocked", False),
-    "yielded": ("local_yielded", False),
-    "no_vram": ("local_no_vram", False),
-    "queue_full": ("local_queue_full", False),
-    "disabled": ("local_disabled", False),
-    "failed": ("local_failed", True),
-    "runtime": ("local_runtime", True),
+    "starting": (R.LOCAL_STARTING, False),
+    "stopped": (R.LOCAL_STOPPED, False),
+    "blocked": (R.LOCAL_BLOCKED, False),
+    "yielded": (R.LOCAL_YIELDED, False),
+    "no_vram": (R.LOCAL_NO_VRAM, False),
+    "queue_full": (R.LOCAL_QUEUE_FULL, False),
+    "disabled": (R.LOCAL_DISABLED, False),
+    "failed": (R.LOCAL_FAILED, True),
+    "runtime": (R.LOCAL_RUNTIME, True),
 }
 
-REASONS = frozenset(
-    {
-        "ok",
-        "auth_misconfigured",
-        "quota_exhausted",
-        "overloaded",
-        "unavailable",
-        "http_5xx",
-        "context_length",
-        "rate_limited",
-        "http_4xx",
-        "client_error",
-        "unexpected_status",
-        "upstream_error",
-        "stream_error",
-        "local_unavailable",
-        "local_wake_timeout",
-        "internal",
-        *_TRANSPORT_REASONS.values(),
-        *(reason for reason, _ in _LOCAL_REASONS.values()),
-    }
-)
+REASONS: Final = frozenset(FallbackReason) - {R.DEADLINE_UNREACHED, *SKIP_REASONS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +250,7 @@ class Verdict:
     """What one attempt's outcome means: for the chain (`action`) and the circuit."""
 
     action: Action
-    reason: str
+    reason: FallbackReason
     cooldown_s: float | None = None
     counts_as_failure: bool = False
     upstream_ok: bool = False
@@ -246,14 +282,14 @@ def classify(outcome: GatewayError | ResponseHead, config: PolicyConfig, *, now:
 def classify_error(error: GatewayError) -> Verdict:
     """The verdict on an attempt that raised instead of giving a response."""
     if isinstance(error, WakeTimeout):
-        return Verdict("next", "local_wake_timeout", counts_as_failure=True)
+        return Verdict("next", R.LOCAL_WAKE_TIMEOUT, counts_as_failure=True)
     if isinstance(error, BackendUnavailable):
-        reason, counts = _LOCAL_REASONS.get(error.kind, ("local_unavailable", False))
+        reason, counts = _LOCAL_REASONS.get(error.kind, (R.LOCAL_UNAVAILABLE, False))
         return Verdict("next", reason, counts_as_failure=counts)
     if isinstance(error, UpstreamError):
-        default = "timeout" if isinstance(error, UpstreamTimeout) else "upstream_error"
+        default = R.TIMEOUT if isinstance(error, UpstreamTimeout) else R.UPSTREAM_ERROR
         return Verdict("next", _TRANSPORT_REASONS.get(error.kind, default), counts_as_failure=True)
-    return Verdict("relay", "client_error" if error.status < 500 else "internal")
+    return Verdict("relay", R.CLIENT_ERROR if error.status < 500 else R.INTERNAL)
 
 
 def classify_response(
@@ -261,46 +297,46 @@ def classify_response(
 ) -> Verdict:
     """The verdict on an upstream response from its status, headers and first body bytes."""
     if 200 <= status < 300:
-        return Verdict("serve", "ok", upstream_ok=True)
+        return Verdict("serve", R.OK, upstream_ok=True)
     if status in (401, 403):
         return Verdict(
-            "next", "auth_misconfigured", cooldown_s=config.auth_cooldown_s, counts_as_failure=True
+            "next", R.AUTH_MISCONFIGURED, cooldown_s=config.auth_cooldown_s, counts_as_failure=True
         )
     if status == 402 or (status == 429 and _mentions(headers, body, _QUOTA_MARKERS)):
         wait = max(config.auth_cooldown_s, _cooldown(headers, config, now) or 0.0)
-        return Verdict("next", "quota_exhausted", cooldown_s=wait, counts_as_failure=True)
+        return Verdict("next", R.QUOTA_EXHAUSTED, cooldown_s=wait, counts_as_failure=True)
     if 500 <= status <= 599:
         if status == 529 or _mentions(headers, body, (_OVERLOADED_MARKER,)):
             return Verdict(
                 "next",
-                "overloaded",
+                R.OVERLOADED,
                 cooldown_s=_cooldown(headers, config, now),
                 counts_as_failure=True,
             )
         if status == 503:
             return Verdict(
                 "next",
-                "unavailable",
+                R.UNAVAILABLE,
                 cooldown_s=_cooldown(headers, config, now),
                 counts_as_failure=True,
             )
-        return Verdict("next", "http_5xx", counts_as_failure=True)
+        return Verdict("next", R.HTTP_5XX, counts_as_failure=True)
     if status in (400, 413) and _mentions(headers, body, _CONTEXT_MARKERS):
-        return Verdict(config.on_context_length, "context_length", upstream_ok=True)
+        return Verdict(config.on_context_length, R.CONTEXT_LENGTH, upstream_ok=True)
     if status == 429:
         if status in config.fallback_on_status:
             return Verdict(
                 "next",
-                "rate_limited",
+                R.RATE_LIMITED,
                 cooldown_s=_cooldown(headers, config, now),
                 counts_as_failure=True,
             )
-        return Verdict("relay", "rate_limited", upstream_ok=True)
+        return Verdict("relay", R.RATE_LIMITED, upstream_ok=True)
     if 400 <= status <= 499:
         if status in config.fallback_on_status:
-            return Verdict("next", "http_4xx", counts_as_failure=True)
-        return Verdict("relay", "client_error", upstream_ok=True)
-    return Verdict("next", "unexpected_status", counts_as_failure=True)
+            return Verdict("next", R.HTTP_4XX, counts_as_failure=True)
+        return Verdict("relay", R.CLIENT_ERROR, upstream_ok=True)
+    return Verdict("next", R.UNEXPECTED_STATUS, counts_as_failure=True)
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:

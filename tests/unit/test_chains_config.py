@@ -11,8 +11,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from app.metrics import Metrics
-from app.routing.chains import Chain, Passed, build_cloud, fallbacks_header
+from app.routing.chains import Passed, fallbacks_header
+from app.routing.cloud import Chain, build_cloud
 from app.routing.fallback_metrics import usage_in_tail
+from app.routing.policy import FallbackReason as R
 from app.routing.registry import Registry
 from app.settings import ConfigError, Settings, load_settings
 from app.settings.cloud import ChainConfig, CloudConfig
@@ -261,10 +263,10 @@ def test_an_empty_cloud_config_is_valid() -> None:
 
 def test_the_fallbacks_header_is_short() -> None:
     assert fallbacks_header([]) == b"0"
-    assert fallbacks_header([Passed("reasoning", "local_stopped", "detail is not shown")]) == (
+    assert fallbacks_header([Passed("reasoning", R.LOCAL_STOPPED, "detail is not shown")]) == (
         b"1; reasoning=local_stopped"
     )
-    assert fallbacks_header([Passed("a", "http_5xx"), Passed("b", "circuit_open")]) == (
+    assert fallbacks_header([Passed("a", R.HTTP_5XX), Passed("b", R.CIRCUIT_OPEN)]) == (
         b"2; a=http_5xx; b=circuit_open"
     )
 

@@ -16,16 +16,17 @@ from app.routing.circuit import (
     Skipped,
     available_entries,
 )
+from app.routing.policy import FallbackReason as R
 from app.routing.policy import Verdict
 
-FAIL = Verdict("next", "http_5xx", counts_as_failure=True)
-OK = Verdict("serve", "ok", upstream_ok=True)
-RELAYED = Verdict("relay", "client_error", upstream_ok=True)
-NEUTRAL = Verdict("next", "local_blocked")
+FAIL = Verdict("next", R.HTTP_5XX, counts_as_failure=True)
+OK = Verdict("serve", R.OK, upstream_ok=True)
+RELAYED = Verdict("relay", R.CLIENT_ERROR, upstream_ok=True)
+NEUTRAL = Verdict("next", R.LOCAL_BLOCKED)
 
 
 def rate_limited(seconds: float) -> Verdict:
-    return Verdict("next", "rate_limited", cooldown_s=seconds, counts_as_failure=True)
+    return Verdict("next", R.RATE_LIMITED, cooldown_s=seconds, counts_as_failure=True)
 
 
 def permit(circuit: Circuit, now: float) -> Permit:
@@ -64,7 +65,7 @@ def test_opens_after_the_threshold_of_consecutive_failures() -> None:
         consecutive_failures=3,
         open_until=132.0,  # the 30 s default cooldown
         retry_in_s=30.0,
-        last_reason="http_5xx",
+        last_reason=R.HTTP_5XX,
         trial_in_flight=False,
     )
     assert not circuit.available(131.0)
@@ -119,7 +120,7 @@ def test_a_cooldown_verdict_opens_at_once_for_that_long() -> None:
 
 def test_an_auth_cooldown_outlasts_the_threshold_cooldown() -> None:
     circuit = Circuit("anthropic")
-    auth = Verdict("next", "auth_misconfigured", cooldown_s=300.0, counts_as_failure=True)
+    auth = Verdict("next", R.AUTH_MISCONFIGURED, cooldown_s=300.0, counts_as_failure=True)
     fail(circuit, 0.0, auth)
     assert circuit.snapshot(0.0).open_until == 300.0
 
@@ -161,7 +162,7 @@ def test_a_successful_trial_closes_the_circuit() -> None:
         consecutive_failures=0,
         open_until=None,
         retry_in_s=0.0,
-        last_reason="http_5xx",
+        last_reason=R.HTTP_5XX,
         trial_in_flight=False,
     )
     assert circuit.acquire(31.0) == Permit("deepseek", 3, trial=False)
@@ -252,7 +253,7 @@ def test_a_failure_after_the_first_byte_counts_on_the_same_permit() -> None:
     circuit = Circuit("deepseek")
     p = permit(circuit, 0.0)
     circuit.record(p, OK, 0.0)
-    circuit.record_failure(p, 5.0, "disconnected")
+    circuit.record_failure(p, 5.0, R.DISCONNECTED)
     snap = circuit.snapshot(5.0)
     assert snap.consecutive_failures == 1
     assert snap.last_reason == "disconnected"
@@ -320,13 +321,13 @@ def test_open_entries_are_skipped_with_their_reason() -> None:
     circuits = Circuits()
     open_circuit(circuits.get("vast"), 0.0)
     fail(circuits.get("anthropic"), 0.0, rate_limited(12.0))
-    result = available_entries(CHAIN, circuits, 5.0, excluded={"deepseek": "no_api_key"})
+    result = available_entries(CHAIN, circuits, 5.0, excluded={"deepseek": R.NO_API_KEY})
     assert result == ChainAvailability(
         available=("reasoning",),
         skipped=(
-            Skipped("vast", "circuit_open", "http_5xx", 30.0),
-            Skipped("deepseek", "no_api_key"),
-            Skipped("anthropic", "circuit_open", "rate_limited", 12.0),
+            Skipped("vast", R.CIRCUIT_OPEN, R.HTTP_5XX, 30.0),
+            Skipped("deepseek", R.NO_API_KEY),
+            Skipped("anthropic", R.CIRCUIT_OPEN, R.RATE_LIMITED, 12.0),
         ),
     )
 
@@ -359,12 +360,12 @@ def test_a_trial_in_flight_may_free_its_entry_any_moment() -> None:
     result = available_entries(["vast"], circuits, 31.0)
     assert result == ChainAvailability(
         available=(),
-        skipped=(Skipped("vast", "trial_in_flight", "http_5xx", 31.0),),
+        skipped=(Skipped("vast", R.TRIAL_IN_FLIGHT, R.HTTP_5XX, 31.0),),
         retry_at=31.0,
         retry_after_s=1,
     )
 
 
 def test_only_excluded_entries_give_no_retry_time() -> None:
-    result = available_entries(["deepseek"], Circuits(), 0.0, excluded={"deepseek": "no_api_key"})
-    assert result == ChainAvailability((), (Skipped("deepseek", "no_api_key"),), None, None)
+    result = available_entries(["deepseek"], Circuits(), 0.0, excluded={"deepseek": R.NO_API_KEY})
+    assert result == ChainAvailability((), (Skipped("deepseek", R.NO_API_KEY),), None, None)

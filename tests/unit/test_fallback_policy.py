@@ -34,6 +34,7 @@ from app.routing.policy import (
     first_byte_timeout,
     parse_retry_after,
 )
+from app.routing.policy import FallbackReason as R
 
 NOW = 1_700_000_000.0  # wall clock, whole seconds so HTTP-dates are exact
 DEFAULT = PolicyConfig()
@@ -59,9 +60,9 @@ def verdict(
     return classify_response(status, pairs, body, config, now=NOW)
 
 
-SERVE = Verdict("serve", "ok", upstream_ok=True)
-RELAY = Verdict("relay", "client_error", upstream_ok=True)
-AUTH = Verdict("next", "auth_misconfigured", cooldown_s=300.0, counts_as_failure=True)
+SERVE = Verdict("serve", R.OK, upstream_ok=True)
+RELAY = Verdict("relay", R.CLIENT_ERROR, upstream_ok=True)
+AUTH = Verdict("next", R.AUTH_MISCONFIGURED, cooldown_s=300.0, counts_as_failure=True)
 
 
 # -- HTTP statuses ------------------------------------------------------------------------
@@ -78,33 +79,33 @@ AUTH = Verdict("next", "auth_misconfigured", cooldown_s=300.0, counts_as_failure
         (
             402,
             openai_error("Insufficient Balance"),
-            Verdict("next", "quota_exhausted", 300.0, True),
+            Verdict("next", R.QUOTA_EXHAUSTED, 300.0, True),
         ),
         (
             429,
             openai_error("You exceeded your current quota", "insufficient_quota"),
-            Verdict("next", "quota_exhausted", 300.0, True),
+            Verdict("next", R.QUOTA_EXHAUSTED, 300.0, True),
         ),
         (
             429,
             openai_error("Rate limit reached", "rate_limit_exceeded"),
-            Verdict("next", "rate_limited", None, True),
+            Verdict("next", R.RATE_LIMITED, None, True),
         ),
-        (500, b"Internal Server Error", Verdict("next", "http_5xx", None, True)),
-        (501, b"", Verdict("next", "http_5xx", None, True)),
-        (502, b"<html>Bad Gateway</html>", Verdict("next", "http_5xx", None, True)),
-        (504, b"", Verdict("next", "http_5xx", None, True)),
-        (599, b"", Verdict("next", "http_5xx", None, True)),
-        (503, b"", Verdict("next", "unavailable", None, True)),
+        (500, b"Internal Server Error", Verdict("next", R.HTTP_5XX, None, True)),
+        (501, b"", Verdict("next", R.HTTP_5XX, None, True)),
+        (502, b"<html>Bad Gateway</html>", Verdict("next", R.HTTP_5XX, None, True)),
+        (504, b"", Verdict("next", R.HTTP_5XX, None, True)),
+        (599, b"", Verdict("next", R.HTTP_5XX, None, True)),
+        (503, b"", Verdict("next", R.UNAVAILABLE, None, True)),
         (
             529,
             anthropic_error("overloaded_error", "Overloaded"),
-            Verdict("next", "overloaded", None, True),
+            Verdict("next", R.OVERLOADED, None, True),
         ),
         (
             500,
             anthropic_error("overloaded_error", "Overloaded"),
-            Verdict("next", "overloaded", None, True),
+            Verdict("next", R.OVERLOADED, None, True),
         ),
         (400, openai_error("'messages' is a required property"), RELAY),
         (404, openai_error("The model `x` does not exist", "model_not_found"), RELAY),
@@ -113,8 +114,8 @@ AUTH = Verdict("next", "auth_misconfigured", cooldown_s=300.0, counts_as_failure
         (405, b"", RELAY),
         (408, b"", RELAY),
         (409, b"", RELAY),
-        (302, b"", Verdict("next", "unexpected_status", None, True)),
-        (304, b"", Verdict("next", "unexpected_status", None, True)),
+        (302, b"", Verdict("next", R.UNEXPECTED_STATUS, None, True)),
+        (304, b"", Verdict("next", R.UNEXPECTED_STATUS, None, True)),
     ],
 )
 def test_status_rules(status: int, body: bytes, expected: Verdict) -> None:
@@ -159,9 +160,9 @@ def test_status_rules(status: int, body: bytes, expected: Verdict) -> None:
 )
 @pytest.mark.parametrize("status", [400, 413])
 def test_context_length_errors_follow_the_chain_setting(status: int, body: bytes) -> None:
-    assert verdict(status, body) == Verdict("relay", "context_length", upstream_ok=True)
+    assert verdict(status, body) == Verdict("relay", R.CONTEXT_LENGTH, upstream_ok=True)
     assert verdict(status, body, NEXT_ON_CONTEXT) == Verdict(
-        "next", "context_length", upstream_ok=True
+        "next", R.CONTEXT_LENGTH, upstream_ok=True
     )
 
 
@@ -184,7 +185,7 @@ def test_compressed_error_bodies_are_read() -> None:
     body = anthropic_error("invalid_request_error", "prompt is too long: 300000 tokens")
     raw_deflate = zlib.compressobj(wbits=-15)
     raw = raw_deflate.compress(body) + raw_deflate.flush()
-    expected = Verdict("next", "context_length", upstream_ok=True)
+    expected = Verdict("next", R.CONTEXT_LENGTH, upstream_ok=True)
     assert verdict(400, gzip.compress(body), NEXT_ON_CONTEXT, content_encoding="gzip") == expected
     assert (
         verdict(400, zlib.compress(body), NEXT_ON_CONTEXT, content_encoding="deflate") == expected
@@ -206,25 +207,25 @@ def test_unreadable_bodies_are_not_context_length_errors() -> None:
 def test_fallback_on_status_decides_the_4xx() -> None:
     without_429 = PolicyConfig(fallback_on_status=frozenset({500, 502, 503, 504}))
     assert verdict(429, b"", without_429, retry_after="5") == Verdict(
-        "relay", "rate_limited", upstream_ok=True
+        "relay", R.RATE_LIMITED, upstream_ok=True
     )
     with_408 = PolicyConfig(fallback_on_status=DEFAULT_FALLBACK_ON_STATUS | {408})
-    assert verdict(408, b"", with_408) == Verdict("next", "http_4xx", None, True)
+    assert verdict(408, b"", with_408) == Verdict("next", R.HTTP_4XX, None, True)
     # Every 5xx falls back, listed or not.
     only_429 = PolicyConfig(fallback_on_status=frozenset({429}))
-    assert verdict(500, b"", only_429) == Verdict("next", "http_5xx", None, True)
-    assert verdict(529, b"", only_429) == Verdict("next", "overloaded", None, True)
+    assert verdict(500, b"", only_429) == Verdict("next", R.HTTP_5XX, None, True)
+    assert verdict(529, b"", only_429) == Verdict("next", R.OVERLOADED, None, True)
     # Quota and auth failures do not depend on the set.
     assert verdict(429, openai_error("quota", "insufficient_quota"), without_429) == Verdict(
-        "next", "quota_exhausted", 300.0, True
+        "next", R.QUOTA_EXHAUSTED, 300.0, True
     )
     assert verdict(401, b"", only_429) == AUTH
 
 
 def test_auth_cooldown_is_configurable() -> None:
     config = PolicyConfig(auth_cooldown_s=60.0)
-    assert verdict(401, b"", config) == Verdict("next", "auth_misconfigured", 60.0, True)
-    assert verdict(402, b"", config) == Verdict("next", "quota_exhausted", 60.0, True)
+    assert verdict(401, b"", config) == Verdict("next", R.AUTH_MISCONFIGURED, 60.0, True)
+    assert verdict(402, b"", config) == Verdict("next", R.QUOTA_EXHAUSTED, 60.0, True)
 
 
 # -- Retry-After ----------------------------------------------------------------------------
@@ -264,11 +265,11 @@ def test_auth_cooldown_is_configurable() -> None:
 def test_retry_after_sets_the_cooldown(
     status: int, reason: str, headers: dict[str, str], cooldown: float | None
 ) -> None:
-    assert verdict(status, b"", DEFAULT, **headers) == Verdict("next", reason, cooldown, True)
+    assert verdict(status, b"", DEFAULT, **headers) == Verdict("next", R(reason), cooldown, True)
 
 
 def test_retry_after_is_found_in_any_header_shape_and_case() -> None:
-    expected = Verdict("next", "rate_limited", 7.0, True)
+    expected = Verdict("next", R.RATE_LIMITED, 7.0, True)
     assert classify_response(429, {"Retry-After": "7"}, b"", DEFAULT, now=NOW) == expected
     assert classify_response(429, [(b"retry-after", b"7")], b"", DEFAULT, now=NOW) == expected
     assert classify_response(429, [(b"Retry-After", b"7")], b"", DEFAULT, now=NOW) == expected
@@ -276,13 +277,13 @@ def test_retry_after_is_found_in_any_header_shape_and_case() -> None:
 
 @pytest.mark.parametrize("status", [500, 502, 504])
 def test_retry_after_is_ignored_on_other_5xx(status: int) -> None:
-    assert verdict(status, b"", retry_after="10") == Verdict("next", "http_5xx", None, True)
+    assert verdict(status, b"", retry_after="10") == Verdict("next", R.HTTP_5XX, None, True)
 
 
 def test_quota_cooldown_is_the_longer_of_the_default_and_retry_after() -> None:
     quota = openai_error("quota", "insufficient_quota")
-    assert verdict(429, quota, retry_after="900") == Verdict("next", "quota_exhausted", 900.0, True)
-    assert verdict(429, quota, retry_after="5") == Verdict("next", "quota_exhausted", 300.0, True)
+    assert verdict(429, quota, retry_after="900") == Verdict("next", R.QUOTA_EXHAUSTED, 900.0, True)
+    assert verdict(429, quota, retry_after="5") == Verdict("next", R.QUOTA_EXHAUSTED, 300.0, True)
 
 
 def test_parse_retry_after() -> None:
@@ -300,49 +301,49 @@ def test_parse_retry_after() -> None:
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (UpstreamUnavailable("refused", kind="connect"), Verdict("next", "connect", None, True)),
-        (UpstreamTimeout("slow", kind="connect_timeout"), Verdict("next", "connect", None, True)),
+        (UpstreamUnavailable("refused", kind="connect"), Verdict("next", R.CONNECT, None, True)),
+        (UpstreamTimeout("slow", kind="connect_timeout"), Verdict("next", R.CONNECT, None, True)),
         (
             UpstreamTimeout("stall", kind="first_byte_timeout"),
-            Verdict("next", "timeout", None, True),
+            Verdict("next", R.TIMEOUT, None, True),
         ),
-        (UpstreamTimeout("stall", kind="idle_timeout"), Verdict("next", "timeout", None, True)),
+        (UpstreamTimeout("stall", kind="idle_timeout"), Verdict("next", R.TIMEOUT, None, True)),
         (
             UpstreamUnavailable("cut", kind="disconnected"),
-            Verdict("next", "disconnected", None, True),
+            Verdict("next", R.DISCONNECTED, None, True),
         ),
-        (UpstreamUnavailable("?", kind="new_kind"), Verdict("next", "upstream_error", None, True)),
-        (UpstreamTimeout("?", kind="new_kind"), Verdict("next", "timeout", None, True)),
+        (UpstreamUnavailable("?", kind="new_kind"), Verdict("next", R.UPSTREAM_ERROR, None, True)),
+        (UpstreamTimeout("?", kind="new_kind"), Verdict("next", R.TIMEOUT, None, True)),
         (
             BackendUnavailable("b", kind=UnavailableKind.STARTING, retry_after_s=5),
-            Verdict("next", "local_starting"),
+            Verdict("next", R.LOCAL_STARTING),
         ),
-        (BackendUnavailable("b", kind=UnavailableKind.STOPPED), Verdict("next", "local_stopped")),
-        (BackendUnavailable("b", kind=UnavailableKind.BLOCKED), Verdict("next", "local_blocked")),
-        (BackendUnavailable("b", kind=UnavailableKind.YIELDED), Verdict("next", "local_yielded")),
-        (BackendUnavailable("b", kind=UnavailableKind.NO_VRAM), Verdict("next", "local_no_vram")),
+        (BackendUnavailable("b", kind=UnavailableKind.STOPPED), Verdict("next", R.LOCAL_STOPPED)),
+        (BackendUnavailable("b", kind=UnavailableKind.BLOCKED), Verdict("next", R.LOCAL_BLOCKED)),
+        (BackendUnavailable("b", kind=UnavailableKind.YIELDED), Verdict("next", R.LOCAL_YIELDED)),
+        (BackendUnavailable("b", kind=UnavailableKind.NO_VRAM), Verdict("next", R.LOCAL_NO_VRAM)),
         (
             BackendUnavailable("b", kind=UnavailableKind.QUEUE_FULL, retry_after_s=5),
-            Verdict("next", "local_queue_full"),
+            Verdict("next", R.LOCAL_QUEUE_FULL),
         ),
-        (BackendUnavailable("b", kind=UnavailableKind.DISABLED), Verdict("next", "local_disabled")),
+        (BackendUnavailable("b", kind=UnavailableKind.DISABLED), Verdict("next", R.LOCAL_DISABLED)),
         (
             BackendUnavailable("b", kind=UnavailableKind.FAILED, retry_after_s=8),
-            Verdict("next", "local_failed", None, True),
+            Verdict("next", R.LOCAL_FAILED, None, True),
         ),
         (
             BackendUnavailable("b", kind=UnavailableKind.RUNTIME),
-            Verdict("next", "local_runtime", None, True),
+            Verdict("next", R.LOCAL_RUNTIME, None, True),
         ),
         (  # a kind this policy does not know yet
             BackendUnavailable("b", kind=cast(UnavailableKind, "new_kind")),
-            Verdict("next", "local_unavailable"),
+            Verdict("next", R.LOCAL_UNAVAILABLE),
         ),
-        (WakeTimeout("still starting"), Verdict("next", "local_wake_timeout", None, True)),
-        (InvalidRequest("bad"), Verdict("relay", "client_error")),
-        (PayloadTooLarge("big"), Verdict("relay", "client_error")),
-        (ModelNotFound("x"), Verdict("relay", "client_error")),
-        (GatewayError("bug"), Verdict("relay", "internal")),
+        (WakeTimeout("still starting"), Verdict("next", R.LOCAL_WAKE_TIMEOUT, None, True)),
+        (InvalidRequest("bad"), Verdict("relay", R.CLIENT_ERROR)),
+        (PayloadTooLarge("big"), Verdict("relay", R.CLIENT_ERROR)),
+        (ModelNotFound("x"), Verdict("relay", R.CLIENT_ERROR)),
+        (GatewayError("bug"), Verdict("relay", R.INTERNAL)),
     ],
 )
 def test_error_rules(error: GatewayError, expected: Verdict) -> None:
@@ -361,7 +362,7 @@ class Head:
 def test_classify_reads_an_opened_response() -> None:
     assert classify(Head(200, [], b"data: {}"), DEFAULT, now=NOW) == SERVE
     head = Head(429, [(b"retry-after", b"3")], b"")
-    assert classify(head, DEFAULT, now=NOW) == Verdict("next", "rate_limited", 3.0, True)
+    assert classify(head, DEFAULT, now=NOW) == Verdict("next", R.RATE_LIMITED, 3.0, True)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """Translation between OpenAI chat completions and Anthropic's Messages API. Pure: no I/O.
 
 This module is the facade; the work is done in three modules, each with its decisions in
-its docstring (the background is docs/reference/gateways.md §4):
+its docstring, written against Anthropic's Messages API reference
+(https://docs.anthropic.com/en/api/messages, streaming: /en/docs/build-with-claude/streaming)
+and OpenAI's chat completions reference:
 
     request    to_anthropic_request: an OpenAI request body -> a Messages body
     response   to_openai_completion: a Messages response -> a chat.completion;

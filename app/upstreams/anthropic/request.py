@@ -1,6 +1,6 @@
 """An OpenAI chat-completions request body as an Anthropic Messages request body. Pure: no I/O.
 
-Where the two APIs differ (docs/reference/gateways.md §4.1), this module decides:
+Where the two APIs differ (docs.anthropic.com/en/api/messages), this module decides:
 
 - `system` and `developer` messages, wherever they stand, become the top-level `system`
   string: their texts in order, joined by a blank line. Message `name`s are dropped.
@@ -33,7 +33,7 @@ import json
 import re
 from typing import Any, Final
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, json_type_name
 
 Json = dict[str, Any]
 
@@ -76,12 +76,12 @@ def to_anthropic_request(
 def _refuse_unsupported(body: Json) -> None:
     n = body.get("n")
     if n is not None and not _is_int(n):
-        raise _wrong_type("n", "an integer", n)
+        raise InvalidRequest.wrong_type("n", "an integer", n)
     if n is not None and n != 1:
         raise _unsupported("n", f"'n' = {n} is not supported: Anthropic returns one choice.")
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
-        raise _wrong_type("logprobs", "a boolean", logprobs)
+        raise InvalidRequest.wrong_type("logprobs", "a boolean", logprobs)
     if logprobs:
         raise _unsupported("logprobs", "'logprobs' is not supported: Anthropic returns none.")
     if body.get("top_logprobs") not in (None, 0):
@@ -91,7 +91,7 @@ def _refuse_unsupported(body: Json) -> None:
     response_format = body.get("response_format")
     if response_format is not None:
         if not isinstance(response_format, dict):
-            raise _wrong_type("response_format", "an object", response_format)
+            raise InvalidRequest.wrong_type("response_format", "an object", response_format)
         kind = response_format.get("type")
         if kind != "text":
             raise _unsupported(
@@ -110,7 +110,7 @@ def _max_tokens(body: Json, default: int) -> int:
         if value is None:
             continue
         if not _is_int(value):
-            raise _wrong_type(name, "an integer", value)
+            raise InvalidRequest.wrong_type(name, "an integer", value)
         if value < 1:
             raise _invalid(name, f"Invalid '{name}': expected a value >= 1, but got {value}.")
         return int(value)
@@ -123,7 +123,7 @@ def _stop_sequences(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise _wrong_type("stop", "a string or an array of strings", value)
+        raise InvalidRequest.wrong_type("stop", "a string or an array of strings", value)
     return list(value)
 
 
@@ -154,29 +154,31 @@ def _tools(value: object) -> list[Json]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _wrong_type("tools", "an array", value)
+        raise InvalidRequest.wrong_type("tools", "an array", value)
     tools: list[Json] = []
     for i, tool in enumerate(value):
         param = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise _wrong_type(param, "an object", tool)
+            raise InvalidRequest.wrong_type(param, "an object", tool)
         if tool.get("type") != "function":
             raise _unsupported(
                 f"{param}.type", "Only tools of type 'function' can be sent to Anthropic."
             )
         function = tool.get("function")
         if not isinstance(function, dict):
-            raise _wrong_type(f"{param}.function", "an object", function)
+            raise InvalidRequest.wrong_type(f"{param}.function", "an object", function)
         name = _required_str(function, "name", f"{param}.function")
         converted: Json = {"name": name}
         description = function.get("description")
         if description is not None:
             if not isinstance(description, str):
-                raise _wrong_type(f"{param}.function.description", "a string", description)
+                raise InvalidRequest.wrong_type(
+                    f"{param}.function.description", "a string", description
+                )
             converted["description"] = description
         schema = function.get("parameters")
         if schema is not None and not isinstance(schema, dict):
-            raise _wrong_type(f"{param}.function.parameters", "an object", schema)
+            raise InvalidRequest.wrong_type(f"{param}.function.parameters", "an object", schema)
         converted["input_schema"] = schema if schema is not None else dict(_EMPTY_SCHEMA)
         tools.append(converted)
     return tools
@@ -184,7 +186,7 @@ def _tools(value: object) -> list[Json]:
 
 def _tool_choice(value: object, parallel: object) -> Json | None:
     if parallel is not None and not isinstance(parallel, bool):
-        raise _wrong_type("parallel_tool_calls", "a boolean", parallel)
+        raise InvalidRequest.wrong_type("parallel_tool_calls", "a boolean", parallel)
     choice: Json
     if value is None or value == "auto":
         choice = {"type": "auto"}
@@ -219,13 +221,13 @@ def _tool_choice(value: object, parallel: object) -> Json | None:
 def _messages(value: object) -> tuple[str, list[Json]]:
     """The `system` string and the alternating `messages` list."""
     if not isinstance(value, list):
-        raise _wrong_type("messages", "an array", value)
+        raise InvalidRequest.wrong_type("messages", "an array", value)
     system: list[str] = []
     turns: list[tuple[str, list[Json]]] = []
     for i, message in enumerate(value):
         param = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise _wrong_type(param, "an object", message)
+            raise InvalidRequest.wrong_type(param, "an object", message)
         role = message.get("role")
         if role in ("system", "developer"):
             system.extend(_system_texts(message.get("content"), f"{param}.content"))
@@ -272,7 +274,7 @@ def _text_blocks(content: object, param: str, *, refusal: bool = False) -> list[
     if isinstance(content, str):
         return [_text(content)] if content else []
     if not isinstance(content, list):
-        raise _wrong_type(param, "a string or an array", content)
+        raise InvalidRequest.wrong_type(param, "a string or an array", content)
     blocks: list[Json] = []
     for j, part in enumerate(content):
         blocks.extend(_text_part(part, f"{param}[{j}]", refusal=refusal))
@@ -303,7 +305,7 @@ def _user_blocks(content: object, param: str) -> list[Json]:
 def _image(image: object, param: str) -> Json:
     url = image.get("url") if isinstance(image, dict) else image
     if not isinstance(url, str):
-        raise _wrong_type(f"{param}.url", "a string", url)
+        raise InvalidRequest.wrong_type(f"{param}.url", "a string", url)
     lowered = url[:8].lower()
     if lowered.startswith(("http://", "https://")):
         return {"type": "image", "source": {"type": "url", "url": url}}
@@ -326,7 +328,7 @@ def _assistant_blocks(message: Json, param: str) -> list[Json]:
     if tool_calls is None:
         return blocks
     if not isinstance(tool_calls, list):
-        raise _wrong_type(f"{param}.tool_calls", "an array", tool_calls)
+        raise InvalidRequest.wrong_type(f"{param}.tool_calls", "an array", tool_calls)
     for k, call in enumerate(tool_calls):
         blocks.append(_tool_use(call, f"{param}.tool_calls[{k}]"))
     return blocks
@@ -334,7 +336,7 @@ def _assistant_blocks(message: Json, param: str) -> list[Json]:
 
 def _tool_use(call: object, param: str) -> Json:
     if not isinstance(call, dict):
-        raise _wrong_type(param, "an object", call)
+        raise InvalidRequest.wrong_type(param, "an object", call)
     if call.get("type", "function") != "function":
         raise _unsupported(
             f"{param}.type", "Only tool calls of type 'function' can be sent to Anthropic."
@@ -342,7 +344,7 @@ def _tool_use(call: object, param: str) -> Json:
     call_id = _required_str(call, "id", param)
     function = call.get("function")
     if not isinstance(function, dict):
-        raise _wrong_type(f"{param}.function", "an object", function)
+        raise InvalidRequest.wrong_type(f"{param}.function", "an object", function)
     name = _required_str(function, "name", f"{param}.function")
     arguments = _arguments(function.get("arguments", ""), f"{param}.function.arguments")
     return {"type": "tool_use", "id": _tool_id(call_id), "name": name, "input": arguments}
@@ -351,7 +353,7 @@ def _tool_use(call: object, param: str) -> Json:
 def _arguments(value: object, param: str) -> Json:
     """OpenAI's JSON-encoded arguments as the object Anthropic wants; "" means no arguments."""
     if not isinstance(value, str):
-        raise _wrong_type(param, "a string", value)
+        raise InvalidRequest.wrong_type(param, "a string", value)
     if not value.strip():
         return {}
     try:
@@ -365,7 +367,7 @@ def _arguments(value: object, param: str) -> Json:
     if not isinstance(parsed, dict):
         raise _invalid(
             param,
-            f"Invalid '{param}': expected a JSON object, got {_json_name(parsed)}; "
+            f"Invalid '{param}': expected a JSON object, got {json_type_name(parsed)}; "
             "Anthropic needs the arguments as a JSON object.",
         )
     return parsed
@@ -392,20 +394,6 @@ def _text(text: str) -> Json:
 
 # --- validation helpers ----------------------------------------------------------------
 
-_JSON_NAMES: Final = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
-
-
-def _json_name(value: object) -> str:
-    return _JSON_NAMES.get(type(value), type(value).__name__)
-
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -413,7 +401,7 @@ def _is_int(value: object) -> bool:
 
 def _number(value: object, param: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _wrong_type(param, "a number", value)
+        raise InvalidRequest.wrong_type(param, "a number", value)
     return float(value)
 
 
@@ -424,16 +412,8 @@ def _required_str(obj: Json, key: str, param: str, *, allow_empty: bool = False)
             f"Missing required parameter: '{param}.{key}'.", param=f"{param}.{key}"
         )
     if not isinstance(value, str) or (not value and not allow_empty):
-        raise _wrong_type(f"{param}.{key}", "a non-empty string", value)
+        raise InvalidRequest.wrong_type(f"{param}.{key}", "a non-empty string", value)
     return value
-
-
-def _wrong_type(param: str, wanted: str, value: object) -> InvalidRequest:
-    return InvalidRequest(
-        f"Invalid type for '{param}': expected {wanted}, but got {_json_name(value)}.",
-        param=param,
-        code="invalid_type",
-    )
 
 
 def _invalid(param: str, message: str) -> InvalidRequest:
@@ -447,7 +427,7 @@ def _unsupported(param: str, message: str) -> InvalidRequest:
 def _unsupported_part(part: object, param: str) -> InvalidRequest:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind is None:
-        return _wrong_type(param, "a content part object with a 'type'", part)
+        return InvalidRequest.wrong_type(param, "a content part object with a 'type'", part)
     return _unsupported(
         f"{param}.type", f"Content parts of type {kind!r} are not supported by Anthropic here."
     )

@@ -1,6 +1,6 @@
 """Anthropic Messages responses and errors as OpenAI chat-completions ones. Pure: no I/O.
 
-Decisions (docs/reference/gateways.md §4.2, §4.4, §4.5):
+Decisions (Anthropic's Messages API reference, docs.anthropic.com/en/api/messages):
 
 - Text blocks are joined into `message.content`; `tool_use` blocks become `tool_calls`
   (`arguments` is the input as compact JSON). `content` is None when the answer is only

@@ -4,7 +4,7 @@
 JSON and hands it to `StreamTranslator.feed`, which returns the OpenAI SSE lines to send.
 When the upstream body ends, `StreamTranslator.finish` returns the closing lines.
 
-Mapping (docs/reference/gateways.md §4.3):
+Mapping (Anthropic's streaming events, docs.anthropic.com/en/docs/build-with-claude/streaming):
 
     message_start                 first chunk, delta {"role": "assistant", "content": ""}
     content_block_start tool_use  delta.tool_calls [{index, id, type, function{name, ""}}]

@@ -1,0 +1,104 @@
+"""What goes into an upstream call and what comes back: `Call` (one client request,
+routed) and `Exchange` (an opened upstream response with its lease), for a local backend
+and for a fallback chain alike."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.errors import UpstreamError
+from app.lifecycle.lease import Lease, WaitNotice
+from app.routing.fallback_metrics import TokenCounter
+from app.routing.registry import Route
+from app.upstreams.http import Relayable
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One client request, routed: what the dispatcher needs to open it anywhere.
+
+    `body` is what the route's own backend gets (its served model name put in); a chain
+    builds other entries' bodies from `payload`."""
+
+    route: Route
+    path: str
+    payload: dict[str, Any]
+    stream: bool
+    body: bytes
+    headers: dict[str, str]
+
+
+class Notice(Protocol):
+    """The relay's keep-alive for a streaming client held while a backend wakes: called
+    as the route's own `WaitNotice`, or made for another backend a chain waits for."""
+
+    @property
+    def started(self) -> bool: ...
+
+    def __call__(self, waited_s: float) -> Awaitable[None]: ...
+
+    def for_backend(self, backend: str) -> WaitNotice: ...
+
+
+class ExchangeHooks(Protocol):
+    """What a fallback chain learns after the first byte (circuits, provider outcomes)."""
+
+    def stream_failed(self, exchange: Exchange, error: UpstreamError) -> None: ...
+
+    def finished(self, exchange: Exchange) -> None: ...
+
+
+class Exchange:
+    """An upstream response in progress and the lease that goes with it.
+
+    `backend` is the entry that answers (a backend, or a provider for a chain); `headers`
+    are added to the response (a chain's `x-microscheduler-*`)."""
+
+    __slots__ = (
+        "_lease",
+        "backend",
+        "completed",
+        "headers",
+        "hooks",
+        "response",
+        "route",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        route: Route,
+        backend: str,
+        response: Relayable,
+        lease: Lease | None,
+        *,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        tokens: TokenCounter | None = None,
+        hooks: ExchangeHooks | None = None,
+    ) -> None:
+        self.route = route
+        self.backend = backend
+        self.response = response
+        self._lease = lease
+        self.headers = headers
+        self.tokens = tokens
+        self.hooks = hooks
+        self.completed = False
+
+    def body_done(self, tail: bytes) -> None:
+        """The body was relayed to its end; `tail` is its last bytes (usage is read there)."""
+        self.completed = True
+        if self.tokens is not None:
+            self.tokens.count_tail(tail)
+
+    def finish(self) -> None:
+        """Give back the connection (pooled if the body was read to its end) and the lease."""
+        try:
+            self.response.release()
+        finally:
+            if self._lease is not None:
+                self._lease.release()
+            if self.hooks is not None:
+                self.hooks.finished(self)
