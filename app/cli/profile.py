@@ -4,9 +4,10 @@ Calls the gateway's admin API with httpx: `GET /profiles` and `POST /profiles/{n
 sending `Authorization: Bearer $MICROSCHEDULER_ADMIN_KEY` when that variable is set (without
 it the gateway accepts admin calls from loopback only). `--json` prints the gateway's answer.
 
-Exit codes: 0 on success; 1 when the gateway answered with an error (its message is
-printed, e.g. an unknown profile); 2 when it cannot be reached (the URL and the error are
-printed). To check a profile offline instead, use `microscheduler plan profile`.
+Exit codes (`app.cli.common`): 0 on success; 1 when the gateway answered with an error (its
+message is printed, e.g. an unknown profile); 3 when it cannot be reached (the URL and the
+error are printed); 2 for arguments it cannot use. To check a profile offline instead, use
+`microscheduler plan profile`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from app.cli.common import FAILED, OK, UNREACHABLE, error
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 ADMIN_KEY_ENV = "MICROSCHEDULER_ADMIN_KEY"
@@ -140,13 +142,13 @@ def _run(
     try:
         body = call(method, args.url, path, timeout=args.timeout)
     except Unreachable as exc:
-        print(f"error: {where}: {exc}", file=sys.stderr)
-        return 2
+        error(where, str(exc))
+        return UNREACHABLE
     except GatewayRefused as exc:
-        print(f"error: {where}: {exc} (HTTP {exc.status})", file=sys.stderr)
-        return 1
+        error(where, f"{exc} (HTTP {exc.status})")
+        return FAILED
     print(json.dumps(body) if args.json else render(body, args.url))
-    return 0
+    return OK
 
 
 # --------------------------------------------------------------------------- output

@@ -258,7 +258,17 @@ def test_bad_input_is_one_error_line(config_dir: Path, capsys: pytest.CaptureFix
     assert_bad_input([*base, "--gpu-gib", "0"], capsys, "--gpu-gib must be a positive number")
     (config_dir / "gpu_profiles.yaml").unlink()
     assert_bad_input(base, capsys, "gpu_profiles.yaml: not found")
+
+
+def test_an_invalid_configuration_lists_every_problem_and_exits_1(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The one convention of every subcommand (app.cli.common): like check-config.
     (config_dir / "models" / "r1" / "config.json").unlink()
-    assert_bad_input(
-        base, capsys, f"invalid configuration: {config_dir / 'models.yaml'}: backends.reasoning"
-    )
+    code, out, err = run(["plan", "profile", "--config", str(config_dir)], capsys)
+    assert (code, out) == (1, "")
+    first, *problems = err.splitlines()
+    assert first == "microscheduler: invalid configuration:"
+    assert problems
+    assert all(line.startswith("  ") for line in problems)
+    assert problems[0].startswith(f"  {config_dir / 'models.yaml'}: backends.reasoning")

@@ -217,7 +217,7 @@ async def test_an_error_that_is_not_json_still_exits_1(
     assert err.startswith("error: profile activate: HTTP 502 Bad Gateway: <html>Bad Gateway")
 
 
-async def test_an_unreachable_gateway_exits_2_naming_the_url(
+async def test_an_unreachable_gateway_exits_3_naming_the_url(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with socket.socket() as probe:  # a port that nothing listens on
@@ -225,6 +225,6 @@ async def test_an_unreachable_gateway_exits_2_naming_the_url(
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     code, out, err = await run(["profile", "list", "--url", url], capsys)
-    assert (code, out) == (2, "")
+    assert (code, out) == (3, "")  # not 2: that is argparse's usage error
     assert err.startswith(f"error: profile list: cannot reach the gateway at {url}: ")
     assert "refused" in err.lower()

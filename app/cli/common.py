@@ -1,0 +1,100 @@
+"""What every subcommand shares: the `--config` option, how configuration errors are
+printed, one error line format and the exit codes.
+
+Exit codes (the same for every subcommand):
+
+    0  success (a plan that does not fit is still an answer: `"fits": false`)
+    1  the command ran and failed: the configuration is invalid (every problem listed),
+       or the gateway answered with an error
+    2  usage: arguments or input values the command cannot use (argparse's own code)
+    3  the gateway cannot be reached
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from app.settings import ConfigError, Settings, load_settings
+
+OK: Final = 0
+FAILED: Final = 1
+USAGE: Final = 2
+UNREACHABLE: Final = 3
+
+EXIT_CODES_HELP: Final = (
+    "exit codes: 0 success; 1 failed (invalid configuration, the gateway answered an "
+    "error); 2 usage (arguments or input the command cannot use); 3 gateway unreachable"
+)
+
+Handler = Callable[[argparse.Namespace], int]
+JsonDict = dict[str, Any]
+
+
+class UsageError(ValueError):
+    """Input the command cannot use that argparse does not catch itself (exit 2)."""
+
+
+class CommandFailed(Exception):
+    """Ends a command with `code`; its message has been printed already."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="config directory (default: $MICROSCHEDULER_CONFIG_DIR or config/)",
+    )
+
+
+def load_config(directory: Path | None, **overrides: Any) -> Settings:
+    """The settings, or every configuration problem on stderr and `CommandFailed(1)`."""
+    try:
+        return load_settings(directory, **overrides)
+    except ConfigError as exc:
+        print("microscheduler: invalid configuration:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise CommandFailed(FAILED) from None
+
+
+def error(command: str, message: str) -> None:
+    """The one error line: `error: <command>: <message>` on stderr, on one line."""
+    print(f"error: {command}: {' '.join(message.split())}", file=sys.stderr)
+
+
+def guarded(handler: Handler, command: Callable[[argparse.Namespace], str]) -> Handler:
+    """`handler` with its failures turned into exit codes: bad input values (`ValueError`,
+    an unreadable file) are usage errors, printed as one error line."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CommandFailed as exc:
+            return exc.code
+        except (ValueError, OSError) as exc:
+            error(command(args), str(exc))
+            return USAGE
+
+    run.__name__ = handler.__name__
+    run.__doc__ = handler.__doc__
+    return run
+
+
+def emit(args: argparse.Namespace, data: JsonDict, text: str) -> int:
+    """Print `data` as one JSON object with `--json`, else `text`."""
+    print(json.dumps(data, sort_keys=False) if args.json else text)
+    return OK
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,0 +1,54 @@
+"""`microscheduler serve` (run the gateway) and `microscheduler check-config` (validate the
+configuration and say what it holds)."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.cli.common import OK, add_config_option, guarded, load_config
+
+
+def add_serve_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = subparsers.add_parser("serve", help="run the gateway")
+    add_config_option(serve)
+    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
+    serve.set_defaults(func=guarded(run_serve, lambda _: "serve"))
+
+    check = subparsers.add_parser("check-config", help="validate the configuration and exit")
+    add_config_option(check)
+    check.set_defaults(func=guarded(run_check_config, lambda _: "check-config"))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app import logs
+    from app.main import create_app
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = load_config(args.config, **overrides)
+    logs.configure(settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    return OK
+
+
+def run_check_config(args: argparse.Namespace) -> int:
+    settings = load_config(args.config)
+    names = sum(len(b.models) + len(b.aliases) for b in settings.backends.values())
+    print(
+        f"{settings.config_dir}: configuration is valid "
+        f"({len(settings.backends)} backends, {names} model names)"
+    )
+    for name, backend in settings.backends.items():
+        served = ", ".join([*backend.models, *backend.aliases])
+        print(f"  {name}: {backend.url} [{backend.runtime.kind}] serves {served}")
+    return OK

@@ -1,0 +1,55 @@
+"""The one CLI convention: configuration errors, the error line and the exit codes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from app.cli import build_parser
+from app.cli.common import FAILED, OK, UNREACHABLE, USAGE, guarded, load_config
+
+
+def test_the_exit_codes_are_distinct() -> None:
+    assert len({OK, FAILED, USAGE, UNREACHABLE}) == 4
+    assert USAGE == 2  # argparse's own code for usage errors
+
+
+def test_an_invalid_configuration_prints_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "models.yaml").write_text("backends:\n  a: {url: 'not a url', models: []}\n")
+    handler = guarded(lambda args: load_config(args.config) and OK, lambda _: "test")
+    assert handler(argparse.Namespace(config=tmp_path)) == FAILED
+    first, *problems = capsys.readouterr().err.splitlines()
+    assert first == "microscheduler: invalid configuration:"
+    assert len(problems) >= 2, problems  # every problem, not the first one only
+    assert all(line.startswith(f"  {tmp_path / 'models.yaml'}: ") for line in problems)
+
+
+def test_bad_input_values_are_one_error_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def bad(args: argparse.Namespace) -> int:
+        raise ValueError("--gpu-gib must be\n   a positive number")
+
+    assert guarded(bad, lambda _: "plan kv")(argparse.Namespace()) == USAGE
+    assert capsys.readouterr().err == "error: plan kv: --gpu-gib must be a positive number\n"
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config"])
+def test_every_config_reading_command_has_the_same_config_option(command: str) -> None:
+    parser = build_parser()
+    args = parser.parse_args([command, "--config", "somewhere"])
+    assert args.config == Path("somewhere")
+    args = parser.parse_args(["plan", "profile", "--config", "somewhere"])
+    assert args.config == Path("somewhere")
+
+
+def test_check_config_with_a_missing_directory_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(["check-config", "--config", str(tmp_path / "nope")])
+    assert args.func(args) == FAILED
+    assert "microscheduler: invalid configuration:" in capsys.readouterr().err
