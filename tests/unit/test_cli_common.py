@@ -20,8 +20,11 @@ def test_an_invalid_configuration_prints_every_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "models.yaml").write_text("backends:\n  a: {url: 'not a url', models: []}\n")
-    handler = guarded(lambda args: load_config(args.config) and OK, lambda _: "test")
-    assert handler(argparse.Namespace(config=tmp_path)) == FAILED
+    def check(args: argparse.Namespace) -> int:
+        load_config(args.config)
+        return OK
+
+    assert guarded(check, lambda _: "test")(argparse.Namespace(config=tmp_path)) == FAILED
     first, *problems = capsys.readouterr().err.splitlines()
     assert first == "microscheduler: invalid configuration:"
     assert len(problems) >= 2, problems  # every problem, not the first one only
