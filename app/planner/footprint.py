@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from app.planner.description import PlannedModel, resolve
+from app.planner.inputs import PlannedBackend
 from app.planner.share import InstancePlan, InstanceSpec, ShareRequest, plan_share
 from app.planner.sizing import DEFAULT_WEIGHT_EXPANSION
 from app.planner.units import MIB
-
-if TYPE_CHECKING:
-    from app.settings import BackendConfig
 
 FootprintSource = Literal["vram_mib", "profile", "planner"]
 
@@ -131,7 +129,7 @@ def instance_spec(
 
 
 def backend_instance(
-    config: BackendConfig, *, name: str = "instance", cuda_graphs: bool | None = None
+    config: PlannedBackend, *, name: str = "instance", cuda_graphs: bool | None = None
 ) -> InstanceSpec | None:
     """The share-planner instance of a described backend; None without a description."""
     planned = resolve(config.model_info, config.hf_config)
@@ -163,7 +161,7 @@ def footprint_of(spec: InstanceSpec, plan: InstancePlan | None) -> Footprint:
 
 
 def planned_footprint_mib(
-    config: BackendConfig,
+    config: PlannedBackend,
     *,
     gpu_total_mib: int | None,
     profile_planned_mib: int | None = None,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.planner.units import require_positive_int
+from app.planner.units import FLOAT_ALIASES, require_positive_int
 
 #: Bytes of the per-vector norm stored next to every packed ``tq`` vector.
 TQ_NORM_BYTES = 4
@@ -43,14 +43,7 @@ TQ_NORM_BYTES = 4
 _PLAIN_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8}
 
 _ALIASES = {
-    "float32": "fp32",
-    "float": "fp32",
-    "float16": "fp16",
-    "half": "fp16",
-    "bfloat16": "bf16",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-    "float8": "fp8",
+    **FLOAT_ALIASES,
     # The TurboQuant article's flag values and vLLM's turboquant cache dtypes.
     "tq-t4nc": "tq4",
     "tq-k3v4nc": "tq3k4v",

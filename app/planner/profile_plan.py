@@ -24,10 +24,9 @@ from urllib.parse import urlsplit
 
 from app.planner.description import PlannedModel, resolve
 from app.planner.footprint import Footprint, instance_spec, planned_footprint_mib
+from app.planner.inputs import PlannedBackend, PlannedSettings, Profile
 from app.planner.share import InstancePlan, InstanceSpec, SharePlan, ShareRequest, plan_share
 from app.planner.units import MIB, bytes_to_gib
-from app.settings import BackendConfig, Settings
-from app.settings.profiles import ProfileConfig
 
 SLEEP_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
@@ -38,7 +37,7 @@ class PlannedInstance:
 
     backend: str
     gpu: int
-    config: BackendConfig
+    config: PlannedBackend
     planned: PlannedModel
     spec: InstanceSpec
     plan: InstancePlan
@@ -81,7 +80,7 @@ class GpuPlan:
 class ProfilePlan:
     name: str
     active: bool
-    profile: ProfileConfig
+    profile: Profile
     total_bytes: int
     instances: tuple[PlannedInstance, ...]  # by GPU, in start order
     unplanned: tuple[Unplanned, ...]
@@ -125,14 +124,14 @@ def _why(item: PlannedInstance) -> str:
     return item.plan.problems[0] if item.plan.problems else "does not fit"
 
 
-def start_order(settings: Settings, profile: ProfileConfig) -> list[str]:
+def start_order(settings: PlannedSettings, profile: Profile) -> list[str]:
     """The backends `profile` enables, pinned first, each group in `models.yaml` order."""
     enabled = [name for name in settings.backends if profile.enabled(name)]
     return sorted(enabled, key=lambda name: settings.backends[name].lifecycle != "pinned")
 
 
 def vllm_command(
-    config: BackendConfig,
+    config: PlannedBackend,
     planned: PlannedModel,
     plan: InstancePlan,
     *,
@@ -160,7 +159,7 @@ def vllm_command(
     return tuple(argv), env
 
 
-def plan_profile(settings: Settings, name: str, *, total_bytes: int) -> ProfilePlan:
+def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> ProfilePlan:
     """Plan profile `name` of `settings.gpu_profiles` on GPUs of `total_bytes` each."""
     if settings.gpu_profiles is None:
         raise ValueError("there are no GPU profiles (gpu_profiles.yaml)")
@@ -213,8 +212,8 @@ def plan_profile(settings: Settings, name: str, *, total_bytes: int) -> ProfileP
 
 
 def _plan_gpu(
-    settings: Settings,
-    profile: ProfileConfig,
+    settings: PlannedSettings,
+    profile: Profile,
     gpu: int,
     described: list[tuple[str, PlannedModel]],
     held: int,

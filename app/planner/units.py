@@ -42,3 +42,17 @@ def require_positive_int(value: int, what: str) -> None:
     """Raise ``ValueError`` unless ``value`` is an ``int`` > 0 (``bool`` is not accepted)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
+
+
+#: Spellings of the floating-point formats (torch, Hugging Face `torch_dtype`, vLLM flags),
+#: shared by the KV-cache and the weight formats.
+FLOAT_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8": "fp8",
+}

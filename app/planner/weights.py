@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from app.planner.units import require_positive_int
+from app.planner.units import FLOAT_ALIASES, require_positive_int
 
 #: Weights per quantisation group for the 4-bit formats.
 GROUP_SIZE = 128
@@ -43,13 +43,7 @@ BYTES_PER_PARAM: dict[str, Fraction] = {
 }
 
 _ALIASES = {
-    "float32": "fp32",
-    "float": "fp32",
-    "float16": "fp16",
-    "half": "fp16",
-    "bfloat16": "bf16",
-    "fp8_e4m3": "fp8",
-    "float8": "fp8",
+    **FLOAT_ALIASES,
     "w8a8": "int8",
     "w4a16": "int4",
     "q4": "int4",

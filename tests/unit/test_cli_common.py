@@ -20,6 +20,7 @@ def test_an_invalid_configuration_prints_every_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "models.yaml").write_text("backends:\n  a: {url: 'not a url', models: []}\n")
+
     def check(args: argparse.Namespace) -> int:
         load_config(args.config)
         return OK

@@ -14,6 +14,7 @@ from app.planner.kv import (
     vector_bytes,
 )
 from app.planner.units import GIB, MIB
+from app.planner.weights import normalize_weight_dtype
 
 QWEN3_30B_A3B = AttentionShape(layers=48, kv_heads=4, head_dim=128)
 R1_DISTILL_14B = AttentionShape(layers=48, kv_heads=8, head_dim=128)
@@ -211,3 +212,12 @@ def test_attention_shape_validation(kwargs: dict[str, int], message: str) -> Non
 def test_kv_cache_bytes_rejects_non_positive_counts(context: int, seqs: int) -> None:
     with pytest.raises(ValueError, match="positive integer"):
         kv_cache_bytes(98_304, context, seqs)
+
+
+@pytest.mark.parametrize("spelling", ["float32", "float", "float16", "half", "bfloat16",
+                                      "fp8_e4m3", "fp8_e5m2", "float8"])  # fmt: skip
+def test_float_spellings_mean_the_same_for_kv_cache_and_weights(spelling: str) -> None:
+    # One alias table serves both; fp8_e5m2 was once a KV dtype but not a weight dtype.
+    kv = parse_kv_dtype(spelling, model_dtype="bf16")
+    weights = normalize_weight_dtype(spelling)
+    assert kv.name == weights

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from app.cli.common import JsonDict, UsageError
 from app.planner.catalog import catalog_model
-from app.planner.description import read_hf_config
 from app.planner.kv import (
     AttentionShape,
     KvDtype,
@@ -22,6 +21,7 @@ from app.planner.sizing import (
 )
 from app.planner.units import GIB, gib_to_bytes
 from app.planner.weights import estimate_weight_bytes, params_from_billions, served_dtype
+from app.settings.hf_config import read_hf_config
 
 
 def shape_flags_given(args: argparse.Namespace) -> bool:

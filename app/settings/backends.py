@@ -1,0 +1,166 @@
+"""One backend of `models.yaml`: its URL and names, how it is run (runtime), its lifecycle,
+how it yields, its timeouts and its model description.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from app.planner.description import resolve
+from app.settings.base import StrictConfig
+from app.settings.hf_config import HfConfigField
+from app.settings.model_info import ModelInfoConfig
+
+
+class TimeoutsConfig(StrictConfig):
+    """Network waits of the data plane. Streams never get a total timeout.
+
+    `first_byte_s` bounds the wait for the response headers and the first body chunk;
+    for a non-streaming request that is the whole generation, hence the long default.
+    """
+
+    connect_s: PositiveFloat = 5.0
+    first_byte_s: PositiveFloat = 300.0
+    idle_s: PositiveFloat = 60.0
+
+
+class TimeoutOverridesConfig(StrictConfig):
+    connect_s: PositiveFloat | None = None
+    first_byte_s: PositiveFloat | None = None
+    idle_s: PositiveFloat | None = None
+
+    def apply(self, base: TimeoutsConfig) -> TimeoutsConfig:
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+class ExternalRuntimeConfig(StrictConfig):
+    """A server we do not manage: health-checked only."""
+
+    kind: Literal["external"] = "external"
+
+
+class ProcessRuntimeConfig(StrictConfig):
+    """A command started by the gateway and stopped (whole process group) by it."""
+
+    kind: Literal["process"]
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None
+    stop_grace_s: PositiveFloat = 10.0
+
+
+class DockerRuntimeConfig(StrictConfig):
+    """An existing container, started and stopped through the Docker Engine API.
+
+    `stop_timeout_s` is Docker's `t`: how long the container gets after SIGTERM before
+    the engine kills it (vLLM needs a few seconds to free the GPU cleanly).
+    """
+
+    kind: Literal["docker"]
+    container: str = Field(min_length=1)
+    # Bounded: socket proxies cut requests after 10 minutes, and a stop call lasts `t`.
+    stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = 30
+
+
+RuntimeConfig = Annotated[
+    ExternalRuntimeConfig | ProcessRuntimeConfig | DockerRuntimeConfig, Field(discriminator="kind")
+]
+
+
+class YieldConfig(StrictConfig):
+    """How a backend gives its VRAM back for a yield (`POST /vram/yield`).
+
+    `sleep` uses vLLM's sleep mode (`POST /sleep?level=N`; the server needs
+    `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode`), which keeps the process and
+    wakes in seconds; when the server does not offer it, the backend is stopped instead.
+    """
+
+    method: Literal["stop", "sleep"] = "stop"
+    level: Literal[1, 2] = 1
+
+
+class BackendConfig(StrictConfig):
+    url: str
+    models: list[str] = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    role: str | None = None
+    runtime: RuntimeConfig = Field(default_factory=ExternalRuntimeConfig)
+    timeouts: TimeoutOverridesConfig = Field(default_factory=TimeoutOverridesConfig)
+    health_path: str = "/health"
+    api_key_env: str | None = None
+    max_connections: PositiveInt = 512
+    # Lifecycle (see README "Model lifecycle").
+    lifecycle: Literal["pinned", "lazy"] = "pinned"
+    idle_ttl_s: NonNegativeFloat = 0.0
+    priority: int = 50
+    vram_mib: PositiveInt | None = None
+    gpus: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
+    start_timeout_s: PositiveFloat = 300.0
+    max_waiting: NonNegativeInt = 64
+    max_wait_s: PositiveFloat = 120.0
+    drain_timeout_s: NonNegativeFloat = 60.0
+    yield_: YieldConfig = Field(default_factory=YieldConfig, alias="yield")
+    # What the model is and how it is served, for the planner (app/planner/description.py):
+    # the admission footprint without vram_mib, and `microscheduler plan profile`.
+    model_info: ModelInfoConfig | None = None
+    hf_config: HfConfigField = None  # read once at load, relative to the config directory
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) base URL like http://host:8000, got {value!r}")
+        if parts.query or parts.fragment:
+            raise ValueError("must not carry a query or fragment")
+        path = parts.path.rstrip("/")
+        if path.endswith("/v1"):
+            raise ValueError("is the server's base URL without /v1 (the gateway adds /v1/...)")
+        return value.rstrip("/")
+
+    @field_validator("models", "aliases")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name.strip():
+                raise ValueError("names must be non-empty strings")
+        return names
+
+    @model_validator(mode="after")
+    def _lifecycle(self) -> BackendConfig:
+        if self.lifecycle == "lazy":
+            if self.runtime.kind == "external":
+                raise ValueError(
+                    "lifecycle: lazy needs a runtime the gateway can start (docker or process), "
+                    "not external"
+                )
+            if self.vram_mib is None and self.model_info is None and self.hf_config is None:
+                raise ValueError(
+                    "vram_mib: is required for lifecycle: lazy (used for admission), unless "
+                    "model_info: or hf_config: describes the model to plan it from"
+                )
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
+        resolve(self.model_info, self.hf_config)  # a description must be usable
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.runtime.kind != "external"
+
+    @property
+    def served_model(self) -> str:
+        """The id sent upstream, whatever name the client used."""
+        return self.models[0]

@@ -1,0 +1,9 @@
+"""The base of every config class: unknown keys are errors, values are frozen."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

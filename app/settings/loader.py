@@ -1,0 +1,126 @@
+"""Loading the config directory: YAML files, environment, one `ConfigError` line per problem
+naming the file (or variable), the key and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    ValidationError,
+)
+
+from app.settings.hf_config import relative_to
+from app.settings.root import (
+    _ENV_ONLY,
+    CLOUD_FILE,
+    ENV_PREFIX,
+    MODELS_FILE,
+    PROFILES_FILE,
+    Settings,
+)
+
+# Settings fields filled from the optional files, never from models.yaml.
+_FROM_OTHER_FILES = {"cloud_providers": CLOUD_FILE, "gpu_profiles": PROFILES_FILE}
+
+
+class ConfigError(Exception):
+    """Invalid configuration; `problems` holds one readable line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Settings:
+    """Read the config directory and the environment; raise `ConfigError` on any problem.
+
+    `overrides` (from CLI flags) win over everything.
+    """
+    environ = os.environ
+    directory = Path(
+        config_dir if config_dir is not None else environ.get(f"{ENV_PREFIX}CONFIG_DIR", "config")
+    )
+    if not directory.is_dir():
+        raise ConfigError([f"{directory}: config directory does not exist"])
+
+    models_path = directory / MODELS_FILE
+    if not models_path.is_file():
+        raise ConfigError([f"{models_path}: file not found (every config directory needs one)"])
+    data = _read_yaml(models_path)
+    relative_to(directory, data.get("backends"))  # `hf_config:` paths name files beside it
+    problems = [
+        f"{models_path}: {key}: may only be set through the environment ({ENV_PREFIX}{key.upper()})"
+        for key in sorted(_ENV_ONLY & data.keys())
+    ] + [
+        f"{models_path}: {key}: belongs in {fname} in the same directory"
+        for key, fname in _FROM_OTHER_FILES.items()
+        if key in data
+    ]
+    if problems:
+        raise ConfigError(problems)
+    for key, fname in _FROM_OTHER_FILES.items():
+        path = directory / fname
+        if path.is_file():
+            data[key] = _read_yaml(path)
+
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, directory, environ)) from None
+    # Plain values the caller already validated (CLI flags), applied last so they win.
+    return settings.model_copy(update={"config_dir": directory, **overrides})
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{path}: {where}invalid YAML: {problem}"]) from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            [f"{path}: the top level must be a mapping of keys, not a {type(loaded).__name__}"]
+        )
+    return loaded
+
+
+def _describe(exc: ValidationError, directory: Path, environ: Mapping[str, str]) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        message = err["msg"].removeprefix("Value error, ")
+        top = loc[0] if loc else ""
+        env_name = ENV_PREFIX + "__".join(loc).upper()
+        if top in _FROM_OTHER_FILES:
+            source = str(directory / _FROM_OTHER_FILES[top])
+            loc = loc[1:]
+        elif any(
+            env_name == name.upper() or env_name.startswith(name.upper() + "__") for name in environ
+        ):
+            source = f"environment {env_name}"
+        elif top in _ENV_ONLY:
+            source = f"environment {ENV_PREFIX}{top.upper()}"
+        else:
+            source = str(directory / MODELS_FILE)
+        key = ".".join(loc)
+        for fname in _FROM_OTHER_FILES.values():
+            if not loc and message.startswith(f"{fname}: "):
+                # A cross-file check (names in one file that another must define).
+                source, message = str(directory / fname), message.removeprefix(f"{fname}: ")
+        if err["type"] == "missing":
+            message = "is required"
+        elif err["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling against the README)"
+        lines.append(f"{source}: {key}: {message}" if key else f"{source}: {message}")
+    return lines

@@ -1,0 +1,139 @@
+"""Model descriptions of backends: `model_info:` and `hf_config:` in `models.yaml`.
+
+A backend that describes its model can be planned: with no `vram_mib`, the gateway takes its
+admission footprint from the planner (`app/planner/footprint.py`), and `microscheduler plan
+profile` checks a GPU profile and prints the vLLM command line of each instance.
+
+```yaml
+backends:
+  reasoning:
+    # ... url, models, runtime, lifecycle: lazy (no vram_mib needed with a description)
+    hf_config: models/deepseek-r1-14b/config.json   # relative to the config directory
+    model_info:
+      params_b: 14.8          # config.json has no parameter count
+      weights_dtype: awq
+      kv_dtype: fp8
+      max_model_len: 8192
+      max_num_seqs: 4
+      cuda_graphs: false      # --enforce-eager
+  orchestrator:
+    model_info: {catalog: qwen3-8b, weights_dtype: awq, max_model_len: 16384}
+```
+
+What the model is, one of:
+
+- `catalog: NAME`: a built-in model (`microscheduler plan kv --model`; short name or Hugging
+  Face id);
+- the shape: `layers`, `kv_heads`, `head_dim` (MLA: `layers`, `kv_lora_rank`,
+  `rope_head_dim`), as `plan kv` takes them;
+- `hf_config: PATH` next to `model_info:`: a Hugging Face `config.json` (or its folder),
+  relative to the config directory. It is read once, when the configuration is loaded.
+
+Weights: `weights_gib` (the checkpoint's size), or `params_b` (billions; the catalog knows it)
+x the bytes of `weights_dtype` (fp16, bf16, fp8, int8, int4, awq, gptq; default: the dtype
+vLLM serves the checkpoint in). The planner adds vLLM's 2% (x 1.02) and splits weights and
+KV cache over the backend's `gpus` (tensor parallel).
+
+How it is served (the vLLM flags the footprint depends on), with the defaults:
+
+- `max_model_len` (`--max-model-len`): 8192, or the model's own limit when that is smaller;
+  more than the model's limit is refused, as vLLM does;
+- `max_num_seqs` (`--max-num-seqs`): 4. The KV budget is `max_model_len x max_num_seqs`
+  tokens: that many full-length sequences at once;
+- `kv_dtype` (`--kv-cache-dtype`): `auto`, the model's dtype; any `plan kv` format (fp8,
+  tq4, tq3k4v, ...), passed to vLLM as written;
+- `cuda_graphs`: true, costing `graphs_gib` (0.8) outside vLLM's budget; false plans
+  `--enforce-eager` (a GPU profile's `cuda_graphs` wins over it);
+- `overhead_gib` (activation peak and non-torch memory): 1.0; `cuda_context_gib`: 0.5 (see
+  `app/planner/share.py`). CUDA context + overhead + graphs = 2.3 GiB, KAITO's base overhead;
+- `gpu_memory_utilization`: none, the planner chooses it; a value pins it (a GPU profile's
+  `vram_pct` wins over it);
+- `repo`: what `vllm serve` loads in the printed command (default: the catalog model's
+  Hugging Face id, else the backend's first model id).
+
+Read the real weights, overhead and CUDA-graph memory from vLLM's start-up log ("Actual usage
+is X GiB for weight, ...") and put them here for exact plans.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from app.planner.catalog import catalog_model
+from app.planner.description import (
+    DEFAULT_CUDA_CONTEXT_GIB,
+    DEFAULT_GRAPHS_GIB,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_OVERHEAD_GIB,
+    SHAPE_KEYS,
+)
+from app.planner.kv import parse_kv_dtype
+from app.planner.weights import normalize_weight_dtype
+
+
+class ModelInfoConfig(BaseModel):
+    """`model_info:` of a backend (see the module docstring for the keys and defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # What the model is.
+    catalog: str | None = None
+    layers: PositiveInt | None = None
+    kv_heads: PositiveInt | None = None
+    head_dim: PositiveInt | None = None
+    kv_lora_rank: PositiveInt | None = None
+    rope_head_dim: PositiveInt | None = None
+    params_b: PositiveFloat | None = None
+    weights_gib: PositiveFloat | None = None
+    weights_dtype: str | None = None
+    repo: str | None = None
+    # How it is served.
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt = DEFAULT_MAX_NUM_SEQS
+    kv_dtype: str = "auto"
+    cuda_graphs: bool = True
+    graphs_gib: NonNegativeFloat = DEFAULT_GRAPHS_GIB
+    overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
+    cuda_context_gib: NonNegativeFloat = DEFAULT_CUDA_CONTEXT_GIB
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+
+    @field_validator("catalog")
+    @classmethod
+    def _known_model(cls, value: str | None) -> str | None:
+        return None if value is None else catalog_model(value).name
+
+    @field_validator("weights_dtype")
+    @classmethod
+    def _weights_dtype(cls, value: str | None) -> str | None:
+        return None if value is None else normalize_weight_dtype(value)
+
+    @field_validator("kv_dtype")
+    @classmethod
+    def _kv_dtype(cls, value: str) -> str:
+        parse_kv_dtype(value, model_dtype="bf16")  # the name only; `auto` resolves later
+        return value
+
+    @model_validator(mode="after")
+    def _one_description(self) -> ModelInfoConfig:
+        if self.catalog is not None and self.shape_given:
+            raise ValueError(
+                "give catalog or the shape fields (layers, kv_heads, head_dim, ...), not both"
+            )
+        if self.params_b is not None and self.weights_gib is not None:
+            raise ValueError("give params_b or weights_gib, not both")
+        return self
+
+    @property
+    def shape_given(self) -> bool:
+        return any(getattr(self, key) is not None for key in SHAPE_KEYS)

@@ -1,0 +1,184 @@
+"""The root `Settings` (every top-level key of `models.yaml`, environment over YAML) and its
+gateway-wide sections: timeouts, the Docker proxy, the GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from app.settings.backends import BackendConfig, TimeoutsConfig
+from app.settings.base import StrictConfig
+from app.settings.cloud import CloudConfig, cross_check
+from app.settings.profiles import GpuProfilesConfig
+
+ENV_PREFIX = "MICROSCHEDULER_"
+
+
+MODELS_FILE = "models.yaml"
+
+
+CLOUD_FILE = "cloud_providers.yaml"
+
+
+PROFILES_FILE = "gpu_profiles.yaml"
+
+
+# Settings fields that only the environment may set.
+_ENV_ONLY = frozenset({"config_dir", "api_keys", "admin_key"})
+
+
+class DockerConfig(StrictConfig):
+    """How to reach the Docker Engine API: a socket proxy URL or a Unix socket."""
+
+    url: str = "unix:///var/run/docker.sock"
+    timeout_s: PositiveFloat = 10.0  # connect and read, except stop (which waits `t` more)
+
+    @field_validator("url")
+    @classmethod
+    def _docker_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError(f"a unix URL needs a socket path, got {value!r}")
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
+                f"like unix:///var/run/docker.sock, got {value!r}"
+            )
+        return value.rstrip("/")
+
+
+class SimGpuConfig(StrictConfig):
+    """The simulated GPU of the demo and the tests.
+
+    With `ledger_dir`, its used memory is what the fake vLLM servers report there
+    (`--sim-gpu-dir`; a sleeping one reports less), measured like NVML would. Without
+    it, used memory is what the gateway placed (the `vram_mib` of running backends plus
+    zone holds).
+    """
+
+    total_mib: PositiveInt = 32768
+    count: PositiveInt = 1
+    ledger_dir: Path | None = None
+
+
+class GpuConfig(StrictConfig):
+    """The GPU probe behind telemetry, VRAM admission and yield.
+
+    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `none` turns
+    admission off (every start is allowed) and reports no GPU.
+    """
+
+    probe: Literal["nvml", "sim", "none"] = "sim"
+    poll_interval_s: PositiveFloat = 1.0
+    sample_timeout_s: PositiveFloat = 2.0  # one sample of every GPU; NVML can hang
+    # A snapshot older than this is reported stale in /status and the metrics.
+    stale_after_s: PositiveFloat = 10.0
+    sim: SimGpuConfig = Field(default_factory=SimGpuConfig)
+    reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    config_dir: Path = Path("config")
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    access_log: bool = True
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    admin_key: SecretStr | None = None
+    max_body_bytes: PositiveInt = 10 * 1024 * 1024
+    health_interval_s: PositiveFloat = 5.0
+    shutdown_grace_s: PositiveFloat = 10.0
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    state_dir: Path = Path("var")  # zone holds survive restarts here
+    wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
+    reaper_interval_s: PositiveFloat = 1.0
+    docker: DockerConfig = Field(default_factory=DockerConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    backends: dict[str, BackendConfig] = Field(min_length=1)
+    # Read from their own files when present.
+    cloud_providers: CloudConfig | None = None
+    gpu_profiles: GpuProfilesConfig | None = None
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(key.strip() for key in value.split(",") if key.strip())
+        return value
+
+    @field_validator("admin_key", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Settings:
+        owner: dict[str, str] = {}
+        for backend, cfg in self.backends.items():
+            for kind, names in (("models", cfg.models), ("aliases", cfg.aliases)):
+                for name in names:
+                    if name in owner and owner[name] != backend:
+                        raise ValueError(
+                            f"backends.{backend}.{kind}: {name!r} is already served by backend "
+                            f"{owner[name]!r}; model ids and aliases must be unique"
+                        )
+                    owner[name] = backend
+        if self.gpu_profiles is not None:
+            unknown = self.gpu_profiles.unknown_backends(self.backends)
+            if unknown:
+                raise ValueError(
+                    f"{PROFILES_FILE}: {unknown[0]}: no backend of that name in {MODELS_FILE} "
+                    f"(backends: {', '.join(self.backends)})"
+                )
+        if self.gpu.probe == "sim":
+            for backend, cfg in self.backends.items():
+                missing = [g for g in cfg.gpus if g >= self.gpu.sim.count]
+                if missing:
+                    raise ValueError(
+                        f"backends.{backend}.gpus: GPU {missing[0]} does not exist "
+                        f"(gpu.sim.count is {self.gpu.sim.count})"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _cloud_names(self) -> Settings:
+        if self.cloud_providers is not None:
+            problems = cross_check(self.cloud_providers, self.backends)
+            if problems:
+                raise ValueError(f"{CLOUD_FILE}: {problems[0]}")
+        return self
+
+    def backend_timeouts(self, name: str) -> TimeoutsConfig:
+        return self.backends[name].timeouts.apply(self.timeouts)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML arrives as init kwargs; the environment must win over it.
+        return (env_settings, init_settings)

@@ -1,0 +1,156 @@
+"""The layout's rules, checked on the source: no import cycle between app modules
+(`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
+of `app/`, FastAPI only in the API layer. Read with `ast`; nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parents[2] / "app"
+MAX_LINES = 600
+MAX_TOP_LEVEL = 10
+# Only the API layer and the app factory speak HTTP-framework.
+FRAMEWORK = ("fastapi", "starlette")
+FRAMEWORK_ALLOWED = ("app.api", "app.main")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(APP.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(APP.rglob("*.py"))}
+
+
+def imported(module: str, path: Path) -> Iterator[str]:
+    """Every module `module` imports, anywhere in the file (functions and TYPE_CHECKING too)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            assert node.level == 0, f"{module}: use absolute imports"
+            yield node.module
+            # `from app.api import handlers` imports the module app.api.handlers.
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def app_imports(module: str) -> set[str]:
+    return {name for name in imported(module, MODULES[module]) if name in MODULES} - {module}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_reader_sees_the_app() -> None:
+    assert "app.lifecycle.backend" in MODULES
+    assert "app.lifecycle.state" in app_imports("app.lifecycle.backend")
+
+
+def test_cycles_are_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_between_app_modules() -> None:
+    graph = {module: app_imports(module) for module in MODULES}
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_over_600_lines(module: str) -> None:
+    lines = len(MODULES[module].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: split it by concern"
+
+
+def test_few_modules_at_the_top_of_app() -> None:
+    top = sorted(p.name for p in APP.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} modules at app/ top level: {top}"
+
+
+def test_only_the_api_layer_imports_the_web_framework() -> None:
+    offenders = sorted(
+        f"{module} imports {name}"
+        for module, path in MODULES.items()
+        if not module.startswith(FRAMEWORK_ALLOWED)
+        for name in imported(module, path)
+        if name.split(".")[0] in FRAMEWORK
+    )
+    assert offenders == []
+
+
+# The planner is pure math: no I/O library, no file reading, nothing of the app but errors.
+IO_LIBRARIES = frozenset(
+    {"httpx", "aiohttp", "asyncio", "pynvml", "subprocess", "socket", "starlette", "fastapi",
+     "os", "shutil", "urllib.request", "yaml", "json", "pydantic", "pydantic_settings"}
+)  # fmt: skip
+PLANNER_MAY_IMPORT = ("app.planner", "app.errors")
+FILE_READING = frozenset({"open", "read_text", "read_bytes", "write_text", "write_bytes"})
+
+
+def planner_offences(module: str, path: Path) -> list[str]:
+    found = []
+    for name in imported(module, path):
+        top = name.split(".")[0]
+        if (
+            (top == "app" and not name.startswith(PLANNER_MAY_IMPORT))
+            or name in IO_LIBRARIES
+            or top in IO_LIBRARIES
+        ):
+            found.append(f"{module} imports {name}")
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            called = node.func
+            name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", "")
+            if name in FILE_READING:
+                found.append(f"{module} calls {name}() on line {node.lineno}")
+    return found
+
+
+def test_the_planner_check_catches_io(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import httpx\nfrom app.settings import Settings\nx = open('f').read()\n")
+    assert planner_offences("app.planner.bad", bad) == [
+        "app.planner.bad imports httpx",
+        "app.planner.bad imports app.settings",
+        "app.planner.bad imports app.settings.Settings",
+        "app.planner.bad calls open() on line 3",
+    ]
+
+
+def test_the_planner_is_pure() -> None:
+    planner = [m for m in MODULES if m == "app.planner" or m.startswith("app.planner.")]
+    assert len(planner) > 5
+    assert [o for m in planner for o in planner_offences(m, MODULES[m])] == []
