@@ -14,6 +14,7 @@ from app.api.deps import AdminDep, ServicesDep
 from app.api.views import (
     backend_view,
     backend_vram_view,
+    fallback_view,
     gpu_status_view,
     ready_view,
     yield_view,
@@ -80,6 +81,6 @@ async def status(services: ServicesDep) -> dict[str, Any]:
             "placed_mib": services.arbiter.placed_mib(),
         },
         "profile": {"active": services.profiles.active},
-        "fallback": services.cloud.describe(),
+        "fallback": fallback_view(services.cloud.status()),
         "events": services.events.recent(),
     }

@@ -18,6 +18,9 @@ from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.vram_yield import RestoreReport, YieldOutcome
 from app.lifecycle.zones import Zone
+from app.planner.footprint import Footprint
+from app.routing.circuit import CircuitSnapshot
+from app.routing.cloud import CloudStatus
 from app.routing.registry import Registry
 
 Json = dict[str, Any]
@@ -58,7 +61,7 @@ def backend_vram_view(backend: Backend, profile_mib: int | None) -> Json:
         "configured_mib": backend.config.vram_mib,
         "profile_mib": profile_mib,
         "admission_mib": backend.vram_mib,
-        "footprint": None if footprint is None else footprint.as_dict(),
+        "footprint": None if footprint is None else footprint_view(footprint),
         "measured_mib": backend.measured_mib,
     }
 
@@ -240,3 +243,68 @@ def model_list(registry: Registry, created: float) -> Json:
 
 def expires_in_s(expires_at: float | None) -> float | None:
     return None if expires_at is None else round(expires_at - time.time(), 1)
+
+
+def footprint_view(footprint: Footprint) -> Json:
+    """A planned footprint for `/status`: MiB rounded to whole numbers."""
+    data: Json = {"mib": footprint.mib, "source": footprint.source}
+    parts = footprint.parts
+    if parts is not None:
+        data.update(
+            weights_mib=round(parts.weights_bytes / MIB),
+            kv_cache_mib=round(parts.kv_cache_bytes / MIB),
+            kv_budget_mib=round(parts.kv_budget_bytes / MIB),
+            cuda_graphs_mib=round(parts.cuda_graphs_bytes / MIB),
+            overhead_mib=round(parts.overhead_bytes / MIB),
+            cuda_context_mib=round(parts.cuda_context_bytes / MIB),
+            gpu_memory_utilization=parts.gpu_memory_utilization,
+            kv_cache_memory_bytes=parts.kv_cache_memory_bytes,
+            fits_gpu=parts.fits_gpu,
+            problems=list(parts.problems),
+        )
+    return data
+
+
+def circuit_view(snap: CircuitSnapshot, wall_minus_clock: float) -> Json:
+    return {
+        "state": snap.state.value,
+        "failures": snap.consecutive_failures,
+        "open_until": None
+        if snap.open_until is None
+        else round(snap.open_until + wall_minus_clock, 3),
+        "retry_in_s": round(snap.retry_in_s, 3),
+        "last_reason": snap.last_reason,
+        "trial_in_flight": snap.trial_in_flight,
+    }
+
+
+def fallback_view(status: CloudStatus) -> Json:
+    """Providers, circuits and chains in `/status` (no key, only whether it is set)."""
+    return {
+        "providers": {
+            name: {
+                "kind": p.kind,
+                "base_url": p.base_url,
+                "model": p.model,
+                "api_key_env": p.api_key_env,
+                "key_present": p.key_present,
+                "active": p.active,
+            }
+            for name, p in status.providers.items()
+        },
+        "circuits": {
+            entry: circuit_view(snap, status.wall_minus_clock)
+            for entry, snap in status.circuits.items()
+        },
+        "chains": {
+            key: {
+                "entries": list(chain.entries),
+                "models": list(chain.models),
+                "on_context_length": chain.config.on_context_length,
+                "wake_timeout_s": chain.config.wake_timeout_s,
+                "deadline_s": chain.config.deadline_s,
+                "max_attempts": chain.config.max_attempts,
+            }
+            for key, chain in status.chains.items()
+        },
+    }

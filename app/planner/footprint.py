@@ -78,25 +78,6 @@ class Footprint:
     source: FootprintSource
     parts: PlannerParts | None = None  # only for source "planner"
 
-    def as_dict(self) -> dict[str, object]:
-        """JSON for /status: MiB rounded to whole numbers."""
-        data: dict[str, object] = {"mib": self.mib, "source": self.source}
-        parts = self.parts
-        if parts is not None:
-            data.update(
-                weights_mib=round(parts.weights_bytes / MIB),
-                kv_cache_mib=round(parts.kv_cache_bytes / MIB),
-                kv_budget_mib=round(parts.kv_budget_bytes / MIB),
-                cuda_graphs_mib=round(parts.cuda_graphs_bytes / MIB),
-                overhead_mib=round(parts.overhead_bytes / MIB),
-                cuda_context_mib=round(parts.cuda_context_bytes / MIB),
-                gpu_memory_utilization=parts.gpu_memory_utilization,
-                kv_cache_memory_bytes=parts.kv_cache_memory_bytes,
-                fits_gpu=parts.fits_gpu,
-                problems=list(parts.problems),
-            )
-        return data
-
 
 def instance_spec(
     planned: PlannedModel,

@@ -37,10 +37,9 @@ meanwhile (a trial's own success closed it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from math import ceil
-from typing import Any
 
 from app.routing.policy import FallbackReason, Verdict
 
@@ -92,11 +91,6 @@ class CircuitSnapshot:
     retry_in_s: float  # seconds until it may be tried again; 0 when it may be now
     last_reason: FallbackReason | None
     trial_in_flight: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["state"] = self.state.value
-        return data
 
 
 class Circuit:

@@ -8,7 +8,7 @@ request through its chain is `app.routing.chains.ChainCall`.
 Visibility: `microscheduler_fallbacks_total` counts every fallback; the log line and the
 `fallback` event (`on_event`, shown in `/status`) come at most every 30 s for the same
 chain, entries and reason, with the number left out. Circuits log and emit
-`circuit_open` / `circuit_closed` when they change. `describe()` is the `/status` view.
+`circuit_open` / `circuit_closed` when they change. `status()` is what `/status` shows.
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ from typing import Any, Final
 
 from app.lifecycle.backend import Backend
 from app.metrics import Metrics
-from app.routing.circuit import Circuit, CircuitConfig, Circuits, CircuitState, Permit
+from app.routing.circuit import (
+    Circuit,
+    CircuitConfig,
+    Circuits,
+    CircuitSnapshot,
+    CircuitState,
+    Permit,
+)
 from app.routing.fallback_metrics import FallbackMetrics
 from app.routing.policy import FallbackReason, PolicyConfig, Verdict
 from app.routing.registry import Registry
@@ -42,6 +49,31 @@ _STATIC_SKIPS: Final = frozenset({FallbackReason.NO_API_KEY, FallbackReason.UNSU
 # this often; the next one carries how many were left out. A long outage or VRAM yield
 # must not push everything else out of `/status`'s last 100 events.
 FALLBACK_EVENT_EVERY_S: Final = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderStatus:
+    kind: str
+    base_url: str
+    model: str
+    api_key_env: str | None
+    key_present: bool  # its key variable was set at start-up (or it needs none)
+    active: bool  # built and used by the chains
+
+
+@dataclass(frozen=True, slots=True)
+class ChainStatus:
+    entries: tuple[str, ...]
+    models: tuple[str, ...]  # the model names that use it
+    config: ChainConfig
+
+
+@dataclass(frozen=True, slots=True)
+class CloudStatus:
+    providers: dict[str, ProviderStatus]
+    circuits: dict[str, CircuitSnapshot]
+    chains: dict[str, ChainStatus]
+    wall_minus_clock: float  # add to a circuit's `open_until` for Unix time
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,45 +203,31 @@ class Cloud:
             logger.info("circuit closed entry=%s", circuit.entry)
             self.emit("circuit_closed", entry=circuit.entry)
 
-    def describe(self) -> dict[str, Any]:
-        """Providers, circuits and chains for `/status`. Holds no key, only whether it is set."""
-        now, wall = self.clock(), time.time()
+    def status(self) -> CloudStatus:
+        """Providers, circuits and chains for `/status` (`app.api.views.fallback_view`).
+        Holds no key, only whether it is set."""
+        now = self.clock()
         providers = {
-            name: {
-                "kind": cfg.kind,
-                "base_url": cfg.base_url,
-                "model": cfg.model,
-                "api_key_env": cfg.api_key_env,
-                "key_present": cfg.api_key_env is None or name not in self.missing_keys,
-                "active": name in self.providers,
-            }
+            name: ProviderStatus(
+                kind=cfg.kind,
+                base_url=cfg.base_url,
+                model=cfg.model,
+                api_key_env=cfg.api_key_env,
+                key_present=cfg.api_key_env is None or name not in self.missing_keys,
+                active=name in self.providers,
+            )
             for name, cfg in self.config.providers.items()
         }
-        circuits = {}
-        for entry, snap in self.circuits.snapshot(now).items():
-            circuits[entry] = {
-                "state": snap.state.value,
-                "failures": snap.consecutive_failures,
-                "open_until": None
-                if snap.open_until is None
-                else round(wall + snap.open_until - now, 3),
-                "retry_in_s": round(snap.retry_in_s, 3),
-                "last_reason": snap.last_reason,
-                "trial_in_flight": snap.trial_in_flight,
-            }
         chains = {
-            key: {
-                "entries": list(chain.entries),
-                "models": sorted(m for m, c in self.chain_by_model.items() if c.key == key),
-                "on_context_length": chain.config.on_context_length,
-                "wake_timeout_s": chain.config.wake_timeout_s,
-                "deadline_s": chain.config.deadline_s,
-                "max_attempts": chain.config.max_attempts,
-            }
+            key: ChainStatus(
+                entries=chain.entries,
+                models=tuple(sorted(m for m, c in self.chain_by_model.items() if c.key == key)),
+                config=chain.config,
+            )
             for key, chain in ((k, self.chains.get(k)) for k in self.config.chains)
             if chain is not None
         }
-        return {"providers": providers, "circuits": circuits, "chains": chains}
+        return CloudStatus(providers, self.circuits.snapshot(now), chains, time.time() - now)
 
     async def close(self) -> None:
         for provider in self.providers.values():
@@ -241,7 +259,7 @@ def build_cloud(
     """The `Cloud` of `settings.cloud_providers` (an empty one without the file).
 
     A provider whose `api_key_env` is unset or empty is left out with a warning; the
-    chains skip it (`no_api_key`) and `describe()` shows `key_present: false`."""
+    chains skip it (`no_api_key`) and `status()` shows `key_present: false`."""
     config = settings.cloud_providers or CloudConfig()
     environ = os.environ if environ is None else environ
     providers: dict[str, Provider] = {}

@@ -310,8 +310,8 @@ async def test_an_error_event_after_content_ends_in_band_and_asks_no_one_else(
             await read_all()
         assert "".join(received) == "Hello"
         assert (await w.local.stats())["requests"] == []
-        circuit = w.services.cloud.describe()["circuits"]["claude"]
-        assert (circuit["failures"], circuit["last_reason"]) == (1, "stream_error")
+        circuit = w.services.cloud.status().circuits["claude"]
+        assert (circuit.consecutive_failures, circuit.last_reason) == (1, "stream_error")
         outcome = w.gw.registry.get_sample_value(
             "microscheduler_provider_requests_total",
             {"provider": "claude", "outcome": "stream_error"},
@@ -364,7 +364,7 @@ async def test_anthropic_failures_fall_back(
         )
         assert raw.headers["x-microscheduler-fallbacks"] == f"1; claude={reason}"
         if reason == "rate_limited":
-            assert 18 < cloud.describe()["circuits"]["claude"]["retry_in_s"] <= 20
+            assert 18 < cloud.status().circuits["claude"].retry_in_s <= 20
 
 
 async def test_a_too_long_prompt_is_relayed_or_falls_back_as_the_chain_says(

@@ -64,12 +64,12 @@ async def test_a_circuit_opens_skips_half_opens_and_closes(
         assert w.cloud.calls == 2
 
         clock.offset += 11  # past the cooldown: one trial may go
-        assert w.services.cloud.describe()["circuits"]["cloud"]["state"] == "half_open"
+        assert w.services.cloud.status().circuits["cloud"].state == "half_open"
         assert gauge(w, "cloud") == 0
         response = await ask(w.gw, stream=True)
         assert response.headers["x-microscheduler-route"] == "cloud"
         assert w.cloud.calls == 3
-        assert w.services.cloud.describe()["circuits"]["cloud"]["state"] == "closed"
+        assert w.services.cloud.status().circuits["cloud"].state == "closed"
         assert [e["entry"] for e in events_of(w, "circuit_closed")] == ["cloud"]
 
 
@@ -83,9 +83,9 @@ async def test_a_failed_trial_opens_the_circuit_again_for_longer(
         clock.offset += 11
         response = await ask(w.gw, stream=False)
         assert response.headers["x-microscheduler-fallbacks"] == "1; cloud=http_5xx"
-        circuit = w.services.cloud.describe()["circuits"]["cloud"]
-        assert circuit["state"] == "open"
-        assert 18 < circuit["retry_in_s"] <= 20  # 10 s doubled after a failed trial
+        circuit = w.services.cloud.status().circuits["cloud"]
+        assert circuit.state == "open"
+        assert 18 < circuit.retry_in_s <= 20  # 10 s doubled after a failed trial
 
 
 async def test_one_trial_at_a_time_while_half_open(
@@ -165,7 +165,7 @@ async def test_one_deadline_for_the_whole_chain(
             {"entry": "reasoning", "reason": "deadline_unreached"},
         ]
         # The deadline cut the wait short: not the provider's failure.
-        assert w.services.cloud.describe()["circuits"]["cloud"]["failures"] == 0
+        assert w.services.cloud.status().circuits["cloud"].consecutive_failures == 0
         assert (await w.local.stats())["requests"] == []
 
 

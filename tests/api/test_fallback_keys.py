@@ -1,5 +1,5 @@
 """Provider keys: read from the variables the config names, sent only to their provider,
-never logged, never in `/status`, `/metrics`, `describe()` or an error body, even when a
+never logged, never in `/status`, `/metrics`, `Cloud.status()` or an error body, even when a
 provider echoes the key it got in its own error."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.api.views import fallback_view
 from app.lifecycle.blocks import BlockKind
 from app.services import Services
 from tests.fakes.provider import cloud_settings, fake_anthropic, fake_openai_provider
@@ -68,9 +69,9 @@ async def test_keys_appear_in_no_log_status_metrics_or_error_body(
             assert status.status_code == 200
             assert status.json()["fallback"]["providers"]["cloud"]["key_present"] is True
             texts.append(status.text)
-            texts.append(json.dumps(services.cloud.describe()))
-            texts.append(repr(services.cloud.describe()))
-            assert services.cloud.describe()["providers"]["cloud"]["key_present"] is True
+            texts.append(json.dumps(fallback_view(services.cloud.status())))
+            texts.append(repr(services.cloud.status()))
+            assert services.cloud.status().providers["cloud"].key_present is True
     texts += [caplog.text, *(record.getMessage() for record in caplog.records)]
     for text in texts:
         assert LEAK not in text
@@ -104,10 +105,10 @@ async def test_a_provider_whose_key_is_unset_is_skipped_with_a_warning(
                 response = await gw.client.post("/v1/chat/completions", json=CHAT)
                 assert response.status_code == 200
                 assert response.headers["x-microscheduler-fallbacks"] == "1; cloud=no_api_key"
-                described = services.cloud.describe()["providers"]["cloud"]
-                assert described["key_present"] is False
-                assert described["active"] is False
-                assert described["api_key_env"] == "UNSET_CLOUD_KEY"
+                described = services.cloud.status().providers["cloud"]
+                assert described.key_present is False
+                assert described.active is False
+                assert described.api_key_env == "UNSET_CLOUD_KEY"
                 assert cloud.calls == 0
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert any(

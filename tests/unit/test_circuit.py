@@ -295,15 +295,15 @@ def test_circuits_are_per_entry_with_overrides() -> None:
     open_circuit(circuits.get("deepseek"), 10.0)
     snap = circuits.snapshot(20.0)
     assert list(snap) == ["anthropic", "deepseek", "reasoning"]
-    assert snap["deepseek"].as_dict() == {
-        "entry": "deepseek",
-        "state": "open",
-        "consecutive_failures": 3,
-        "open_until": 40.0,
-        "retry_in_s": 20.0,
-        "last_reason": "http_5xx",
-        "trial_in_flight": False,
-    }
+    assert snap["deepseek"] == CircuitSnapshot(
+        entry="deepseek",
+        state=CircuitState.OPEN,
+        consecutive_failures=3,
+        open_until=40.0,
+        retry_in_s=20.0,
+        last_reason=R.HTTP_5XX,
+        trial_in_flight=False,
+    )
     assert snap["reasoning"].state is CircuitState.CLOSED
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from app.api.views import footprint_view
 from app.planner.description import resolve
 from app.planner.footprint import Footprint, backend_instance, planned_footprint_mib
 from app.planner.units import MIB
@@ -70,7 +71,7 @@ def test_the_14b_example_by_hand_on_a_48_gib_gpu() -> None:
     assert parts.kv_cache_bytes / MIB == pytest.approx(34_406.4 - WEIGHTS_MIB - 1024)
     assert parts.fits_gpu is True
     assert parts.problems == ()
-    assert footprint.as_dict() == {
+    assert footprint_view(footprint) == {
         "mib": ON_48_GIB_MIB,
         "source": "planner",
         "weights_mib": 27_237,
