@@ -32,10 +32,47 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 
+class ErrorCode(StrEnum):
+    """Every `error.code` the gateway itself writes (a relayed upstream error keeps its own;
+    an unexpected Starlette HTTP error is `http_<status>`). Closed: the README's error
+    table lists these."""
+
+    INTERNAL_ERROR = "internal_error"
+    INVALID_JSON = "invalid_json"
+    INVALID_TYPE = "invalid_type"
+    INVALID_VALUE = "invalid_value"
+    UNSUPPORTED_VALUE = "unsupported_value"
+    REQUEST_TOO_LARGE = "request_too_large"
+    INVALID_API_KEY = "invalid_api_key"
+    PERMISSION_DENIED = "permission_denied"
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    BACKEND_NOT_FOUND = "backend_not_found"
+    ZONE_NOT_FOUND = "zone_not_found"
+    PROFILE_NOT_FOUND = "profile_not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    BACKEND_STARTING = "backend_starting"
+    BACKEND_STOPPED = "backend_stopped"
+    BACKEND_FAILED = "backend_failed"
+    BACKEND_BLOCKED = "backend_blocked"
+    BACKEND_YIELDED = "backend_yielded"
+    BACKEND_DISABLED = "backend_disabled"
+    BACKEND_NO_VRAM = "backend_no_vram"
+    BACKEND_QUEUE_FULL = "backend_queue_full"
+    BACKEND_RUNTIME = "backend_runtime"
+    BACKEND_WAKE_TIMEOUT = "backend_wake_timeout"
+    ALL_ENTRIES_COOLING = "all_entries_cooling"
+    FALLBACK_EXHAUSTED = "fallback_exhausted"
+    FALLBACK_DEADLINE = "fallback_deadline"
+
+
 class GatewayError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
-    default_code: ClassVar[str | None] = "internal_error"
+    default_code: ClassVar[ErrorCode | None] = ErrorCode.INTERNAL_ERROR
 
     def __init__(
         self,
@@ -66,7 +103,7 @@ class GatewayError(Exception):
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
-    default_code: ClassVar[str | None] = None
+    default_code: ClassVar[ErrorCode | None] = None
 
     @classmethod
     def wrong_type(cls, param: str, wanted: str, value: object) -> InvalidRequest:
@@ -74,19 +111,19 @@ class InvalidRequest(GatewayError):
         return cls(
             f"Invalid type for '{param}': expected {wanted}, but got {json_type_name(value)}.",
             param=param,
-            code="invalid_type",
+            code=ErrorCode.INVALID_TYPE,
         )
 
 
 class PayloadTooLarge(InvalidRequest):
     status = 413
-    default_code = "request_too_large"
+    default_code = ErrorCode.REQUEST_TOO_LARGE
 
 
 class AuthenticationFailed(GatewayError):
     status = 401
     type = "invalid_request_error"
-    default_code = "invalid_api_key"
+    default_code = ErrorCode.INVALID_API_KEY
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"www-authenticate": "Bearer"})
@@ -95,13 +132,13 @@ class AuthenticationFailed(GatewayError):
 class PermissionDenied(GatewayError):
     status = 403
     type = "invalid_request_error"
-    default_code = "permission_denied"
+    default_code = ErrorCode.PERMISSION_DENIED
 
 
 class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
-    default_code = "model_not_found"
+    default_code = ErrorCode.MODEL_NOT_FOUND
 
     def __init__(self, model: str) -> None:
         super().__init__(
@@ -114,19 +151,19 @@ class ModelNotFound(GatewayError):
 class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
-    default_code = "not_found"
+    default_code = ErrorCode.NOT_FOUND
 
 
 class MethodNotAllowed(GatewayError):
     status = 405
     type = "invalid_request_error"
-    default_code = "method_not_allowed"
+    default_code = ErrorCode.METHOD_NOT_ALLOWED
 
 
 class Conflict(GatewayError):
     status = 409
     type = "invalid_request_error"
-    default_code = "conflict"
+    default_code = ErrorCode.CONFLICT
 
 
 class UpstreamError(GatewayError):
@@ -148,12 +185,12 @@ class UpstreamError(GatewayError):
 
 class UpstreamUnavailable(UpstreamError):
     status = 503
-    default_code = "upstream_unavailable"
+    default_code = ErrorCode.UPSTREAM_UNAVAILABLE
 
 
 class UpstreamTimeout(UpstreamError):
     status = 504
-    default_code = "upstream_timeout"
+    default_code = ErrorCode.UPSTREAM_TIMEOUT
 
 
 class UnavailableKind(StrEnum):
@@ -187,7 +224,7 @@ class WakeTimeout(UpstreamTimeout):
         super().__init__(
             message,
             kind="wake_timeout",
-            code="backend_wake_timeout",
+            code=ErrorCode.BACKEND_WAKE_TIMEOUT,
             headers={"retry-after": str(retry_after_s)},
         )
 
@@ -206,7 +243,7 @@ class AllEntriesCooling(_ChainError, UpstreamUnavailable):
     """Every entry of a fallback chain is skipped (open circuits, no key); `Retry-After`
     says when the first may be tried again."""
 
-    default_code = "all_entries_cooling"
+    default_code = ErrorCode.ALL_ENTRIES_COOLING
 
     def __init__(
         self, message: str, *, tried: list[tuple[str, str]], retry_after_s: int | None,
@@ -223,7 +260,7 @@ class AllEntriesCooling(_ChainError, UpstreamUnavailable):
 class FallbackExhausted(_ChainError, UpstreamUnavailable):
     """Every entry of a fallback chain was tried (or skipped) and none could answer."""
 
-    default_code = "fallback_exhausted"
+    default_code = ErrorCode.FALLBACK_EXHAUSTED
 
     def __init__(
         self, message: str, *, tried: list[tuple[str, str]], retry_after_s: int | None = None,
@@ -240,7 +277,7 @@ class FallbackExhausted(_ChainError, UpstreamUnavailable):
 class FallbackDeadline(_ChainError, UpstreamTimeout):
     """The chain's `deadline_s` passed before any entry answered."""
 
-    default_code = "fallback_deadline"
+    default_code = ErrorCode.FALLBACK_DEADLINE
 
     def __init__(
         self, message: str, *, tried: list[tuple[str, str]], headers: dict[str, str] | None = None

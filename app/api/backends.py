@@ -13,7 +13,7 @@ from fastapi import APIRouter
 
 from app.api.deps import AdminDep, ServicesDep
 from app.api.views import backend_view
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, ErrorCode, NotFound
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import StopReason
 from app.services import Services
@@ -26,7 +26,7 @@ def _backend(services: Services, name: str) -> Backend:
     if backend is None:
         raise NotFound(
             f"no backend named {name!r} (configured: {', '.join(services.backends)})",
-            code="backend_not_found",
+            code=ErrorCode.BACKEND_NOT_FOUND,
         )
     return backend
 

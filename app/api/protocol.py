@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app.errors import InvalidRequest
+from app.errors import ErrorCode, InvalidRequest
 from app.routing.registry import Route
 
 
@@ -49,10 +49,10 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
             else ""
         )
         raise InvalidRequest(
-            f"The request body is not valid JSON{detail}.", code="invalid_json"
+            f"The request body is not valid JSON{detail}.", code=ErrorCode.INVALID_JSON
         ) from None
     if not isinstance(payload, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
     model = payload.get("model")
     if model is None:
         raise InvalidRequest("You must provide a model parameter.", param="model")

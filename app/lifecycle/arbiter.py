@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from app.errors import Conflict, InvalidRequest, NotFound
+from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.backend import AdmissionRefused, Backend
@@ -364,7 +364,7 @@ class VramArbiter:
     def release_zone(self, name: str) -> Zone:
         zone = self.zones.get(name)
         if zone is None:
-            raise NotFound(f"no VRAM zone {name!r} is held", code="zone_not_found")
+            raise NotFound(f"no VRAM zone {name!r} is held", code=ErrorCode.ZONE_NOT_FOUND)
         self._drop([zone], "released")
         return zone
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from app.errors import BackendUnavailable, NotFound
+from app.errors import BackendUnavailable, ErrorCode, NotFound
 from app.events import EventLog
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
@@ -138,13 +138,13 @@ class ProfileSwitch:
         if self.profiles is None:
             raise NotFound(
                 "no GPU profiles are configured (add gpu_profiles.yaml to the config directory)",
-                code="profile_not_found",
+                code=ErrorCode.PROFILE_NOT_FOUND,
             )
         new = self.profiles.profiles.get(name)
         if new is None:
             raise NotFound(
                 f"no GPU profile {name!r} (profiles: {', '.join(self.profiles.profiles)})",
-                code="profile_not_found",
+                code=ErrorCode.PROFILE_NOT_FOUND,
             )
         async with self._lock:
             previous = self.active

@@ -33,7 +33,7 @@ import json
 import re
 from typing import Any, Final
 
-from app.errors import InvalidRequest, json_type_name
+from app.errors import ErrorCode, InvalidRequest, json_type_name
 
 Json = dict[str, Any]
 
@@ -417,11 +417,11 @@ def _required_str(obj: Json, key: str, param: str, *, allow_empty: bool = False)
 
 
 def _invalid(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(message, param=param, code="invalid_value")
+    return InvalidRequest(message, param=param, code=ErrorCode.INVALID_VALUE)
 
 
 def _unsupported(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(message, param=param, code="unsupported_value")
+    return InvalidRequest(message, param=param, code=ErrorCode.UNSUPPORTED_VALUE)
 
 
 def _unsupported_part(part: object, param: str) -> InvalidRequest:
