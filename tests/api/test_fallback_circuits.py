@@ -15,6 +15,7 @@ import pytest
 
 from app.lifecycle.blocks import BlockKind
 from tests.api.test_fallback_triggers import CLOUD_MODEL, LOCAL_MODEL, World, ask, world
+from tests.fakes.waits import until
 
 CIRCUIT = {"failure_threshold": 2, "cooldown_s": 10, "backoff": 2}
 
@@ -98,8 +99,7 @@ async def test_one_trial_at_a_time_while_half_open(
         clock.offset += 11
         await w.cloud.set_faults(ttft=0.5)  # the trial takes a while
         trial = asyncio.create_task(ask(w.gw, stream=False))
-        while w.cloud.calls < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: w.cloud.calls == 3, what="the trial to reach the provider")
         other = await ask(w.gw, stream=False)
         assert other.headers["x-microscheduler-fallbacks"] == "1; cloud=trial_in_flight"
         assert (await trial).headers["x-microscheduler-route"] == "cloud"

@@ -14,7 +14,8 @@ from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig
 from tests.fakes.processes import free_port
-from tests.fakes.servers import FakeVllmRuntime, Gateway, gateway, gateway_settings
+from tests.fakes.servers import FakeVllmRuntime, Gateway, gateway, gateway_settings, until_backend
+from tests.fakes.waits import until
 
 CHAT = {"model": "lazy-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -63,16 +64,6 @@ async def backend_state(gw: Gateway, name: str) -> dict[str, Any]:
     return next(v for v in views if v["name"] == name)
 
 
-async def settled_state(gw: Gateway, name: str, state: str) -> dict[str, Any]:
-    """The backend's view once it is in `state`, or its last view after ~5 s (bounded)."""
-    for _ in range(100):
-        view = await backend_state(gw, name)
-        if view["state"] == state:
-            return view
-        await asyncio.sleep(0.05)
-    return view
-
-
 async def hold_zone_across_a_restart(port: int, tmp_path: Path) -> dict[str, dict[str, Any]]:
     """A first gateway wakes the lazy backend, then a zone evicts it; returns the config."""
     backends = {"lazy": lazy(port)}
@@ -93,10 +84,10 @@ async def test_a_cold_request_wakes_a_lazy_backend_and_is_answered(tmp_path: Pat
         assert (await backend_state(gw, "lazy"))["state"] == "stopped"
         assert runtime.starts == 0  # lazy: nothing started with the gateway
         request = asyncio.create_task(gw.client.post("/v1/chat/completions", json=CHAT))
-        await asyncio.sleep(0.3)
-        view = await backend_state(gw, "lazy")
+        view = await until_backend(gw, "lazy", waiting=1)
         assert view["state"] == "starting"
         assert view["waiting"] == 1
+        await asyncio.sleep(0.3)  # the port stays closed this long: last_start_s measures it
         runtime.listening.set()
         response = await request
         assert response.status_code == 200
@@ -120,7 +111,8 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
     ) as gw:
 
         async def open_later() -> None:
-            await asyncio.sleep(0.35)
+            await until_backend(gw, "lazy", waiting=1)  # the request is held
+            await asyncio.sleep(0.35)  # the thing under test: wake_notice_s passes 3 times
             runtime.listening.set()
 
         opener = asyncio.create_task(open_later())
@@ -165,7 +157,8 @@ async def test_an_upstream_error_after_the_wake_comments_is_sent_in_band(
     ) as gw:
 
         async def open_later() -> None:
-            await asyncio.sleep(0.25)  # long enough for at least one wake comment
+            await until_backend(gw, "lazy", waiting=1)  # the request is held
+            await asyncio.sleep(0.25)  # the thing under test: at least one wake comment
             runtime.listening.set()
 
         opener = asyncio.create_task(open_later())
@@ -308,7 +301,7 @@ async def test_an_idle_lazy_backend_is_stopped_after_its_ttl(tmp_path: Path) -> 
         {"lazy": lazy(port, idle_ttl_s=0.3)}, {"lazy": runtime}, tmp_path, reaper_interval_s=0.05
     ) as gw:
         assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-        view = await settled_state(gw, "lazy", "stopped")
+        view = await until_backend(gw, "lazy", state="stopped")
         assert view["state"] == "stopped"
         assert "idle" in view["reason"]
         assert runtime.stops == 1
@@ -381,7 +374,7 @@ async def test_a_running_lazy_backend_is_adopted_at_start_up(tmp_path: Path) -> 
     await runtime.start()  # it outlived an earlier gateway
     try:
         async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
-            view = await settled_state(gw, "lazy", "ready")
+            view = await until_backend(gw, "lazy", state="ready")
             assert view["state"] == "ready"
             assert view["holds_vram"] is True
             assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
@@ -398,12 +391,10 @@ async def test_a_running_backend_that_a_saved_zone_blocks_is_stopped_at_start_up
     second = {"lazy": FakeVllmRuntime(port, models=["lazy-model"])}
     await second["lazy"].start()  # someone started it by hand while the gateway was down
     async with lifecycle_gateway(backends, second, tmp_path) as gw:
-        for _ in range(100):  # it starts out stopped: wait for the adoption's stop itself
-            if second["lazy"].stops:
-                break
-            await asyncio.sleep(0.02)
+        # It starts out stopped: wait for the adoption's stop itself.
+        await until(lambda: second["lazy"].stops, what="the adoption to stop it")
         assert second["lazy"].stops == 1
-        view = await settled_state(gw, "lazy", "stopped")
+        view = await until_backend(gw, "lazy", state="stopped")
         assert view["state"] == "stopped"
         assert view["blocked_by"] != []
         blocked = await gw.client.post("/v1/chat/completions", json=CHAT)

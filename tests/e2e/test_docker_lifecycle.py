@@ -34,8 +34,8 @@ from tests.fakes.processes import (
     free_port,
     gateway_process,
     port_is_open,
-    wait_until,
 )
+from tests.fakes.waits import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +86,7 @@ def running_gateway(config: dict[str, Any]) -> Iterator[GatewayProcess]:
             """the gateway negotiated the Docker API version"""
             return "docker api negotiated" in gw.log()
 
-        wait_until(negotiated, timeout_s=10)
+        until_sync(negotiated, timeout_s=10)
         yield gw
 
 
@@ -311,7 +311,7 @@ def test_admin_stop_during_a_stream_lets_the_stream_finish(
                 info = backend_info(gw, "paced")
                 return bool(info["state"] == "stopping" and info["in_flight"] == 1)
 
-            wait_until(draining, timeout_s=5)
+            until_sync(draining, timeout_s=5)
             assert "[DONE]" not in events  # the stop waits for the stream ...
             assert state(docker_engine, name)["Status"] == "running"  # ... before stopping
 
@@ -350,7 +350,7 @@ def test_idle_backend_is_stopped_and_wakes_again(
             """the engine shows the idle container exited"""
             return bool(state(docker_engine, name)["Status"] == "exited")
 
-        wait_until(exited, timeout_s=15)
+        until_sync(exited, timeout_s=15)
         assert time.monotonic() - answered >= 0.9  # idle_ttl_s, less clock slack
         info = backend_info(gw, "idle")
         assert info["state"] == "stopped", info
@@ -463,7 +463,7 @@ def test_proxy_without_start_permission_gives_a_clear_error(
                     for line in proxy.log().splitlines()
                 )
 
-            wait_until(logged, timeout_s=5)
+            until_sync(logged, timeout_s=5)
 
 
 # --- 7. the proxy is down ----------------------------------------------------------------------
@@ -507,10 +507,9 @@ def test_proxy_down_gives_503_and_the_gateway_recovers_when_it_returns(
             except openai.APIStatusError as exc:
                 if exc.code != "backend_failed":
                     pytest.fail(f"unexpected error while waiting for the restart: {exc.body}")
-                time.sleep(0.25)
                 return None
 
-        reply = wait_until(served, timeout_s=RESTART_BACKOFF_S + 15)
+        reply = until_sync(served, timeout_s=RESTART_BACKOFF_S + 15, interval_s=0.25)
         assert reply.choices[0].message.content
         assert time.monotonic() - failed_at >= RESTART_BACKOFF_S
         assert state(docker_engine, name)["Status"] == "running"

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from tests.fakes import docker_env
-from tests.fakes.processes import free_port, port_is_open, wait_for, wait_until
+from tests.fakes.processes import free_port, port_is_open, wait_for
+from tests.fakes.waits import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +107,7 @@ def test_start_and_stop_pass_and_the_fake_vllm_serves_in_between(
     assert proxy.post(f"{v}/containers/{name}/start").status_code == 304  # already running
     try:
         wait_for(f"http://127.0.0.1:{port}/health", timeout_s=20)
-    except TimeoutError:
+    except AssertionError:
         logs = docker_env.container_logs(docker_engine, name)
         pytest.fail(f"the fake vLLM never answered /health:\n{logs}")
     state = proxy.get(f"{v}/containers/{name}/json").json()["State"]
@@ -227,7 +228,7 @@ def test_the_log_names_requests_but_never_bodies(
         log = docker_proxy.log()
         return '"POST /containers/create HTTP/1.1"' in log and '"GET /_ping HTTP/1.1"' in log
 
-    wait_until(logged, timeout_s=5)
+    until_sync(logged, timeout_s=5)
     assert secret not in docker_proxy.log()
 
 

@@ -20,9 +20,9 @@ from tests.fakes.processes import (
     fake_vllm_process,
     free_port,
     gateway_process,
-    wait_until,
 )
 from tests.fakes.promtool import check_metrics
+from tests.fakes.waits import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -220,7 +220,7 @@ def test_client_disconnect_mid_stream_reaches_the_upstream(
         lines = resp.iter_lines()
         assert next(lines).startswith("data: ")
     # The client has closed the connection: the fake upstream must see its request aborted.
-    wait_until(lambda: fake_stats(upstreams.paced)["aborted"] == before + 1, timeout_s=5)
+    until_sync(lambda: fake_stats(upstreams.paced)["aborted"] == before + 1, timeout_s=5)
     assert fake_stats(upstreams.paced)["in_flight"] == 0
 
 
@@ -235,7 +235,7 @@ def test_client_disconnect_before_the_first_byte_reaches_the_upstream(
             headers={"authorization": f"Bearer {KEY}"},
             timeout=httpx.Timeout(5, read=0.5),
         )
-    wait_until(lambda: fake_stats(upstreams.slow)["aborted"] == before + 1, timeout_s=5)
+    until_sync(lambda: fake_stats(upstreams.slow)["aborted"] == before + 1, timeout_s=5)
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'backend="slow",endpoint="chat_completions",model="slow-model",status="499"' in metrics
 
@@ -256,7 +256,7 @@ def test_metrics_pass_promtool(gw: GatewayProcess, client: openai.OpenAI) -> Non
 
 
 def test_ready_reports_every_backend(gw: GatewayProcess) -> None:
-    wait_until(lambda: httpx.get(gw.url + "/ready").json()["backends"]["dead"]["healthy"] is False)
+    until_sync(lambda: httpx.get(gw.url + "/ready").json()["backends"]["dead"]["healthy"] is False)
     # One backend is down, so the gateway is not ready, and says which and why.
     response = httpx.get(gw.url + "/ready")
     assert response.status_code == 503

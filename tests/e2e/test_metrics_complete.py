@@ -8,7 +8,6 @@ yield taken and restored and a GPU profile active.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from app.settings.profiles import GpuProfilesConfig
 from tests.e2e.conftest import require_tool
 from tests.fakes.promtool import check_metrics
 from tests.fakes.servers import fake_vllm, gateway, gateway_settings
+from tests.fakes.waits import until
 
 GIB = 1024**3
 FAMILIES = (
@@ -103,12 +103,16 @@ async def test_a_scrape_with_every_family_passes_promtool() -> None:
             assert (await gw.client.post("/v1/chat/completions", json=chat)).status_code == 200
             assert (await gw.client.post("/vram/yield", json={})).status_code == 200
             assert (await gw.client.post("/vram/restore")).status_code == 200
-            text = ""
-            for _ in range(100):  # until the vLLM scrape and the GPU poll have run
+
+            async def scraped() -> str | None:
                 text = (await gw.client.get("/metrics")).text
-                if 'microscheduler_backend_metrics_up{backend="local"} 1.0' in text:
-                    break
-                await asyncio.sleep(0.05)
+                return (
+                    text
+                    if 'microscheduler_backend_metrics_up{backend="local"} 1.0' in text
+                    else None
+                )
+
+            text = await until(scraped, what="the vLLM scrape and the GPU poll to have run")
     families = {f.name for f in text_string_to_metric_families(text)}
     missing = [name for name in FAMILIES if name not in families]
     assert missing == []

@@ -18,8 +18,8 @@ from tests.fakes.processes import (
     gateway_process,
     port_is_open,
     stop,
-    wait_until,
 )
+from tests.fakes.waits import until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +97,7 @@ def test_a_command_that_exits_is_reported_with_its_exit_code(tmp_path: Path) -> 
         }
     }
     with gateway_process(config) as gw:
-        backend = wait_until(lambda: failed_backend(gw, "broken"))
+        backend = until_sync(lambda: failed_backend(gw, "broken"))
         assert backend["state"] == "failed"
         assert backend["reason"] == "exited with code 3 before it was ready"
         response = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": []})
@@ -116,7 +116,7 @@ def test_a_missing_command_is_a_clear_failure() -> None:
         }
     }
     with gateway_process(config) as gw:
-        backend = wait_until(lambda: failed_backend(gw, "missing"))
+        backend = until_sync(lambda: failed_backend(gw, "missing"))
     assert backend["reason"] == (
         "backends.missing.runtime.command: cannot run '/nonexistent/vllm': "
         "No such file or directory"

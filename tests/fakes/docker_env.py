@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ import httpx
 import pytest
 
 from tests.fakes.processes import ROOT, free_port
+from tests.fakes.waits import until_sync
 
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 TEST_LABEL = "microscheduler.test"  # every container made here carries TEST_LABEL=1
@@ -406,14 +406,18 @@ class DockerProxy:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + timeout_s
-        while not _accepts(self.port):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"haproxy did not listen within {timeout_s}s:\n{self.log()}")
-            time.sleep(0.02)
+        proc = self.proc
+
+        def listening() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited with {proc.returncode}:\n{self.log()}")
+            return _accepts(self.port)
+
+        try:
+            until_sync(listening, timeout_s=timeout_s, interval_s=0.02, what="haproxy to listen")
+        except AssertionError:
+            self.stop()
+            raise
 
     def stop(self, *, timeout_s: float = 5.0) -> None:
         """SIGTERM (haproxy's hard stop: open streams are cut), SIGKILL after `timeout_s`."""

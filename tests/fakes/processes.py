@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import yaml
+
+from tests.fakes.waits import until_sync
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,32 +36,21 @@ def port_is_open(port: int) -> bool:
 
 
 def wait_for(url: str, *, timeout_s: float, status: int = 200, proc: Any = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
+    """Until `url` answers `status`; fails at once if `proc` exits first."""
+    last: list[str] = ["no answer"]
+
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
         try:
             response = httpx.get(url, timeout=1)
-            if response.status_code == status:
-                return
-            last = f"status {response.status_code}"
         except httpx.HTTPError as exc:
-            last = type(exc).__name__
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer {status} within {timeout_s}s (last: {last})")
+            last[0] = type(exc).__name__
+            return False
+        last[0] = f"status {response.status_code}"
+        return response.status_code == status
 
-
-def wait_until(check: Callable[[], T | None], *, timeout_s: float = 10) -> T:
-    """Poll `check` until it returns something truthy; fail with a clear message otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s: {check.__doc__ or check}")
-        time.sleep(0.05)
+    until_sync(answers, timeout_s=timeout_s, what=lambda: f"{url} to answer {status} ({last[0]})")
 
 
 def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 15) -> int:

@@ -19,6 +19,7 @@ from app.runtimes.base import RuntimeStatus
 from app.services import Seams
 from app.settings import Settings
 from app.sim.vllm import FAKE_VLLM_KEY, FakeConfig, build_app
+from tests.fakes.waits import until
 
 
 @dataclass
@@ -157,12 +158,12 @@ def chat(model: str, **fields: Any) -> dict[str, Any]:
 
 
 async def until_backend(gw: Gateway, name: str, **expected: Any) -> dict[str, Any]:
-    """The backend's `/backends` view once its fields equal `expected` (bounded: ~5 s)."""
-    view: dict[str, Any] = {}
-    for _ in range(100):
+    """The backend's `/backends` view once its fields equal `expected`."""
+    seen: dict[str, Any] = {}
+
+    async def matches() -> dict[str, Any] | None:
         response = await gw.client.get("/backends")
-        view = next(v for v in response.json()["backends"] if v["name"] == name)
-        if all(view[key] == value for key, value in expected.items()):
-            return view
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"backend {name} never had {expected}: {view}")
+        seen.update(next(v for v in response.json()["backends"] if v["name"] == name))
+        return dict(seen) if all(seen[k] == v for k, v in expected.items()) else None
+
+    return await until(matches, what=lambda: f"backend {name} to have {expected}: {seen}")

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.gpu.ledger import ledger_entries, read_ledger
 from app.sim.vllm import FakeConfig, FakeVllmServer, parse_args
 from app.sim.vram import asleep_mib
+from tests.fakes.waits import until
 
 MODELS = ["m1", "m2"]
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "alpha beta gamma"}]}
@@ -50,15 +51,6 @@ async def client(server: FakeVllmServer) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    """Poll ``check`` until true, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        await asyncio.sleep(0.01)
-
-
 async def stats(client: httpx.AsyncClient) -> dict[str, Any]:
     resp = await client.get("/_fake/stats")
     assert resp.status_code == 200
@@ -71,7 +63,7 @@ async def stat_is(client: httpx.AsyncClient, key: str, value: int) -> None:
         current: int = (await stats(client))[key]
         return current == value
 
-    await eventually(check)
+    await until(check)
 
 
 async def metric(client: httpx.AsyncClient, name: str, **labels: str) -> float:
@@ -273,7 +265,7 @@ async def test_metrics(make_server: ServerFactory) -> None:
         async def saturated() -> bool:
             return await metric(client, "vllm:num_requests_waiting") == 1
 
-        await eventually(saturated)
+        await until(saturated)
         assert await metric(client, "vllm:num_requests_running") == 2
         assert await metric(client, "vllm:kv_cache_usage_perc") == 1.0
         for task in tasks:
@@ -542,7 +534,7 @@ async def _ledger_is(directory: Path, expected: dict[int, int]) -> None:
     async def check() -> bool:
         return _ledger(directory) == expected
 
-    await eventually(check)
+    await until(check)
     assert _ledger(directory) == expected
 
 
@@ -641,7 +633,7 @@ async def test_process_reports_footprint_through_sleep_wake_and_sigterm(
             [later] = ledger_entries(tmp_path, now=time.time())
             return later.updated_at > awake.updated_at and later.mib == 1000
 
-        await eventually(heartbeat_seen, timeout=5)
+        await until(heartbeat_seen, timeout_s=5)
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(5):
             assert await proc.wait() == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,6 +26,7 @@ from app.settings import BackendConfig, ProcessRuntimeConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
 from tests.fakes.runtimes import FakeRuntime
+from tests.fakes.waits import until
 
 TOTAL_MIB = 24000
 T = TypeVar("T")
@@ -166,14 +167,6 @@ async def settle(rounds: int = 100) -> None:
     """Let every runnable task run as far as it can without anything from outside."""
     for _ in range(rounds):
         await asyncio.sleep(0)
-
-
-async def until(condition: Callable[[], bool], rounds: int = 1000) -> None:
-    for _ in range(rounds):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
 
 
 async def within(awaitable: Awaitable[T], seconds: float = 5.0) -> T:
@@ -356,7 +349,8 @@ async def test_a_start_waits_for_a_stop_in_progress_instead_of_refusing(rig: Rig
     requester = rig.add("requester", vram_mib=16000, priority=50)
 
     acquiring = asyncio.create_task(requester.acquire())
-    await asyncio.sleep(0.05)
+    await until(lambda: requester.waiting == 1, what="the request to be held")
+    await settle()
     assert not acquiring.done()  # waiting for the stop, neither refused nor started
     assert rig.runtimes["requester"].starts == 0
     rig.runtimes["going"].stop_gate.set()

@@ -18,6 +18,7 @@ from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
+from tests.fakes.waits import until
 
 
 class GatedRuntime:
@@ -111,7 +112,7 @@ async def test_fifty_concurrent_requests_to_a_stopped_backend_make_exactly_one_s
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY)
     callers = [asyncio.create_task(backend.acquire()) for _ in range(50)]
-    await asyncio.sleep(0.01)  # every caller reaches the shared start
+    await until(lambda: backend.waiting == 50, what="every caller held by the shared start")
     assert backend.state is BackendState.STARTING
     assert backend.waiting == 50
     runtime.gate.set()
@@ -130,7 +131,7 @@ async def test_cancelling_the_first_waiter_does_not_cancel_the_start() -> None:
     backend = make_backend(runtime, **LAZY)
     first = asyncio.create_task(backend.acquire())
     second = asyncio.create_task(backend.acquire())
-    await asyncio.sleep(0.01)
+    await until(lambda: backend.waiting == 2, what="both callers held")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -147,7 +148,7 @@ async def test_requests_beyond_max_waiting_get_503_with_retry_after() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY, max_waiting=2)
     held = [asyncio.create_task(backend.acquire()) for _ in range(2)]
-    await asyncio.sleep(0.01)
+    await until(lambda: backend.waiting == 2, what="max_waiting callers held")
     with pytest.raises(BackendUnavailable) as info:
         await backend.acquire()
     assert info.value.kind == "queue_full"
@@ -192,7 +193,7 @@ async def test_a_server_that_exits_while_starting_fails_its_waiters_with_the_cod
     runtime.gate.set()
     refuse_health = make_backend(runtime, lambda r: httpx.Response(503), **LAZY)
     waiter = asyncio.create_task(refuse_health.acquire())
-    await asyncio.sleep(0.01)
+    await until(lambda: runtime.starts == 1 and refuse_health.waiting == 1, what="the start")
     runtime.code = 3
     with pytest.raises(BackendUnavailable) as info:
         await waiter
@@ -270,7 +271,7 @@ async def test_stop_during_start_ends_stopped_and_fails_the_waiters() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY)
     waiter = asyncio.create_task(backend.acquire())
-    await asyncio.sleep(0.01)
+    await until(lambda: backend.waiting == 1, what="the caller held by the start")
     await backend.stop(StopReason.ADMIN)
     assert backend.state is BackendState.STOPPED
     assert runtime.stops == 1
@@ -285,7 +286,7 @@ async def test_stop_drains_leases_before_stopping_the_runtime() -> None:
     backend = await ready_backend(runtime, metrics=metrics, **LAZY)
     lease = await backend.acquire()
     stopping = asyncio.create_task(backend.stop(StopReason.ADMIN))
-    await asyncio.sleep(0.01)
+    await until(lambda: backend.state is BackendState.STOPPING, what="the stop to begin")
     assert backend.state is BackendState.STOPPING
     assert runtime.stops == 0  # the stream in flight finishes first
     lease.release()
@@ -324,9 +325,9 @@ async def test_a_request_arriving_during_a_stop_waits_for_it_then_starts_again()
     backend = await ready_backend(runtime, **LAZY)
     in_flight = await backend.acquire()
     stopping = asyncio.create_task(backend.stop(StopReason.IDLE))
-    await asyncio.sleep(0.01)
+    await until(lambda: backend.state is BackendState.STOPPING, what="the stop to begin")
     arriving = asyncio.create_task(backend.acquire())
-    await asyncio.sleep(0.01)
+    await until(lambda: backend.waiting == 1, what="the arriving request held")
     assert not arriving.done()  # it neither got the stopping backend nor an error
     in_flight.release()
     await stopping
@@ -382,11 +383,11 @@ async def test_the_watch_restarts_a_failed_pinned_backend_after_its_backoff() ->
     assert backend.state is BackendState.FAILED
     await backend.watch()  # within the backoff: nothing
     assert runtime.starts == 1
-    await asyncio.sleep(0.06)
+    await asyncio.sleep(0.06)  # the thing under test: the 0.05 s backoff passes
     runtime.code = None
     await backend.watch()
-    await asyncio.sleep(0.01)  # the restart runs as the backend's own task
-    assert runtime.starts == 2
+    # The restart runs as the backend's own task.
+    await until(lambda: runtime.starts == 2, what="the restart")
     assert state_of(backend) is BackendState.READY
 
 
@@ -420,7 +421,7 @@ async def test_lazy_backends_are_not_restarted_by_the_watch() -> None:
     backend = await ready_backend(runtime, restart_backoff_s=0.01, **LAZY)
     runtime.code = 1
     await backend.watch()
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # past the 0.01 s backoff: a pinned backend would restart now
     await backend.watch()
     assert runtime.starts == 1
     assert backend.state is BackendState.FAILED

@@ -13,6 +13,7 @@ class GatedReceive:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.error: Exception | None = None
+        self.watching = asyncio.Event()  # the relay under test set its watch up
 
     async def __call__(self) -> Message:
         await self.gate.wait()
@@ -25,6 +26,7 @@ async def relay_until_cancelled(receive: GatedReceive, *, stop_first: bool = Fal
     watch = _DisconnectWatch(receive)
     if stop_first:
         watch.stop()
+    receive.watching.set()
     try:
         await asyncio.wait_for(asyncio.Event().wait(), 0.2)  # stands in for the upstream wait
     except asyncio.CancelledError:
@@ -41,7 +43,7 @@ async def relay_until_cancelled(receive: GatedReceive, *, stop_first: bool = Fal
 async def test_a_disconnect_cancels_the_relaying_task() -> None:
     receive = GatedReceive()
     task = asyncio.create_task(relay_until_cancelled(receive))
-    await asyncio.sleep(0)
+    await receive.watching.wait()
     receive.gate.set()
     assert await task == "cancelled by the watch"
     assert task.cancelling() == 0  # the cancellation was absorbed, nothing leaks upward
@@ -51,7 +53,7 @@ async def test_a_failing_receive_counts_as_a_disconnect() -> None:
     receive = GatedReceive()
     receive.error = OSError("connection lost")
     task = asyncio.create_task(relay_until_cancelled(receive))
-    await asyncio.sleep(0)
+    await receive.watching.wait()
     receive.gate.set()
     assert await task == "cancelled by the watch"
 
@@ -59,6 +61,6 @@ async def test_a_failing_receive_counts_as_a_disconnect() -> None:
 async def test_a_stopped_watch_never_cancels() -> None:
     receive = GatedReceive()
     task = asyncio.create_task(relay_until_cancelled(receive, stop_first=True))
-    await asyncio.sleep(0)
+    await receive.watching.wait()
     receive.gate.set()
     assert await task == "not cancelled"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.gpu.ledger import LedgerEntry, LedgerWriter, ledger_entries, read_ledger
+from tests.fakes.waits import until_sync
 
 # A second process that reports 700 MiB on GPU 0 until its stdin closes (or it is killed).
 _CHILD = """
@@ -131,10 +132,8 @@ def test_sigkilled_process_is_ignored_though_its_file_stays(
 def test_unreaped_zombie_is_ignored(tmp_path: Path, child: subprocess.Popen[str]) -> None:
     os.kill(child.pid, signal.SIGKILL)
     # Not reaped yet: os.kill(pid, 0) still succeeds on the zombie.
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
-        assert time.monotonic() < deadline, "child did not become a zombie"
-        time.sleep(0.01)
+    stat = Path(f"/proc/{child.pid}/stat")
+    until_sync(lambda: stat.read_text().rpartition(")")[2].split()[0] == "Z", what="a zombie")
     os.kill(child.pid, 0)
     assert read_ledger(tmp_path, now=_now()) == {}
 

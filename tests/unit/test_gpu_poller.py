@@ -15,6 +15,7 @@ from app.api.views import gpu_status_view
 from app.gpu.poller import GpuMonitor
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import MIB, GpuProcess, GpuSnapshot, GpuSource, GpuStats, ProbeError
+from tests.fakes.waits import until
 
 GIB = 1024 * MIB
 HANG_TIMEOUT_S = 0.05
@@ -316,8 +317,7 @@ async def test_a_slow_older_sample_does_not_replace_a_newer_one() -> None:
     await source.called.wait()
     source.used_gib = 9
     fast = asyncio.create_task(monitor.read())
-    while len(source.gates) < 2:
-        await asyncio.sleep(0)
+    await until(lambda: len(source.gates) == 2, what="the second read to reach the source")
     source.gates[1].set()
     await fast
     source.gates[0].set()

@@ -23,6 +23,7 @@ from app.gpu.collector import GpuCollector
 from app.gpu.nvml import NvmlApi, NvmlSource
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import MIB, ProbeError
+from tests.fakes.waits import until
 
 GIB = 1024 * MIB
 TIMEOUT_S = 0.3  # a hung call is detected after this
@@ -190,10 +191,7 @@ async def make_source() -> AsyncIterator[Callable[[FakeNvml], NvmlSource]]:
 
 
 async def _until_idle(source: NvmlSource) -> None:
-    deadline = time.monotonic() + 5
-    while source.blocked_s() is not None:
-        assert time.monotonic() < deadline, "the NVML worker never finished its call"
-        await asyncio.sleep(0.01)
+    await until(lambda: source.blocked_s() is None, what="the NVML worker to finish its call")
 
 
 async def test_reads_every_field_of_every_gpu(
