@@ -27,31 +27,6 @@ SHAPE_KEYS = ("layers", "kv_heads", "head_dim", "kv_lora_rank", "rope_head_dim")
 
 
 @dataclass(frozen=True)
-class _NoDescription:
-    """`hf_config:` without `model_info:`: every serving flag at its default."""
-
-    catalog: str | None = None
-    layers: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    kv_lora_rank: int | None = None
-    rope_head_dim: int | None = None
-    params_b: float | None = None
-    weights_gib: float | None = None
-    weights_dtype: str | None = None
-    repo: str | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    kv_dtype: str = "auto"
-    cuda_graphs: bool = True
-    graphs_gib: float = DEFAULT_GRAPHS_GIB
-    overhead_gib: float = DEFAULT_OVERHEAD_GIB
-    cuda_context_gib: float = DEFAULT_CUDA_CONTEXT_GIB
-    gpu_memory_utilization: float | None = None
-    shape_given: bool = False
-
-
-@dataclass(frozen=True)
 class PlannedModel:
     """A backend's model and serving flags, resolved and checked: what the footprint needs."""
 
@@ -127,9 +102,11 @@ def resolve(info: ModelDescription | None, hf: DescribedFile | None) -> PlannedM
     Errors start with the key they are about (`model_info.params_b: ...`). Pure and cheap:
     `hf_config` was read when the configuration was loaded.
     """
-    if info is None and hf is None:
-        return None
-    info = info if info is not None else _NoDescription()
+    if info is None:
+        if hf is None:
+            return None
+        # The settings layer gives `hf_config:` alone every `model_info:` default.
+        raise ValueError("model_info: is required next to hf_config")
     model, source = _model(info, hf)
     weight_bytes, weights_source = _weights(info, model)
     try:

@@ -5,7 +5,7 @@ how it yields, its timeouts and its model description.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -137,6 +137,14 @@ class BackendConfig(StrictConfig):
             if not name.strip():
                 raise ValueError("names must be non-empty strings")
         return names
+
+    @model_validator(mode="before")
+    @classmethod
+    def _described_by_a_file(cls, data: Any) -> Any:
+        """`hf_config:` alone describes the model with every `model_info:` default."""
+        if isinstance(data, dict) and data.get("hf_config") and data.get("model_info") is None:
+            return {**data, "model_info": {}}
+        return data
 
     @model_validator(mode="after")
     def _lifecycle(self) -> BackendConfig:
