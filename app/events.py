@@ -1,25 +1,86 @@
 """The last events of the control plane (state changes, evictions, yields, profile
-switches, fallbacks), kept in memory for `GET /status`. Not a log: bounded, newest last.
+switches, fallbacks), kept in memory for `GET /status`, and the change notices behind
+`GET /status/stream`. Not a log: bounded, newest last.
 
 Fields come from the gateway (backend names, reasons it wrote), never request bodies or
 secrets.
+
+Streams subscribe (`subscribe()`); `record()` queues the event for each subscriber and
+`changed()` marks their view stale (in-flight counts, a GPU sample). Both are synchronous
+and O(subscribers): the gateway never waits for a client. A subscriber's queue is
+bounded; one that falls `max_queued` events behind is dropped (its stream ends) rather
+than buffered without end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from typing import Any, Final
 
 MAX_EVENTS: Final = 100
+MAX_QUEUED: Final = 256
+
+
+class Subscription:
+    """One stream's view of the log: the events it has not sent yet, and whether the
+    state it shows is stale."""
+
+    def __init__(self, log: EventLog, max_queued: int) -> None:
+        self._log = log
+        self.max_queued = max_queued
+        self.events: deque[dict[str, Any]] = deque()
+        self.stale = False
+        self.dropped = False
+        self.wake = asyncio.Event()
+
+    def take(self) -> list[dict[str, Any]]:
+        """The queued events, oldest first; clears the queue and the stale mark."""
+        events = list(self.events)
+        self.events.clear()
+        self.stale = False
+        self.wake.clear()
+        return events
+
+    def close(self) -> None:
+        self._log._subscribers.discard(self)
 
 
 class EventLog:
     def __init__(self, maxlen: int = MAX_EVENTS) -> None:
         self._events: deque[dict[str, Any]] = deque(maxlen=maxlen)
+        self._subscribers: set[Subscription] = set()
+        self._seq = 0
 
     def record(self, kind: str, **fields: Any) -> None:
-        self._events.append({"at": round(time.time(), 3), "kind": kind, **fields})
+        self._seq += 1
+        event = {"seq": self._seq, "at": round(time.time(), 3), "kind": kind, **fields}
+        self._events.append(event)
+        for sub in tuple(self._subscribers):
+            if len(sub.events) >= sub.max_queued:
+                sub.dropped = True
+                sub.close()
+            else:
+                sub.events.append(event)
+                sub.stale = True
+            sub.wake.set()
+
+    def changed(self) -> None:
+        """Something `/status` shows changed without an event (counts, a GPU sample)."""
+        for sub in self._subscribers:
+            if not sub.stale:
+                sub.stale = True
+                sub.wake.set()
+
+    def subscribe(self, max_queued: int = MAX_QUEUED) -> Subscription:
+        sub = Subscription(self, max_queued)
+        self._subscribers.add(sub)
+        return sub
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
 
     def recent(self) -> list[dict[str, Any]]:
         return list(self._events)

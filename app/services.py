@@ -85,7 +85,10 @@ class Services:
             metrics.registry.register(GpuCollector(self.gpu_monitor))
         store = StateStore(settings.state_dir)
         self.arbiter = VramArbiter(
-            self.gpu_monitor, store, reclaim_timeout_s=settings.gpu.reclaim_timeout_s
+            self.gpu_monitor,
+            store,
+            reclaim_timeout_s=settings.gpu.reclaim_timeout_s,
+            events=self.events,
         )
         runtime_factory = seams.runtime_factory or self._build_runtime
         self.backends = {
@@ -168,7 +171,10 @@ class Services:
         else:
             return None
         return GpuMonitor(
-            source, poll_interval_s=gpu.poll_interval_s, stale_after_s=gpu.stale_after_s
+            source,
+            poll_interval_s=gpu.poll_interval_s,
+            stale_after_s=gpu.stale_after_s,
+            on_sample=self.events.changed,
         )
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:

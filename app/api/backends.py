@@ -60,3 +60,21 @@ async def stop_backend(name: str, services: ServicesDep) -> dict[str, Any]:
         )
     await backend.stop(StopReason.ADMIN)
     return backend_view(backend)
+
+
+@router.post("/backends/{name}/sleep")
+async def sleep_backend(name: str, services: ServicesDep) -> dict[str, Any]:
+    """Drains, then puts the server to sleep (vLLM sleep mode, its `yield.level`): the
+    process stays and wakes in seconds. For backends with `yield.method: sleep`; a server
+    that turns out not to offer sleep mode is stopped instead (the answer's state says)."""
+    backend = _backend(services, name)
+    if not backend.runtime.managed:
+        raise Conflict(
+            f"backend {name!r} is not managed by the gateway ({backend.runtime.describe()})"
+        )
+    if backend.yield_method != "sleep":
+        raise Conflict(
+            f"backend {name!r} does not use sleep mode (yield.method: {backend.yield_method})"
+        )
+    await backend.sleep(StopReason.ADMIN, level=backend.config.yield_.level)
+    return backend_view(backend)

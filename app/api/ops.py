@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter
@@ -11,15 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from app.api.deps import AdminDep, ServicesDep
-from app.api.views import (
-    backend_view,
-    backend_vram_view,
-    fallback_view,
-    gpu_status_view,
-    ready_view,
-    yield_view,
-    zone_view,
-)
+from app.api.views import ready_view, status_view
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["ops"])
@@ -58,29 +49,4 @@ async def status(services: ServicesDep) -> dict[str, Any]:
     flight, waiting, what blocks them), holds (zones, the yield), the active profile,
     the fallback chains, and the last 100 events. Reads state only: it never calls NVML
     or a backend."""
-    profile = services.profiles.profile
-    monitor = services.gpu_monitor
-    gpu = gpu_status_view(None if monitor is None else monitor.status())
-    totals = {g["index"]: g["total_mib"] for g in gpu["gpus"]}
-    backends = []
-    for name, backend in services.backends.items():
-        planned = None
-        if profile is not None:
-            planned = profile.planned_mib(name, totals.get(backend.config.gpus[0]))
-        backends.append({**backend_view(backend), "vram": backend_vram_view(backend, planned)})
-    return {
-        "gateway": {
-            "started_at": services.started_at,
-            "uptime_s": round(time.time() - services.started_at, 1),
-        },
-        "gpu": gpu,
-        "backends": backends,
-        "holds": {
-            "yield": yield_view(services.vram_yield.current),
-            "zones": [zone_view(z) for z in services.arbiter.zones.values() if z.kind == "zone"],
-            "placed_mib": services.arbiter.placed_mib(),
-        },
-        "profile": {"active": services.profiles.active},
-        "fallback": fallback_view(services.cloud.status()),
-        "events": services.events.recent(),
-    }
+    return status_view(services)

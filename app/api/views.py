@@ -22,6 +22,7 @@ from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
 from app.routing.registry import Registry
+from app.services import Services
 
 Json = dict[str, Any]
 
@@ -307,4 +308,35 @@ def fallback_view(status: CloudStatus) -> Json:
             }
             for key, chain in status.chains.items()
         },
+    }
+
+
+def status_view(services: Services) -> Json:
+    """`GET /status`, and the snapshot `/status/stream` starts with. Reads state only:
+    never NVML or a backend."""
+    profile = services.profiles.profile
+    monitor = services.gpu_monitor
+    gpu = gpu_status_view(None if monitor is None else monitor.status())
+    totals = {g["index"]: g["total_mib"] for g in gpu["gpus"]}
+    backends = []
+    for name, backend in services.backends.items():
+        planned = None
+        if profile is not None:
+            planned = profile.planned_mib(name, totals.get(backend.config.gpus[0]))
+        backends.append({**backend_view(backend), "vram": backend_vram_view(backend, planned)})
+    return {
+        "gateway": {
+            "started_at": services.started_at,
+            "uptime_s": round(time.time() - services.started_at, 1),
+        },
+        "gpu": gpu,
+        "backends": backends,
+        "holds": {
+            "yield": yield_view(services.vram_yield.current),
+            "zones": [zone_view(z) for z in services.arbiter.zones.values() if z.kind == "zone"],
+            "placed_mib": services.arbiter.placed_mib(),
+        },
+        "profile": {"active": services.profiles.active},
+        "fallback": fallback_view(services.cloud.status()),
+        "events": services.events.recent(),
     }

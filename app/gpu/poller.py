@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.gpu.telemetry import GpuSnapshot, GpuSource, ProbeError
@@ -41,10 +42,18 @@ class GpuStatus:
 class GpuMonitor:
     """The last good sample of a `GpuSource` and the health of that source."""
 
-    def __init__(self, source: GpuSource, *, poll_interval_s: float, stale_after_s: float) -> None:
+    def __init__(
+        self,
+        source: GpuSource,
+        *,
+        poll_interval_s: float,
+        stale_after_s: float,
+        on_sample: Callable[[], None] | None = None,
+    ) -> None:
         self.source = source
         self.name = source.name
         self._poll_interval_s = poll_interval_s
+        self._on_sample = on_sample
         self._stale_after_s = stale_after_s
         self.snapshot: GpuSnapshot | None = None  # last good sample (immutable)
         self.up = False  # the last sample succeeded
@@ -110,6 +119,8 @@ class GpuMonitor:
         """The poll loop; runs until cancelled."""
         while True:
             await self.poll_once()
+            if self._on_sample is not None:
+                self._on_sample()  # a new sample (or a failure) for the live status
             await asyncio.sleep(self._poll_interval_s)
 
     async def close(self) -> None:

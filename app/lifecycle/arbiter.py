@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
+from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.backend import AdmissionRefused, Backend
@@ -49,10 +50,16 @@ class ZoneGrant:
 
 class VramArbiter:
     def __init__(
-        self, gpus: GpuMonitor | None, store: StateStore, *, reclaim_timeout_s: float
+        self,
+        gpus: GpuMonitor | None,
+        store: StateStore,
+        *,
+        reclaim_timeout_s: float,
+        events: EventLog | None = None,
     ) -> None:
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed)."""
         self._gpus = gpus
+        self._events = events
         self.probe_name = "none" if gpus is None else gpus.name
         self._store = store
         self._reclaim_timeout_s = reclaim_timeout_s
@@ -359,6 +366,10 @@ class VramArbiter:
                 gpu,
                 ",".join(stopped) or "-",
             )
+            if self._events is not None:
+                self._events.record(
+                    "zone_granted", zone=name, holder=holder, mib=mib, gpu=gpu, stopped=stopped
+                )
             return ZoneGrant(zone, after - before, renewed=False)
 
     def release_zone(self, name: str) -> Zone:
@@ -385,6 +396,8 @@ class VramArbiter:
                 if backend is not None:
                     backend.unblock(zone.block_key)
             logger.info("zone %s zone=%s holder=%s", why, zone.name, zone.holder)
+            if self._events is not None and zone.kind == "zone":
+                self._events.record(f"zone_{why}", zone=zone.name, holder=zone.holder)
         self._save()
 
     def restore(self) -> list[Zone]:
@@ -431,6 +444,8 @@ class VramArbiter:
 
     def _save(self) -> None:
         self._store.update("zones", [z.to_json() for z in self.zones.values()])
+        if self._events is not None:
+            self._events.changed()  # zones and the yield are part of the live status
 
 
 class _NoRoom(Exception):

@@ -108,7 +108,7 @@ class Backend:
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
-        self._leases = Leases(name, metrics)
+        self._leases = Leases(name, metrics, None if events is None else events.changed)
         self.last_start_s: float | None = None
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
         self._blocks = Blocks()

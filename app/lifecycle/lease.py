@@ -35,7 +35,9 @@ class Lease:
 
 
 class Leases:
-    def __init__(self, backend: str, metrics: Metrics) -> None:
+    def __init__(
+        self, backend: str, metrics: Metrics, on_change: Callable[[], None] | None = None
+    ) -> None:
         self.in_flight = 0
         self.waiting = 0
         self.last_used = time.monotonic()  # when a request last began or ended
@@ -43,12 +45,15 @@ class Leases:
         self._drained.set()
         self._in_flight_gauge = metrics.in_flight.labels(backend)
         self._waiting_gauge = metrics.waiting.labels(backend)
+        self._on_change = on_change  # the counts changed (live status)
 
     def take(self) -> Lease:
         self.in_flight += 1
         self.last_used = time.monotonic()
         self._drained.clear()
         self._in_flight_gauge.inc()
+        if self._on_change is not None:
+            self._on_change()
         return Lease(self)
 
     def _give_back(self) -> None:
@@ -57,6 +62,8 @@ class Leases:
         self._in_flight_gauge.dec()
         if self.in_flight == 0:
             self._drained.set()
+        if self._on_change is not None:
+            self._on_change()
 
     def touch(self) -> None:
         """Count as used now (a backend that just became ready is not idle)."""
@@ -73,11 +80,15 @@ class Leases:
         """Count one request as waiting for the backend while the block runs."""
         self.waiting += 1
         self._waiting_gauge.inc()
+        if self._on_change is not None:
+            self._on_change()
         try:
             yield
         finally:
             self.waiting -= 1
             self._waiting_gauge.dec()
+            if self._on_change is not None:
+                self._on_change()
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no lease is held; False when `timeout_s` passed first."""

@@ -1,0 +1,79 @@
+"""`GET /status/stream` (admin): the live `/status` as server-sent events.
+
+First a `snapshot` event (the whole `/status` document), then on every change an event
+named for what changed: `backends`, `gpu`, `holds`, `profile`, `fallback` (the section,
+whole), and `event` (one new entry of the event log, with its `seq`). A comment
+`: keep-alive` comes every 15 s of quiet. State sections are pushed at most every
+`MIN_INTERVAL_S`: a burst of changes (requests starting and ending) becomes one push.
+
+The gateway never waits for a client: changes only mark the client's subscription
+(`app.events`); its own task builds and sends what changed. A client that stops reading
+while `MAX_QUEUED` events pile up is dropped: a last `dropped` event is attempted and the
+stream ends. Reconnecting starts again with a snapshot.
+
+    curl -N localhost:8080/status/stream
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from typing import Any, Final
+
+from fastapi import APIRouter
+from starlette.responses import StreamingResponse
+
+from app.api.deps import AdminDep, ServicesDep
+from app.api.views import status_view
+from app.events import Subscription
+from app.services import Services
+
+router = APIRouter(tags=["ops"])
+
+KEEPALIVE_S: Final = 15.0
+MIN_INTERVAL_S: Final = 0.1
+SECTIONS: Final = ("backends", "gpu", "holds", "profile", "fallback")
+
+
+@router.get("/status/stream", dependencies=[AdminDep])
+async def status_stream(services: ServicesDep) -> StreamingResponse:
+    subscription = services.events.subscribe()
+    return StreamingResponse(
+        _stream(services, subscription),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+def sse(event: str, data: Any) -> bytes:
+    payload = json.dumps(data, separators=(",", ":"), default=str)
+    return f"event: {event}\ndata: {payload}\n\n".encode()
+
+
+async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes, None]:
+    try:
+        status = status_view(services)
+        sub.take()  # the snapshot holds every event so far: send only later ones
+        sent = {section: status[section] for section in SECTIONS}
+        yield sse("snapshot", status)
+        while True:
+            try:
+                async with asyncio.timeout(KEEPALIVE_S):
+                    await sub.wake.wait()
+            except TimeoutError:
+                yield b": keep-alive\n\n"
+                continue
+            if sub.dropped:
+                yield sse("dropped", {"reason": "the client fell too far behind"})
+                return
+            for event in sub.take():
+                yield sse("event", event)
+            status = status_view(services)
+            for section in SECTIONS:
+                if status[section] != sent[section]:
+                    sent[section] = status[section]
+                    yield sse(section, status[section])
+            await asyncio.sleep(MIN_INTERVAL_S)
+    finally:
+        sub.close()

@@ -1,0 +1,57 @@
+"""The control page: `GET /ui` (and `/` redirects there), its script and stylesheet.
+
+Three files shipped in the package (`app/api/page/`), read once at import, served with
+no outside asset and no build step. The page holds no secret: what it shows comes from
+the admin endpoints (`/status/stream`, the actions), with the admin key the user types
+kept in the tab's sessionStorage, or from loopback when no admin key is set.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+_PAGE = files("app.api") / "page"
+_FILES: Final = {
+    "index.html": "text/html; charset=utf-8",
+    "page.js": "text/javascript; charset=utf-8",
+    "page.css": "text/css; charset=utf-8",
+}
+_BODIES: Final = {name: (_PAGE / name).read_bytes() for name in _FILES}
+# The page may only talk to this gateway, and nothing may frame it.
+_HEADERS: Final = {
+    "cache-control": "no-cache",
+    "content-security-policy": (
+        "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+}
+
+
+def _serve(name: str) -> Route:
+    body, media_type = _BODIES[name], _FILES[name]
+
+    async def handle(request: Request) -> Response:
+        return Response(body, media_type=media_type, headers=_HEADERS)
+
+    path = "/ui" if name == "index.html" else f"/ui/{name}"
+    return Route(path, handle, methods=["GET"], include_in_schema=False)
+
+
+async def _root(request: Request) -> Response:
+    return RedirectResponse("/ui", status_code=307)
+
+
+async def _no_icon(request: Request) -> Response:
+    return Response(status_code=204)  # browsers ask; a 404 would be a console error
+
+
+routes: list[BaseRoute] = [
+    Route("/", _root, methods=["GET"], include_in_schema=False),
+    Route("/favicon.ico", _no_icon, methods=["GET"], include_in_schema=False),
+    *(_serve(name) for name in _FILES),
+]

@@ -1,0 +1,179 @@
+"""`GET /status/stream`: a snapshot, then what changed; keep-alive; slow clients dropped.
+
+The in-process transport buffers whole responses, so these tests read the stream's
+generator itself (what the route returns); tests/e2e/test_control_page.py reads it
+through a real server and a browser.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+
+from app.api import stream
+from app.events import EventLog
+from app.services import Seams, Services
+from tests.fakes.processes import free_port
+from tests.fakes.servers import FakeVllmRuntime, gateway, gateway_settings, until_backend
+
+
+def parse(chunk: bytes) -> tuple[str, Any]:
+    """(event name, data) of one SSE message; ("comment", text) for a comment."""
+    text = chunk.decode()
+    if text.startswith(":"):
+        return "comment", text[1:].strip()
+    lines = dict(line.split(": ", 1) for line in text.strip().split("\n"))
+    return lines["event"], json.loads(lines["data"])
+
+
+async def next_event(messages: AsyncGenerator[bytes, None], *, skip: tuple[str, ...] = ()) -> Any:
+    while True:
+        name, data = parse(await anext(messages))
+        if name not in skip:
+            return name, data
+
+
+@pytest.fixture
+def fast_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream, "MIN_INTERVAL_S", 0.0)
+
+
+def services_of(gw: Any) -> Services:
+    services: Services = gw.app.state.services
+    return services
+
+
+async def test_a_snapshot_then_the_state_change_as_an_event_and_a_section(
+    fast_stream: None,
+) -> None:
+    port = free_port()
+    backends = {
+        "lazy": {
+            "url": f"http://127.0.0.1:{port}", "models": ["lazy-model"], "lifecycle": "lazy",
+            "vram_mib": 1000, "runtime": {"kind": "process", "command": ["unused"]},
+        }
+    }  # fmt: skip
+    runtime = FakeVllmRuntime(port, models=["lazy-model"])
+    settings = gateway_settings(backends)
+    async with gateway(settings, seams=Seams(runtime_factory=lambda n, c: runtime)) as gw:
+        services = services_of(gw)
+        sub = services.events.subscribe()
+        messages = stream._stream(services, sub)
+        name, snapshot = await next_event(messages)
+        assert name == "snapshot"
+        assert set(snapshot) >= {"gateway", "gpu", "backends", "holds", "profile", "events"}
+        assert snapshot["backends"][0]["state"] == "stopped"
+
+        started = await gw.client.post("/backends/lazy/start")
+        assert started.status_code == 200
+        name, event = await next_event(messages)
+        assert (name, event["kind"], event["state"]) == ("event", "backend_state", "starting")
+        seen: list[str] = []
+        while "ready" not in seen:  # the section follows the events that changed it
+            name, data = await next_event(messages, skip=("event",))
+            if name == "backends":
+                seen.append(data[0]["state"])
+        assert seen[-1] == "ready"
+        await messages.aclose()
+        assert services.events.subscribers == 0
+
+
+async def test_request_counts_push_the_backends_section_without_an_event(
+    fast_stream: None,
+) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["m"])
+    backends = {
+        "b": {"url": f"http://127.0.0.1:{port}", "models": ["m"],
+              "runtime": {"kind": "process", "command": ["unused"]}}
+    }  # fmt: skip
+    async with gateway(
+        gateway_settings(backends), seams=Seams(runtime_factory=lambda n, c: runtime)
+    ) as gw:
+        await until_backend(gw, "b", state="ready")
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        assert (await next_event(messages))[0] == "snapshot"
+        lease = await services.backends["b"].acquire()
+        name, data = await next_event(messages)
+        assert (name, data[0]["in_flight"]) == ("backends", 1)
+        lease.release()
+        name, data = await next_event(messages)
+        assert (name, data[0]["in_flight"]) == ("backends", 0)
+        await messages.aclose()
+
+
+async def test_quiet_streams_get_keep_alive_comments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream, "KEEPALIVE_S", 0.01)
+    port = free_port()
+    async with gateway(
+        gateway_settings({"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}})
+    ) as gw:
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        assert (await next_event(messages))[0] == "snapshot"
+        # Start-up may still be reported first; then nothing changes and the comment comes.
+        comment = await next_event(messages, skip=("event", "backends", "gpu", "holds"))
+        assert comment == ("comment", "keep-alive")
+        await messages.aclose()
+
+
+def test_a_subscriber_that_falls_behind_is_dropped_and_the_log_goes_on() -> None:
+    log = EventLog()
+    slow = log.subscribe(max_queued=3)
+    fresh = log.subscribe()
+    for n in range(5):
+        log.record("tick", n=n)
+    assert slow.dropped
+    assert log.subscribers == 1  # the slow one no longer buffers anything
+    assert [e["n"] for e in fresh.take()] == [0, 1, 2, 3, 4]
+    assert [e["seq"] for e in log.recent()] == [1, 2, 3, 4, 5]
+
+
+async def test_a_dropped_stream_says_so_and_ends(fast_stream: None) -> None:
+    port = free_port()
+    async with gateway(
+        gateway_settings({"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}})
+    ) as gw:
+        services = services_of(gw)
+        sub = services.events.subscribe(max_queued=2)
+        messages = stream._stream(services, sub)
+        assert (await next_event(messages))[0] == "snapshot"
+        for n in range(3):  # the client reads nothing meanwhile
+            services.events.record("tick", n=n)
+        assert await next_event(messages) == (
+            "dropped",
+            {"reason": "the client fell too far behind"},
+        )
+        with pytest.raises(StopAsyncIteration):
+            await anext(messages)
+
+
+async def test_the_stream_needs_the_admin_key() -> None:
+    port = free_port()
+    settings = gateway_settings(
+        {"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}}, admin_key="admin-secret"
+    )
+    async with gateway(settings) as gw:
+        refused = await gw.client.get("/status/stream")
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_the_page_is_served_and_the_root_leads_there() -> None:
+    port = free_port()
+    async with gateway(
+        gateway_settings({"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}})
+    ) as gw:
+        root = await gw.client.get("/", follow_redirects=False)
+        assert (root.status_code, root.headers["location"]) == (307, "/ui")
+        page = await gw.client.get("/ui")
+        assert page.headers["content-type"].startswith("text/html")
+        assert 'data-testid="events"' in page.text
+        script = await gw.client.get("/ui/page.js")
+        assert script.headers["content-type"].startswith("text/javascript")
+        assert "/status/stream" in script.text
+        assert (await gw.client.get("/favicon.ico")).status_code == 204
