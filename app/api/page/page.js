@@ -314,7 +314,8 @@ function renderBackends() {
 }
 
 function renderProfile() {
-  $("#profile-active").textContent = state.status.profile.active || "none";
+  const active = state.status.profile.active;
+  if (active || !$("#profile-select").hidden) $("#profile-active").textContent = active || "none";
 }
 
 function renderFallback() {
@@ -359,7 +360,10 @@ async function loadProfiles() {
     const body = await response.json();
     const select = $("#profile-select");
     select.replaceChildren(...(body.profiles || []).map((p) => el("option", { value: p.name, text: p.name })));
-    select.disabled = !select.options.length;
+    const none = !select.options.length;
+    select.hidden = none;
+    $('[data-action="activate-profile"]').hidden = none;
+    if (none) $("#profile-active").textContent = "none (no gpu_profiles.yaml)";
   } catch (_) { /* shown by the stream's state */ }
 }
 

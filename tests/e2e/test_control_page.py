@@ -1,0 +1,149 @@
+"""The control page in a real browser (Debian's chromium driven by Playwright) against a
+real gateway process and fake vLLM processes on a simulated GPU.
+
+It opens the page, checks states and VRAM segments, wakes a backend by a request from
+outside and sees the page change without a reload, presses stop, yield and restore, and
+fails on any error the page logs. A screenshot is kept in var/test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.processes import ROOT, GatewayProcess, free_port, gateway_process
+
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+
+
+def _require_browser() -> tuple[Any, str]:
+    """Playwright and a chromium: CI must have them (fail); elsewhere skip, saying why."""
+    in_ci = os.environ.get("MICROSCHEDULER_REQUIRE_SYSTEM_TOOLS") or os.environ.get("CI")
+    chromium = shutil.which("chromium")
+    sync_api: Any
+    try:
+        from playwright import sync_api
+    except ImportError:
+        sync_api = None
+    problem = None
+    if sync_api is None:
+        problem = "playwright is not installed (pip install -e '.[dev]')"
+    elif chromium is None:
+        problem = "chromium is not installed (Debian: apt-get install chromium)"
+    if problem is not None:
+        if in_ci:
+            pytest.fail(f"{problem}; .ci/run installs it on CI machines", pytrace=False)
+        pytest.skip(problem)
+    assert chromium is not None
+    return sync_api, chromium
+
+
+def fake(port: int, model: str, mib: int, ledger: Path) -> dict[str, Any]:
+    return {
+        "kind": "process",
+        "command": ["{python}", "-m", "app.sim.vllm", "--port", str(port), "--model", model,
+                    "--startup-delay", "0.5", "--vram-mib", str(mib),
+                    "--sim-gpu-dir", str(ledger)],
+    }  # fmt: skip
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    ledger = tmp_path / "ledger"
+    pinned, lazy = free_port(), free_port()
+    models = {
+        "gpu": {"probe": "sim", "poll_interval_s": 0.5,
+                "sim": {"total_mib": 24576, "ledger_dir": str(ledger)}},
+        "backends": {
+            "pinned": {"url": f"http://127.0.0.1:{pinned}", "models": ["pinned-model"],
+                       "priority": 90, "vram_mib": 8000,
+                       "runtime": fake(pinned, "pinned-model", 8000, ledger)},
+            "lazy": {"url": f"http://127.0.0.1:{lazy}", "models": ["lazy-model"],
+                     "lifecycle": "lazy", "vram_mib": 6000,
+                     "runtime": fake(lazy, "lazy-model", 6000, ledger)},
+        },
+    }  # fmt: skip
+    with gateway_process(models, wait_ready=True) as gw:
+        yield gw
+
+
+def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> None:
+    sync_api, chromium = _require_browser()
+    problems: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+        page.on(
+            "console",
+            lambda msg: (
+                problems.append(f"console {msg.type}: {msg.text}")
+                if msg.type in ("error", "warning")
+                else None
+            ),
+        )
+        expect = sync_api.expect
+        page.goto(gateway.url + "/")  # redirects to /ui
+        assert page.url.endswith("/ui")
+
+        pinned = page.locator('[data-testid="backend-pinned"]')
+        lazy = page.locator('[data-testid="backend-lazy"]')
+        gpu = page.locator('[data-testid="gpu-0"]')
+        expect(pinned.locator('[data-field="state"]')).to_have_text("ready")
+        expect(lazy.locator('[data-field="state"]')).to_have_text("stopped")
+        expect(gpu.locator('[data-segment="pinned"]')).to_have_count(1)
+        expect(gpu.locator('[data-segment="lazy"]')).to_have_count(0)
+
+        # A request from outside wakes the lazy backend: the page follows, no reload.
+        answer: dict[str, Any] = {}
+
+        def ask() -> None:
+            body = {"model": "lazy-model", "messages": [{"role": "user", "content": "hi"}]}
+            answer["status"] = httpx.post(
+                gateway.url + "/v1/chat/completions", json=body, timeout=30
+            ).status_code
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        expect(lazy.locator('[data-field="state"]')).to_have_text("ready", timeout=15_000)
+        asker.join(30)
+        assert answer == {"status": 200}
+        expect(gpu.locator('[data-segment="lazy"]')).to_have_count(1)
+        expect(page.locator('[data-testid="events"]')).to_contain_text("backend=lazy state=ready")
+
+        # Stop it from the page.
+        lazy.locator('[data-action="stop"]').click()
+        expect(lazy.locator('[data-field="state"]')).to_have_text("stopped", timeout=15_000)
+        expect(gpu.locator('[data-segment="lazy"]')).to_have_count(0)
+
+        # Yield the whole GPU (pinned included), then restore.
+        page.locator('[data-field="include-pinned"]').check()
+        page.locator('[data-action="yield"]').click()
+        expect(page.locator('[data-testid="yield-state"]')).to_contain_text(
+            "yielded", timeout=15_000
+        )
+        expect(pinned.locator('[data-field="state"]')).to_have_text("stopped")
+        expect(gpu.locator('[data-segment="pinned"]')).to_have_count(0)
+        # An action the gateway refuses is shown in words: the yield blocks the start.
+        pinned.locator('[data-action="start"]').click()
+        expect(page.locator('[data-testid="messages"]')).to_contain_text("blocked")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "control-page-yielded.png"), full_page=True)
+        page.locator('[data-action="restore"]').click()
+        expect(page.locator('[data-testid="yield-state"]')).not_to_contain_text("yielded")
+        expect(pinned.locator('[data-field="state"]')).to_have_text("ready", timeout=15_000)
+        expect(gpu.locator('[data-segment="pinned"]')).to_have_count(1)
+        page.screenshot(path=str(ARTIFACTS / "control-page.png"), full_page=True)
+        browser.close()
+    # Chromium logs every refused fetch; the one refusal provoked above is expected.
+    refused = "Failed to load resource: the server responded with a status of 409 (Conflict)"
+    assert problems.count(f"console error: {refused}") == 1, problems
+    unexpected = [p for p in problems if p != f"console error: {refused}"]
+    assert unexpected == [], "\n".join(unexpected)
