@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
+from app.api.protocol import json_object
 from app.services import Services
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def get_services(request: Request) -> Services:
@@ -24,3 +30,19 @@ def require_admin(request: Request, services: ServicesDep) -> None:
 
 
 AdminDep = Depends(require_admin)
+
+
+def json_body(model: type[M]) -> Callable[[Request], Awaitable[M | None]]:
+    """A dependency: the body as `model`, read as JSON whatever its content-type (so
+    `curl -d '{...}'` works as printed); None for an empty body."""
+
+    async def parse(request: Request) -> M | None:
+        raw = await request.body()
+        if not raw.strip():
+            return None
+        try:
+            return model.model_validate(json_object(raw))
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+
+    return parse

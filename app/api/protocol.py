@@ -39,7 +39,9 @@ class ParsedRequest:
     raw: bytes
 
 
-def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, whatever content-type the client labelled it with
+    (curl's `-d` says form); `invalid_json` otherwise."""
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -53,6 +55,11 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
         ) from None
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
+    return payload
+
+
+def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
+    payload = json_object(body)
     model = payload.get("model")
     if model is None:
         raise InvalidRequest("You must provide a model parameter.", param="model")

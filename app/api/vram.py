@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path
+from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from app.api.deps import AdminDep, ServicesDep
+from app.api.deps import AdminDep, ServicesDep, json_body
 from app.api.views import expires_in_s, restore_view, yield_outcome_view, yield_view, zone_view
-from app.errors import Conflict
+from app.errors import Conflict, InvalidRequest
 from app.gpu.telemetry import free_mib
 from app.lifecycle.vram_yield import YieldRequest
 from app.lifecycle.zones import YIELD_ZONE
@@ -77,7 +77,9 @@ async def list_zones(services: ServicesDep) -> dict[str, Any]:
 
 @router.post("/vram/zones/{zone}/acquire")
 async def acquire_zone(
-    zone: ZoneName, request: Annotated[ZoneRequest, Body()], services: ServicesDep
+    zone: ZoneName,
+    body: Annotated[ZoneRequest | None, Depends(json_body(ZoneRequest))],
+    services: ServicesDep,
 ) -> dict[str, Any]:
     """Evicts lazy backends until `mib` is free on the GPU, then holds it for `holder`.
 
@@ -85,6 +87,9 @@ async def acquire_zone(
     held by someone else or the memory cannot be freed (the message says what holds it).
     """
     _not_the_yield(zone)
+    if body is None:
+        raise InvalidRequest("The request body must be a JSON object with mib and holder.")
+    request = body
     grant = await services.arbiter.acquire_zone(
         zone,
         holder=request.holder,
@@ -129,7 +134,8 @@ async def yield_state(services: ServicesDep) -> dict[str, Any]:
 
 @router.post("/vram/yield")
 async def take_yield(
-    services: ServicesDep, request: Annotated[YieldBody | None, Body()] = None
+    services: ServicesDep,
+    request: Annotated[YieldBody | None, Depends(json_body(YieldBody))],
 ) -> dict[str, Any]:
     """Drains, then stops or puts to sleep the yieldable backends (lowest priority first)
     until `min_free_mib` is free, and holds the memory. `freed_mib` is measured. A second

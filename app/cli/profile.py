@@ -1,8 +1,7 @@
 """`microscheduler profile list | activate NAME`: the GPU profiles of a running gateway.
 
-Calls the gateway's admin API with httpx: `GET /profiles` and `POST /profiles/{name}/activate`,
-sending `Authorization: Bearer $MICROSCHEDULER_ADMIN_KEY` when that variable is set (without
-it the gateway accepts admin calls from loopback only). `--json` prints the gateway's answer.
+Calls the gateway's admin API (`app.cli.gateway`): `GET /profiles` and
+`POST /profiles/{name}/activate`. `--json` prints the gateway's answer.
 
 Exit codes (`app.cli.common`): 0 on success; 1 when the gateway answered with an error (its
 message is printed, e.g. an unknown profile); 3 when it cannot be reached (the URL and the
@@ -14,34 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from app.cli.common import FAILED, OK, UNREACHABLE, error
+from app.cli.gateway import (
+    GatewayRefused,
+    JsonDict,
+    Unreachable,
+    add_url_option,
+    call,
+    seconds,
+    url_of,
+)
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-ADMIN_KEY_ENV = "MICROSCHEDULER_ADMIN_KEY"
-CONNECT_TIMEOUT_S = 5.0
 # Activation drains, stops and starts backends before it answers: give it time.
 DEFAULT_TIMEOUT_S = 900.0
-
-JsonDict = dict[str, Any]
-
-
-class Unreachable(Exception):
-    """No HTTP answer from the gateway."""
-
-
-class GatewayRefused(Exception):
-    """The gateway answered with an error."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def add_profile_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,73 +53,15 @@ def add_profile_command(subparsers: argparse._SubParsersAction[argparse.Argument
     activate.set_defaults(func=run_activate)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the gateway (default {DEFAULT_URL})")
+    add_url_option(parser)
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
     )
     parser.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
-
-
-# --------------------------------------------------------------------------- HTTP
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    text = " ".join(response.text.split())[:200]
-    return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {text}" if text else "")
-
-
-def call(method: str, url: str, path: str, *, timeout: float) -> JsonDict:
-    """One admin call; `Unreachable` or `GatewayRefused` unless it answers a JSON object."""
-    headers = {"Accept": "application/json"}
-    key = os.environ.get(ADMIN_KEY_ENV, "").strip()
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    limits = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
-    try:
-        with httpx.Client(base_url=url, headers=headers, timeout=limits) as client:
-            response = client.request(method, path)
-    except httpx.TimeoutException as exc:
-        raise Unreachable(
-            f"no answer from the gateway at {url} within the timeout ({type(exc).__name__})"
-        ) from None
-    except (httpx.TransportError, httpx.InvalidURL) as exc:
-        detail = str(exc) or type(exc).__name__
-        raise Unreachable(f"cannot reach the gateway at {url}: {detail}") from None
-    if response.is_error:
-        message = _error_message(response)
-        if response.status_code in (401, 403) and not key:
-            message += f" (set {ADMIN_KEY_ENV} to the gateway's admin key)"
-        raise GatewayRefused(response.status_code, message)
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise GatewayRefused(
-            response.status_code, f"{method} {path}: the answer is not a JSON object"
-        )
-    return body
 
 
 def _run(
@@ -140,14 +69,14 @@ def _run(
 ) -> int:
     where = f"profile {args.profile_command}"
     try:
-        body = call(method, args.url, path, timeout=args.timeout)
+        body = call(method, url_of(args), path, timeout=args.timeout)
     except Unreachable as exc:
         error(where, str(exc))
         return UNREACHABLE
     except GatewayRefused as exc:
         error(where, f"{exc} (HTTP {exc.status})")
         return FAILED
-    print(json.dumps(body) if args.json else render(body, args.url))
+    print(json.dumps(body) if args.json else render(body, url_of(args)))
     return OK
 
 

@@ -1,0 +1,148 @@
+"""The CLI's client of a running gateway's admin API (`profile`, `yield`, `restore`,
+`status`): where it is, the admin key, one call, and how its failures read.
+
+`--url` defaults to `$MICROSCHEDULER_URL`, then http://127.0.0.1:8080. The admin key comes
+from `$MICROSCHEDULER_ADMIN_KEY` (sent as a bearer token); without it the gateway accepts
+admin calls from loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterator
+from typing import Any, Final
+
+import httpx
+
+FALLBACK_URL: Final = "http://127.0.0.1:8080"
+URL_ENV: Final = "MICROSCHEDULER_URL"
+ADMIN_KEY_ENV: Final = "MICROSCHEDULER_ADMIN_KEY"
+CONNECT_TIMEOUT_S: Final = 5.0
+
+JsonDict = dict[str, Any]
+
+
+class Unreachable(Exception):
+    """No HTTP answer from the gateway (exit 3)."""
+
+
+class GatewayRefused(Exception):
+    """The gateway answered with an error (exit 1)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def default_url() -> str:
+    return os.environ.get(URL_ENV, "").strip() or FALLBACK_URL
+
+
+def add_url_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=None,
+        help=f"the gateway (default: ${URL_ENV}, else {FALLBACK_URL})",
+    )
+
+
+def url_of(args: argparse.Namespace) -> str:
+    return (args.url or default_url()).rstrip("/")
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _headers() -> tuple[dict[str, str], bool]:
+    headers = {"Accept": "application/json"}
+    key = os.environ.get(ADMIN_KEY_ENV, "").strip()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers, bool(key)
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    text = " ".join(response.text.split())[:200]
+    return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {text}" if text else "")
+
+
+def _refused(response: httpx.Response, has_key: bool) -> GatewayRefused:
+    message = _error_message(response)
+    if response.status_code in (401, 403) and not has_key:
+        message += f" (set {ADMIN_KEY_ENV} to the gateway's admin key)"
+    return GatewayRefused(response.status_code, message)
+
+
+def _unreachable(url: str, exc: Exception) -> Unreachable:
+    if isinstance(exc, httpx.TimeoutException):
+        return Unreachable(
+            f"no answer from the gateway at {url} within the timeout ({type(exc).__name__})"
+        )
+    return Unreachable(f"cannot reach the gateway at {url}: {str(exc) or type(exc).__name__}")
+
+
+def call(
+    method: str, url: str, path: str, *, timeout: float, body: JsonDict | None = None
+) -> JsonDict:
+    """One admin call; `Unreachable` or `GatewayRefused` unless it answers a JSON object."""
+    headers, has_key = _headers()
+    limits = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=limits) as client:
+            response = client.request(method, path, json=body)
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
+        raise _unreachable(url, exc) from None
+    if response.is_error:
+        raise _refused(response, has_key)
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise GatewayRefused(
+            response.status_code, f"{method} {path}: the answer is not a JSON object"
+        )
+    return answer
+
+
+def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
+    """(event, data) of the server-sent events at `path`, until the gateway ends them.
+    No read timeout: the stream sends a keep-alive comment every 15 s."""
+    headers, has_key = _headers()
+    timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+    try:
+        with (
+            httpx.Client(base_url=url, headers=headers, timeout=timeout) as client,
+            client.stream("GET", path) as response,
+        ):
+            if response.is_error:
+                response.read()
+                raise _refused(response, has_key)
+            event, data = "message", []
+            for line in response.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    yield event, json.loads("\n".join(data))
+                    event, data = "message", []
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
+        raise _unreachable(url, exc) from None
