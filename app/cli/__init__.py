@@ -1,4 +1,4 @@
-"""`microscheduler serve | check-config | plan ... | profile ...`.
+"""`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -13,11 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from app.cli.common import EXIT_CODES_HELP
+from app.cli.gaming import add_gaming_commands
 from app.cli.plan import add_plan_command
 from app.cli.profile import add_profile_command
 from app.cli.serve import add_serve_commands
+from app.cli.status import add_status_command
+
+
+def _version() -> str:
+    try:
+        return metadata.version("microscheduler")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,10 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OpenAI-compatible gateway for local LLMs sharing a GPU.",
         epilog=EXIT_CODES_HELP,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_commands(commands)
     add_plan_command(commands)
     add_profile_command(commands)
+    add_gaming_commands(commands)
+    add_status_command(commands)
     return parser
 
 

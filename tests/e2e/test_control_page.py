@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.processes import ROOT, GatewayProcess, free_port, gateway_process
+from tests.fakes.processes import ROOT, GatewayProcess, gateway_process, sim_gpu_models
 
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 
@@ -45,32 +45,9 @@ def _require_browser() -> tuple[Any, str]:
     return sync_api, chromium
 
 
-def fake(port: int, model: str, mib: int, ledger: Path) -> dict[str, Any]:
-    return {
-        "kind": "process",
-        "command": ["{python}", "-m", "app.sim.vllm", "--port", str(port), "--model", model,
-                    "--startup-delay", "0.5", "--vram-mib", str(mib),
-                    "--sim-gpu-dir", str(ledger)],
-    }  # fmt: skip
-
-
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
-    ledger = tmp_path / "ledger"
-    pinned, lazy = free_port(), free_port()
-    models = {
-        "gpu": {"probe": "sim", "poll_interval_s": 0.5,
-                "sim": {"total_mib": 24576, "ledger_dir": str(ledger)}},
-        "backends": {
-            "pinned": {"url": f"http://127.0.0.1:{pinned}", "models": ["pinned-model"],
-                       "priority": 90, "vram_mib": 8000,
-                       "runtime": fake(pinned, "pinned-model", 8000, ledger)},
-            "lazy": {"url": f"http://127.0.0.1:{lazy}", "models": ["lazy-model"],
-                     "lifecycle": "lazy", "vram_mib": 6000,
-                     "runtime": fake(lazy, "lazy-model", 6000, ledger)},
-        },
-    }  # fmt: skip
-    with gateway_process(models, wait_ready=True) as gw:
+    with gateway_process(sim_gpu_models(tmp_path / "ledger"), wait_ready=True) as gw:
         yield gw
 
 

@@ -127,3 +127,30 @@ def gateway_process(
             yield gateway
         finally:
             stop(proc)
+
+
+def sim_gpu_models(ledger: Path, *, pinned_mib: int = 8000, lazy_mib: int = 6000) -> dict[str, Any]:
+    """models.yaml for a gateway process on a simulated 24 GiB GPU: a pinned and a lazy
+    fake vLLM process on free ports, both reporting their memory to `ledger`."""
+
+    def fake(port: int, model: str, mib: int) -> dict[str, Any]:
+        return {
+            "kind": "process",
+            "command": ["{python}", "-m", "app.sim.vllm", "--port", str(port), "--model", model,
+                        "--startup-delay", "0.5", "--vram-mib", str(mib),
+                        "--sim-gpu-dir", str(ledger)],
+        }  # fmt: skip
+
+    pinned, lazy = free_port(), free_port()
+    return {
+        "gpu": {"probe": "sim", "poll_interval_s": 0.5,
+                "sim": {"total_mib": 24576, "ledger_dir": str(ledger)}},
+        "backends": {
+            "pinned": {"url": f"http://127.0.0.1:{pinned}", "models": ["pinned-model"],
+                       "priority": 90, "vram_mib": pinned_mib,
+                       "runtime": fake(pinned, "pinned-model", pinned_mib)},
+            "lazy": {"url": f"http://127.0.0.1:{lazy}", "models": ["lazy-model"],
+                     "lifecycle": "lazy", "vram_mib": lazy_mib,
+                     "runtime": fake(lazy, "lazy-model", lazy_mib)},
+        },
+    }  # fmt: skip

@@ -1,0 +1,113 @@
+"""`microscheduler status [--watch]`: the gateway's GPUs and backends as a compact table.
+
+`--watch` follows `GET /status/stream` and prints the table again on every change (in
+place on a terminal) until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from app.cli.common import FAILED, OK, UNREACHABLE, error
+from app.cli.gateway import (
+    GatewayRefused,
+    JsonDict,
+    Unreachable,
+    add_url_option,
+    call,
+    follow,
+    url_of,
+)
+
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = subparsers.add_parser("status", help="the gateway's GPUs and backends, compactly")
+    add_url_option(status)
+    status.add_argument("--watch", action="store_true", help="follow the live status")
+    status.add_argument("--json", action="store_true", help="print the /status document")
+    status.set_defaults(func=run_status)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def render(status: JsonDict, url: str) -> str:
+    lines = [f"gateway {url}"]
+    gpu = status.get("gpu", {})
+    if gpu.get("gpus"):
+        rows = [["GPU", "name", "used MiB", "total MiB", "free MiB"]]
+        for g in gpu["gpus"]:
+            rows.append([str(g["index"]), g["name"], _mib(g["used_mib"]), _mib(g["total_mib"]),
+                         _mib(g["free_mib"])])  # fmt: skip
+        lines += _table(rows)
+    else:
+        lines.append(f"GPU: {gpu.get('error') or 'no telemetry (gpu.probe: none)'}")
+    held = status.get("holds", {}).get("yield", {})
+    if held.get("state") == "yielded":
+        lines.append(
+            f"yield: held for {held.get('reason')!r}, {_mib(held.get('free_mib'))} MiB free"
+        )
+    for zone in status.get("holds", {}).get("zones", []):
+        lines.append(f"zone {zone['zone']}: {_mib(zone['mib'])} MiB for {zone['holder']}")
+    rows = [["backend", "state", "lifecycle", "in flight", "waiting", "VRAM MiB", "why"]]
+    for b in status.get("backends", []):
+        vram = b.get("vram", {})
+        mib = vram.get("measured_mib") or vram.get("admission_mib")
+        why = "; ".join(x for x in [b.get("reason"), *(b.get("blocked_by") or [])] if x)
+        rows.append([b["name"], b["state"], b["lifecycle"], str(b["in_flight"]),
+                     str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
+    lines.append("")
+    lines += _table(rows)
+    return "\n".join(lines)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    url = url_of(args)
+    try:
+        if not args.watch:
+            status = call("GET", url, "/status", timeout=10)
+            print(json.dumps(status) if args.json else render(status, url))
+            return OK
+        return _watch(url, json_lines=args.json)
+    except Unreachable as exc:
+        error("status", str(exc))
+        return UNREACHABLE
+    except GatewayRefused as exc:
+        error("status", f"{exc} (HTTP {exc.status})")
+        return FAILED
+
+
+def _watch(url: str, *, json_lines: bool) -> int:
+    status: JsonDict = {}
+    in_place = sys.stdout.isatty()
+    try:
+        for event, data in follow(url, "/status/stream"):
+            if event == "snapshot":
+                status = data
+            elif event == "event":
+                continue
+            elif event in status:
+                status[event] = data
+            else:
+                continue
+            if json_lines:
+                print(json.dumps(status), flush=True)
+            else:
+                print((CLEAR if in_place else "\n") + render(status, url), flush=True)
+    except KeyboardInterrupt:
+        return OK
+    error("status", f"the gateway at {url} ended the stream")
+    return UNREACHABLE

@@ -1,0 +1,163 @@
+"""`microscheduler yield [-- CMD]`, `restore` and `status` against a real gateway process
+on a simulated GPU, run as a user runs them (a subprocess of `python -m app.cli`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes.processes import (
+    ROOT,
+    GatewayProcess,
+    free_port,
+    gateway_process,
+    sim_gpu_models,
+)
+from tests.fakes.waits import until_sync
+
+# What the game sees: the yield held while it runs (written to a file for the test).
+GAME = """
+import json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1] + "/vram/yield") as answer:
+    held = json.load(answer)
+open(sys.argv[2], "w").write(json.dumps(held))
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    ledger = tmp_path_factory.mktemp("gaming") / "ledger"
+    with gateway_process(sim_gpu_models(ledger), wait_ready=True) as gw:
+        yield gw
+
+
+def cli(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    if url is not None:
+        env["MICROSCHEDULER_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def yield_state(gw: GatewayProcess) -> str:
+    state: str = httpx.get(gw.url + "/vram/yield").json()["state"]
+    return state
+
+
+def backend_state(gw: GatewayProcess, name: str) -> str:
+    views = httpx.get(gw.url + "/backends").json()["backends"]
+    state: str = next(v["state"] for v in views if v["name"] == name)
+    return state
+
+
+def test_yield_runs_the_game_then_restores_and_exits_with_its_code(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen.json"
+    done = cli(
+        "yield", "--include-pinned", "--reason", "test game", "--",
+        sys.executable, "-c", GAME + "sys.exit(7)", gateway.url, str(seen),
+        url=gateway.url,
+    )  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    held = json.loads(seen.read_text())
+    assert (held["state"], held["reason"], held["stopped"]) == ("yielded", "test game", ["pinned"])
+    assert held["free_mib"] == 24576  # measured on the simulated GPU: everything freed
+    assert "yielded for 'test game' on GPU 0: freed 8,000 MiB, 24,576 MiB free" in done.stdout
+    assert "restored: back pinned" in done.stdout
+    assert yield_state(gateway) == "none"
+    until_sync(lambda: backend_state(gateway, "pinned") == "ready", what="pinned back")
+
+
+def test_sigterm_reaches_the_game_and_the_gpu_is_restored(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    game = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(60)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "yield", "--url", gateway.url, "--",
+         sys.executable, "-c", game],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    until_sync(started.exists, timeout_s=30, what="the game to start")
+    assert yield_state(gateway) == "yielded"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "restored" in out
+    assert yield_state(gateway) == "none"
+
+
+def test_a_game_that_cannot_start_exits_127_and_restores(gateway: GatewayProcess) -> None:
+    done = cli("yield", "--", "/nonexistent/game", url=gateway.url)
+    assert done.returncode == 127
+    assert "error: yield: cannot run '/nonexistent/game'" in done.stderr
+    assert yield_state(gateway) == "none"
+
+
+def test_memory_that_cannot_be_freed_fails_and_says_what_holds_it(
+    gateway: GatewayProcess,
+) -> None:
+    # Pinned backends stay without --include-pinned: 16,576 MiB free, not 20,000.
+    done = cli("yield", "--min-free-mib", "20000", "--", "true", url=gateway.url)
+    assert done.returncode == 1
+    assert "only 16,576 MiB free, not the 20,000 MiB asked for" in done.stderr
+    assert "pinned still holds memory" in done.stderr
+    assert yield_state(gateway) == "none"  # undone: no game on a full GPU
+
+
+def test_restore_without_a_yield_and_status(gateway: GatewayProcess) -> None:
+    done = cli("restore", url=gateway.url)
+    assert (done.returncode, done.stdout.strip()) == (0, "no yield was held: nothing to restore")
+    status = cli("status", url=gateway.url)
+    assert status.returncode == 0
+    assert "GPU  name" in status.stdout
+    lines = status.stdout.splitlines()
+    assert any(line.split()[:2] == ["pinned", "ready"] for line in lines), status.stdout
+
+
+def test_status_watch_follows_the_stream(gateway: GatewayProcess) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "status", "--watch", "--json", "--url", gateway.url],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert {b["name"] for b in first["backends"]} == {"pinned", "lazy"}
+        httpx.post(gateway.url + "/backends/lazy/start", timeout=30)
+        states = []
+        for _ in range(200):  # the start shows up within a few updates
+            update = json.loads(proc.stdout.readline())
+            states.append(next(b["state"] for b in update["backends"] if b["name"] == "lazy"))
+            if states[-1] == "ready":
+                break
+        assert states[-1] == "ready", states
+        assert "starting" in states
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        httpx.post(gateway.url + "/backends/lazy/stop", timeout=30)
+    assert proc.returncode == 0
+
+
+def test_an_unreachable_gateway_exits_3() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    for command in (["yield"], ["restore"], ["status"]):
+        done = cli(*command, url=url)
+        assert done.returncode == 3, (command, done.stderr)
+        assert f"cannot reach the gateway at {url}" in done.stderr
