@@ -31,6 +31,7 @@ from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.backend import AdmissionRefused, Backend
+from app.lifecycle.blocks import BlockKind
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
@@ -187,7 +188,7 @@ class VramArbiter:
         below_priority: int | None,
         stop_reason: StopReason,
         requester: str,
-        block: tuple[str, str] | None = None,
+        block: tuple[str, str, BlockKind, float | None] | None = None,
     ) -> tuple[tuple[str, ...], GpuSnapshot | None]:
         """Evict what `plan_eviction` picks and wait for the memory; return who was stopped
         and the last reading (the one that showed the room). `reading` is the probe's
@@ -246,7 +247,7 @@ class VramArbiter:
         need: dict[int, int],
         stop_reason: StopReason,
         requester: str,
-        block: tuple[str, str] | None,
+        block: tuple[str, str, BlockKind, float | None] | None,
     ) -> GpuSnapshot | None:
         logger.info(
             "evicting for room requester=%s need_mib=%s evict=%s",
@@ -351,7 +352,7 @@ class VramArbiter:
                     below_priority=below_priority,
                     stop_reason=StopReason.ZONE,
                     requester=f"zone:{name}",
-                    block=(draft.block_key, draft.describe()),
+                    block=(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at),
                 )
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
@@ -424,7 +425,9 @@ class VramArbiter:
             )
             self.zones[zone.name] = zone
             for backend in zone.blocks:
-                self._backends[backend].block(zone.block_key, zone.describe(), zone.block_kind)
+                self._backends[backend].block(
+                    zone.block_key, zone.describe(), zone.block_kind, zone.expires_at
+                )
         if len(self.zones) != len(saved):
             self._save()  # drop what expired or was malformed
         return list(self.zones.values())

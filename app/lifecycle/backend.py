@@ -252,7 +252,7 @@ class Backend:
                 raise self._unavailable()
 
     def _check_blocked(self) -> None:
-        refusal = self._blocks.refusal(self.name)
+        refusal = self._blocks.refusal(self.name, time.time())
         if refusal is not None:
             raise refusal
 
@@ -559,10 +559,16 @@ class Backend:
                 self._backoff.failed(time.monotonic())
                 self.holds_vram = holds_vram
 
-    def block(self, key: str, description: str, kind: BlockKind = BlockKind.BLOCKED) -> None:
-        """Refuse to start (requests get `backend_<kind>` naming `description`) until
-        `unblock(key)`."""
-        self._blocks.add(key, description, kind)
+    def block(
+        self,
+        key: str,
+        description: str,
+        kind: BlockKind = BlockKind.BLOCKED,
+        expires_at: float | None = None,
+    ) -> None:
+        """Refuse to start (requests get `backend_<kind>` naming `description`, with a
+        `Retry-After` from `expires_at` when the hold ends by itself) until `unblock(key)`."""
+        self._blocks.add(key, description, kind, expires_at)
 
     def unblock(self, key: str) -> None:
         self._blocks.remove(key)

@@ -3,6 +3,10 @@
 A block has a key (who placed it: `zone:comfy`, `zone:yield`, `profile`), a description for
 errors and a kind. Requests for a blocked backend are refused with `backend_<kind>` and
 never wake it; the most telling kind wins when several blocks hold.
+
+Every refusal carries `Retry-After`: when the holds of the telling kind all end by
+themselves (a zone's or a yield's TTL), the seconds until the last of them ends; else
+`RETRY_AFTER_S`, so clients back off instead of retrying at once.
 """
 
 from __future__ import annotations
@@ -10,9 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from math import ceil
+from typing import Final
 
 from app.errors import BackendUnavailable, UnavailableKind
 from app.lifecycle.state import StopReason
+
+RETRY_AFTER_S: Final = 10
 
 
 class BlockKind(StrEnum):
@@ -27,7 +35,7 @@ class BlockKind(StrEnum):
         """The stop reason (a metric label) of a backend stopped because of this kind."""
         return _STOP_REASONS[self]
 
-    def refusal(self, backend: str, what: str) -> BackendUnavailable:
+    def refusal(self, backend: str, what: str, retry_after_s: int) -> BackendUnavailable:
         """The error a request for `backend` gets; `what` names the holds of this kind."""
         if self is BlockKind.DISABLED:
             message = f"backend {backend!r} is disabled by {what}"
@@ -41,7 +49,9 @@ class BlockKind(StrEnum):
                 f"backend {backend!r} is stopped to make room for {what}; "
                 "it wakes again when that is released"
             )
-        return BackendUnavailable(message, kind=UnavailableKind(self.value))
+        return BackendUnavailable(
+            message, kind=UnavailableKind(self.value), retry_after_s=retry_after_s
+        )
 
 
 _ORDER = tuple(BlockKind)
@@ -56,6 +66,7 @@ _STOP_REASONS = {
 class Block:
     kind: BlockKind
     description: str
+    expires_at: float | None = None  # Unix time it ends by itself; None: when released
 
 
 class Blocks(Mapping[str, str]):
@@ -82,16 +93,25 @@ class Blocks(Mapping[str, str]):
             return None
         return min((b.kind for b in self._blocks.values()), key=_ORDER.index)
 
-    def refusal(self, backend: str) -> BackendUnavailable | None:
-        """The error for a request while blocked (naming every hold of the telling kind)."""
+    def refusal(self, backend: str, now: float) -> BackendUnavailable | None:
+        """The error for a request while blocked (naming every hold of the telling kind);
+        `now` is Unix time, for the `Retry-After` of holds that expire."""
         kind = self.kind
         if kind is None:
             return None
-        what = "; ".join(b.description for b in self._blocks.values() if b.kind is kind)
-        return kind.refusal(backend, what)
+        holds = [b for b in self._blocks.values() if b.kind is kind]
+        what = "; ".join(b.description for b in holds)
+        ends = [b.expires_at for b in holds]
+        if any(end is None for end in ends):
+            retry = RETRY_AFTER_S
+        else:
+            retry = max(1, ceil(max(end for end in ends if end is not None) - now))
+        return kind.refusal(backend, what, retry)
 
-    def add(self, key: str, description: str, kind: BlockKind) -> None:
-        self._blocks[key] = Block(kind, description)
+    def add(
+        self, key: str, description: str, kind: BlockKind, expires_at: float | None = None
+    ) -> None:
+        self._blocks[key] = Block(kind, description, expires_at)
 
     def remove(self, key: str) -> None:
         self._blocks.pop(key, None)

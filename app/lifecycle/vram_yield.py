@@ -152,7 +152,7 @@ class VramYield:
         ]
         # Block first: from here on, nothing in scope starts or wakes.
         for backend in scope:
-            backend.block(draft.block_key, draft.describe(), draft.block_kind)
+            backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
         logger.info("vram yield reason=%s min_free_mib=%s gpu=%d scope=%s free_mib=%s",
                     request.reason, request.min_free_mib, request.gpu,
                     ",".join(b.name for b in scope) or "-", free_before)  # fmt: skip

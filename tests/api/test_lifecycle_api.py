@@ -214,6 +214,7 @@ async def test_zone_acquire_evicts_and_requests_during_the_hold_do_not_wake(
         error = blocked.json()["error"]
         assert error["code"] == "backend_blocked"
         assert "VRAM zone 'img' (held by 'comfyui'" in error["message"]
+        assert blocked.headers["retry-after"] == "600"  # the zone's ttl_s: when it ends
         assert runtimes["lazy"].starts == 1  # the request did not wake it
         assert (await backend_state(gw, "lazy"))["blocked_by"] != []
 

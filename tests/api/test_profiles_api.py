@@ -108,6 +108,7 @@ async def test_activation_drains_then_stops_disabled_backends(tmp_path: Path) ->
         error = refused.json()["error"]
         assert error["code"] == "backend_disabled"
         assert "GPU profile 'production'" in error["message"]
+        assert refused.headers["retry-after"] == "10"
         metrics = (await gw.client.get("/metrics")).text
         assert 'microscheduler_profile_active{profile="production"} 1.0' in metrics
         assert 'microscheduler_backend_enabled{backend="reasoning"} 0.0' in metrics

@@ -146,6 +146,8 @@ async def test_a_yield_frees_what_the_stopped_and_slept_backends_held(tmp_path: 
             error = refused.json()["error"]
             assert error["code"] == "backend_yielded"
             assert "VRAM yield for 'gaming'" in error["message"]
+            # Held until restored: a few seconds, so SDKs back off instead of retrying at once.
+            assert refused.headers["retry-after"] == "10"
         assert rig.runtimes["reasoning"].starts == starts
         assert rig.used() == ORCH + EMBED_ASLEEP
         # The pinned orchestrator was not in the yield and still serves.
