@@ -25,7 +25,8 @@ TRY_BODY := {\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"conte
 
 run: $(VENV)/.installed
 	@echo "microscheduler: serving $(CONFIG) on http://$(HOST):$(PORT) (Ctrl-C stops it and its backends)."
-	@echo "Once the log says 'backend ready' for both backends, try:"
+	@echo "Open http://$(HOST):$(PORT)/ for the control page. Once the log says 'backend ready',"
+	@echo "try (the first request wakes the lazy orchestrator):"
 	@echo "  curl -sN http://$(HOST):$(PORT)/v1/chat/completions -H 'content-type: application/json' -d '$(TRY_BODY)'"
 	@echo
 	$(BIN)/microscheduler serve --config $(CONFIG) --host $(HOST) --port $(PORT)

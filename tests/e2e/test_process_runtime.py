@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -24,8 +25,24 @@ from tests.fakes.waits import until_sync
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_config_serves_both_backends_and_stops_them() -> None:
-    with gateway_process(config_dir=ROOT / "config" / "demo", wait_ready=True) as gw:
+def demo_config(tmp_path: Path) -> tuple[Path, int, int]:
+    """config/demo as shipped, on free ports and its own GPU ledger: the test runs beside
+    `make run` (which holds 8198, 8199 and var/sim-gpu)."""
+    orchestrator, reasoning = free_port(), free_port()
+    target = tmp_path / "demo"
+    shutil.copytree(ROOT / "config" / "demo", target)
+    models = (target / "models.yaml").read_text()
+    models = models.replace("8199", str(orchestrator)).replace("8198", str(reasoning))
+    models = models.replace("var/sim-gpu", str(tmp_path / "sim-gpu"))
+    (target / "models.yaml").write_text(models)
+    return target, orchestrator, reasoning
+
+
+def test_demo_config_wakes_the_lazy_backend_and_stops_both(tmp_path: Path) -> None:
+    config, orchestrator, reasoning = demo_config(tmp_path)
+    with gateway_process(config_dir=config, wait_ready=True) as gw:
+        assert port_is_open(reasoning)  # pinned: started with the gateway
+        assert not port_is_open(orchestrator)  # lazy: until a request wakes it
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
         for model in ("default", "reasoning"):
             reply = client.chat.completions.create(
@@ -34,13 +51,16 @@ def test_demo_config_serves_both_backends_and_stops_them() -> None:
                 max_tokens=2,
             )
             assert reply.choices[0].message.content
-        assert port_is_open(8199)
-        assert port_is_open(8198)
+        assert port_is_open(orchestrator)
+        # The default yield frees what the woken lazy backend holds, as measured.
+        taken = httpx.post(gw.url + "/vram/yield", json={"reason": "gaming"}, timeout=60).json()
+        assert (taken["stopped"], taken["freed_mib"]) == (["orchestrator"], 16000)
+        httpx.post(gw.url + "/vram/restore", timeout=60)
         assert_clean_exit(stop(gw.proc))
         log = gw.log()
     assert "Application shutdown complete." in log
-    assert not port_is_open(8199)
-    assert not port_is_open(8198)
+    assert not port_is_open(orchestrator)
+    assert not port_is_open(reasoning)
     assert "process stopped backend=orchestrator" in log
     assert "process stopped backend=reasoning" in log
 
