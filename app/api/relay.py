@@ -204,7 +204,7 @@ class _WakeNotice:
         self._backend = backend
         self.started = False
 
-    async def __call__(self, waited_s: float) -> None:
+    async def __call__(self, waited_s: float, detail: str | None = None) -> None:
         if not self.started:
             self.started = True
             await self._send(
@@ -215,15 +215,16 @@ class _WakeNotice:
                                 *_SSE_EXTRA_HEADERS],
                 }
             )  # fmt: skip
-        line = f": waking {self._backend} {int(waited_s)}s\n\n".encode()
+        why = f" ({detail})" if detail else ""
+        line = f": waking {self._backend} {int(waited_s)}s{why}\n\n".encode()
         await self._send(_body(line, more=True))
 
     def for_backend(self, backend: str) -> WaitNotice:
         """The notice while a fallback chain waits for `backend` (named in the comments)."""
 
-        async def notice(waited_s: float) -> None:
+        async def notice(waited_s: float, detail: str | None) -> None:
             self._backend = backend
-            await self(waited_s)
+            await self(waited_s, detail)
 
         return notice
 

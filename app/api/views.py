@@ -35,6 +35,7 @@ def backend_view(backend: Backend) -> Json:
         "name": backend.name,
         "state": str(backend.state),
         "reason": backend.reason,
+        "starting": backend.start_progress(),  # while starting: what it waits for
         "lifecycle": cfg.lifecycle,
         "runtime": backend.runtime.describe(),
         "runtime_detail": backend.runtime_detail,

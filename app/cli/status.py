@@ -66,7 +66,8 @@ def render(status: JsonDict, url: str) -> str:
     for b in status.get("backends", []):
         vram = b.get("vram", {})
         mib = vram.get("measured_mib") or vram.get("admission_mib")
-        why = "; ".join(x for x in [b.get("reason"), *(b.get("blocked_by") or [])] if x)
+        reasons = [b.get("starting"), b.get("reason"), *(b.get("blocked_by") or [])]
+        why = "; ".join(x for x in reasons if x)
         rows.append([b["name"], b["state"], b["lifecycle"], str(b["in_flight"]),
                      str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
     lines.append("")

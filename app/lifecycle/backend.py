@@ -168,6 +168,12 @@ class Backend:
     def health_error(self) -> str | None:
         return self.server.health_error
 
+    def start_progress(self) -> str | None:
+        """While starting: what the start waits for, in words (None otherwise)."""
+        if self.state is not BackendState.STARTING:
+            return None
+        return self.server.start_progress
+
     @property
     def runtime_detail(self) -> str | None:
         return self.server.runtime_detail
@@ -240,7 +246,12 @@ class Backend:
                     return self._leases.take() if lease else None
                 task, joined_start = step
             done = await wait_without_owning(
-                task, began=began, deadline=deadline, on_wait=on_wait, every_s=self._wake_notice_s
+                task,
+                began=began,
+                deadline=deadline,
+                on_wait=on_wait,
+                every_s=self._wake_notice_s,
+                detail=self.start_progress,
             )
             if not done:
                 assert deadline is not None

@@ -14,8 +14,9 @@ from typing import Any
 
 from app.metrics import Metrics
 
-# Called every few seconds while a request is held, with the seconds waited so far.
-WaitNotice = Callable[[float], Awaitable[None]]
+# Called every few seconds while a request is held, with the seconds waited so far and
+# what the start is waiting for (None when there is nothing to say).
+WaitNotice = Callable[[float, str | None], Awaitable[None]]
 
 
 class Lease:
@@ -106,6 +107,7 @@ async def wait_without_owning(
     deadline: float | None,
     on_wait: WaitNotice | None,
     every_s: float,
+    detail: Callable[[], str | None] | None = None,
 ) -> bool:
     """Wait for a start or stop that others share: cancelling this wait leaves `task`
     running. Calls `on_wait` every `every_s` meanwhile. False when `deadline` (monotonic;
@@ -121,5 +123,5 @@ async def wait_without_owning(
         if task.done() or on_wait is None:
             continue
         if deadline is None or time.monotonic() < deadline:
-            await on_wait(time.monotonic() - began)
+            await on_wait(time.monotonic() - began, None if detail is None else detail())
     return True

@@ -38,6 +38,7 @@ class Server:
         self.healthy: bool | None = None  # last health check; None before the first
         self.health_error: str | None = None
         self.runtime_detail: str | None = None  # the runtime's last word on it
+        self.start_progress: str | None = None  # while starting: what it waits for
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -83,28 +84,48 @@ class Server:
         A refused connection means still loading (vLLM opens its port late). When the
         runtime cannot be asked (Docker proxy down) the health check alone decides.
         """
-        deadline = time.monotonic() + start_timeout_s
+        began = time.monotonic()
+        deadline = began + start_timeout_s
         next_status = 0.0
-        while True:
-            if time.monotonic() >= next_status:
-                next_status = time.monotonic() + STATUS_POLL_S
-                try:
-                    status = await self.runtime.status()
-                except RuntimeFailure as exc:
-                    logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
-                else:
-                    self.runtime_detail = status.detail
-                    if not status.running:
-                        code, more = exit_text(status)
-                        raise StartFailed(f"exited with {code} before it was ready{more}")
-            if await self.check_health():
-                return
-            if time.monotonic() >= deadline:
-                await self.runtime.stop()
-                raise StartFailed(
-                    f"not healthy {start_timeout_s:g}s after start (start_timeout_s); stopped it"
-                )
-            await asyncio.sleep(READINESS_POLL_S)
+        running = "the runtime has not answered yet"
+        try:
+            while True:
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + STATUS_POLL_S
+                    try:
+                        status = await self.runtime.status()
+                    except RuntimeFailure as exc:
+                        logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
+                        running = f"its runtime cannot be asked ({exc})"
+                    else:
+                        self.runtime_detail = status.detail
+                        if not status.running:
+                            code, more = exit_text(status)
+                            raise StartFailed(f"exited with {code} before it was ready{more}")
+                        running = f"the {self._what_runs()} is running"
+                if await self.check_health():
+                    return
+                self.start_progress = self._progress(time.monotonic() - began, running)
+                if time.monotonic() >= deadline:
+                    await self.runtime.stop()
+                    raise StartFailed(
+                        f"not healthy {start_timeout_s:g}s after start (start_timeout_s); "
+                        "stopped it"
+                    )
+                await asyncio.sleep(READINESS_POLL_S)
+        finally:
+            self.start_progress = None
+
+    def _what_runs(self) -> str:
+        return "container" if self.runtime.kind == "docker" else "process"
+
+    def _progress(self, waited_s: float, running: str) -> str:
+        """`health check to http://127.0.0.1:8189/health refused for 40 s; the process is
+        running`: what a start waits for, for /status, the page and wake notices."""
+        error = self.health_error or "failing"
+        if "refused" in error.lower() or "connecterror" in error.lower():
+            error = "refused"
+        return f"health check to {self.vllm.health_url} {error} for {int(waited_s)} s; {running}"
 
     async def stop(self) -> None:
         """Stop a server the gateway manages (nothing for an external one)."""

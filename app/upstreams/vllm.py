@@ -58,6 +58,10 @@ class VllmClient:
 
     # -- health -----------------------------------------------------------------------
 
+    @property
+    def health_url(self) -> str:
+        return self._health_url
+
     async def health(self) -> str | None:
         """None when the server answers its health check with 200, else why not."""
         try:

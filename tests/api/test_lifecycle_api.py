@@ -110,9 +110,12 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
         {"lazy": lazy(port)}, {"lazy": runtime}, tmp_path, wake_notice_s=0.1
     ) as gw:
 
+        views: list[dict[str, Any]] = []
+
         async def open_later() -> None:
             await until_backend(gw, "lazy", waiting=1)  # the request is held
             await asyncio.sleep(0.35)  # the thing under test: wake_notice_s passes 3 times
+            views.append(await backend_state(gw, "lazy"))
             runtime.listening.set()
 
         opener = asyncio.create_task(open_later())
@@ -124,6 +127,11 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
     comments = [line for line in text.splitlines() if line.startswith(":")]
     assert len(comments) >= 2
     assert comments[0].startswith(": waking lazy ")
+    # A start that waits says why, in the comments and in /backends, not a silent wait.
+    why = f"health check to http://127.0.0.1:{port}/health refused for "
+    assert why in comments[-1]
+    assert comments[-1].endswith("s; the process is running)")
+    assert views[0]["starting"].startswith(why)
     assert text.index(": waking") < text.index("data: {")
     assert text.rstrip().endswith("data: [DONE]")
 

@@ -177,7 +177,7 @@ async def test_a_held_request_is_told_every_wake_notice_interval() -> None:
     backend = make_backend(runtime, **LAZY, wake_notice_s=0.01)
     notices: list[float] = []
 
-    async def notice(waited_s: float) -> None:
+    async def notice(waited_s: float, detail: str | None) -> None:
         notices.append(waited_s)
         if len(notices) == 3:
             runtime.gate.set()

@@ -288,7 +288,7 @@ function renderBackends() {
   body.replaceChildren();
   for (const b of state.status.backends) {
     const planned = b.vram.footprint ? b.vram.footprint.mib : b.vram.admission_mib;
-    const why = [b.reason, ...b.blocked_by, b.health_error].filter(Boolean).join("; ");
+    const why = [b.starting, b.reason, ...b.blocked_by, b.health_error].filter(Boolean).join("; ");
     const path = `/backends/${encodeURIComponent(b.name)}`;
     const actions = el("div", { class: "actions" },
       el("button", { "data-action": "start", text: b.state === "sleeping" ? "wake" : "start",
