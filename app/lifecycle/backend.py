@@ -39,6 +39,7 @@ from app.lifecycle.state import (
     StartOutcome,
     StopReason,
     check_transition,
+    refusal,
 )
 from app.metrics import Metrics
 from app.planner.footprint import Footprint
@@ -246,13 +247,9 @@ class Backend:
                     return self._leases.take() if lease else None
                 task, joined_start = step
             done = await wait_without_owning(
-                task,
-                began=began,
-                deadline=deadline,
-                on_wait=on_wait,
-                every_s=self._wake_notice_s,
-                detail=self.start_progress,
-            )
+                task, began=began, deadline=deadline, on_wait=on_wait,
+                every_s=self._wake_notice_s, detail=self.start_progress,
+            )  # fmt: skip
             if not done:
                 assert deadline is not None
                 raise WakeTimeout(
@@ -276,21 +273,8 @@ class Backend:
         return self._backoff.retry_in(time.monotonic())
 
     def _unavailable(self) -> GatewayError:
-        detail = f": {self.reason}" if self.reason else ""
-        if self.state is BackendState.STARTING:
-            return BackendUnavailable(
-                f"backend {self.name!r} is starting; retry shortly",
-                kind=UnavailableKind.STARTING,
-                retry_after_s=5,
-            )
-        if self.state is BackendState.FAILED:
-            return BackendUnavailable(
-                f"backend {self.name!r} failed{detail}",
-                kind=UnavailableKind.FAILED,
-                retry_after_s=max(1, math.ceil(self._retry_in())),
-            )
-        kind = UnavailableKind.NO_VRAM if self._refused else UnavailableKind.STOPPED
-        return BackendUnavailable(f"backend {self.name!r} is {self.state}{detail}", kind=kind)
+        retry = self._retry_in() if self.state is BackendState.FAILED else 0.0
+        return refusal(self.name, self.state, self.reason, no_vram=self._refused, retry_in_s=retry)
 
     # -- control plane ----------------------------------------------------------------
 

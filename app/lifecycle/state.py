@@ -21,7 +21,10 @@ stopped) and additionally refuses to start until the zone is released.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Final
+
+from app.errors import BackendUnavailable, UnavailableKind
 
 # After a failure, requests get the failure for this long instead of a new start, so a
 # crash-looping server is not restarted by every request; pinned backends are restarted
@@ -121,3 +124,30 @@ class RestartBackoff:
     def retry_in(self, now: float) -> float:
         """Seconds until a new start is allowed (0: now)."""
         return 0.0 if self._retry_at is None else max(0.0, self._retry_at - now)
+
+
+def refusal(
+    backend: str,
+    state: BackendState,
+    reason: str | None,
+    *,
+    no_vram: bool = False,
+    retry_in_s: float = 0.0,
+) -> BackendUnavailable:
+    """Why a request for a backend in `state` (not blocked) cannot be served, with when
+    to retry: a start in progress (5 s), a failure's restart backoff, or no VRAM."""
+    detail = f": {reason}" if reason else ""
+    if state is BackendState.STARTING:
+        return BackendUnavailable(
+            f"backend {backend!r} is starting; retry shortly",
+            kind=UnavailableKind.STARTING,
+            retry_after_s=5,
+        )
+    if state is BackendState.FAILED:
+        return BackendUnavailable(
+            f"backend {backend!r} failed{detail}",
+            kind=UnavailableKind.FAILED,
+            retry_after_s=max(1, math.ceil(retry_in_s)),
+        )
+    kind = UnavailableKind.NO_VRAM if no_vram else UnavailableKind.STOPPED
+    return BackendUnavailable(f"backend {backend!r} is {state}{detail}", kind=kind)
