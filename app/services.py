@@ -25,6 +25,7 @@ from app.gpu.poller import GpuMonitor
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSource
 from app.lifecycle.arbiter import VramArbiter
+from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.store import StateStore
@@ -114,6 +115,11 @@ class Services:
         vllm_load = VllmLoadMetrics(metrics.registry)
         for name in self.backends:
             vllm_load.declare(name)
+        self.auto_yield = (
+            AutoYield(settings.gpu.auto_yield, self.vram_yield, self.backends, self.events)
+            if settings.gpu.auto_yield.enabled
+            else None
+        )
         self.supervisor = Supervisor(
             settings,
             self.backends,
@@ -122,6 +128,7 @@ class Services:
             self.profiles,
             self.gpu_monitor,
             vllm_load,
+            self.auto_yield,
         )
         self.cloud = build_cloud(
             settings, self.registry, self.backends, metrics, on_event=self.events.record

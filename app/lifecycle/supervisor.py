@@ -24,6 +24,7 @@ from typing import Final
 
 from app.gpu.poller import GpuMonitor
 from app.lifecycle.arbiter import VramArbiter
+from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.profile_switch import ProfileSwitch
@@ -49,6 +50,7 @@ class Supervisor:
         profiles: ProfileSwitch,
         gpu_monitor: GpuMonitor | None,
         vllm_load: VllmLoadMetrics,
+        auto_yield: AutoYield | None = None,
     ) -> None:
         self._settings = settings
         self._backends = backends
@@ -57,6 +59,7 @@ class Supervisor:
         self._profiles = profiles
         self._gpu_monitor = gpu_monitor
         self._vllm_load = vllm_load
+        self._auto_yield = auto_yield
         self._start_tasks: list[asyncio.Task[None]] = []
         self._loops: list[asyncio.Task[None]] = []
 
@@ -108,6 +111,9 @@ class Supervisor:
         ]
         if self._gpu_monitor is not None:
             self._loops.append(spawn(self._gpu_monitor.run(), name="gpu-poll"))
+            if self._auto_yield is not None:
+                loop = self._auto_yield_loop(self._gpu_monitor, self._auto_yield)
+                self._loops.append(spawn(loop, name="auto-yield"))
 
     async def _bring_up(self, backend: Backend) -> None:
         if not backend.runtime.managed:
@@ -165,6 +171,12 @@ class Supervisor:
             idle = [b for b in self._backends.values() if b.lazy and b.config.idle_ttl_s > 0]
             if idle:
                 await asyncio.gather(*(b.stop_if_idle(now) for b in idle), return_exceptions=True)
+
+    async def _auto_yield_loop(self, monitor: GpuMonitor, auto: AutoYield) -> None:
+        """Reads the GPU monitor's last snapshot at its poll rate (no extra samples)."""
+        while True:
+            await asyncio.sleep(self._settings.gpu.poll_interval_s)
+            await auto.step(monitor.snapshot, time.monotonic())
 
     # -- shutdown -----------------------------------------------------------------------
 

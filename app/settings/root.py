@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -74,6 +75,21 @@ class SimGpuConfig(StrictConfig):
     ledger_dir: Path | None = None
 
 
+class AutoYieldConfig(StrictConfig):
+    """Yield by itself when something the gateway does not manage (a game) uses the GPU.
+
+    Foreign memory is what the probe sees used minus what the gateway's backends hold
+    (measured, else placed). Above `foreign_mib` for `settle_s`: yield (`include_pinned`
+    as for POST /vram/yield). Below it again for `restore_after_s`: restore, but only a
+    yield it took itself, never one a person asked for. Off by default."""
+
+    enabled: bool = False
+    foreign_mib: PositiveInt = 2048
+    settle_s: NonNegativeFloat = 10.0
+    restore_after_s: NonNegativeFloat = 60.0
+    include_pinned: bool = False
+
+
 class GpuConfig(StrictConfig):
     """The GPU probe behind telemetry, VRAM admission and yield.
 
@@ -88,6 +104,7 @@ class GpuConfig(StrictConfig):
     stale_after_s: PositiveFloat = 10.0
     sim: SimGpuConfig = Field(default_factory=SimGpuConfig)
     reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
+    auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
 
 
 class Settings(BaseSettings):

@@ -109,7 +109,6 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
     async with lifecycle_gateway(
         {"lazy": lazy(port)}, {"lazy": runtime}, tmp_path, wake_notice_s=0.1
     ) as gw:
-
         views: list[dict[str, Any]] = []
 
         async def open_later() -> None:

@@ -9,6 +9,7 @@ MiB, yields by sleeping; 125 MiB while asleep).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.gpu.ledger import read_ledger
+from app.gpu.ledger import LedgerWriter, read_ledger
 from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig
@@ -29,6 +30,7 @@ from tests.fakes.servers import (
     gateway_settings,
     until_backend,
 )
+from tests.fakes.waits import until
 
 TOTAL = 32768
 ORCH, REASONING, EMBED, EMBED_ASLEEP = 16000, 11000, 1000, 125
@@ -86,14 +88,21 @@ class Rig:
         return backends
 
     @asynccontextmanager
-    async def gateway(self, **overrides: dict[str, Any]) -> AsyncIterator[Gateway]:
+    async def gateway(
+        self, auto_yield: dict[str, Any] | None = None, **overrides: dict[str, Any]
+    ) -> AsyncIterator[Gateway]:
         def runtime_for(name: str, config: BackendConfig) -> Runtime:
             return self.runtimes[name]
 
         settings = gateway_settings(
             self.backends(**overrides),
             state_dir=self.state_dir,
-            gpu={"probe": "sim", "sim": {"total_mib": TOTAL, "ledger_dir": self.ledger}},
+            gpu={
+                "probe": "sim",
+                "poll_interval_s": 0.05,
+                "sim": {"total_mib": TOTAL, "ledger_dir": self.ledger},
+                "auto_yield": auto_yield or {},
+            },
             reaper_interval_s=0.05,
         )
         async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
@@ -326,3 +335,44 @@ async def test_bad_yield_requests_are_refused_in_openais_error_shape(tmp_path: P
         assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
         conflict = await gw.client.post("/vram/zones/yield/release")
         assert conflict.status_code == 409
+
+
+async def test_a_game_makes_the_gateway_yield_and_its_end_restores(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    auto = {"enabled": True, "foreign_mib": 2000, "settle_s": 0.2, "restore_after_s": 0.3}
+    async with rig.gateway(auto_yield=auto) as gw:
+        await wake_all(gw)
+        game = LedgerWriter(rig.ledger, pid=os.getpid(), gpus=[0], model="game", port=None)
+        game.set_mib(4000)  # the game starts: 4000 MiB the gateway does not manage
+        held = await until(lambda: yield_now(gw), timeout_s=10, what="the automatic yield")
+        assert held["reason"] == "auto: foreign GPU memory"
+        assert held["stopped"] == ["reasoning"]
+        assert held["slept"] == ["embed"]
+        game.remove()  # the game ends
+        await until(lambda: no_yield(gw), timeout_s=10, what="the automatic restore")
+        await until_backend(gw, "orchestrator", state="ready")
+        kinds = [e["kind"] for e in (await gw.client.get("/status")).json()["events"]]
+        assert kinds.index("auto_yield") < kinds.index("vram_yield") < kinds.index("auto_restore")
+
+
+async def test_the_automatic_restore_never_undoes_a_yield_a_person_asked_for(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    auto = {"enabled": True, "foreign_mib": 2000, "settle_s": 0.1, "restore_after_s": 0.1}
+    async with rig.gateway(auto_yield=auto) as gw:
+        taken = await gw.client.post("/vram/yield", json={"reason": "by hand"})
+        assert taken.json()["state"] == "yielded"
+        # No foreign memory at all: an automatic yield would be restored within ~0.2 s.
+        await asyncio.sleep(0.5)  # the thing under test: nothing happens in this window
+        state = (await gw.client.get("/vram/yield")).json()
+        assert (state["state"], state["reason"]) == ("yielded", "by hand")
+
+
+async def yield_now(gw: Gateway) -> dict[str, Any] | None:
+    state: dict[str, Any] = (await gw.client.get("/vram/yield")).json()
+    return state if state["state"] == "yielded" else None
+
+
+async def no_yield(gw: Gateway) -> bool:
+    return bool((await gw.client.get("/vram/yield")).json()["state"] == "none")
