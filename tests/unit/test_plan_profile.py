@@ -272,3 +272,15 @@ def test_an_invalid_configuration_lists_every_problem_and_exits_1(
     assert problems
     assert all(line.startswith("  ") for line in problems)
     assert problems[0].startswith(f"  {config_dir / 'models.yaml'}: backends.reasoning")
+
+
+def test_the_shipped_configuration_fits_as_its_comments_say(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = Path(__file__).resolve().parents[2] / "config"
+    data = run_json(["plan", "profile", "--config", str(config)], capsys)
+    assert data["fits"] is True, data["why"]
+    assert data["not_planned"] == []
+    commands = [item["command"] for item in data["instances"]]
+    assert len(commands) == 3
+    assert all("vllm serve" in command for command in commands)
