@@ -124,3 +124,35 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
     assert problems.count(f"console error: {refused}") == 1, problems
     unexpected = [p for p in problems if p != f"console error: {refused}"]
     assert unexpected == [], "\n".join(unexpected)
+
+
+def test_with_an_admin_key_the_page_asks_once_and_keeps_it_for_the_tab(
+    tmp_path: Path,
+) -> None:
+    sync_api, chromium = _require_browser()
+    env = {"MICROSCHEDULER_ADMIN_KEY": "page-admin-key"}
+    models = sim_gpu_models(tmp_path / "ledger")
+    with (
+        gateway_process(models, env=env, wait_ready=True) as gw,
+        sync_api.sync_playwright() as playwright,
+    ):
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page()
+        expect = sync_api.expect
+        page.goto(gw.url + "/ui")
+        expect(page.locator("#key-form")).to_be_visible()
+        expect(page.locator('[data-testid="connection"]')).to_have_text("admin key needed")
+        page.locator("#key-input").fill("wrong")
+        page.locator("#key-form button").click()
+        expect(page.locator("#key-form")).to_be_visible()  # refused: asked again
+        page.locator("#key-input").fill("page-admin-key")
+        page.locator("#key-form button").click()
+        expect(page.locator('[data-testid="connection"]')).to_have_text("live")
+        expect(page.locator("#key-form")).to_be_hidden()
+        pinned = page.locator('[data-testid="backend-pinned"] [data-field="state"]')
+        expect(pinned).to_have_text("ready")
+        page.reload()  # the key stays for the tab
+        expect(page.locator('[data-testid="connection"]')).to_have_text("live")
+        stored = page.evaluate("sessionStorage.getItem('microscheduler.adminKey')")
+        assert stored == "page-admin-key"
+        browser.close()

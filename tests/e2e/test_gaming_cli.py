@@ -161,3 +161,28 @@ def test_an_unreachable_gateway_exits_3() -> None:
         done = cli(*command, url=url)
         assert done.returncode == 3, (command, done.stderr)
         assert f"cannot reach the gateway at {url}" in done.stderr
+
+
+def test_ctrl_c_ends_the_game_and_the_gpu_is_restored(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    game = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "time.sleep(60)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    with subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "yield", "--url", gateway.url, "--",
+         sys.executable, "-c", game],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, like a terminal's foreground job
+    ) as proc:  # fmt: skip
+        until_sync(started.exists, timeout_s=30, what="the game to start")
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "restored" in out
+    assert yield_state(gateway) == "none"
