@@ -24,8 +24,16 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from app.cli.common import FAILED, OK, UNREACHABLE, USAGE, error
-from app.cli.gateway import GatewayRefused, JsonDict, Unreachable, add_url_option, call, url_of
+from app.cli.common import FAILED, OK, USAGE, error
+from app.cli.gateway import (
+    GatewayRefused,
+    JsonDict,
+    Unreachable,
+    add_url_option,
+    call,
+    reported,
+    url_of,
+)
 
 # The gateway drains requests in flight before it stops a backend: give it time.
 YIELD_TIMEOUT_S = 900.0
@@ -121,12 +129,8 @@ def run_restore(args: argparse.Namespace) -> int:
     url = url_of(args)
     try:
         body = call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S)
-    except Unreachable as exc:
-        error("restore", str(exc))
-        return UNREACHABLE
-    except GatewayRefused as exc:
-        error("restore", f"{exc} (HTTP {exc.status})")
-        return FAILED
+    except (Unreachable, GatewayRefused) as exc:
+        return reported("restore", exc)
     print(restore_summary(body))
     return OK
 
@@ -149,12 +153,8 @@ def run_yield(args: argparse.Namespace) -> int:
         request["ttl_s"] = args.ttl
     try:
         body = call("POST", url, "/vram/yield", timeout=YIELD_TIMEOUT_S, body=request)
-    except Unreachable as exc:
-        error("yield", str(exc))
-        return UNREACHABLE
-    except GatewayRefused as exc:
-        error("yield", f"{exc} (HTTP {exc.status})")
-        return FAILED
+    except (Unreachable, GatewayRefused) as exc:
+        return reported("yield", exc)
     print(yield_summary(body))
     if body.get("met") is False:
         error(

@@ -16,6 +16,8 @@ from typing import Any, Final
 
 import httpx
 
+from app.cli.common import FAILED, UNREACHABLE, error
+
 FALLBACK_URL: Final = "http://127.0.0.1:8080"
 URL_ENV: Final = "MICROSCHEDULER_URL"
 ADMIN_KEY_ENV: Final = "MICROSCHEDULER_ADMIN_KEY"
@@ -34,6 +36,18 @@ class GatewayRefused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+GatewayProblem = Unreachable | GatewayRefused
+
+
+def reported(command: str, problem: GatewayProblem) -> int:
+    """Print the one error line for a failed call; the exit code it means (3 or 1)."""
+    if isinstance(problem, Unreachable):
+        error(command, str(problem))
+        return UNREACHABLE
+    error(command, f"{problem} (HTTP {problem.status})")
+    return FAILED
 
 
 def default_url() -> str:

@@ -16,13 +16,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import quote
 
-from app.cli.common import FAILED, OK, UNREACHABLE, error
+from app.cli.common import OK
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
     Unreachable,
     add_url_option,
     call,
+    reported,
     seconds,
     url_of,
 )
@@ -70,12 +71,8 @@ def _run(
     where = f"profile {args.profile_command}"
     try:
         body = call(method, url_of(args), path, timeout=args.timeout)
-    except Unreachable as exc:
-        error(where, str(exc))
-        return UNREACHABLE
-    except GatewayRefused as exc:
-        error(where, f"{exc} (HTTP {exc.status})")
-        return FAILED
+    except (Unreachable, GatewayRefused) as exc:
+        return reported(where, exc)
     print(json.dumps(body) if args.json else render(body, url_of(args)))
     return OK
 

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from app.cli.common import FAILED, OK, UNREACHABLE, error
+from app.cli.common import OK, UNREACHABLE, error
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
@@ -19,6 +19,7 @@ from app.cli.gateway import (
     add_url_option,
     call,
     follow,
+    reported,
     url_of,
 )
 
@@ -83,12 +84,8 @@ def run_status(args: argparse.Namespace) -> int:
             print(json.dumps(status) if args.json else render(status, url))
             return OK
         return _watch(url, json_lines=args.json)
-    except Unreachable as exc:
-        error("status", str(exc))
-        return UNREACHABLE
-    except GatewayRefused as exc:
-        error("status", f"{exc} (HTTP {exc.status})")
-        return FAILED
+    except (Unreachable, GatewayRefused) as exc:
+        return reported("status", exc)
 
 
 def _watch(url: str, *, json_lines: bool) -> int:
