@@ -17,6 +17,7 @@ it stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ from app.upstreams.vllm_load import ScrapeError, VllmLoadMetrics
 logger = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S: Final = 2.0  # one backend's /metrics
+LOOP_STOP_S: Final = 3.0  # at shutdown, how long the loops may finish their current step
 
 
 class Supervisor:
@@ -62,6 +64,11 @@ class Supervisor:
         self._auto_yield = auto_yield
         self._start_tasks: list[asyncio.Task[None]] = []
         self._loops: list[asyncio.Task[None]] = []
+        # Set at shutdown: the loops end after the step in progress instead of being
+        # cancelled in the middle of a request (asyncio leaks a socket whose connect is
+        # cancelled), within LOOP_STOP_S; stragglers are cancelled.
+        self._stopping = asyncio.Event()
+        self._gpu_poll: asyncio.Task[None] | None = None
 
     # -- footprints ---------------------------------------------------------------------
 
@@ -110,7 +117,8 @@ class Supervisor:
             spawn(self._scrape_loop(), name="vllm-scrape"),
         ]
         if self._gpu_monitor is not None:
-            self._loops.append(spawn(self._gpu_monitor.run(), name="gpu-poll"))
+            # No socket in a GPU sample: this one is simply cancelled at shutdown.
+            self._gpu_poll = spawn(self._gpu_monitor.run(), name="gpu-poll")
             if self._auto_yield is not None:
                 loop = self._auto_yield_loop(self._gpu_monitor, self._auto_yield)
                 self._loops.append(spawn(loop, name="auto-yield"))
@@ -137,16 +145,24 @@ class Supervisor:
 
     # -- loops --------------------------------------------------------------------------
 
+    async def _pause(self, seconds: float) -> bool:
+        """Wait `seconds`; False once shutdown began (the loop should end)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return not self._stopping.is_set()
+
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.gather(*(b.watch() for b in self._backends.values()))
-            await asyncio.sleep(self._settings.health_interval_s)
+            if not await self._pause(self._settings.health_interval_s):
+                return
 
     async def _scrape_loop(self) -> None:
         """Each backend's vLLM `/metrics` (KV cache usage, running and waiting) per poll."""
         while True:
             await asyncio.gather(*(self._scrape(b) for b in self._backends.values()))
-            await asyncio.sleep(self._settings.gpu.poll_interval_s)
+            if not await self._pause(self._settings.gpu.poll_interval_s):
+                return
 
     async def _scrape(self, backend: Backend) -> None:
         if backend.state is not BackendState.READY:
@@ -163,8 +179,7 @@ class Supervisor:
     async def _reaper_loop(self) -> None:
         """Stops lazy backends idle past `idle_ttl_s`, releases expired zones and ends an
         expired yield."""
-        while True:
-            await asyncio.sleep(self._settings.reaper_interval_s)
+        while await self._pause(self._settings.reaper_interval_s):
             self._arbiter.expire_zones(time.time())
             await self._yield.expire(time.time())
             now = time.monotonic()
@@ -174,16 +189,20 @@ class Supervisor:
 
     async def _auto_yield_loop(self, monitor: GpuMonitor, auto: AutoYield) -> None:
         """Reads the GPU monitor's last snapshot at its poll rate (no extra samples)."""
-        while True:
-            await asyncio.sleep(self._settings.gpu.poll_interval_s)
+        while await self._pause(self._settings.gpu.poll_interval_s):
             await auto.step(monitor.snapshot, time.monotonic())
 
     # -- shutdown -----------------------------------------------------------------------
 
     async def close(self) -> None:
         """Stop what the gateway runs itself; containers outlive it and are adopted later."""
+        self._stopping.set()
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=LOOP_STOP_S)
         for loop in self._loops:
             await cancel_and_wait(loop)
+        if self._gpu_poll is not None:
+            await cancel_and_wait(self._gpu_poll)
         for task in self._start_tasks:
             await cancel_and_wait(task)
         await self._yield.close()
