@@ -16,8 +16,8 @@ from starlette.routing import BaseRoute, Route
 
 from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, parse_request, upstream_body
 from app.api.relay import RelayResponse
-from app.api.views import model_list
-from app.errors import PayloadTooLarge
+from app.api.views import model_list, model_view
+from app.errors import ModelNotFound, PayloadTooLarge
 from app.routing.exchange import Call
 from app.services import Services
 from app.upstreams.http import forwardable_request_headers
@@ -71,9 +71,23 @@ async def list_models(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
+async def retrieve_model(request: Request) -> Response:
+    """`GET /v1/models/{id}`: an id or alias, as `client.models.retrieve(id)` expects; 404
+    `model_not_found` for any other name. Ids may hold slashes (`Qwen/Qwen3-8B`)."""
+    services: Services = request.app.state.services
+    services.auth.check_client(request.headers.get("authorization"))
+    name = request.path_params["model"]
+    entry = next((e for e in services.registry.entries if e.id == name), None)
+    if entry is None:
+        raise ModelNotFound(name)
+    body = json.dumps(model_view(entry, services.started_at)).encode()
+    return Response(body, media_type="application/json")
+
+
 routes: list[BaseRoute] = [
     _proxy(CHAT),
     _proxy(COMPLETIONS),
     _proxy(EMBEDDINGS),
     Route("/v1/models", list_models, methods=["GET"], name="models"),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"], name="model"),
 ]

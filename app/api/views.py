@@ -21,7 +21,7 @@ from app.lifecycle.zones import Zone
 from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
-from app.routing.registry import Registry
+from app.routing.registry import ModelEntry, Registry
 from app.services import Services
 
 Json = dict[str, Any]
@@ -227,19 +227,18 @@ def _mib_up(value: int | None) -> int | None:
 
 def model_list(registry: Registry, created: float) -> Json:
     """`GET /v1/models` in OpenAI's list shape."""
+    return {"object": "list", "data": [model_view(e, created) for e in registry.entries]}
+
+
+def model_view(entry: ModelEntry, created: float) -> Json:
+    """One model id or alias as OpenAI's model object (`GET /v1/models/{id}`)."""
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": entry.id,
-                "object": "model",
-                "created": int(created),
-                "owned_by": entry.backend,
-                "root": entry.root,
-                "parent": None,
-            }
-            for entry in registry.entries
-        ],
+        "id": entry.id,
+        "object": "model",
+        "created": int(created),
+        "owned_by": entry.backend,
+        "root": entry.root,
+        "parent": None,
     }
 
 

@@ -103,6 +103,20 @@ async def test_model_list_has_every_id_and_alias(gw: Gateway) -> None:
     ]
 
 
+async def test_one_model_is_retrieved_by_id_or_alias(gw: Gateway) -> None:
+    listed = (await gw.client.get("/v1/models")).json()["data"]
+    for model in listed:
+        response = await gw.client.get(f"/v1/models/{model['id']}")
+        assert response.status_code == 200
+        assert response.json() == model
+    missing = await gw.client.get("/v1/models/gpt-9")
+    assert missing.status_code == 404
+    assert_openai_error(missing.json(), "model_not_found", "invalid_request_error")
+    assert "'gpt-9'" in missing.json()["error"]["message"]
+    slashed = await gw.client.get("/v1/models/Qwen/Qwen3-8B")  # ids may hold slashes
+    assert slashed.json()["error"]["code"] == "model_not_found"
+
+
 async def test_unknown_model_is_404_model_not_found(gw: Gateway, upstream: FakeServer) -> None:
     response = await gw.client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-9"})
     assert response.status_code == 404

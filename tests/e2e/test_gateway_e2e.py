@@ -130,6 +130,11 @@ def test_completions_embeddings_and_models(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
     assert ids[:3] == ["nemotron-8b", "orchestrator", "default"]
     assert "dead-model" in ids
+    alias = client.models.retrieve("default")  # an alias, as the SDK asks for one
+    assert (alias.id, alias.owned_by) == ("default", "orchestrator")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-9")
+    assert info.value.code == "model_not_found"
 
 
 def test_wrong_or_missing_key_is_401(gw: GatewayProcess) -> None:
