@@ -21,12 +21,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 # Escaped for the double-quoted echo below.
-TRY_BODY := {\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], \"stream\": true}
+TRY_BODY := {\"model\": \"reasoning\", \"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], \"stream\": true}
 
 run: $(VENV)/.installed
 	@echo "microscheduler: serving $(CONFIG) on http://$(HOST):$(PORT) (Ctrl-C stops it and its backends)."
 	@echo "Open http://$(HOST):$(PORT)/ for the control page. Once the log says 'backend ready',"
-	@echo "try (the first request wakes the lazy orchestrator):"
+	@echo "try (the first request wakes the lazy reasoning model):"
 	@echo "  curl -sN http://$(HOST):$(PORT)/v1/chat/completions -H 'content-type: application/json' -d '$(TRY_BODY)'"
 	@echo
 	$(BIN)/microscheduler serve --config $(CONFIG) --host $(HOST) --port $(PORT)

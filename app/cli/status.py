@@ -91,20 +91,21 @@ def run_status(args: argparse.Namespace) -> int:
 def _watch(url: str, *, json_lines: bool) -> int:
     status: JsonDict = {}
     in_place = sys.stdout.isatty()
+    shown = ""
     try:
         for event, data in follow(url, "/status/stream"):
             if event == "snapshot":
                 status = data
-            elif event == "event":
-                continue
-            elif event in status:
+            elif event != "event" and event in status:
                 status[event] = data
             else:
                 continue
-            if json_lines:
-                print(json.dumps(status), flush=True)
-            else:
-                print((CLEAR if in_place else "\n") + render(status, url), flush=True)
+            text = json.dumps(status) if json_lines else render(status, url)
+            if text == shown:
+                continue  # the GPU sample's age moved, nothing the table shows
+            shown = text
+            prefix = "" if json_lines else (CLEAR if in_place else "\n")
+            print(prefix + text, flush=True)
     except KeyboardInterrupt:
         return OK
     error("status", f"the gateway at {url} ended the stream")
