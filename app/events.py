@@ -6,7 +6,7 @@ Fields come from the gateway (backend names, reasons it wrote), never request bo
 secrets.
 
 Streams subscribe (`subscribe()`); `record()` queues the event for each subscriber and
-`changed()` marks their view stale (in-flight counts, a GPU sample). Both are synchronous
+`changed()` wakes them (in-flight counts, a GPU sample). Both are synchronous
 and O(subscribers): the gateway never waits for a client. A subscriber's queue is
 bounded; one that falls `max_queued` events behind is dropped (its stream ends) rather
 than buffered without end.
@@ -24,22 +24,20 @@ MAX_QUEUED: Final = 256
 
 
 class Subscription:
-    """One stream's view of the log: the events it has not sent yet, and whether the
-    state it shows is stale."""
+    """One stream's view of the log: the events it has not sent yet, and `wake`, set when
+    anything it shows may have changed."""
 
     def __init__(self, log: EventLog, max_queued: int) -> None:
         self._log = log
         self.max_queued = max_queued
         self.events: deque[dict[str, Any]] = deque()
-        self.stale = False
         self.dropped = False
         self.wake = asyncio.Event()
 
     def take(self) -> list[dict[str, Any]]:
-        """The queued events, oldest first; clears the queue and the stale mark."""
+        """The queued events, oldest first; clears the queue and `wake`."""
         events = list(self.events)
         self.events.clear()
-        self.stale = False
         self.wake.clear()
         return events
 
@@ -63,15 +61,12 @@ class EventLog:
                 sub.close()
             else:
                 sub.events.append(event)
-                sub.stale = True
             sub.wake.set()
 
     def changed(self) -> None:
         """Something `/status` shows changed without an event (counts, a GPU sample)."""
         for sub in self._subscribers:
-            if not sub.stale:
-                sub.stale = True
-                sub.wake.set()
+            sub.wake.set()
 
     def subscribe(self, max_queued: int = MAX_QUEUED) -> Subscription:
         sub = Subscription(self, max_queued)

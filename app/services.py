@@ -116,7 +116,7 @@ class Services:
         for name in self.backends:
             vllm_load.declare(name)
         self.auto_yield = (
-            AutoYield(settings.gpu.auto_yield, self.vram_yield, self.backends, self.events)
+            AutoYield(settings.gpu.auto_yield, self.vram_yield, self.arbiter, self.events)
             if settings.gpu.auto_yield.enabled
             else None
         )

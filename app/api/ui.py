@@ -1,6 +1,6 @@
 """The control page: `GET /ui` (and `/` redirects there), its script and stylesheet.
 
-Three files shipped in the package (`app/api/page/`), read once at import, served with
+Three files shipped in the package (`app/api/page/`), each read once when first asked, served with
 no outside asset and no build step. The page holds no secret: what it shows comes from
 the admin endpoints (`/status/stream`, the actions), with the admin key the user types
 kept in the tab's sessionStorage, or from loopback when no admin key is set.
@@ -8,6 +8,7 @@ kept in the tab's sessionStorage, or from loopback when no admin key is set.
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.resources import files
 from typing import Final
 
@@ -21,7 +22,6 @@ _FILES: Final = {
     "page.js": "text/javascript; charset=utf-8",
     "page.css": "text/css; charset=utf-8",
 }
-_BODIES: Final = {name: (_PAGE / name).read_bytes() for name in _FILES}
 # The page may only talk to this gateway, and nothing may frame it.
 _HEADERS: Final = {
     "cache-control": "no-cache",
@@ -32,11 +32,17 @@ _HEADERS: Final = {
 }
 
 
+@cache
+def _body(name: str) -> bytes:
+    """A file of the page, read once, on its first request (nothing is read at import)."""
+    return (_PAGE / name).read_bytes()
+
+
 def _serve(name: str) -> Route:
-    body, media_type = _BODIES[name], _FILES[name]
+    media_type = _FILES[name]
 
     async def handle(request: Request) -> Response:
-        return Response(body, media_type=media_type, headers=_HEADERS)
+        return Response(_body(name), media_type=media_type, headers=_HEADERS)
 
     path = "/ui" if name == "index.html" else f"/ui/{name}"
     return Route(path, handle, methods=["GET"], include_in_schema=False)

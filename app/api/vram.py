@@ -78,7 +78,7 @@ async def list_zones(services: ServicesDep) -> dict[str, Any]:
 @router.post("/vram/zones/{zone}/acquire")
 async def acquire_zone(
     zone: ZoneName,
-    body: Annotated[ZoneRequest | None, Depends(json_body(ZoneRequest))],
+    request: Annotated[ZoneRequest | None, Depends(json_body(ZoneRequest))],
     services: ServicesDep,
 ) -> dict[str, Any]:
     """Evicts lazy backends until `mib` is free on the GPU, then holds it for `holder`.
@@ -87,9 +87,8 @@ async def acquire_zone(
     held by someone else or the memory cannot be freed (the message says what holds it).
     """
     _not_the_yield(zone)
-    if body is None:
+    if request is None:
         raise InvalidRequest("The request body must be a JSON object with mib and holder.")
-    request = body
     grant = await services.arbiter.acquire_zone(
         zone,
         holder=request.holder,

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from app.cli.common import FAILED, OK, USAGE, error
+from app.cli.common import FAILED, OK, error, positive_int, seconds
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
@@ -49,7 +49,7 @@ def add_gaming_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     )
     add_url_option(take)
     take.add_argument(
-        "--min-free-mib", type=int, default=None, metavar="N",
+        "--min-free-mib", type=positive_int, default=None, metavar="N",
         help="fail (exit 1, undone) unless N MiB are free afterwards",
     )  # fmt: skip
     take.add_argument(
@@ -57,7 +57,7 @@ def add_gaming_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         help="also stop the backends the gateway keeps running (pinned)",
     )  # fmt: skip
     take.add_argument(
-        "--ttl", type=float, default=None, metavar="S",
+        "--ttl", type=seconds, default=None, metavar="S",
         help="restore by itself after S seconds (default: when restored)",
     )  # fmt: skip
     take.add_argument("--reason", default="gaming", help="shown in /status (default gaming)")
@@ -139,12 +139,6 @@ def run_yield(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    if args.min_free_mib is not None and args.min_free_mib <= 0:
-        error("yield", f"--min-free-mib must be positive, got {args.min_free_mib}")
-        return USAGE
-    if args.ttl is not None and not args.ttl > 0:
-        error("yield", f"--ttl must be a positive number of seconds, got {args.ttl:g}")
-        return USAGE
     url = url_of(args)
     request: JsonDict = {"reason": args.reason, "include_pinned": args.include_pinned}
     if args.min_free_mib is not None:
@@ -160,8 +154,9 @@ def run_yield(args: argparse.Namespace) -> int:
         error(
             "yield",
             f"only {body.get('free_mib'):,} MiB free, not the {args.min_free_mib:,} MiB asked "
-            f"for; what holds it:\n{_holders(url)}",
+            "for; what holds it:",
         )
+        print(_holders(url), file=sys.stderr)
         _restore_quietly(url)
         return FAILED
     if not command:

@@ -66,17 +66,6 @@ def url_of(args: argparse.Namespace) -> str:
     return (args.url or default_url()).rstrip("/")
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def _headers() -> tuple[dict[str, str], bool]:
     headers = {"Accept": "application/json"}
     key = os.environ.get(ADMIN_KEY_ENV, "").strip()

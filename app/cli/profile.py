@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import quote
 
-from app.cli.common import OK
+from app.cli.common import OK, seconds
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
@@ -24,7 +24,6 @@ from app.cli.gateway import (
     add_url_option,
     call,
     reported,
-    seconds,
     url_of,
 )
 

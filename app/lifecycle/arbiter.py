@@ -77,13 +77,20 @@ class VramArbiter:
 
     # -- accounting -------------------------------------------------------------------
 
+    def held_mib(self, *, measured: bool = False) -> dict[int, int]:
+        """MiB per GPU the backends holding memory take: as admitted, or (`measured`) as
+        their last start measured, admitted where it measured nothing."""
+        held: dict[int, int] = defaultdict(int)
+        for backend in self._backends.values():
+            mib = (measured and backend.measured_mib) or backend.vram_mib
+            if backend.holds_vram and mib:
+                for gpu in backend.config.gpus:
+                    held[gpu] += mib
+        return dict(held)
+
     def placed_mib(self) -> dict[int, int]:
         """MiB per GPU the gateway placed: admitted backends and zone holds."""
-        placed: dict[int, int] = defaultdict(int)
-        for backend in self._backends.values():
-            if backend.holds_vram and backend.vram_mib:
-                for gpu in backend.config.gpus:
-                    placed[gpu] += backend.vram_mib
+        placed = defaultdict(int, self.held_mib())
         for zone in self.zones.values():
             placed[zone.gpu] += zone.mib
         return dict(placed)

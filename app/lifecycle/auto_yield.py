@@ -21,7 +21,7 @@ from typing import Literal
 from app.errors import GatewayError
 from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot
-from app.lifecycle.backend import Backend
+from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.vram_yield import VramYield, YieldRequest
 from app.lifecycle.zones import Zone
 from app.settings import AutoYieldConfig
@@ -38,17 +38,10 @@ class Decision:
     foreign_mib: int
 
 
-def foreign_mib(snapshot: GpuSnapshot, backends: Mapping[str, Backend]) -> dict[int, int]:
-    """Per usable GPU: used memory the gateway's backends do not account for (>= 0)."""
-    ours: dict[int, int] = {}
-    for backend in backends.values():
-        if not backend.holds_vram:
-            continue
-        mib = backend.measured_mib or backend.vram_mib or 0
-        for gpu in backend.config.gpus:
-            ours[gpu] = ours.get(gpu, 0) + mib
+def foreign_mib(snapshot: GpuSnapshot, held: Mapping[int, int]) -> dict[int, int]:
+    """Per usable GPU: used memory the backends' `held` MiB do not account for (>= 0)."""
     return {
-        stats.index: max(0, stats.used_mib - ours.get(stats.index, 0))
+        stats.index: max(0, stats.used_mib - held.get(stats.index, 0))
         for stats in snapshot.gpus
         if not stats.lost
     }
@@ -100,19 +93,19 @@ class AutoYield:
         self,
         config: AutoYieldConfig,
         vram_yield: VramYield,
-        backends: Mapping[str, Backend],
+        arbiter: VramArbiter,
         events: EventLog,
     ) -> None:
         self.policy = AutoYieldPolicy(config)
         self._yield = vram_yield
-        self._backends = backends
+        self._arbiter = arbiter
         self._events = events
 
     async def step(self, snapshot: GpuSnapshot | None, now: float) -> Decision | None:
         """Decide on the latest snapshot (monotonic `now`) and act; returns what it did."""
         if snapshot is None:
             return None
-        foreign = foreign_mib(snapshot, self._backends)
+        foreign = foreign_mib(snapshot, self._arbiter.held_mib(measured=True))
         decision = self.policy.decide(now, foreign, self._yield.current)
         if decision is None:
             return None

@@ -38,7 +38,8 @@ class Server:
         self.healthy: bool | None = None  # last health check; None before the first
         self.health_error: str | None = None
         self.runtime_detail: str | None = None  # the runtime's last word on it
-        self.start_progress: str | None = None  # while starting: what it waits for
+        # While wait_healthy polls: when it began and what the runtime last said.
+        self._waiting: tuple[float, str] | None = None
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -105,7 +106,7 @@ class Server:
                         running = f"the {self._what_runs()} is running"
                 if await self.check_health():
                     return
-                self.start_progress = self._progress(time.monotonic() - began, running)
+                self._waiting = (began, running)
                 if time.monotonic() >= deadline:
                     await self.runtime.stop()
                     raise StartFailed(
@@ -114,18 +115,23 @@ class Server:
                     )
                 await asyncio.sleep(READINESS_POLL_S)
         finally:
-            self.start_progress = None
+            self._waiting = None
 
     def _what_runs(self) -> str:
         return "container" if self.runtime.kind == "docker" else "process"
 
-    def _progress(self, waited_s: float, running: str) -> str:
-        """`health check to http://127.0.0.1:8189/health refused for 40 s; the process is
-        running`: what a start waits for, for /status, the page and wake notices."""
+    @property
+    def start_progress(self) -> str | None:
+        """While a start waits for health: `health check to http://127.0.0.1:8189/health
+        refused for 40 s; the process is running` (for /status, the page, wake notices)."""
+        if self._waiting is None:
+            return None
+        began, running = self._waiting
         error = self.health_error or "failing"
         if "refused" in error.lower() or "connecterror" in error.lower():
             error = "refused"
-        return f"health check to {self.vllm.health_url} {error} for {int(waited_s)} s; {running}"
+        waited = int(time.monotonic() - began)
+        return f"health check to {self.vllm.health_url} {error} for {waited} s; {running}"
 
     async def stop(self) -> None:
         """Stop a server the gateway manages (nothing for an external one)."""

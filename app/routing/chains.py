@@ -95,8 +95,6 @@ class ChainCall:
         self._cloud = cloud
         self._chain = chain
         self._call = call
-        self._route = call.route
-        self._path = call.path
         self._request = ProviderRequest(call.path, call.payload, call.stream)
         self._passed: list[Passed] = []
         self._attempts = 0
@@ -105,7 +103,7 @@ class ChainCall:
         cloud, chain = self._cloud, self._chain
         start = cloud.clock()
         budget = Budget.start(start, chain.config.deadline_s, chain.config.max_attempts)
-        excluded = cloud.excluded(chain, self._path)
+        excluded = cloud.excluded(chain, self._call.path)
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)
@@ -165,7 +163,7 @@ class ChainCall:
         except BaseException:
             cloud.release(name, permit)
             raise
-        if name == self._route.backend:
+        if name == self._call.route.backend:
             body = self._call.body
         else:
             body = self._request.body_for(backend.config.served_model)
@@ -176,7 +174,7 @@ class ChainCall:
             response = await open_upstream(
                 backend,
                 lease,
-                self._path,
+                self._call.path,
                 body,
                 self._call.headers,
                 cloud.upstream_errors,
@@ -195,7 +193,7 @@ class ChainCall:
             return Passed(name, verdict.reason, f"HTTP {response.status}")
         hooks = _Hooks(cloud, name, permit, provider=False, served=verdict.action == "serve")
         return Exchange(
-            self._route,
+            self._call.route,
             name,
             response,
             lease,
@@ -233,7 +231,7 @@ class ChainCall:
             cloud.metrics.provider_outcome(name, "client_error")
         counted = isinstance(response, AnthropicStream)  # its usage comes from the translator
         return Exchange(
-            self._route,
+            self._call.route,
             name,
             response,
             None,
@@ -287,10 +285,10 @@ class ChainCall:
     def _nothing_available(self, plan: ChainAvailability) -> GatewayError:
         self._passed = [Passed(s.entry, s.reason) for s in plan.skipped]
         headers = {FALLBACKS_HEADER.decode(): fallbacks_header(self._passed).decode()}
-        what = f"the fallback chain {self._chain.key!r} of model {self._route.name!r}"
+        what = f"the fallback chain {self._chain.key!r} of model {self._call.route.name!r}"
         if plan.retry_after_s is None:
             return FallbackExhausted(
-                f"No entry of {what} can serve {self._path}: {self._summary()}.",
+                f"No entry of {what} can serve {self._call.path}: {self._summary()}.",
                 tried=self._tried(),
                 headers=headers,
             )
@@ -305,7 +303,7 @@ class ChainCall:
     def _exhausted(self) -> GatewayError:
         cloud, chain = self._cloud, self._chain
         headers = {FALLBACKS_HEADER.decode(): fallbacks_header(self._passed).decode()}
-        what = f"the fallback chain {chain.key!r} of model {self._route.name!r}"
+        what = f"the fallback chain {chain.key!r} of model {self._call.route.name!r}"
         if any(p.reason in (R.DEADLINE_UNREACHED, R.DEADLINE) for p in self._passed):
             return FallbackDeadline(
                 f"No entry of {what} answered within its deadline_s "
@@ -314,7 +312,10 @@ class ChainCall:
                 headers=headers,
             )
         later = available_entries(
-            chain.entries, cloud.circuits, cloud.clock(), excluded=cloud.excluded(chain, self._path)
+            chain.entries,
+            cloud.circuits,
+            cloud.clock(),
+            excluded=cloud.excluded(chain, self._call.path),
         )
         return FallbackExhausted(
             f"No entry of {what} could answer: {self._summary()}.",

@@ -58,8 +58,6 @@ from typing import Annotated, Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     PositiveFloat,
@@ -67,6 +65,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from app.settings.base import StrictConfig
 
 DEFAULT_FALLBACK_ON_STATUS = (429, 500, 502, 503, 504, 529)
 # Headers a provider config may not set: the key goes through `api_key_env`; framing is ours.
@@ -77,11 +77,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ProviderConfig(_Strict):
+class ProviderConfig(StrictConfig):
     kind: Literal["openai", "anthropic"]
     base_url: str
     api_key_env: str | None = None
@@ -146,7 +142,7 @@ class ProviderConfig(_Strict):
         return self
 
 
-class ChainConfig(_Strict):
+class ChainConfig(StrictConfig):
     entries: list[str] = Field(min_length=1)
     on_context_length: Literal["relay", "next"] = "relay"
     fallback_on_status: list[Annotated[int, Field(ge=400, le=599)]] = Field(
@@ -173,7 +169,7 @@ class ChainConfig(_Strict):
         return entries
 
 
-class CircuitBreakerConfig(_Strict):
+class CircuitBreakerConfig(StrictConfig):
     """Defaults of every entry's circuit breaker (local backends and providers)."""
 
     failure_threshold: PositiveInt = 3
@@ -188,7 +184,7 @@ class CircuitBreakerConfig(_Strict):
         return self
 
 
-class CloudConfig(_Strict):
+class CloudConfig(StrictConfig):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     chains: dict[str, ChainConfig] = Field(default_factory=dict)
     circuit: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)

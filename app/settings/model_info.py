@@ -60,8 +60,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     PositiveFloat,
@@ -80,12 +78,11 @@ from app.planner.description import (
 )
 from app.planner.kv import parse_kv_dtype
 from app.planner.weights import normalize_weight_dtype
+from app.settings.base import StrictConfig
 
 
-class ModelInfoConfig(BaseModel):
+class ModelInfoConfig(StrictConfig):
     """`model_info:` of a backend (see the module docstring for the keys and defaults)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # What the model is.
     catalog: str | None = None

@@ -30,18 +30,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+from pydantic import Field, PositiveFloat, model_validator
+
+from app.settings.base import StrictConfig
 
 Percent = Annotated[float, Field(gt=0, le=100)]
 # Rounding slack when shares are compared with the target (40 + 35 + 1 written as floats).
 _PCT_SLACK = 1e-9
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ProfileModelConfig(_Strict):
+class ProfileModelConfig(StrictConfig):
     enabled: bool = True
     vram_pct: Percent | None = None
     cuda_graphs: bool | None = None  # None: as the backend is configured
@@ -49,7 +47,7 @@ class ProfileModelConfig(_Strict):
     container: str | None = None  # informational (the article's shape); runtime names it
 
 
-class ProfileConfig(_Strict):
+class ProfileConfig(StrictConfig):
     description: str | None = None
     # shared: several instances share the GPU; exclusive: one instance owns it.
     vram_strategy: Literal["shared", "exclusive"] = "shared"
@@ -90,7 +88,7 @@ class ProfileConfig(_Strict):
         return int(total * model.vram_pct / 100)
 
 
-class GpuProfilesConfig(_Strict):
+class GpuProfilesConfig(StrictConfig):
     profiles: dict[str, ProfileConfig] = Field(min_length=1)
     active: str | None = None  # None: the first profile
 

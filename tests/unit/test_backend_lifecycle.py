@@ -442,3 +442,25 @@ async def test_a_stop_the_runtime_cannot_do_raises_and_keeps_counting_the_memory
     assert "could not be stopped: stop failed: cannot reach the Docker API" in info.value.message
     assert backend.state is BackendState.FAILED
     assert backend.holds_vram is True
+
+
+class UnaskableRuntime(GatedRuntime):
+    """Started, but its status cannot be read (e.g. the Docker proxy is down)."""
+
+    async def status(self) -> RuntimeStatus:
+        raise RuntimeFailure("docker proxy unreachable")
+
+
+async def test_a_start_that_waits_says_why_even_when_the_runtime_cannot_be_asked() -> None:
+    runtime = UnaskableRuntime()
+    runtime.gate.set()
+    refusing = make_backend(runtime, lambda r: httpx.Response(503), **LAZY, start_timeout_s=30)
+    waiter = asyncio.create_task(refusing.acquire(max_wait_s=30))
+    progress = await until(refusing.start_progress, what="a start that says why it waits")
+    assert progress.startswith(
+        "health check to http://backend:8000/health health answered 503 for "
+    )
+    assert progress.endswith("s; its runtime cannot be asked (docker proxy unreachable)")
+    waiter.cancel()
+    await refusing.stop(StopReason.ADMIN)
+    assert refusing.start_progress() is None  # nothing waits any more

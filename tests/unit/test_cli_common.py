@@ -57,3 +57,20 @@ def test_check_config_with_a_missing_directory_exits_1(
     args = build_parser().parse_args(["check-config", "--config", str(tmp_path / "nope")])
     assert args.func(args) == FAILED
     assert "microscheduler: invalid configuration:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["yield", "--ttl", "0"], "argument --ttl: must be a positive number of seconds"),
+        (["yield", "--min-free-mib", "0"], "argument --min-free-mib: must be a positive whole"),
+        (["profile", "list", "--timeout", "-1"], "argument --timeout: must be a positive"),
+    ],
+)
+def test_values_a_command_cannot_use_are_usage_errors(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == USAGE
+    assert said in capsys.readouterr().err

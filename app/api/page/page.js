@@ -4,7 +4,7 @@
 
 const KEY = "microscheduler.adminKey";
 const PALETTE = ["#2563eb", "#7c3aed", "#0d9488", "#db2777", "#ca8a04", "#0891b2", "#65a30d", "#c2410c"];
-const state = { status: null, events: [], profiles: [], retry: null, controller: null };
+const state = { status: null, events: [], retry: null, controller: null };
 
 const $ = (selector) => document.querySelector(selector);
 
