@@ -11,6 +11,8 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
     ├── PermissionDenied (403)
     ├── ModelNotFound (404, code model_not_found)
     ├── NotFound (404, code not_found)            unknown path
+    │   ├── EndpointNotServed (404)               the model's backend does not serve this API
+    │   └── ResponseNotFound (404)                a /v1/responses id the gateway did not route
     ├── MethodNotAllowed (405)
     ├── Conflict (409)                            an admin action the current state forbids
     └── UpstreamError (server_error)              the upstream could not answer
@@ -47,6 +49,8 @@ class ErrorCode(StrEnum):
     PERMISSION_DENIED = "permission_denied"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
+    ENDPOINT_NOT_SERVED = "endpoint_not_served"
+    RESPONSE_NOT_FOUND = "response_not_found"
     BACKEND_NOT_FOUND = "backend_not_found"
     ZONE_NOT_FOUND = "zone_not_found"
     PROFILE_NOT_FOUND = "profile_not_found"
@@ -152,6 +156,21 @@ class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     default_code = ErrorCode.NOT_FOUND
+
+
+class EndpointNotServed(NotFound):
+    default_code = ErrorCode.ENDPOINT_NOT_SERVED
+
+
+class ResponseNotFound(NotFound):
+    default_code = ErrorCode.RESPONSE_NOT_FOUND
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(
+            f"No response with id '{response_id}' was created through this gateway recently "
+            "(ids are remembered for a bounded time, and a backend forgets its responses "
+            "when it stops).",
+        )
 
 
 class MethodNotAllowed(GatewayError):

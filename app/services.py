@@ -35,6 +35,7 @@ from app.metrics import Metrics
 from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
+from app.routing.responses import ResponseIds
 from app.runtimes.base import Runtime
 from app.runtimes.docker import DockerRuntime
 from app.runtimes.docker_api import DockerApi
@@ -133,7 +134,13 @@ class Services:
         self.cloud = build_cloud(
             settings, self.registry, self.backends, metrics, on_event=self.events.record
         )
-        self.dispatcher = Dispatcher(self.registry, self.backends, metrics, self.cloud)
+        self.dispatcher = Dispatcher(
+            self.registry,
+            self.backends,
+            metrics,
+            self.cloud,
+            ResponseIds(ttl_s=settings.responses_ttl_s),
+        )
 
     def _build_backend(self, name: str, config: BackendConfig, runtime: Runtime) -> Backend:
         headers = _upstream_auth(name, config)

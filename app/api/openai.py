@@ -1,5 +1,6 @@
-"""The OpenAI-compatible surface: /v1/chat/completions, /v1/completions, /v1/embeddings,
-/v1/models.
+"""The OpenAI-compatible surface: the routes of `app.api.protocol.PROXIED` (chat,
+completions, embeddings, responses, vLLM's pooling and tokenizer routes, audio, images),
+the follow-ups of a stored response (`/v1/responses/{id}`), and `/v1/models`.
 
 The proxied routes are plain Starlette routes: they take the raw body, parse only what
 routing needs and hand the rest to `RelayResponse`; no pydantic model of the whole body,
@@ -9,17 +10,20 @@ no per-request dependency solving.
 from __future__ import annotations
 
 import json
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, parse_request, upstream_body
+from app.api.middleware import context_of
+from app.api.protocol import PROXIED, Endpoint, parse_request, upstream_body
 from app.api.relay import RelayResponse
 from app.api.views import model_list, model_view
 from app.errors import ModelNotFound, PayloadTooLarge
 from app.routing.exchange import Call
 from app.services import Services
+from app.settings.endpoints import Api
 from app.upstreams.http import forwardable_request_headers
 
 
@@ -49,7 +53,9 @@ def _proxy(endpoint: Endpoint) -> Route:
     async def handle(request: Request) -> Response:
         services: Services = request.app.state.services
         services.auth.check_client(request.headers.get("authorization"))
-        parsed = parse_request(await read_body(request, services.settings.max_body_bytes), endpoint)
+        body = await read_body(request, services.settings.max_body_bytes)
+        content_type = request.headers.get("content-type", "")
+        parsed = parse_request(body, endpoint, content_type)
         route = services.dispatcher.route(parsed.model)
         call = Call(
             route,
@@ -58,10 +64,40 @@ def _proxy(endpoint: Endpoint) -> Route:
             parsed.stream,
             upstream_body(parsed, route),
             forwardable_request_headers(request.scope["headers"]),
+            api=endpoint.api,
+            content_type=parsed.content_type,
         )
         return RelayResponse(services.dispatcher, call)
 
-    return Route(endpoint.path, handle, methods=["POST"], name=endpoint.name)
+    return Route(endpoint.path, handle, methods=["POST"], name=f"{endpoint.name}:{endpoint.path}")
+
+
+async def stored_response(request: Request) -> Response:
+    """`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
+    /v1/responses/{id}/input_items`: relayed to the entry that created the response
+    (`app.routing.responses`); 404 `response_not_found` for an id it did not create."""
+    services: Services = request.app.state.services
+    services.auth.check_client(request.headers.get("authorization"))
+    ctx = context_of(request.scope)
+    if ctx is not None:
+        ctx.endpoint = "responses_stored"
+    stored = services.dispatcher.stored_response(request.path_params["response_id"])
+    body = await read_body(request, services.settings.max_body_bytes)
+    query = request.url.query
+    path = request.url.path + (f"?{query}" if query else "")
+    call = Call(
+        stored.route,
+        path,
+        {},
+        request.query_params.get("stream") == "true",
+        body,
+        forwardable_request_headers(request.scope["headers"]),
+        api=Api.RESPONSES,
+        method=request.method,
+    )
+    if request.method == "DELETE":
+        services.dispatcher.response_ids.forget(request.path_params["response_id"])
+    return RelayResponse(services.dispatcher, call, entry=stored.entry)
 
 
 async def list_models(request: Request) -> Response:
@@ -84,10 +120,12 @@ async def retrieve_model(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
+_RESPONSE: Final = "/v1/responses/{response_id}"
 routes: list[BaseRoute] = [
-    _proxy(CHAT),
-    _proxy(COMPLETIONS),
-    _proxy(EMBEDDINGS),
+    *(_proxy(endpoint) for endpoint in PROXIED),
+    Route(_RESPONSE, stored_response, methods=["GET", "DELETE"], name="response"),
+    Route(_RESPONSE + "/cancel", stored_response, methods=["POST"], name="response_cancel"),
+    Route(_RESPONSE + "/input_items", stored_response, methods=["GET"], name="response_items"),
     Route("/v1/models", list_models, methods=["GET"], name="models"),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"], name="model"),
 ]

@@ -13,30 +13,63 @@ from typing import Any, Final
 
 from app.errors import ErrorCode, InvalidRequest
 from app.routing.registry import Route
+from app.settings.endpoints import Api
+from app.upstreams.multipart import boundary_of, form_fields, part_names, replace_field
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     name: str  # metric label
     path: str  # same path upstream
-    required: str  # the field this endpoint cannot do without
-    required_types: tuple[type, ...]
+    api: Api  # what a backend must serve to take it
+    required: str | None = None  # the field this endpoint cannot do without
+    required_types: tuple[type, ...] = ()
+    form: bool = False  # multipart/form-data (an upload), not JSON
 
 
-CHAT: Final = Endpoint("chat_completions", "/v1/chat/completions", "messages", (list,))
-COMPLETIONS: Final = Endpoint("completions", "/v1/completions", "prompt", (str, list))
-EMBEDDINGS: Final = Endpoint("embeddings", "/v1/embeddings", "input", (str, list))
-ENDPOINT_BY_PATH: Final = {e.path: e.name for e in (CHAT, COMPLETIONS, EMBEDDINGS)} | {
-    "/v1/models": "models"
+_TEXT: Final = (str, list)
+CHAT: Final = Endpoint("chat_completions", "/v1/chat/completions", Api.CHAT, "messages", (list,))
+COMPLETIONS: Final = Endpoint("completions", "/v1/completions", Api.COMPLETIONS, "prompt", _TEXT)
+EMBEDDINGS: Final = Endpoint("embeddings", "/v1/embeddings", Api.EMBEDDINGS, "input", _TEXT)
+RESPONSES: Final = Endpoint("responses", "/v1/responses", Api.RESPONSES)
+# Routed by `model` like chat; vLLM's names and paths (its pooling and tokenizer routers).
+PROXIED: Final = (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    RESPONSES,
+    Endpoint("rerank", "/v1/rerank", Api.RERANK, "query", (str,)),
+    Endpoint("rerank", "/rerank", Api.RERANK, "query", (str,)),
+    Endpoint("rerank", "/v2/rerank", Api.RERANK, "query", (str,)),
+    Endpoint("score", "/v1/score", Api.SCORE),
+    Endpoint("score", "/score", Api.SCORE),
+    Endpoint("tokenize", "/tokenize", Api.TOKENIZE),
+    Endpoint("detokenize", "/detokenize", Api.DETOKENIZE, "tokens", (list,)),
+    Endpoint("pooling", "/pooling", Api.POOLING),
+    Endpoint("classify", "/classify", Api.CLASSIFY, "input", _TEXT),
+    Endpoint(
+        "audio_transcriptions", "/v1/audio/transcriptions", Api.TRANSCRIPTIONS, "file", form=True
+    ),
+    Endpoint("audio_translations", "/v1/audio/translations", Api.TRANSLATIONS, "file", form=True),
+    Endpoint("audio_speech", "/v1/audio/speech", Api.SPEECH, "input", (str,)),
+    Endpoint("images_generations", "/v1/images/generations", Api.IMAGES, "prompt", (str,)),
+    Endpoint("images_edits", "/v1/images/edits", Api.IMAGES, "image", form=True),
+)
+ENDPOINT_BY_PATH: Final = {e.path: e.name for e in PROXIED} | {
+    "/v1/models": "models",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages_count_tokens",
 }
+_FORM_FIELDS: Final = frozenset({"model", "stream"})
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     model: str
     stream: bool
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # the JSON body; for a form, its text fields
     raw: bytes
+    content_type: str = "application/json"
 
 
 def json_object(body: bytes) -> dict[str, Any]:
@@ -58,13 +91,13 @@ def json_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
+def parse_request(
+    body: bytes, endpoint: Endpoint, content_type: str = "application/json"
+) -> ParsedRequest:
+    if endpoint.form:
+        return parse_form(body, endpoint, content_type)
     payload = json_object(body)
-    model = payload.get("model")
-    if model is None:
-        raise InvalidRequest("You must provide a model parameter.", param="model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest.wrong_type("model", "a non-empty string", model)
+    model = model_of(payload)
     stream = payload.get("stream", False)
     if stream is None:
         stream = False
@@ -73,21 +106,64 @@ def parse_request(body: bytes, endpoint: Endpoint) -> ParsedRequest:
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest.wrong_type("stream_options", "an object", options)
-    if endpoint.required not in payload:
-        raise InvalidRequest(
-            f"Missing required parameter: '{endpoint.required}'.", param=endpoint.required
-        )
-    value = payload[endpoint.required]
-    if not isinstance(value, endpoint.required_types):
-        wanted = " or ".join(_TYPE_NAMES[t] for t in endpoint.required_types)
-        raise InvalidRequest.wrong_type(endpoint.required, wanted, value)
+    required = endpoint.required
+    if required is not None:
+        if required not in payload:
+            raise _missing(required)
+        value = payload[required]
+        if not isinstance(value, endpoint.required_types):
+            wanted = " or ".join(_TYPE_NAMES[t] for t in endpoint.required_types)
+            raise InvalidRequest.wrong_type(required, wanted, value)
     return ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
+
+
+def model_of(payload: dict[str, Any]) -> str:
+    model = payload.get("model")
+    if model is None:
+        raise InvalidRequest("You must provide a model parameter.", param="model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest.wrong_type("model", "a non-empty string", model)
+    return model
+
+
+def parse_form(body: bytes, endpoint: Endpoint, content_type: str) -> ParsedRequest:
+    """An upload: `model` and `stream` read from the form wherever they sit; the body
+    itself is relayed unchanged."""
+    boundary = boundary_of(content_type)
+    if boundary is None:
+        raise InvalidRequest(
+            f"{endpoint.path} takes multipart/form-data (a file upload), not "
+            f"{content_type.split(';')[0] or 'a body without content-type'}."
+        )
+    fields = form_fields(body, boundary, _FORM_FIELDS)
+    model = fields.get("model")
+    if not model:
+        raise InvalidRequest("You must provide a model parameter.", param="model")
+    stream_text = fields.get("stream", "false").strip().lower()
+    if stream_text not in ("true", "false", "1", "0", ""):
+        raise InvalidRequest.wrong_type("stream", "a boolean", stream_text)
+    if endpoint.required is not None and endpoint.required not in part_names(body, boundary):
+        raise _missing(endpoint.required)
+    return ParsedRequest(
+        model=model,
+        stream=stream_text in ("true", "1"),
+        payload=dict(fields),
+        raw=body,
+        content_type=content_type,
+    )
+
+
+def _missing(param: str) -> InvalidRequest:
+    return InvalidRequest(f"Missing required parameter: '{param}'.", param=param)
 
 
 def upstream_body(request: ParsedRequest, route: Route) -> bytes:
     """The body to send upstream: unchanged unless the client named an alias."""
     if not route.rewrites:
         return request.raw
+    boundary = boundary_of(request.content_type)
+    if boundary is not None:
+        return replace_field(request.raw, boundary, "model", route.upstream_model)
     payload = dict(request.payload)
     payload["model"] = route.upstream_model
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Final
+from typing import Final, Protocol
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -45,11 +45,55 @@ MAX_ERROR_BODY: Final = 64 * 1024
 _SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
+class Dialect(Protocol):
+    """How the client's API words what the gateway itself says: an error before the first
+    byte, an error inside a stream already begun, a keep-alive while a backend wakes."""
+
+    def error_response(self, err: GatewayError) -> Response: ...
+
+    def stream_error(self, err: GatewayError, last_chunk: bytes) -> bytes: ...
+
+    def upstream_stream_error(self, status: int, body: bytes) -> bytes: ...
+
+    def keepalive(self, backend: str, waited_s: float, detail: str | None) -> bytes: ...
+
+
+class OpenAIDialect:
+    """OpenAI's envelope; in a stream, one `data: {"error": ...}` event and `[DONE]`; SSE
+    comments (`: waking reasoning 5s`) as keep-alives."""
+
+    def error_response(self, err: GatewayError) -> Response:
+        return error_response(err)
+
+    def stream_error(self, err: GatewayError, last_chunk: bytes) -> bytes:
+        return _error_event(err, last_chunk)
+
+    def upstream_stream_error(self, status: int, body: bytes) -> bytes:
+        return _upstream_error_event(status, body)
+
+    def keepalive(self, backend: str, waited_s: float, detail: str | None) -> bytes:
+        why = f" ({detail})" if detail else ""
+        return f": waking {backend} {int(waited_s)}s{why}\n\n".encode()
+
+
+OPENAI: Final = OpenAIDialect()
+
+
 class RelayResponse(Response):
     # A Response only so routes can return it; it builds its own messages in __call__.
-    def __init__(self, dispatcher: Dispatcher, call: Call) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        call: Call,
+        *,
+        dialect: Dialect = OPENAI,
+        entry: str | None = None,
+    ) -> None:
+        """`entry`: open the call there (a stored response's follow-up), not where it routes."""
         self._dispatcher = dispatcher
         self._call = call
+        self._dialect = dialect
+        self._entry = entry
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -58,19 +102,23 @@ class RelayResponse(Response):
         if ctx is not None:
             ctx.model, ctx.backend = route.name, route.backend
         watch = _DisconnectWatch(receive)
-        notice = _WakeNotice(send, route.backend) if self._call.stream else None
+        dialect = self._dialect
+        notice = _WakeNotice(send, route.backend, dialect) if self._call.stream else None
         exchange: Exchange | None = None
         try:
             try:
-                exchange = await self._dispatcher.open(self._call, notice)
+                if self._entry is not None:
+                    exchange = await self._dispatcher.open_at(self._entry, self._call)
+                else:
+                    exchange = await self._dispatcher.open(self._call, notice)
                 if ctx is not None:
                     ctx.backend = exchange.backend
             except GatewayError as err:
                 watch.stop()
                 if notice is not None and notice.started:
-                    await send(_body(_error_event(err, b""), more=False))
+                    await send(_body(dialect.stream_error(err, b""), more=False))
                 else:
-                    await error_response(err)(scope, receive, send)
+                    await dialect.error_response(err)(scope, receive, send)
                 return
             if notice is not None and notice.started:
                 await self._relay_after_notice(exchange, send, watch)
@@ -119,7 +167,8 @@ class RelayResponse(Response):
                 if len(body) > MAX_ERROR_BODY:
                     break
         watch.stop()
-        await send(_body(_upstream_error_event(upstream.status, body), more=False))
+        error = self._dialect.upstream_stream_error(upstream.status, body)
+        await send(_body(error, more=False))
 
     async def _relay_body(
         self, exchange: Exchange, send: Send, watch: _DisconnectWatch, *, sse: bool
@@ -143,7 +192,7 @@ class RelayResponse(Response):
             )
             watch.stop()
             if sse:
-                await send(_body(_error_event(err, last), more=False))
+                await send(_body(self._dialect.stream_error(err, last), more=False))
             # Otherwise return without finishing: the server closes the connection, so the
             # client sees a truncated response rather than a silently shortened one.
             return
@@ -199,9 +248,10 @@ def _upstream_error_event(status: int, body: bytes) -> bytes:
 class _WakeNotice:
     """Keeps a held streaming client alive with SSE comments; sends the status line once."""
 
-    def __init__(self, send: Send, backend: str) -> None:
+    def __init__(self, send: Send, backend: str, dialect: Dialect) -> None:
         self._send = send
         self._backend = backend
+        self._dialect = dialect
         self.started = False
 
     async def __call__(self, waited_s: float, detail: str | None = None) -> None:
@@ -215,8 +265,7 @@ class _WakeNotice:
                                 *_SSE_EXTRA_HEADERS],
                 }
             )  # fmt: skip
-        why = f" ({detail})" if detail else ""
-        line = f": waking {self._backend} {int(waited_s)}s{why}\n\n".encode()
+        line = self._dialect.keepalive(self._backend, waited_s, detail)
         await self._send(_body(line, more=True))
 
     def for_backend(self, backend: str) -> WaitNotice:

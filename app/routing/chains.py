@@ -4,8 +4,9 @@ chains, providers and circuits it walks).
 `ChainCall.open()` walks a chain for one request, in order:
 
 1. Entries ruled out before anything is sent are passed over: a provider without its
-   key (`no_api_key`), Anthropic for `/v1/completions` and `/v1/embeddings`
-   (`unsupported_endpoint`), an open circuit (`circuit_open`), a half-open circuit whose
+   key (`no_api_key`), an entry that serves the call's API neither as is nor translated
+   (`unsupported_endpoint`: Anthropic for `/v1/embeddings`, a chat backend for `/rerank`),
+   an open circuit (`circuit_open`), a half-open circuit whose
    one trial is out (`trial_in_flight`). If that leaves nothing, the answer is 503
    `all_entries_cooling` with `Retry-After` (when the first circuit may be tried again).
 2. A local backend is acquired (woken if needed), waiting at most the chain's
@@ -50,7 +51,7 @@ from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
 from app.routing.fallback_metrics import TokenCounter
-from app.routing.local import open_upstream
+from app.routing.local import open_local
 from app.routing.policy import (
     Budget,
     FallbackReason,
@@ -61,7 +62,6 @@ from app.routing.policy import (
 )
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
-from app.upstreams.provider import ProviderRequest
 
 R = FallbackReason
 ROUTE_HEADER: Final = b"x-microscheduler-route"
@@ -95,7 +95,6 @@ class ChainCall:
         self._cloud = cloud
         self._chain = chain
         self._call = call
-        self._request = ProviderRequest(call.path, call.payload, call.stream)
         self._passed: list[Passed] = []
         self._attempts = 0
 
@@ -103,7 +102,7 @@ class ChainCall:
         cloud, chain = self._cloud, self._chain
         start = cloud.clock()
         budget = Budget.start(start, chain.config.deadline_s, chain.config.max_attempts)
-        excluded = cloud.excluded(chain, self._call.path)
+        excluded = cloud.excluded(chain, self._call.apis())
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)
@@ -163,24 +162,21 @@ class ChainCall:
         except BaseException:
             cloud.release(name, permit)
             raise
+        target = self._call.for_target(backend.config.apis.__contains__)
+        assert target is not None  # excluded otherwise (Cloud.excluded)
+        sent, answer = target
         if name == self._call.route.backend:
-            body = self._call.body
+            body = sent.body
         else:
-            body = self._request.body_for(backend.config.served_model)
+            body = sent.provider_request().body_for(backend.config.served_model)
         own = backend.upstream.timeouts.first_byte_s
         first_byte = first_byte_timeout(budget, cloud.clock(), own)
         self._attempts += 1
         try:
-            response = await open_upstream(
-                backend,
-                lease,
-                self._call.path,
-                body,
-                self._call.headers,
-                cloud.upstream_errors,
-                first_byte_s=first_byte,
+            response = await open_local(
+                backend, lease, sent, cloud.upstream_errors, body=body, first_byte_s=first_byte
             )
-        except UpstreamError as err:  # counted, and the lease released, by open_upstream
+        except UpstreamError as err:  # counted, and the lease released, by open_local
             return self._raised(name, permit, err, first_byte < own)
         except BaseException:
             cloud.release(name, permit)
@@ -191,11 +187,19 @@ class ChainCall:
             response.release()
             lease.release()
             return Passed(name, verdict.reason, f"HTTP {response.status}")
+        relayed: Relayable = response
+        if answer is not None:
+            try:
+                relayed = await answer(response, first_byte)
+            except BaseException:
+                response.release()
+                lease.release()
+                raise
         hooks = _Hooks(cloud, name, permit, provider=False, served=verdict.action == "serve")
         return Exchange(
             self._call.route,
             name,
-            response,
+            relayed,
             lease,
             headers=self._answer_headers(name),
             tokens=cloud.metrics.token_counter(name),
@@ -205,11 +209,14 @@ class ChainCall:
     async def _provider(self, name: str, permit: Permit, budget: Budget) -> Exchange | Passed:
         cloud = self._cloud
         provider = cloud.providers[name]
+        target = self._call.for_target(provider.supports)
+        assert target is not None  # excluded otherwise (Cloud.excluded)
+        sent, answer = target
         own = provider.first_byte_s
         first_byte = first_byte_timeout(budget, cloud.clock(), own)
         self._attempts += 1
         try:
-            response = await provider.open(self._request, first_byte)
+            response = await provider.open(sent.provider_request(), first_byte)
         except UpstreamError as err:
             passed = self._raised(name, permit, err, first_byte < own)
             cloud.metrics.provider_outcome(name, _outcome(passed.reason))
@@ -229,6 +236,12 @@ class ChainCall:
             return Passed(name, verdict.reason, f"HTTP {response.status}")
         if verdict.action == "relay":
             cloud.metrics.provider_outcome(name, "client_error")
+        if answer is not None:
+            try:
+                response = await answer(response, first_byte)
+            except BaseException:
+                response.release()
+                raise
         counted = isinstance(response, AnthropicStream)  # its usage comes from the translator
         return Exchange(
             self._call.route,
@@ -315,7 +328,7 @@ class ChainCall:
             chain.entries,
             cloud.circuits,
             cloud.clock(),
-            excluded=cloud.excluded(chain, self._call.path),
+            excluded=cloud.excluded(chain, self._call.apis()),
         )
         return FallbackExhausted(
             f"No entry of {what} could answer: {self._summary()}.",

@@ -35,6 +35,7 @@ from app.routing.policy import FallbackReason, PolicyConfig, Verdict
 from app.routing.registry import Registry
 from app.settings import Settings, TimeoutsConfig
 from app.settings.cloud import ChainConfig, CloudConfig, ProviderConfig
+from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicProvider
 from app.upstreams.openai_compat import OpenAIProvider
 from app.upstreams.provider import Provider
@@ -96,15 +97,24 @@ class Cloud:
         metrics: Metrics,
         *,
         missing_keys: frozenset[str] = frozenset(),
+        apis: Mapping[str, frozenset[Api]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: EventHook | None = None,
     ) -> None:
+        """`apis`: what each entry serves (default: each backend's configuration and
+        each provider's `supports`)."""
         self.config = config
         self.providers = dict(providers)
         self.backends = backends
         self.chain_by_model = dict(chain_by_model)
         self.chains = {c.key: c for c in self.chain_by_model.values()}
         self.missing_keys = missing_keys
+        self.apis = (
+            dict(apis)
+            if apis is not None
+            else {name: b.config.apis for name, b in backends.items()}
+            | {name: frozenset(a for a in Api if p.supports(a)) for name, p in providers.items()}
+        )
         self.clock = clock  # monotonic seconds; tests move it to age circuits
         self.on_event = on_event  # on_event(kind, **fields); set it any time
         self.upstream_errors = metrics.upstream_errors
@@ -121,25 +131,29 @@ class Cloud:
             chains={key: chain.entries for key, chain in config.chains.items()},
             circuit_open={e: self._open_reader(self.circuits.get(e)) for e in entries},
         )
-        self._excluded: dict[tuple[str, str], dict[str, FallbackReason]] = {}
+        self._excluded: dict[tuple[str, tuple[Api, ...]], dict[str, FallbackReason]] = {}
         self._fallback_seen: dict[tuple[str, str, str, FallbackReason], tuple[float, int]] = {}
 
     def _open_reader(self, circuit: Circuit) -> Callable[[], float]:
         return lambda: 1.0 if circuit.state(self.clock()) is CircuitState.OPEN else 0.0
 
-    def excluded(self, chain: Chain, path: str) -> dict[str, FallbackReason]:
-        """Entries of `chain` ruled out for `path` by the configuration, with the reason."""
-        key = (chain.key, path)
+    def excluded(self, chain: Chain, apis: tuple[Api, ...]) -> dict[str, FallbackReason]:
+        """Entries of `chain` ruled out by the configuration for a call that any of `apis`
+        can serve (its own, then its translation), with the reason."""
+        key = (chain.key, apis)
         found = self._excluded.get(key)
         if found is None:
             found = {}
             for entry in chain.entries:
                 if entry in self.missing_keys:
                     found[entry] = FallbackReason.NO_API_KEY
-                elif entry in self.providers and not self.providers[entry].supports(path):
+                elif not any(self.serves(entry, api) for api in apis):
                     found[entry] = FallbackReason.UNSUPPORTED_ENDPOINT
             self._excluded[key] = found
         return found
+
+    def serves(self, entry: str, api: Api) -> bool:
+        return api in self.apis.get(entry, frozenset())
 
     def emit(self, kind: str, **fields: Any) -> None:
         hook = self.on_event
@@ -305,6 +319,8 @@ def build_cloud(
         chain_by_model,
         metrics,
         missing_keys=frozenset(missing),
+        apis={name: cfg.apis for name, cfg in settings.backends.items()}
+        | {name: cfg.apis for name, cfg in config.providers.items()},
         on_event=on_event,
     )
 

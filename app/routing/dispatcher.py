@@ -2,22 +2,30 @@
 
 The dispatcher decides where a request goes: a model with a fallback chain is walked by
 `app.routing.chains.ChainCall`; any other goes to its backend. Both open a local backend
-through `app.routing.local.open_upstream` and return the same `Exchange`.
+through `app.routing.local.open_local` and return the same `Exchange`.
+
+A backend takes only the APIs it serves (`BackendConfig.apis`): a call it cannot take
+as is nor translated is refused 404 `endpoint_not_served` before anything is woken.
+A `/v1/responses` answer's id is remembered with the entry that created it, so the
+follow-ups on that id (`open_at`) reach the same entry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.errors import ModelNotFound, UpstreamError
+from app.errors import EndpointNotServed, ModelNotFound, ResponseNotFound, UpstreamError
 from app.lifecycle.backend import Backend
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
 from app.routing.fallback_metrics import TokenCounter
-from app.routing.local import open_upstream
+from app.routing.local import open_local
 from app.routing.registry import Registry, Route
+from app.routing.responses import ResponseIds, StoredAt, created_response_id
+from app.settings.endpoints import Api
+from app.upstreams.http import Relayable
 
 
 class Dispatcher:
@@ -27,6 +35,7 @@ class Dispatcher:
         backends: Mapping[str, Backend],
         metrics: Metrics,
         cloud: Cloud | None = None,
+        response_ids: ResponseIds | None = None,
     ) -> None:
         self._registry = registry
         self._backends = backends
@@ -38,6 +47,7 @@ class Dispatcher:
             if cloud is not None
             else {}
         )
+        self.response_ids = response_ids if response_ids is not None else ResponseIds()
 
     def route(self, model: str) -> Route:
         route = self._registry.resolve(model)
@@ -51,14 +61,51 @@ class Dispatcher:
         while the request is held for a start)."""
         chain = self._chains.get(call.route.name)
         if chain is not None and self._cloud is not None:
-            return await ChainCall(self._cloud, chain, call).open(notice)
-        backend = self._backends[call.route.backend]
+            exchange = await ChainCall(self._cloud, chain, call).open(notice)
+        else:
+            exchange = await self._open_backend(call.route.backend, call, notice)
+        if call.api is Api.RESPONSES and exchange.response.status == 200:
+            created = created_response_id(exchange.response.first_chunk)
+            if created is not None:
+                self.response_ids.remember(created, exchange.backend, call.route)
+        return exchange
+
+    def stored_response(self, response_id: str) -> StoredAt:
+        """Where a response created through the gateway lives; `ResponseNotFound` if unknown."""
+        stored = self.response_ids.lookup(response_id)
+        if stored is None:
+            raise ResponseNotFound(response_id)
+        return stored
+
+    async def open_at(self, entry: str, call: Call) -> Exchange:
+        """Open `call` on one entry, a backend or a provider, bypassing routing (the
+        follow-ups of a stored response)."""
+        if entry in self._backends:
+            return await self._open_backend(entry, call, None)
+        provider = self._cloud.providers.get(entry) if self._cloud is not None else None
+        if provider is None:  # the configuration changed since
+            raise ResponseNotFound(call.path.rsplit("/", 1)[-1])
+        response = await provider.open(call.provider_request(), provider.first_byte_s)
+        return Exchange(call.route, entry, response, None)
+
+    async def _open_backend(self, name: str, call: Call, notice: Notice | None) -> Exchange:
+        backend = self._backends[name]
+        target = call.for_target(backend.config.apis.__contains__)
+        if target is None:
+            raise not_served(call, name, backend.config.apis)
+        sent, answer = target
         lease = await backend.acquire(notice)
-        response = await open_upstream(
-            backend, lease, call.path, call.body, call.headers, self._metrics.upstream_errors
-        )
+        response = await open_local(backend, lease, sent, self._metrics.upstream_errors)
+        relayed: Relayable = response
+        if answer is not None:
+            try:
+                relayed = await answer(response, backend.upstream.timeouts.first_byte_s)
+            except BaseException:
+                response.release()
+                lease.release()
+                raise
         return Exchange(
-            call.route, backend.name, response, lease, tokens=self._tokens.get(backend.name)
+            call.route, backend.name, relayed, lease, tokens=self._tokens.get(backend.name)
         )
 
     def record_stream_error(self, exchange: Exchange, exc: UpstreamError) -> None:
@@ -66,3 +113,12 @@ class Dispatcher:
             self._metrics.upstream_errors.labels(exchange.backend, exc.kind).inc()
         if exchange.hooks is not None:
             exchange.hooks.stream_failed(exchange, exc)
+
+
+def not_served(call: Call, backend: str, serves: frozenset[Api]) -> EndpointNotServed:
+    listed = ", ".join(sorted(serves))
+    return EndpointNotServed(
+        f"The model '{call.route.name}' is served by backend '{backend}', which does not "
+        f"serve {call.path} ({call.api}); it serves: {listed}. A backend lists what it "
+        "serves under `endpoints:` (or `runner:`) in models.yaml."
+    )

@@ -4,7 +4,7 @@ and for a fallback chain alike."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,7 +12,12 @@ from app.errors import UpstreamError
 from app.lifecycle.lease import Lease, WaitNotice
 from app.routing.fallback_metrics import TokenCounter
 from app.routing.registry import Route
+from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
+from app.upstreams.provider import ProviderRequest
+
+# Turns an answer in the translated API back into the client's, within `within_s`.
+AnswerTranslator = Callable[[Relayable, float], Awaitable[Relayable]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +25,9 @@ class Call:
     """One client request, routed: what the dispatcher needs to open it anywhere.
 
     `body` is what the route's own backend gets (its served model name put in); a chain
-    builds other entries' bodies from `payload`."""
+    builds other entries' bodies from `payload` (or, for a form, from `body`).
+    `translated` is the same request in another API, for a target that does not serve
+    `api` (Anthropic's Messages as OpenAI chat), with the way back for its answer."""
 
     route: Route
     path: str
@@ -28,6 +35,44 @@ class Call:
     stream: bool
     body: bytes
     headers: dict[str, str]
+    api: Api = Api.CHAT
+    method: str = "POST"
+    content_type: str = "application/json"
+    translated: Translated | None = None
+
+    def provider_request(self) -> ProviderRequest:
+        return ProviderRequest(
+            self.path,
+            self.payload,
+            self.stream,
+            api=self.api,
+            method=self.method,
+            raw=self.body,
+            content_type=self.content_type,
+        )
+
+    def apis(self) -> tuple[Api, ...]:
+        """The APIs a target may serve to take this call, in order of preference."""
+        if self.translated is None:
+            return (self.api,)
+        return (self.api, self.translated.call.api)
+
+    def for_target(
+        self, serves: Callable[[Api], bool]
+    ) -> tuple[Call, AnswerTranslator | None] | None:
+        """This call as a target that `serves` some APIs takes it: as is, translated (with
+        the answer's way back), or None when it can take neither."""
+        if serves(self.api):
+            return self, None
+        if self.translated is not None and serves(self.translated.call.api):
+            return self.translated.call, self.translated.answer
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Translated:
+    call: Call
+    answer: AnswerTranslator
 
 
 class Notice(Protocol):

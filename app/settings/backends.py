@@ -20,6 +20,7 @@ from pydantic import (
 
 from app.planner.description import resolve
 from app.settings.base import StrictConfig
+from app.settings.endpoints import RUNNER_APIS, Api, Runner
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
 
@@ -96,6 +97,9 @@ class BackendConfig(StrictConfig):
     models: list[str] = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
     role: str | None = None
+    # What it serves (app/settings/endpoints.py): vLLM's set for `runner`, unless listed.
+    runner: Runner = "generate"
+    endpoints: list[Api] | None = Field(default=None, min_length=1)
     runtime: RuntimeConfig = Field(default_factory=ExternalRuntimeConfig)
     timeouts: TimeoutOverridesConfig = Field(default_factory=TimeoutOverridesConfig)
     health_path: str = "/health"
@@ -163,6 +167,13 @@ class BackendConfig(StrictConfig):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
         resolve(self.model_info, self.hf_config)  # a description must be usable
         return self
+
+    @property
+    def apis(self) -> frozenset[Api]:
+        """The APIs requests may use on this backend."""
+        if self.endpoints is not None:
+            return frozenset(self.endpoints)
+        return RUNNER_APIS[self.runner]
 
     @property
     def managed(self) -> bool:

@@ -42,6 +42,10 @@ Provider options:
   `circuit.cooldown_s`).
 - `headers`: extra request headers (not `authorization`, `x-api-key` or framing ones).
 - `max_tokens` (`anthropic`, required), `anthropic_version` (default `2023-06-01`).
+- `endpoints`: the APIs it is asked for (default: `chat, completions, embeddings, responses,
+  transcriptions, translations, speech, images` for `openai`; `chat, messages` for
+  `anthropic`, which can serve no other). A chain passes over a provider for any other
+  (`unsupported_endpoint`).
 
 Chain options (long form): `on_context_length` (`relay` | `next`), `fallback_on_status`
 (4xx statuses that fall back; every 5xx always does), `wake_timeout_s` (how long a request
@@ -67,6 +71,7 @@ from pydantic import (
 )
 
 from app.settings.base import StrictConfig
+from app.settings.endpoints import ANTHROPIC_PROVIDER_APIS, OPENAI_PROVIDER_APIS, Api
 
 DEFAULT_FALLBACK_ON_STATUS = (429, 500, 502, 503, 504, 529)
 # Headers a provider config may not set: the key goes through `api_key_env`; framing is ours.
@@ -89,6 +94,14 @@ class ProviderConfig(StrictConfig):
     cooldown_s: PositiveFloat | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     max_connections: PositiveInt = 64
+    # What it is asked for; default: every OpenAI API for `openai`, chat and messages for
+    # `anthropic` (app/settings/endpoints.py).
+    endpoints: list[Api] | None = Field(default=None, min_length=1)
+
+    @property
+    def apis(self) -> frozenset[Api]:
+        default = OPENAI_PROVIDER_APIS if self.kind == "openai" else ANTHROPIC_PROVIDER_APIS
+        return default if self.endpoints is None else frozenset(self.endpoints)
 
     @field_validator("base_url")
     @classmethod
@@ -139,6 +152,12 @@ class ProviderConfig(StrictConfig):
                 )
         elif self.max_tokens is not None:
             raise ValueError("max_tokens: only applies to kind anthropic")
+        if self.kind == "anthropic" and self.endpoints is not None:
+            beyond = sorted(set(self.endpoints) - ANTHROPIC_PROVIDER_APIS)
+            if beyond:
+                raise ValueError(
+                    f"endpoints: kind anthropic serves only chat and messages, not {beyond}"
+                )
         return self
 
 

@@ -128,6 +128,8 @@ class Settings(BaseSettings):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     state_dir: Path = Path("var")  # zone holds survive restarts here
     wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
+    # How long `/v1/responses/{id}` follow-ups find the entry that created the response.
+    responses_ttl_s: PositiveFloat = 3600.0
     reaper_interval_s: PositiveFloat = 1.0
     docker: DockerConfig = Field(default_factory=DockerConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)

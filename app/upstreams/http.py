@@ -39,8 +39,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 _NOT_FROM_UPSTREAM = HOP_BY_HOP | {"server", "date"}
-# What a client sends that must not reach the upstream: the gateway's own key, framing.
-_NOT_TO_UPSTREAM = HOP_BY_HOP | {"host", "authorization", "content-length", "cookie"}
+# What a client sends that must not reach the upstream: the gateway's own key (as a bearer
+# token or, from Anthropic's SDKs, `x-api-key`), framing.
+_NOT_TO_UPSTREAM = HOP_BY_HOP | {"host", "authorization", "x-api-key", "content-length", "cookie"}
 
 
 def forwardable_request_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -229,8 +230,10 @@ class HttpUpstream:
         headers: dict[str, str],
         *,
         first_byte_s: float | None = None,
+        method: str = "POST",
     ) -> UpstreamResponse:
-        """POST `body` to `path`; return once status, headers and the first chunk are in.
+        """Send `body` to `path` (POST unless `method` says otherwise); return once status,
+        headers and the first chunk are in.
 
         `first_byte_s` replaces the configured first-byte timeout for this request (a
         fallback chain gives an attempt what is left of its deadline)."""
@@ -242,7 +245,7 @@ class HttpUpstream:
         limit = self.timeouts.first_byte_s if first_byte_s is None else first_byte_s
         try:
             async with asyncio.timeout(limit):
-                response = await session.post(url, data=body, headers=headers)
+                response = await session.request(method, url, data=body, headers=headers)
                 first = await response.content.readany()
         except BaseException as exc:
             if response is not None:

@@ -17,6 +17,7 @@ from typing import Final
 
 from app.settings import TimeoutsConfig
 from app.settings.cloud import ProviderConfig
+from app.settings.endpoints import Api
 from app.upstreams.http import HttpUpstream, Relayable
 from app.upstreams.provider import ProviderRequest
 
@@ -43,16 +44,23 @@ class OpenAIProvider:
             extra_headers=headers,
         )
 
-    def supports(self, path: str) -> bool:
-        return True
+    def supports(self, api: Api) -> bool:
+        return api in self.config.apis
 
     async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
-        accept = b"text/event-stream" if request.stream else b"application/json"
+        if request.stream:
+            accept = "text/event-stream"
+        else:
+            accept = "*/*" if request.api is Api.SPEECH else "application/json"
+        headers = {"accept": accept}
+        if request.method == "POST":
+            headers["content-type"] = request.content_type
         response = await self.upstream.open(
             request.path.removeprefix("/v1"),
             request.body_for(self.config.model),
-            {"content-type": "application/json", "accept": accept.decode()},
+            headers,
             first_byte_s=first_byte_s,
+            method=request.method,
         )
         response.headers = [
             (name, value)

@@ -6,16 +6,23 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
+from app.upstreams.multipart import boundary_of, replace_field
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderRequest:
-    """A client request as a provider needs it: the parsed body, not the raw bytes."""
+    """A client request as a provider needs it: the parsed body, and the raw one for a
+    form (an upload is relayed as sent, with only its `model` field replaced)."""
 
     path: str  # the gateway's path, e.g. /v1/chat/completions
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # the JSON body; for a form, its text fields
     stream: bool
+    api: Api = Api.CHAT
+    method: str = "POST"
+    raw: bytes = b""  # the body as the client sent it (a form's files included)
+    content_type: str = "application/json"
 
     @property
     def include_usage(self) -> bool:
@@ -24,6 +31,11 @@ class ProviderRequest:
 
     def body_for(self, model: str) -> bytes:
         """The body with `model` replaced (what an OpenAI-compatible upstream gets)."""
+        if self.method != "POST":
+            return b""
+        boundary = boundary_of(self.content_type)
+        if boundary is not None:
+            return replace_field(self.raw, boundary, "model", model)
         payload = {**self.payload, "model": model}
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -33,8 +45,8 @@ class Provider(Protocol):
     kind: str  # "openai" | "anthropic"
     first_byte_s: float  # its own first-byte timeout (a chain may give an attempt less)
 
-    def supports(self, path: str) -> bool:
-        """Whether it serves this endpoint at all (skipped otherwise)."""
+    def supports(self, api: Api) -> bool:
+        """Whether it serves this API at all (skipped otherwise)."""
 
     async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
         """Send the request; return once the first content is in (within `first_byte_s`).

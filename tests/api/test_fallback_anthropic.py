@@ -85,6 +85,8 @@ async def world(
                     "models": ["local-model"],
                     "aliases": ["reasoning"],
                     "role": "reasoning",
+                    # the fake serves embeddings too; a generate runner would not
+                    "endpoints": ["chat", "completions", "embeddings"],
                 }
             },
             {

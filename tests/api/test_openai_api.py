@@ -80,7 +80,26 @@ async def test_streaming_chat_is_relayed_as_server_sent_events(gw: Gateway) -> N
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_completions_and_embeddings_pass_through(gw: Gateway) -> None:
+async def test_completions_and_embeddings_pass_through(upstream: FakeServer) -> None:
+    settings = one_backend(upstream.url, endpoints=["chat", "completions", "embeddings"])
+    async with gateway(settings) as gw:
+        await _completions_and_embeddings(gw)
+
+
+async def test_an_api_the_backend_does_not_serve_is_404_before_any_upstream_call(
+    gw: Gateway, upstream: FakeServer
+) -> None:
+    before = len((await upstream.stats())["requests"])
+    response = await gw.client.post("/v1/embeddings", json={"model": "default", "input": "a"})
+    assert response.status_code == 404
+    error = assert_openai_error(response.json(), "endpoint_not_served", "invalid_request_error")
+    assert "backend 'orchestrator'" in error["message"]
+    assert "/v1/embeddings" in error["message"]
+    assert "endpoints:" in error["message"]
+    assert len((await upstream.stats())["requests"]) == before
+
+
+async def _completions_and_embeddings(gw: Gateway) -> None:
     completion = await gw.client.post(
         "/v1/completions", json={"model": "nemotron-8b", "prompt": "once upon", "max_tokens": 3}
     )

@@ -19,6 +19,7 @@ from app.routing.policy import FallbackReason as R
 from app.routing.registry import Registry
 from app.settings import ConfigError, Settings, load_settings
 from app.settings.cloud import ChainConfig, CloudConfig
+from app.settings.endpoints import Api
 
 MODELS = """\
 backends:
@@ -236,14 +237,14 @@ def test_providers_without_their_key_are_left_out_and_described(
     assert described["circuits"]["deepseek"]["state"] == "closed"
     assert "sk-deepseek-secret" not in json.dumps(described)
     chain = cloud.chains["reasoning"]
-    assert cloud.excluded(chain, "/v1/chat/completions") == {
+    assert cloud.excluded(chain, (Api.CHAT,)) == {
         "vast_serverless": "no_api_key",
         "anthropic": "no_api_key",
     }
     assert "provider=anthropic variable=ANTHROPIC_API_KEY" in caplog.text
 
 
-def test_anthropic_is_excluded_for_completions_and_embeddings(tmp_path: Path) -> None:
+def test_entries_are_excluded_for_apis_they_do_not_serve(tmp_path: Path) -> None:
     settings = load(tmp_path, ISSUE_EXAMPLE)
     cloud = build_cloud(
         settings,
@@ -253,9 +254,19 @@ def test_anthropic_is_excluded_for_completions_and_embeddings(tmp_path: Path) ->
         environ={"DEEPSEEK_API_KEY": "a", "VAST_API_KEY": "b", "ANTHROPIC_API_KEY": "c"},
     )
     chain: Chain = cloud.chains["reasoning"]
-    assert cloud.excluded(chain, "/v1/chat/completions") == {}
-    for path in ("/v1/completions", "/v1/embeddings"):
-        assert cloud.excluded(chain, path) == {"anthropic": "unsupported_endpoint"}
+    assert cloud.excluded(chain, (Api.CHAT,)) == {}
+    assert cloud.excluded(chain, (Api.COMPLETIONS,)) == {"anthropic": "unsupported_endpoint"}
+    # The generate-runner backend serves no embeddings; neither does Anthropic.
+    both = {"reasoning": "unsupported_endpoint", "anthropic": "unsupported_endpoint"}
+    assert cloud.excluded(chain, (Api.EMBEDDINGS,)) == both
+    # Messages: Anthropic passes it through, the others take it translated to chat.
+    assert cloud.excluded(chain, (Api.MESSAGES, Api.CHAT)) == {}
+    assert cloud.excluded(chain, (Api.RERANK,)) == {
+        "reasoning": "unsupported_endpoint",
+        "vast_serverless": "unsupported_endpoint",
+        "deepseek": "unsupported_endpoint",
+        "anthropic": "unsupported_endpoint",
+    }
 
 
 def test_an_empty_cloud_config_is_valid() -> None:

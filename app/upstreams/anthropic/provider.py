@@ -15,7 +15,11 @@ what the client will get:
   `first_byte_s` bounds that whole wait: a stream that stalls after `message_start`
   stalls before its first byte.
 
-Only `/v1/chat/completions` is offered; the chain skips this provider for the others.
+A Messages request (`/v1/messages`, `/v1/messages/count_tokens`, from a client speaking
+Anthropic's API to the gateway) is passed through: the body with the provider's model,
+the answer as Anthropic sent it (only `content-type`, `retry-after`, `request-id` and
+`anthropic-ratelimit-*` headers kept). Other APIs are not offered; the chain skips this
+provider for them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Final
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.settings import TimeoutsConfig
 from app.settings.cloud import ProviderConfig
+from app.settings.endpoints import Api
 from app.upstreams.anthropic import (
     SseParser,
     StreamTranslator,
@@ -41,10 +46,10 @@ from app.upstreams.anthropic.response import dump_json
 from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
 from app.upstreams.provider import ProviderRequest
 
-CHAT_PATH: Final = "/v1/chat/completions"
 MAX_ERROR_BODY: Final = 64 * 1024
 MAX_ANSWER_BODY: Final = 32 * 1024 * 1024
 _KEPT_ON_ERROR: Final = frozenset({b"retry-after", b"retry-after-ms"})
+_KEPT_PASSED_THROUGH: Final = _KEPT_ON_ERROR | {b"content-type", b"request-id"}
 _SSE_TYPE: Final = b"text/event-stream; charset=utf-8"
 _MALFORMED: Final = {
     "type": "error",
@@ -76,10 +81,12 @@ class AnthropicProvider:
             extra_headers=headers,  # holds the key: never logged
         )
 
-    def supports(self, path: str) -> bool:
-        return path == CHAT_PATH
+    def supports(self, api: Api) -> bool:
+        return api in self.config.apis
 
     async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
+        if request.api is Api.MESSAGES:
+            return await self._passed_through(request, first_byte_s)
         body = to_anthropic_request(
             request.payload,
             model=self.config.model,
@@ -107,6 +114,20 @@ class AnthropicProvider:
         except BaseException:
             response.release()
             raise
+
+    async def _passed_through(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
+        response = await self.upstream.open(
+            request.path,
+            request.body_for(self.config.model),
+            {"content-type": "application/json"},
+            first_byte_s=first_byte_s,
+        )
+        response.headers = [
+            (name, value)
+            for name, value in response.headers
+            if name in _KEPT_PASSED_THROUGH or name.startswith(b"anthropic-ratelimit-")
+        ]
+        return response
 
     async def _whole(
         self, response: UpstreamResponse, request: ProviderRequest, within_s: float

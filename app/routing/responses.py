@@ -1,0 +1,74 @@
+"""Which entry created a stored response: `GET/DELETE /v1/responses/{id}` and
+`/v1/responses/{id}/cancel` must reach the backend (or provider) that holds it.
+
+vLLM keeps stored responses in its own memory, so the gateway only remembers the id ->
+entry mapping, for `ttl_s` and at most `max_ids` ids (the oldest go first). The id is
+read from the start of the answer: the `id` of a response object, or of the
+`response.created` event that opens a stream (OpenAI and vLLM both send it first).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from app.routing.registry import Route
+
+_RESPONSE_ID: Final = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_\-.]{1,200})"')
+_SCAN_BYTES: Final = 64 * 1024
+
+
+def created_response_id(first_chunk: bytes) -> str | None:
+    """The id of the response an answer's first bytes create, if they name one."""
+    match = _RESPONSE_ID.search(first_chunk, 0, _SCAN_BYTES)
+    return match.group(1).decode() if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAt:
+    entry: str  # the backend or provider that answered
+    route: Route  # the model the client named
+    expires: float
+
+
+class ResponseIds:
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 3600.0,
+        max_ids: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ttl_s = ttl_s
+        self._max_ids = max_ids
+        self._clock = clock
+        self._ids: OrderedDict[str, StoredAt] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def remember(self, response_id: str, entry: str, route: Route) -> None:
+        now = self._clock()
+        self._ids.pop(response_id, None)
+        self._ids[response_id] = StoredAt(entry, route, now + self._ttl_s)
+        self._expire(now)
+        while len(self._ids) > self._max_ids:
+            self._ids.popitem(last=False)
+
+    def lookup(self, response_id: str) -> StoredAt | None:
+        self._expire(self._clock())
+        return self._ids.get(response_id)
+
+    def forget(self, response_id: str) -> None:
+        self._ids.pop(response_id, None)
+
+    def _expire(self, now: float) -> None:
+        while self._ids:
+            oldest = next(iter(self._ids.values()))
+            if oldest.expires > now:
+                return
+            self._ids.popitem(last=False)
