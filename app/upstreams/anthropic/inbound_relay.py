@@ -47,12 +47,8 @@ async def as_messages(
 
     `stream` is what the client asked for; the upstream's content type decides how its
     body is read. The upstream is released here, except for a stream (its `release`)."""
-    try:
-        if response.status != 200 or not response.is_event_stream:
-            return await _whole(response, model, within_s)
-    except BaseException:
-        response.release()
-        raise
+    if response.status != 200 or not response.is_event_stream:
+        return await _whole(response, model, within_s)  # releases it, whatever happens
     return MessagesStream(response, model)
 
 
