@@ -11,6 +11,15 @@ and OpenAI's chat completions reference:
     stream     SseParser: body bytes -> (event, data);
                StreamTranslator: Anthropic events -> OpenAI chunk SSE lines
 
+and the reverse direction, Anthropic's Messages API served by an OpenAI backend (vLLM):
+
+    inbound         to_openai_chat: a Messages body -> a chat-completions body;
+                    to_anthropic_message: a chat.completion -> a Messages response;
+                    anthropic_error(_from_openai): Anthropic's error envelope;
+                    tokenize_request / count_tokens_answer: count_tokens via vLLM's /tokenize
+    inbound_stream  MessagesStreamTranslator: OpenAI chunks -> Messages SSE events
+    inbound_relay   as_messages: an opened chat-completions answer -> a Messages one
+
 The caller owns the HTTP exchange: it posts `to_anthropic_request(...)` as JSON to
 `/v1/messages` with `anthropic_headers(key)`, and never logs those headers.
 """
@@ -19,6 +28,20 @@ from __future__ import annotations
 
 from typing import Final
 
+from app.upstreams.anthropic.inbound import (
+    anthropic_error,
+    anthropic_error_from_openai,
+    count_tokens_answer,
+    to_anthropic_message,
+    to_openai_chat,
+    tokenize_request,
+)
+from app.upstreams.anthropic.inbound_relay import MessagesStream, as_messages
+from app.upstreams.anthropic.inbound_stream import (
+    MessagesStreamTranslator,
+    error_event,
+    ping_event,
+)
 from app.upstreams.anthropic.request import to_anthropic_request
 from app.upstreams.anthropic.response import (
     FINISH_REASONS,
@@ -32,13 +55,24 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "DONE",
     "FINISH_REASONS",
+    "MessagesStream",
+    "MessagesStreamTranslator",
     "SseParser",
     "StreamTranslator",
+    "anthropic_error",
+    "anthropic_error_from_openai",
     "anthropic_headers",
+    "as_messages",
+    "count_tokens_answer",
+    "error_event",
     "finish_reason",
     "openai_error_from_anthropic",
+    "ping_event",
+    "to_anthropic_message",
     "to_anthropic_request",
+    "to_openai_chat",
     "to_openai_completion",
+    "tokenize_request",
 ]
 
 # The documented version; newer SDKs send newer ones, so a provider may configure its own.

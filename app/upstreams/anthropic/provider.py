@@ -42,15 +42,19 @@ from app.upstreams.anthropic import (
     to_anthropic_request,
     to_openai_completion,
 )
+from app.upstreams.anthropic.bodies import (
+    KEPT_ON_ERROR,
+    MAX_ANSWER_BODY,
+    MAX_ERROR_BODY,
+    SSE_TYPE,
+    read_body,
+    retry_headers,
+)
 from app.upstreams.anthropic.response import dump_json
 from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
 from app.upstreams.provider import ProviderRequest
 
-MAX_ERROR_BODY: Final = 64 * 1024
-MAX_ANSWER_BODY: Final = 32 * 1024 * 1024
-_KEPT_ON_ERROR: Final = frozenset({b"retry-after", b"retry-after-ms"})
-_KEPT_PASSED_THROUGH: Final = _KEPT_ON_ERROR | {b"content-type", b"request-id"}
-_SSE_TYPE: Final = b"text/event-stream; charset=utf-8"
+_KEPT_PASSED_THROUGH: Final = KEPT_ON_ERROR | {b"content-type", b"request-id"}
 _MALFORMED: Final = {
     "type": "error",
     "error": {"type": "api_error", "message": "The Anthropic stream carried a malformed event."},
@@ -136,7 +140,7 @@ class AnthropicProvider:
         limit = MAX_ANSWER_BODY if ok else MAX_ERROR_BODY
         try:
             async with asyncio.timeout(max(within_s, 0.0)):
-                raw = await _read(response, limit)
+                raw = await read_body(response, limit)
         except TimeoutError:
             raise UpstreamTimeout(
                 f"upstream {self.name!r} did not finish its answer in time",
@@ -145,12 +149,11 @@ class AnthropicProvider:
         finally:
             response.release()
         if not ok:
-            kept = [(n, v) for n, v in response.headers if n in _KEPT_ON_ERROR]
             envelope = openai_error_from_anthropic(response.status, raw)
             answer = BufferedResponse(
                 response.status, dump_json(envelope).encode(), policy_body=raw
             )
-            answer.headers.extend(kept)
+            answer.headers.extend(retry_headers(response))
             return answer
         try:
             message = json.loads(raw)
@@ -169,18 +172,6 @@ class AnthropicProvider:
         await self.upstream.close()
 
 
-async def _read(response: UpstreamResponse, limit: int) -> bytes:
-    parts = [response.first_chunk]
-    size = len(response.first_chunk)
-    if not response.complete:
-        async for chunk in response.rest():
-            parts.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                break
-    return b"".join(parts)[:limit]
-
-
 class AnthropicStream:
     """A Messages stream as OpenAI chunks; `prime()` reads up to the first content."""
 
@@ -195,7 +186,7 @@ class AnthropicStream:
         self._chunks = response.rest()
         self._committed = False
         self.early_error = False  # an error event (or the end) came before any content
-        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", _SSE_TYPE)]
+        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", SSE_TYPE)]
         self.first_chunk = b""
 
     @property

@@ -33,7 +33,12 @@ import json
 import re
 from typing import Any, Final
 
-from app.errors import ErrorCode, InvalidRequest, json_type_name
+from app.errors import InvalidRequest, json_type_name
+from app.upstreams.anthropic.checks import invalid as _invalid
+from app.upstreams.anthropic.checks import is_int as _is_int
+from app.upstreams.anthropic.checks import number as _number
+from app.upstreams.anthropic.checks import required_str as _required_str
+from app.upstreams.anthropic.checks import unsupported as _unsupported
 
 Json = dict[str, Any]
 
@@ -393,35 +398,6 @@ def _text(text: str) -> Json:
 
 
 # --- validation helpers ----------------------------------------------------------------
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: object, param: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequest.wrong_type(param, "a number", value)
-    return float(value)
-
-
-def _required_str(obj: Json, key: str, param: str, *, allow_empty: bool = False) -> str:
-    value = obj.get(key)
-    if value is None:
-        raise InvalidRequest(
-            f"Missing required parameter: '{param}.{key}'.", param=f"{param}.{key}"
-        )
-    if not isinstance(value, str) or (not value and not allow_empty):
-        raise InvalidRequest.wrong_type(f"{param}.{key}", "a non-empty string", value)
-    return value
-
-
-def _invalid(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(message, param=param, code=ErrorCode.INVALID_VALUE)
-
-
-def _unsupported(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(message, param=param, code=ErrorCode.UNSUPPORTED_VALUE)
 
 
 def _unsupported_part(part: object, param: str) -> InvalidRequest:

@@ -38,6 +38,14 @@ FINISH_REASONS: Final = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
+# The reverse direction (an OpenAI answer served as a Messages one): each OpenAI reason's
+# first Anthropic reason above. `stop` is `stop_sequence` instead when a stop string matched.
+STOP_REASONS: Final = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "content_filter": "refusal",
+}
 
 # Anthropic error type -> OpenAI (type, code).
 ERROR_TYPES: Final[dict[str, tuple[str, str | None]]] = {
@@ -52,8 +60,9 @@ ERROR_TYPES: Final[dict[str, tuple[str, str | None]]] = {
     "api_error": ("server_error", "upstream_error"),
     "overloaded_error": ("server_error", "upstream_overloaded"),
 }
-# For bodies that are not Anthropic's error JSON, or carry a type not listed above.
-_TYPE_BY_STATUS: Final = {
+# Anthropic's error type for an HTTP status (docs.anthropic.com/en/api/errors); used for
+# bodies that are not Anthropic's error JSON, or carry a type not listed above.
+ERROR_TYPE_BY_STATUS: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
     402: "billing_error",
@@ -138,7 +147,7 @@ def openai_error(anthropic_error: Json | None, status: int | None) -> Json:
     kind = error.get("type")
     if kind not in ERROR_TYPES:
         fallback = "api_error" if status is None or status >= 500 else "invalid_request_error"
-        kind = _TYPE_BY_STATUS.get(status or 0, fallback)
+        kind = ERROR_TYPE_BY_STATUS.get(status or 0, fallback)
     openai_type, code = ERROR_TYPES[kind]
     details = error.get("details")
     if isinstance(details, dict) and isinstance(details.get("error_code"), str):

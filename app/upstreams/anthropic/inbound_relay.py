@@ -1,0 +1,133 @@
+"""An opened OpenAI chat-completions answer served as a Messages one (the reverse of
+`AnthropicProvider`'s answer handling, provider.py):
+
+- a non-2xx answer: read whole (64 KiB, within `within_s`), released, and returned as
+  Anthropic's error envelope with the same status, keeping the upstream's message and
+  its `retry-after` headers;
+- a 200 that is not an event stream: read whole (32 MiB, within `within_s`), released,
+  translated by `to_anthropic_message`; a body that is not a JSON object is
+  `UpstreamUnavailable(kind="bad_response")`;
+- a 200 event stream: a `MessagesStream`, translating chunk by chunk as the relay reads
+  it (`SseParser`, then `MessagesStreamTranslator`). Its `first_chunk` is the translation
+  of the upstream's first chunk (possibly empty: an event may straddle chunks).
+
+A read that outlasts `within_s` is `UpstreamTimeout(kind="first_byte_timeout")`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.upstreams.anthropic.bodies import (
+    MAX_ANSWER_BODY,
+    MAX_ERROR_BODY,
+    SSE_TYPE,
+    read_body,
+    retry_headers,
+)
+from app.upstreams.anthropic.inbound import (
+    anthropic_error_from_openai,
+    message_id,
+    to_anthropic_message,
+)
+from app.upstreams.anthropic.inbound_stream import MessagesStreamTranslator
+from app.upstreams.anthropic.response import dump_json
+from app.upstreams.anthropic.stream import SseParser
+from app.upstreams.http import BufferedResponse, Relayable
+
+
+async def as_messages(
+    response: Relayable, *, model: str, stream: bool, within_s: float
+) -> Relayable:
+    """`response` (an opened chat-completions answer) as a Messages answer for `model`.
+
+    `stream` is what the client asked for; the upstream's content type decides how its
+    body is read. The upstream is released here, except for a stream (its `release`)."""
+    if response.status != 200 or not response.is_event_stream:
+        return await _whole(response, model, within_s)  # releases it, whatever happens
+    return MessagesStream(response, model)
+
+
+async def _whole(response: Relayable, model: str, within_s: float) -> BufferedResponse:
+    ok = response.status == 200
+    try:
+        async with asyncio.timeout(max(within_s, 0.0)):
+            raw = await read_body(response, MAX_ANSWER_BODY if ok else MAX_ERROR_BODY)
+    except TimeoutError:
+        raise UpstreamTimeout(
+            "the upstream did not finish its answer in time", kind="first_byte_timeout"
+        ) from None
+    finally:
+        response.release()
+    if not ok:
+        envelope = anthropic_error_from_openai(response.status, raw)
+        answer = BufferedResponse(response.status, dump_json(envelope).encode(), policy_body=raw)
+        answer.headers.extend(retry_headers(response))
+        return answer
+    try:
+        completion = json.loads(raw)
+    except ValueError:
+        completion = None
+    if not isinstance(completion, dict):
+        raise UpstreamUnavailable(
+            "the upstream answered 200 with a body that is not a chat completion",
+            kind="bad_response",
+        )
+    message = to_anthropic_message(completion, model=model)
+    return BufferedResponse(200, dump_json(message).encode())
+
+
+class MessagesStream:
+    """An OpenAI chunk stream relayed as Anthropic's Messages events."""
+
+    status = 200
+    is_event_stream = True
+
+    def __init__(self, response: Relayable, model: str) -> None:
+        self._response = response
+        self._translator = MessagesStreamTranslator(model, message_id(uuid.uuid4().hex))
+        self._parser = SseParser()
+        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", SSE_TYPE)]
+        self.first_chunk = self._translate(response.first_chunk)
+
+    @property
+    def complete(self) -> bool:
+        return self._translator.done
+
+    @property
+    def failed(self) -> bool:
+        """The client got (or will get) an error event instead of a whole message."""
+        return self._translator.failed
+
+    def usage(self) -> tuple[int, int]:
+        """(input tokens, output tokens) so far."""
+        usage = self._translator.usage
+        return int(usage["input_tokens"]), int(usage["output_tokens"])
+
+    def _translate(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        for _event, data in self._parser.feed(chunk):
+            out.extend(self._translator.feed(data))
+            if self._translator.done:
+                break
+        return b"".join(out)
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        if self._translator.done:
+            return
+        async for chunk in self._response.rest():
+            out = self._translate(chunk)
+            if out:
+                yield out
+            if self._translator.done:
+                return
+        tail = b"".join(self._translator.finish())
+        if tail:
+            yield tail
+
+    def release(self) -> None:
+        self._response.release()
