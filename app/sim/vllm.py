@@ -35,6 +35,7 @@ from app.sim.config import FakeConfig
 from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
 from app.sim.metrics import CONTENT_TYPE
+from app.sim.responses import ResponsesApi
 from app.sim.state import FakeState, error_response, json_response
 from app.sim.text import ApiError, dumps
 
@@ -195,6 +196,11 @@ def build_app(config: FakeConfig) -> web.Application:
     add("POST", "/v1/chat/completions", gen.chat_completions)
     add("POST", "/v1/completions", gen.completions)
     add("POST", "/v1/embeddings", gen.embeddings)
+    responses = ResponsesApi(fake, gen)
+    add("POST", "/v1/responses", responses.create)
+    add("GET", "/v1/responses/{response_id}", responses.retrieve)
+    add("DELETE", "/v1/responses/{response_id}", responses.delete)
+    add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
     add("GET", "/metrics", fake.metrics_endpoint)
     if dev_mode:
         add("POST", "/sleep", fake.sleep)
