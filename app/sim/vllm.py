@@ -35,6 +35,7 @@ from app.sim.config import FakeConfig
 from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
 from app.sim.metrics import CONTENT_TYPE
+from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
 from app.sim.state import FakeState, error_response, json_response
 from app.sim.text import ApiError, dumps
@@ -201,6 +202,15 @@ def build_app(config: FakeConfig) -> web.Application:
     add("GET", "/v1/responses/{response_id}", responses.retrieve)
     add("DELETE", "/v1/responses/{response_id}", responses.delete)
     add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
+    pooling = PoolingApi(fake)
+    add("POST", "/tokenize", pooling.tokenize)
+    add("POST", "/detokenize", pooling.detokenize)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        add("POST", path, pooling.rerank)
+    for path in ("/score", "/v1/score"):
+        add("POST", path, pooling.score)
+    add("POST", "/pooling", pooling.pooling)
+    add("POST", "/classify", pooling.classify)
     add("GET", "/metrics", fake.metrics_endpoint)
     if dev_mode:
         add("POST", "/sleep", fake.sleep)
