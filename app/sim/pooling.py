@@ -53,8 +53,12 @@ from app.sim.text import (
 
 _WORD = re.compile(r"\w+")
 _LABELS = ("negative", "positive")
-_SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"))
-_SCORE_PAIRS += (("data_1", "data_2"),)
+_SCORE_PAIRS: tuple[tuple[str, str], ...] = (
+    ("text_1", "text_2"),
+    ("queries", "documents"),
+    ("queries", "items"),
+    ("data_1", "data_2"),
+)
 
 Payload = Callable[[], dict[str, Any]]
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from app.sim.audio import AudioApi
 from app.sim.config import FakeConfig
 from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
@@ -211,6 +212,10 @@ def build_app(config: FakeConfig) -> web.Application:
         add("POST", path, pooling.score)
     add("POST", "/pooling", pooling.pooling)
     add("POST", "/classify", pooling.classify)
+    audio = AudioApi(fake, gen)
+    add("POST", "/v1/audio/transcriptions", audio.transcriptions)
+    add("POST", "/v1/audio/translations", audio.translations)
+    add("POST", "/v1/audio/speech", audio.speech)
     add("GET", "/metrics", fake.metrics_endpoint)
     if dev_mode:
         add("POST", "/sleep", fake.sleep)
