@@ -220,7 +220,9 @@ class ResponsesApi:
             "output_messages": None,
         }
 
-    def _finish(self, req: _Req, run: RequestRun, count: int) -> tuple[str, dict[str, Any]]:
+    def _finish(
+        self, req: _Req, run: RequestRun, count: int, item_id: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """(status, final response) after ``count`` tokens; stores it when asked to."""
         if run.job.aborted:
             status, finish = "cancelled", "abort"
@@ -228,7 +230,8 @@ class ResponsesApi:
             status, finish = "incomplete", "length"
         else:
             status, finish = "completed", "stop"
-        item = self._message(f"msg_{uuid.uuid4().hex}", "".join(req.texts[:count]), "completed")
+        item_id = item_id or f"msg_{uuid.uuid4().hex}"
+        item = self._message(item_id, "".join(req.texts[:count]), "completed")
         final = self._response(req, status, [item], self._usage(req.prompt_tokens, count))
         if req.store:
             self.store[req.rid] = final
@@ -324,7 +327,7 @@ class ResponsesApi:
                 delta = {"type": "response.output_text.delta", **where, "delta": text}
                 if not await emit({**delta, "logprobs": []}):
                     return resp
-            _, final = self._finish(req, run, run.tokens)
+            _, final = self._finish(req, run, run.tokens, item_id)
             outcome, run.outcome = run.outcome, "abort"  # until the last event is out
             text = "".join(req.texts[: run.tokens])
             closing = [

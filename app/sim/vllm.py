@@ -2,7 +2,12 @@
 
 Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health``,
 ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings`` and ``/metrics`` in vLLM's shapes; ``/sleep``, ``/wake_up`` and
+``/v1/embeddings``, ``/v1/responses`` (+ ``GET``/``DELETE /v1/responses/{id}``,
+``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
+``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
+(``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
+(``app.sim.audio``) and ``/metrics`` in vLLM's shapes, plus ``/v1/audio/speech`` in OpenAI's
+(vLLM does not serve it; vLLM-Omni-like servers do); ``/sleep``, ``/wake_up`` and
 ``/is_sleeping`` only with ``VLLM_SERVER_DEV_MODE=1``. Test controls: ``POST /_fake/faults``
 (same options as the fault flags, snake_case, null resets one), ``GET /_fake/faults``,
 ``GET``/``DELETE /_fake/stats``. Like vLLM, the port refuses connections until
