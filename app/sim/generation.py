@@ -251,6 +251,11 @@ class GenerationApi:
             await forever()
         return True
 
+    # Public names for the other endpoint modules (responses, audio) that stream the same way.
+    timing = _timing
+    send = _send
+    after_send = _after_send
+
     # --- embeddings --------------------------------------------------------------------------
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:

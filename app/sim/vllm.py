@@ -2,7 +2,12 @@
 
 Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health``,
 ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings`` and ``/metrics`` in vLLM's shapes; ``/sleep``, ``/wake_up`` and
+``/v1/embeddings``, ``/v1/responses`` (+ ``GET``/``DELETE /v1/responses/{id}``,
+``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
+``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
+(``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
+(``app.sim.audio``) and ``/metrics`` in vLLM's shapes, plus ``/v1/audio/speech`` in OpenAI's
+(vLLM does not serve it; vLLM-Omni-like servers do); ``/sleep``, ``/wake_up`` and
 ``/is_sleeping`` only with ``VLLM_SERVER_DEV_MODE=1``. Test controls: ``POST /_fake/faults``
 (same options as the fault flags, snake_case, null resets one), ``GET /_fake/faults``,
 ``GET``/``DELETE /_fake/stats``. Like vLLM, the port refuses connections until
@@ -31,10 +36,13 @@ from typing import Any
 
 from aiohttp import web
 
+from app.sim.audio import AudioApi
 from app.sim.config import FakeConfig
 from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
 from app.sim.metrics import CONTENT_TYPE
+from app.sim.pooling import PoolingApi
+from app.sim.responses import ResponsesApi
 from app.sim.state import FakeState, error_response, json_response
 from app.sim.text import ApiError, dumps
 
@@ -195,6 +203,24 @@ def build_app(config: FakeConfig) -> web.Application:
     add("POST", "/v1/chat/completions", gen.chat_completions)
     add("POST", "/v1/completions", gen.completions)
     add("POST", "/v1/embeddings", gen.embeddings)
+    responses = ResponsesApi(fake, gen)
+    add("POST", "/v1/responses", responses.create)
+    add("GET", "/v1/responses/{response_id}", responses.retrieve)
+    add("DELETE", "/v1/responses/{response_id}", responses.delete)
+    add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
+    pooling = PoolingApi(fake)
+    add("POST", "/tokenize", pooling.tokenize)
+    add("POST", "/detokenize", pooling.detokenize)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        add("POST", path, pooling.rerank)
+    for path in ("/score", "/v1/score"):
+        add("POST", path, pooling.score)
+    add("POST", "/pooling", pooling.pooling)
+    add("POST", "/classify", pooling.classify)
+    audio = AudioApi(fake, gen)
+    add("POST", "/v1/audio/transcriptions", audio.transcriptions)
+    add("POST", "/v1/audio/translations", audio.translations)
+    add("POST", "/v1/audio/speech", audio.speech)
     add("GET", "/metrics", fake.metrics_endpoint)
     if dev_mode:
         add("POST", "/sleep", fake.sleep)
