@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from app.api import backends, handlers, openai, ops, profiles, stream, ui, vram
+from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
 from app.api.middleware import RequestObserver
 from app.metrics import Metrics
 from app.services import Seams, Services
@@ -50,6 +50,7 @@ def create_app(
     app.include_router(vram.router)
     app.include_router(profiles.router)
     app.router.routes.extend(openai.routes)
+    app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
     app.add_middleware(RequestObserver, metrics=metrics, access_log=settings.access_log)
     return app

@@ -70,6 +70,13 @@ class Dispatcher:
                 self.response_ids.remember(created, exchange.backend, call.route)
         return exchange
 
+    def can_serve(self, route: Route, api: Api) -> bool:
+        """Whether the backend of `route`, or an entry of its chain, serves `api` as is."""
+        chain = self._chains.get(route.name)
+        if chain is not None and self._cloud is not None:
+            return any(self._cloud.serves(entry, api) for entry in chain.entries)
+        return api in self._backends[route.backend].config.apis
+
     def stored_response(self, response_id: str) -> StoredAt:
         """Where a response created through the gateway lives; `ResponseNotFound` if unknown."""
         stored = self.response_ids.lookup(response_id)

@@ -58,6 +58,8 @@ def gw(upstreams: Upstreams) -> Iterator[GatewayProcess]:
                 "url": upstreams.fast,
                 "models": ["nemotron-8b"],
                 "aliases": ["orchestrator", "default"],
+                # the fake serves every API; a real vLLM, those of one runner
+                "endpoints": ["chat", "completions", "embeddings", "responses", "tokenize"],
             },
             "paced": {"url": upstreams.paced, "models": ["paced-model"]},
             "slow": {"url": upstreams.slow, "models": ["slow-model"]},

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.upstreams.anthropic.bodies import (
@@ -31,6 +33,7 @@ from app.upstreams.anthropic.bodies import (
 )
 from app.upstreams.anthropic.inbound import (
     anthropic_error_from_openai,
+    count_tokens_answer,
     message_id,
     to_anthropic_message,
 )
@@ -38,6 +41,8 @@ from app.upstreams.anthropic.inbound_stream import MessagesStreamTranslator
 from app.upstreams.anthropic.response import dump_json
 from app.upstreams.anthropic.stream import SseParser
 from app.upstreams.http import BufferedResponse, Relayable
+
+Json = dict[str, Any]
 
 
 async def as_messages(
@@ -48,11 +53,21 @@ async def as_messages(
     `stream` is what the client asked for; the upstream's content type decides how its
     body is read. The upstream is released here, except for a stream (its `release`)."""
     if response.status != 200 or not response.is_event_stream:
-        return await _whole(response, model, within_s)  # releases it, whatever happens
+        translate = partial(to_anthropic_message, model=model)
+        return await _whole(response, translate, "a chat completion", within_s)
     return MessagesStream(response, model)
 
 
-async def _whole(response: Relayable, model: str, within_s: float) -> BufferedResponse:
+async def as_token_count(response: Relayable, within_s: float) -> Relayable:
+    """`response` (vLLM's `/tokenize` answer) as `count_tokens`' `{"input_tokens": N}`."""
+    return await _whole(response, count_tokens_answer, "a tokenize answer", within_s)
+
+
+async def _whole(
+    response: Relayable, translate: Callable[[Json], Json], what: str, within_s: float
+) -> BufferedResponse:
+    """Read whole and translated (an error into Anthropic's envelope); released here,
+    whatever happens."""
     ok = response.status == 200
     try:
         async with asyncio.timeout(max(within_s, 0.0)):
@@ -69,16 +84,15 @@ async def _whole(response: Relayable, model: str, within_s: float) -> BufferedRe
         answer.headers.extend(retry_headers(response))
         return answer
     try:
-        completion = json.loads(raw)
+        answer_body = json.loads(raw)
+        translated = translate(answer_body) if isinstance(answer_body, dict) else None
     except ValueError:
-        completion = None
-    if not isinstance(completion, dict):
+        translated = None
+    if translated is None:
         raise UpstreamUnavailable(
-            "the upstream answered 200 with a body that is not a chat completion",
-            kind="bad_response",
+            f"the upstream answered 200 with a body that is not {what}", kind="bad_response"
         )
-    message = to_anthropic_message(completion, model=model)
-    return BufferedResponse(200, dump_json(message).encode())
+    return BufferedResponse(200, dump_json(translated).encode())
 
 
 class MessagesStream:
