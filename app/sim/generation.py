@@ -38,6 +38,7 @@ from app.sim.text import (
     token_texts,
     validation_error,
 )
+from app.sim.tools import tool_call_chunks, tool_to_call, with_tool_call
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
 
@@ -55,6 +56,7 @@ class _Gen:
     include_usage: bool
     continuous_usage: bool
     rid: str
+    tool: str | None = None  # a tool to call instead of answering in text (app.sim.tools)
 
 
 def _int_field(body: dict[str, Any], key: str) -> int | None:
@@ -144,8 +146,9 @@ class GenerationApi:
         base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         rid = ("chatcmpl-" if chat else "cmpl-") + base
         texts = token_texts(seed, count)
+        tool = tool_to_call(body) if chat else None
         return _Gen(
-            chat, model, prompt_tokens, texts, finish, stream, include_usage, continuous, rid
+            chat, model, prompt_tokens, texts, finish, stream, include_usage, continuous, rid, tool
         )
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -187,6 +190,8 @@ class GenerationApi:
         build = chat_response if gen.chat else completion_response
         text = "".join(gen.texts[:count])
         body = build(gen.rid, int(time.time()), gen.model, text, finish, gen.prompt_tokens, count)
+        if gen.tool is not None and finish != "abort":
+            body = with_tool_call(body, gen.tool, text)
         run.outcome = finish
         return json_response(body)
 
@@ -208,6 +213,15 @@ class GenerationApi:
             if gen.chat and not await self._send(request, resp, run, fmt.role(prompt)):
                 return resp
             texts, last = gen.texts, len(gen.texts) - 1
+            if gen.tool is not None:  # the call whole, once its text is generated
+                await engine.wait_until(job, start + ttft + last * interval)
+                run.tokens = len(texts)
+                head = {"id": gen.rid, "object": "chat.completion.chunk",
+                        "created": int(time.time()), "model": gen.model}  # fmt: skip
+                for chunk in tool_call_chunks(head, gen.tool, "".join(texts)):
+                    if not await self._send(request, resp, run, chunk):
+                        return resp
+                texts = []
             for i, text in enumerate(texts):
                 if i and (interval or engine.pause == "all"):
                     await engine.wait_until(job, start + ttft + i * interval)

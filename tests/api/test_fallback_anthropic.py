@@ -86,7 +86,7 @@ async def world(
                     "aliases": ["reasoning"],
                     "role": "reasoning",
                     # the fake serves embeddings too; a generate runner would not
-                    "endpoints": ["chat", "completions", "embeddings"],
+                    "endpoints": ["chat", "completions", "embeddings", "responses"],
                 }
             },
             {
@@ -418,3 +418,38 @@ async def test_completions_and_embeddings_skip_anthropic(
         assert body["code"] == "fallback_exhausted"
         assert body["tried"] == [{"entry": "claude", "reason": "unsupported_endpoint"}]
         assert "retry-after" not in info.value.response.headers
+
+
+async def test_messages_pass_through_to_anthropic_and_fall_back_translated_to_local(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    body = {"model": "reasoning", "max_tokens": 8, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    async with world(monkeypatch, tmp_path, ["claude", "reasoning"]) as w:
+        answer = await w.gw.client.post("/v1/messages", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-microscheduler-route"] == "claude"
+        assert answer.json()["type"] == "message"
+        # As sent, the provider's model put in: no round trip through OpenAI's format.
+        assert sent(w) == {**body, "model": CLAUDE}
+
+        await w.faults(fail_status=529, fail_count=1)
+        answer = await w.gw.client.post("/v1/messages", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-microscheduler-route"] == "reasoning"
+        assert answer.headers["x-microscheduler-fallbacks"].startswith("1; claude=")
+        message = answer.json()
+        assert message["type"] == "message"
+        assert message["model"] == "reasoning"
+        local = (await w.local.stats())["requests"][-1]
+        assert local["path"] == "/v1/chat/completions"
+
+
+async def test_responses_skip_anthropic_in_a_chain(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    async with world(monkeypatch, tmp_path, ["claude", "reasoning"]) as w:
+        raw = await w.sdk.responses.with_raw_response.create(model="reasoning", input="hi")
+        assert raw.headers["x-microscheduler-fallbacks"] == "1; claude=unsupported_endpoint"
+        assert raw.headers["x-microscheduler-route"] == "reasoning"
+        assert w.fake.received == 0

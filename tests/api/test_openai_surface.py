@@ -1,0 +1,200 @@
+"""The rest of the OpenAI surface through the gateway, with the official SDK where it has
+the call: responses (and their follow-ups), audio, and vLLM's rerank/score/tokenize."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
+
+EVERYTHING = ["chat", "responses", "tokenize", "detokenize", "rerank", "score", "classify",
+              "pooling", "transcriptions", "translations", "speech"]  # fmt: skip
+
+
+@dataclass
+class World:
+    gw: Gateway
+    sdk: openai.AsyncOpenAI
+    upstream: FakeServer
+
+
+@pytest.fixture
+async def w() -> AsyncIterator[World]:
+    async with fake_vllm(models=["served-model"], max_tokens=4) as upstream:
+        settings = gateway_settings(
+            {
+                "omni": {
+                    "url": upstream.url,
+                    "models": ["served-model"],
+                    "aliases": ["omni"],
+                    "endpoints": EVERYTHING,
+                },
+                "chatty": {"url": upstream.url, "models": ["chat-only"]},  # runner generate
+            }
+        )
+        async with (
+            gateway(settings) as gw,
+            httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(app=gw.app, client=("127.0.0.1", 50001)),
+                timeout=10,
+            ) as http,
+        ):
+            sdk = openai.AsyncOpenAI(
+                base_url="http://gateway/v1", api_key="unused", http_client=http, max_retries=0
+            )
+            yield World(gw, sdk, upstream)
+
+
+async def upstream_requests(w: World) -> list[dict[str, Any]]:
+    requests: list[dict[str, Any]] = (await w.upstream.stats())["requests"]
+    return requests
+
+
+async def test_responses_create_retrieve_and_delete_reach_the_backend_that_made_them(
+    w: World,
+) -> None:
+    created = await w.sdk.responses.create(model="omni", input="Say hello")
+    assert created.id.startswith("resp_")
+    assert created.output_text
+    sent = (await upstream_requests(w))[-1]
+    assert sent["path"] == "/v1/responses"
+    assert sent["body"]["model"] == "served-model"  # the alias was put in
+
+    again = await w.sdk.responses.retrieve(created.id)
+    assert again.id == created.id
+    assert again.output_text == created.output_text
+    assert (await upstream_requests(w))[-1]["path"] == f"/v1/responses/{created.id}"
+
+    deleted = await w.gw.client.delete(f"/v1/responses/{created.id}")
+    assert deleted.status_code == 200
+    assert deleted.json()["deleted"] is True
+    gone = await w.gw.client.get(f"/v1/responses/{created.id}")
+    assert gone.status_code == 404
+    assert gone.json()["error"]["code"] == "response_not_found"
+
+
+async def test_a_streamed_response_is_relayed_event_by_event_and_remembered(w: World) -> None:
+    events = [event async for event in await w.sdk.responses.create(
+        model="omni", input="Stream please", stream=True)]  # fmt: skip
+    types = [e.type for e in events]
+    assert types[0] == "response.created"
+    assert "response.output_text.delta" in types
+    assert types[-1] in ("response.completed", "response.incomplete")
+    created = events[0]
+    assert created.type == "response.created"
+    retrieved = await w.sdk.responses.retrieve(created.response.id)
+    assert retrieved.id == created.response.id
+
+
+async def test_an_unknown_response_id_is_404_without_asking_any_backend(w: World) -> None:
+    before = len(await upstream_requests(w))
+    with pytest.raises(openai.NotFoundError) as info:
+        await w.sdk.responses.retrieve("resp_never_made")
+    body = info.value.body
+    assert isinstance(body, dict)
+    assert body["code"] == "response_not_found"
+    assert len(await upstream_requests(w)) == before
+
+
+async def test_audio_transcription_uploads_are_routed_by_their_form_and_relayed_unchanged(
+    w: World,
+) -> None:
+    audio = b"RIFF" + bytes(range(256)) * 40
+    text = await w.sdk.audio.transcriptions.create(model="omni", file=("a.wav", audio))
+    assert text.text.startswith("fake transcript of a")
+    assert f"{len(audio)} byte" in text.text  # the fake read the very same file
+    streamed = await w.sdk.audio.transcriptions.create(
+        model="omni", file=("a.wav", audio), stream=True
+    )
+    deltas = [e async for e in streamed]
+    assert deltas
+    # The SDK deprecates its translations call; the route is the same upload.
+    translation = await w.gw.client.post(
+        "/v1/audio/translations", data={"model": "omni"}, files={"file": ("a.wav", audio)}
+    )
+    assert translation.status_code == 200, translation.text
+    assert translation.json()["text"].startswith("fake transcript of a")
+    assert (await upstream_requests(w))[-1]["path"] == "/v1/audio/translations"
+
+
+async def test_speech_is_streamed_as_binary(w: World) -> None:
+    speech = await w.sdk.audio.speech.create(
+        model="omni", voice="alloy", input="hello there", response_format="wav"
+    )
+    data = speech.content
+    assert data.startswith(b"RIFF")
+    assert len(data) > 8192  # several chunks
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank"])
+async def test_rerank_under_each_of_vllms_paths(w: World, path: str) -> None:
+    response = await w.gw.client.post(
+        path,
+        json={
+            "model": "omni",
+            "query": "red fox",
+            "documents": ["a blue whale", "the red fox runs", "fox"],
+        },
+    )
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert results[0]["document"]["text"] == "the red fox runs"
+    assert (await upstream_requests(w))[-1]["path"] == path
+
+
+async def test_score_tokenize_and_detokenize(w: World) -> None:
+    score = await w.gw.client.post(
+        "/score", json={"model": "omni", "text_1": "red fox", "text_2": "red fox"}
+    )
+    assert score.status_code == 200, score.text
+    assert score.json()["data"][0]["score"] > 0
+    tokens = await w.gw.client.post("/tokenize", json={"model": "omni", "prompt": "hello world"})
+    assert tokens.status_code == 200, tokens.text
+    body = tokens.json()
+    assert body["count"] == len(body["tokens"]) > 0
+    text = await w.gw.client.post("/detokenize", json={"model": "omni", "tokens": body["tokens"]})
+    assert text.status_code == 200, text.text
+    assert "hello" in text.json()["prompt"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+        ("/v1/audio/speech", {"input": "hi", "voice": "alloy"}),
+        ("/v1/embeddings", {"input": "hi"}),
+    ],
+)
+async def test_what_a_generate_runner_does_not_serve_is_a_clear_404(
+    w: World, path: str, body: dict[str, Any]
+) -> None:
+    before = len(await upstream_requests(w))
+    response = await w.gw.client.post(path, json={"model": "chat-only", **body})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "endpoint_not_served"
+    assert "runner" in error["message"]
+    assert len(await upstream_requests(w)) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/rerank", {"model": "omni"}, "query"),
+        ("/detokenize", {"model": "omni", "tokens": "1 2"}, "tokens"),
+        ("/tokenize", {"prompt": "no model"}, "model"),
+    ],
+)
+async def test_bad_bodies_get_openai_errors_naming_the_param(
+    w: World, path: str, body: dict[str, Any], param: str
+) -> None:
+    response = await w.gw.client.post(path, content=json.dumps(body))
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
