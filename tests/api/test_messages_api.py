@@ -155,6 +155,7 @@ async def test_a_tool_round_trip(w: World, stream: bool) -> None:
     call = next(block for block in first.content if block.type == "tool_use")
     assert call.name == "get_weather"
     assert isinstance(call.input, dict)
+    result: Any = {"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"}
     answer = await w.sdk.messages.create(
         model="qwen",
         max_tokens=64,
