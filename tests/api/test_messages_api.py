@@ -72,7 +72,7 @@ async def w() -> AsyncIterator[World]:
                         "models": ["native-model"],
                         "endpoints": ["chat", "messages"],
                     },
-                },  # fmt: skip
+                },
                 api_keys=(SecretStr(KEY),),
             )
             async with (
@@ -163,13 +163,8 @@ async def test_a_tool_round_trip(w: World, stream: bool) -> None:
         messages=[
             *question,
             {"role": "assistant", "content": first.content},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"}
-                ],
-            },
-        ],  # fmt: skip
+            {"role": "user", "content": [result]},
+        ],
     )
     assert answer.stop_reason == "max_tokens"  # text this time, cut at max_tokens by the fake
     assert answer.content[0].type == "text"
