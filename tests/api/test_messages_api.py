@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
 
 KEY = "client-key"
-WEATHER = {
+WEATHER: Any = {
     "name": "get_weather",
     "description": "The weather in a city",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
@@ -142,6 +142,7 @@ async def test_messages_stream_yields_anthropics_events_and_the_same_text(w: Wor
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_tool_round_trip(w: World, stream: bool) -> None:
     question: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    first: anthropic.types.Message
     if stream:
         async with w.sdk.messages.stream(
             model="qwen", max_tokens=64, tools=[WEATHER], messages=question
