@@ -56,10 +56,10 @@ class Reply:
     total_s: float  # request sent -> whole body in
 
 
-def raw_request(body: dict[str, Any], port: int) -> bytes:
+def raw_request(body: dict[str, Any], port: int, path: str = CHAT_PATH) -> bytes:
     data = json.dumps(body, separators=(",", ":")).encode()
     return (
-        f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     ).encode() + data
 
@@ -232,10 +232,19 @@ def start_gateway(tmp: Path, fake: Proc, procs: list[Proc], *, access_log: bool)
 # --- phases -------------------------------------------------------------------------------
 
 
-def alternate(ports: list[int], body: dict[str, Any], n: int, warmup: int) -> list[list[Reply]]:
-    """`n` timed requests per port after `warmup`, alternating targets and who goes first."""
+def alternate(
+    ports: list[int],
+    body: dict[str, Any],
+    n: int,
+    warmup: int,
+    *,
+    requests: list[bytes] | None = None,
+) -> list[list[Reply]]:
+    """`n` timed requests per port after `warmup`, alternating targets and who goes first
+    (`requests`: a request per port, instead of `body` to the chat path of each)."""
     conns = [Conn(p) for p in ports]
-    requests = [raw_request(body, p) for p in ports]
+    if requests is None:
+        requests = [raw_request(body, p) for p in ports]
     out: list[list[Reply]] = [[] for _ in ports]
     try:
         for i in range(warmup + n):
@@ -262,6 +271,47 @@ def phase_latency(fake: Proc, gw: Proc, n: int, warmup: int, *, stream: bool) ->
         res |= {f"direct_{name}_ms": ms(dv), f"gateway_{name}_ms": ms(gv)}
         res[f"added_{name}_ms"] = ms(gv - dv)
     res["errors"] = sum(not valid(r, stream=stream) for r in d + g)
+    return res
+
+
+# API -> (gateway path, gateway body, direct path, direct body, a marker of a right answer).
+# Messages are translated: the direct call is the chat request the gateway sends upstream.
+APIS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any], bytes]] = {
+    "chat": (CHAT_PATH, BODY, CHAT_PATH, BODY, b'"chat.completion"'),
+    "responses": (
+        "/v1/responses",
+        {"model": MODEL, "input": "hi", "max_output_tokens": TOKENS},
+        "/v1/responses",
+        {"model": MODEL, "input": "hi", "max_output_tokens": TOKENS},
+        b'"object":"response"',
+    ),
+    "messages (translated)": (
+        "/v1/messages",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS},
+        CHAT_PATH,
+        BODY,
+        b'"type":"message"',
+    ),
+}
+
+
+def phase_apis(fake: Proc, gw: Proc, n: int, warmup: int) -> dict[str, Any]:
+    """Sequential non-streaming requests per API: gateway vs the upstream call it makes."""
+    res: dict[str, Any] = {"requests": n, "warmup": warmup, "apis": {}, "errors": 0}
+    for name, (path, body, direct_path, direct_body, marker) in APIS.items():
+        requests = [
+            raw_request(direct_body, fake.port, direct_path),
+            raw_request(body, gw.port, path),
+        ]
+        d, g = alternate([fake.port, gw.port], body, n, warmup, requests=requests)
+        dv, gv = (pct([r.total_s for r in replies], 50) for replies in (d, g))
+        res["apis"][name] = {
+            "direct_p50_ms": ms(dv),
+            "gateway_p50_ms": ms(gv),
+            "added_p50_ms": ms(gv - dv),
+        }
+        res["errors"] += sum(r.status != 200 for r in d)
+        res["errors"] += sum(r.status != 200 or marker not in r.body for r in g)
     return res
 
 
@@ -414,6 +464,10 @@ def render(res: dict[str, Any]) -> str:
         ),
         lat_row(f"Streaming end of {TOKENS}-token stream p50 (ms)", st, "end_p50"),
     ]
+    api = res["apis"]
+    for name, numbers in api["apis"].items():
+        label = f"Per API sequential p50 (ms, n={api['requests']}): {name}"
+        table.append(lat_row(label, numbers, "p50"))
     if off := res.get("access_log_off"):
         so, to = off["sequential"], off["throughput"]
         table.append(lat_row("Access log off: sequential p50 (ms)", so, "p50"))
@@ -449,7 +503,9 @@ def render(res: dict[str, Any]) -> str:
         "connection per target, direct and gateway requests alternated one by one after a "
         "warm-up; added = gateway percentile - direct percentile; first chunk = first body "
         f"chunk (the role event). Throughput: {runs} alternating rounds (direct, gateway), "
-        "each shown; the best of each is compared.",
+        "each shown; the best of each is compared. Per API: the same sequential method for "
+        "each API; for /v1/messages, direct is the chat request the gateway sends upstream "
+        "(so added includes both translations).",
         "",
         "Commands:",
         *(f"    {c}" for c in res["commands"]),
@@ -509,8 +565,11 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     res["throughput"] = phase_throughput(fake, gw, load, a.runs)
     log(f"streaming: {a.streams} streams from each target ...")
     res["streaming"] = phase_latency(fake, gw, a.streams, a.stream_warmup, stream=True)
+    per_api = max(a.requests // 4, 10)
+    log(f"per API: {per_api} requests per API to each target ...")
+    res["apis"] = phase_apis(fake, gw, per_api, a.warmup)
     gw.stop()
-    parts = [res["sequential"], res["throughput"], res["streaming"]]
+    parts = [res["sequential"], res["throughput"], res["streaming"], res["apis"]]
     if not a.no_access_log_off:
         log("access log off: sequential and throughput again ...")
         quiet = start_gateway(tmp, fake, procs, access_log=False)
