@@ -37,6 +37,7 @@ def backend_view(backend: Backend) -> Json:
         "reason": backend.reason,
         "starting": backend.start_progress(),  # while starting: what it waits for
         "lifecycle": cfg.lifecycle,
+        "apis": sorted(cfg.apis),  # what requests may use it for (endpoints: / runner:)
         "runtime": backend.runtime.describe(),
         "runtime_detail": backend.runtime_detail,
         "priority": cfg.priority,

@@ -75,6 +75,10 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
         gpu = page.locator('[data-testid="gpu-0"]')
         expect(pinned.locator('[data-field="state"]')).to_have_text("ready")
         expect(lazy.locator('[data-field="state"]')).to_have_text("stopped")
+        # What each serves: vLLM's generate runner by default.
+        expect(pinned.locator('[data-field="apis"]')).to_have_text(
+            "chat · completions · detokenize · responses · tokenize"
+        )
         expect(gpu.locator('[data-segment="pinned"]')).to_have_count(1)
         expect(gpu.locator('[data-segment="lazy"]')).to_have_count(0)
 

@@ -300,7 +300,9 @@ function renderBackends() {
           onclick: () => act(`Sleep ${b.name}`, "POST", `${path}/sleep`) })
         : null);
     body.append(el("tr", { "data-testid": `backend-${b.name}` },
-      el("td", {}, el("b", { text: b.name })),
+      el("td", {}, el("b", { text: b.name }),
+        el("div", { class: "muted apis", "data-field": "apis", title: "the APIs it serves",
+          text: b.apis.join(" · ") })),
       el("td", {}, el("span", { class: `state state-${b.state}`, "data-field": "state", text: b.state })),
       el("td", { text: b.lifecycle }),
       el("td", { class: "num", text: String(b.priority) }),
