@@ -11,6 +11,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+from aiohttp import web
 
 from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
 
@@ -198,3 +199,50 @@ async def test_bad_bodies_get_openai_errors_naming_the_param(
     response = await w.gw.client.post(path, content=json.dumps(body))
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+async def test_images_go_to_a_backend_that_lists_them() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+
+    async def images(request: web.Request) -> web.Response:
+        seen.append((request.path, request.content_type, await request.read()))
+        return web.json_response({"created": 1, "data": [{"b64_json": "aW1n"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/images/generations", images)
+    app.router.add_post("/v1/images/edits", images)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        settings = gateway_settings(
+            {"painter": {"url": url, "models": ["flux"], "endpoints": ["images"]}}
+        )
+        async with gateway(settings) as gw:
+            made = await gw.client.post(
+                "/v1/images/generations", json={"model": "flux", "prompt": "a fox"}
+            )
+            assert made.status_code == 200, made.text
+            assert made.json()["data"][0]["b64_json"] == "aW1n"
+            edited = await gw.client.post(
+                "/v1/images/edits",
+                data={"model": "flux", "prompt": "redder"},
+                files={"image": ("fox.png", b"\x89PNG fake")},
+            )
+            assert edited.status_code == 200, edited.text
+            chat = await gw.client.post(
+                "/v1/chat/completions",
+                json={"model": "flux", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert chat.json()["error"]["code"] == "endpoint_not_served"
+    finally:
+        await runner.cleanup()
+    assert [path for path, _, _ in seen] == ["/v1/images/generations", "/v1/images/edits"]
+    assert seen[1][1] == "multipart/form-data"
+    assert b"\x89PNG fake" in seen[1][2]
