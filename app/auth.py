@@ -4,16 +4,20 @@
 - Admin endpoints (state changes): `MICROSCHEDULER_ADMIN_KEY` when set, else loopback
   clients only.
 - `/health`, `/ready` and `/metrics` are open.
+
+`exposure_warnings` says at start-up what this leaves open on a non-loopback address.
+(Listening there with no client key while chains reach paid providers is refused by the
+configuration itself: `Settings._not_open_to_spend`.)
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from pydantic import SecretStr
 
 from app.errors import AuthenticationFailed, PermissionDenied
+from app.settings.root import is_loopback
 
 
 class Authenticator:
@@ -34,7 +38,7 @@ class Authenticator:
 
     def check_admin(self, authorization: str | None, client_host: str | None) -> None:
         if self._admin_key is None:
-            if not _is_loopback(client_host):
+            if not is_loopback(client_host):
                 raise PermissionDenied(
                     "Admin endpoints accept only loopback clients while "
                     "MICROSCHEDULER_ADMIN_KEY is unset."
@@ -62,10 +66,20 @@ def _matches_any(token: bytes, keys: tuple[bytes, ...]) -> bool:
     return found
 
 
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+def exposure_warnings(host: str, *, api_keys: bool, admin_key: bool) -> list[str]:
+    """What a start-up on `host` leaves open, in one line each (empty on loopback)."""
+    if is_loopback(host):
+        return []
+    warnings = []
+    if not api_keys:
+        warnings.append(
+            f"listening on {host} without MICROSCHEDULER_API_KEYS: anyone who reaches the "
+            "port may use the models"
+        )
+    if not admin_key:
+        warnings.append(
+            f"listening on {host} without MICROSCHEDULER_ADMIN_KEY: admin endpoints accept "
+            "loopback clients only, and behind a reverse proxy on this machine every client "
+            "looks like loopback; set MICROSCHEDULER_ADMIN_KEY (see SECURITY.md)"
+        )
+    return warnings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,9 +12,12 @@ from prometheus_client import CollectorRegistry
 
 from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
 from app.api.middleware import RequestObserver
+from app.auth import exposure_warnings
 from app.metrics import Metrics
 from app.services import Seams, Services
 from app.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def create_app(
@@ -26,6 +30,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for warning in exposure_warnings(
+            settings.host, api_keys=bool(settings.api_keys), admin_key=bool(settings.admin_key)
+        ):
+            logger.warning("exposed: %s", warning)
         services = Services(settings, metrics, seams or Seams())
         app.state.services = services
         await services.start()

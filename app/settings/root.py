@@ -4,6 +4,7 @@ gateway-wide sections: timeouts, the Docker proxy, the GPU.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -122,6 +123,8 @@ class Settings(BaseSettings):
     access_log: bool = True
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     admin_key: SecretStr | None = None
+    # Accept no client key on a non-loopback address even when chains reach paid providers.
+    allow_unauthenticated: bool = False
     max_body_bytes: PositiveInt = 10 * 1024 * 1024
     health_interval_s: PositiveFloat = 5.0
     shutdown_grace_s: PositiveFloat = 10.0
@@ -187,6 +190,33 @@ class Settings(BaseSettings):
                 raise ValueError(f"{CLOUD_FILE}: {problems[0]}")
         return self
 
+    @model_validator(mode="after")
+    def _not_open_to_spend(self) -> Settings:
+        """Listening beyond this host with no client key while a chain can reach a paid
+        provider lets anyone who reaches the port spend the owner's credits: refused,
+        unless `allow_unauthenticated` says that is intended."""
+        if self.api_keys or self.allow_unauthenticated or is_loopback(self.host):
+            return self
+        paid = sorted(
+            {
+                entry
+                for chain in (self.cloud_providers.chains.values() if self.cloud_providers else ())
+                for entry in chain.entries
+                if self.cloud_providers is not None
+                and entry in self.cloud_providers.providers
+                and self.cloud_providers.providers[entry].api_key_env
+            }
+        )
+        if paid:
+            raise ValueError(
+                f"host: listening on {self.host} without MICROSCHEDULER_API_KEYS, while "
+                f"fallback chains can send requests to paid providers ({', '.join(paid)}): "
+                "anyone who reaches the port could spend their credits. Set "
+                "MICROSCHEDULER_API_KEYS, or MICROSCHEDULER_ALLOW_UNAUTHENTICATED=1 if that "
+                "is intended (a trusted network)."
+            )
+        return self
+
     def backend_timeouts(self, name: str) -> TimeoutsConfig:
         return self.backends[name].timeouts.apply(self.timeouts)
 
@@ -201,3 +231,13 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML arrives as init kwargs; the environment must win over it.
         return (env_settings, init_settings)
+
+
+def is_loopback(host: str | None) -> bool:
+    """A loopback address (or `localhost`): only this machine can connect."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
