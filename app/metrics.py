@@ -26,10 +26,12 @@ UPSTREAM_ERROR_KINDS: Final = (
     "connect",
     "connect_timeout",
     "first_byte_timeout",
+    "pool_timeout",
     "idle_timeout",
     "disconnected",
     "http_5xx",
 )
+WAIT_REASONS: Final = ("wake", "connection_pool")
 YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -113,8 +115,18 @@ class Metrics:
         )
         self.waiting = Gauge(
             "requests_waiting",
-            "Requests held until their backend is ready.",
+            "Requests held, by reason: wake (until their backend is ready), "
+            "connection_pool (for a free connection, max_connections in use).",
+            ["backend", "reason"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.pool_wait = Histogram(
+            "upstream_pool_wait_seconds",
+            "How long requests waited for a free connection to their backend "
+            "(only with max_connections set, and only those that waited).",
             ["backend"],
+            buckets=LATENCY_BUCKETS,
             namespace=ns,
             registry=self.registry,
         )
@@ -187,7 +199,9 @@ class Metrics:
         self.backend_enabled.labels(backend).set(1)
         for slept in SleepOutcome:
             self.backend_sleeps.labels(backend, slept)
-        self.waiting.labels(backend)
+        for why in WAIT_REASONS:
+            self.waiting.labels(backend, why)
+        self.pool_wait.labels(backend)
         self.drain_timeouts.labels(backend)
 
     def set_backend_state(self, backend: str, state: BackendState) -> None:
@@ -221,3 +235,17 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PoolMetrics:
+    """`HttpUpstream`'s pool observer for one backend: the waiting gauge and the histogram."""
+
+    def __init__(self, metrics: Metrics, backend: str) -> None:
+        self._gauge = metrics.waiting.labels(backend, "connection_pool")
+        self._histogram = metrics.pool_wait.labels(backend)
+
+    def waiting(self, delta: int) -> None:
+        self._gauge.inc(delta)
+
+    def waited(self, seconds: float) -> None:
+        self._histogram.observe(seconds)

@@ -31,7 +31,7 @@ from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.store import StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
-from app.metrics import Metrics
+from app.metrics import Metrics, PoolMetrics
 from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -154,6 +154,7 @@ class Services:
                 self.settings.backend_timeouts(name),
                 max_connections=config.max_connections,
                 extra_headers=headers,
+                observer=PoolMetrics(self.metrics, name),
             ),
             VllmClient(
                 self.control_client, config.url, headers=headers, health_path=config.health_path

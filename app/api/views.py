@@ -43,6 +43,7 @@ def backend_view(backend: Backend) -> Json:
         "priority": cfg.priority,
         "in_flight": backend.in_flight,
         "waiting": backend.waiting,
+        "pool_waiting": backend.upstream.pool_waiting,  # for a free connection (max_connections)
         "idle_s": round(backend.idle_s(), 1),
         "idle_ttl_s": cfg.idle_ttl_s,
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),

@@ -45,7 +45,7 @@ class Leases:
         self._drained = asyncio.Event()
         self._drained.set()
         self._in_flight_gauge = metrics.in_flight.labels(backend)
-        self._waiting_gauge = metrics.waiting.labels(backend)
+        self._waiting_gauge = metrics.waiting.labels(backend, "wake")
         self._on_change = on_change  # the counts changed (live status)
 
     def take(self) -> Lease:

@@ -104,7 +104,10 @@ class BackendConfig(StrictConfig):
     timeouts: TimeoutOverridesConfig = Field(default_factory=TimeoutOverridesConfig)
     health_path: str = "/health"
     api_key_env: str | None = None
-    max_connections: PositiveInt = 512
+    # None: a connection per request (vLLM takes them all; leases are the gateway's limit).
+    # A number caps them; requests beyond wait, counted (requests_waiting{reason=
+    # "connection_pool"}, upstream_pool_wait_seconds), within first_byte_s.
+    max_connections: PositiveInt | None = None
     # Lifecycle (see README "Model lifecycle").
     lifecycle: Literal["pinned", "lazy"] = "pinned"
     idle_ttl_s: NonNegativeFloat = 0.0

@@ -93,7 +93,7 @@ class ProviderConfig(StrictConfig):
     first_byte_timeout_s: PositiveFloat | None = None
     cooldown_s: PositiveFloat | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    max_connections: PositiveInt = 64
+    max_connections: PositiveInt | None = None  # a cap, as for a backend (default none)
     # What it is asked for; default: every OpenAI API for `openai`, chat and messages for
     # `anthropic` (app/settings/endpoints.py).
     endpoints: list[Api] | None = Field(default=None, min_length=1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import aiohttp
@@ -129,8 +129,10 @@ class UpstreamResponse:
         first_chunk: bytes,
         idle_s: float,
         backend: str,
+        on_release: Callable[[], None] | None = None,
     ) -> None:
         self._response = response
+        self._on_release = on_release
         self.status = response.status
         self.first_chunk = first_chunk
         self._idle_s = idle_s
@@ -184,10 +186,26 @@ class UpstreamResponse:
             self._response.release()
         else:
             self._response.close()
+        if self._on_release is not None:
+            on_release, self._on_release = self._on_release, None
+            on_release()
+
+
+class PoolObserver(Protocol):
+    """Where a wait for a free connection is counted (metrics)."""
+
+    def waiting(self, delta: int) -> None: ...
+
+    def waited(self, seconds: float) -> None: ...
 
 
 class HttpUpstream:
-    """One upstream server (a vLLM instance, later a cloud provider) and its connection pool."""
+    """One upstream server (a vLLM instance or a cloud provider) and its connection pool.
+
+    `max_connections` None: as many connections as requests (a vLLM server takes them
+    all; the gateway's own limits are the leases). A number caps them: a request beyond
+    it waits for a response to end, counted in `pool_waiting` and `observer`, and that
+    wait is part of `first_byte_s`."""
 
     def __init__(
         self,
@@ -195,21 +213,25 @@ class HttpUpstream:
         base_url: str,
         timeouts: TimeoutsConfig,
         *,
-        max_connections: int = 512,
+        max_connections: int | None = None,
         extra_headers: dict[str, str] | None = None,
+        observer: PoolObserver | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url
         self.timeouts = timeouts
         self._extra_headers = extra_headers or {}
         self._max_connections = max_connections
+        self._slots = asyncio.Semaphore(max_connections) if max_connections else None
+        self._observer = observer
+        self.pool_waiting = 0  # requests waiting for a free connection now
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         # Created lazily so it binds to the running loop.
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=self._max_connections,
+                limit=0,  # the slots below are the limit, counted
                 # Below uvicorn's 5 s keep-alive (vLLM's server), so we never reuse a socket
                 # the upstream is about to close.
                 keepalive_timeout=4.0,
@@ -243,17 +265,54 @@ class HttpUpstream:
         url = self.base_url + path
         response: aiohttp.ClientResponse | None = None
         limit = self.timeouts.first_byte_s if first_byte_s is None else first_byte_s
+        slot = False
         try:
             async with asyncio.timeout(limit):
+                slot = await self._take_slot()
                 response = await session.request(method, url, data=body, headers=headers)
                 first = await response.content.readany()
         except BaseException as exc:
             if response is not None:
                 response.close()
+            if slot:
+                self._give_slot()
             if isinstance(exc, Exception):
+                if not slot and self._slots is not None and isinstance(exc, TimeoutError):
+                    raise UpstreamTimeout(
+                        f"no free connection to upstream {self.name!r} within {limit:g}s "
+                        f"(all {self._max_connections} of max_connections in use)",
+                        kind="pool_timeout",
+                    ) from None
                 raise self._translate(exc, limit) from None
             raise
-        return UpstreamResponse(response, first, self.timeouts.idle_s, self.name)
+        on_release = self._give_slot if slot else None
+        return UpstreamResponse(response, first, self.timeouts.idle_s, self.name, on_release)
+
+    async def _take_slot(self) -> bool:
+        """Hold one of `max_connections` (True), waiting for one if all are in use."""
+        slots = self._slots
+        if slots is None:
+            return False
+        if not slots.locked():
+            await slots.acquire()
+            return True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self.pool_waiting += 1
+        if self._observer is not None:
+            self._observer.waiting(1)
+        try:
+            await slots.acquire()
+        finally:
+            self.pool_waiting -= 1
+            if self._observer is not None:
+                self._observer.waiting(-1)
+                self._observer.waited(loop.time() - started)
+        return True
+
+    def _give_slot(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
 
     def _translate(self, exc: Exception, first_byte_s: float) -> UpstreamError:
         name = self.name
