@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
-from app.api.middleware import RequestObserver
+from app.api.fastpath import GatewayApp
 from app.auth import exposure_warnings
 from app.metrics import Metrics
 from app.services import Seams, Services
@@ -46,7 +46,10 @@ def create_app(
         finally:
             await services.close()
 
-    app = FastAPI(
+    app = GatewayApp(
+        metrics=metrics,
+        access_log=settings.access_log,
+        fast_routes=[*openai.routes, *messages.routes],
         title="microscheduler",
         summary="OpenAI-compatible gateway for local vLLM servers sharing one GPU.",
         lifespan=lifespan,
@@ -60,5 +63,4 @@ def create_app(
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
-    app.add_middleware(RequestObserver, metrics=metrics, access_log=settings.access_log)
     return app

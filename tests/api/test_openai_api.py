@@ -308,3 +308,27 @@ async def test_request_metrics_are_labelled_from_config(gw: Gateway) -> None:
     assert "gpt-9" not in text
     assert 'microscheduler_time_to_first_byte_seconds_count{backend="orchestrator"' in text
     assert 'microscheduler_requests_in_flight{backend="orchestrator"} 0.0' in text
+
+
+async def test_an_unexpected_failure_on_the_fast_path_is_a_logged_500_in_the_envelope(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    services = gw.app.state.services
+
+    def broken(model: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(services.dispatcher, "route", broken)
+    response = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 500
+    assert_openai_error(response.json(), "internal_error", "server_error")
+    assert "a bug" not in response.text  # the log has it, the client does not
+    assert response.headers["x-request-id"]
+    assert "unhandled error path=/v1/chat/completions" in caplog.text
+    assert "RuntimeError: a bug" in caplog.text
+    # Still counted like any request.
+    sample = gw.registry.get_sample_value(
+        "microscheduler_requests_total",
+        {"model": "", "backend": "", "endpoint": "chat_completions", "status": "500"},
+    )
+    assert sample == 1.0
