@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from app import logs
 from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
 from app.api.fastpath import GatewayApp
 from app.auth import exposure_warnings
@@ -45,6 +46,7 @@ def create_app(
             yield
         finally:
             await services.close()
+            logs.drain()  # no request is left: write the queued access lines
 
     app = GatewayApp(
         metrics=metrics,
