@@ -43,6 +43,7 @@ FAST_TOKENS = 16
 MAX_CONNECTIONS = 4096  # per backend in the gateway's models.yaml (the default is 512)
 SAMPLE_EVERY_S = 0.2
 SETTLE_S = 2.0  # after a phase, before "RSS after"
+LATER_S = 6.0  # after the slow streams, past the gateway's 4 s upstream keep-alive (information)
 WARMUP_REQUESTS, WARMUP_STREAMS = 500, 50
 TARGETS = {
     "errors": 0,
@@ -96,6 +97,28 @@ class Sampler:
 
     def result(self) -> dict[str, Any]:
         return {"peak_rss_mb": self.peak_rss_mb, "peak_fds": self.peak_fds, "samples": self.samples}
+
+
+TCP_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPSynRetrans")
+
+
+def tcp_counters() -> dict[str, int]:
+    """Machine-wide TcpExt counters: a full accept queue drops SYNs; the client resends them
+    after 1 s, 3 s, ... (a listener's backlog, not its code, then adds whole seconds)."""
+    lines = [ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines()]
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names and names[0] == "TcpExt:":
+            found = dict(zip(names[1:], values[1:], strict=False))
+            return {k: int(found.get(k, 0)) for k in TCP_COUNTERS}
+    return dict.fromkeys(TCP_COUNTERS, 0)
+
+
+def with_tcp(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    before = tcp_counters()
+    res = measure()
+    after = tcp_counters()
+    res["tcp"] = {k: after[k] - before[k] for k in TCP_COUNTERS}
+    return res
 
 
 def snapshot(pid: int) -> dict[str, Any]:
@@ -243,15 +266,17 @@ def alive(proc: Proc, what: str) -> None:
 
 def phase_streams(a: argparse.Namespace, slow: Proc, gw: Proc, tps: float) -> dict[str, Any]:
     def streams(port: int) -> dict[str, Any]:
-        return run_async(
-            lambda: load(
-                port,
-                SLOW_MODEL,
-                a.streams,
-                a.streams,
-                stream=True,
-                tokens=a.stream_tokens,
-                read_timeout_s=a.stream_seconds + 60,
+        return with_tcp(
+            lambda: run_async(
+                lambda: load(
+                    port,
+                    SLOW_MODEL,
+                    a.streams,
+                    a.streams,
+                    stream=True,
+                    tokens=a.stream_tokens,
+                    read_timeout_s=a.stream_seconds + 60,
+                )
             )
         )
 
@@ -274,6 +299,8 @@ def phase_streams(a: argparse.Namespace, slow: Proc, gw: Proc, tps: float) -> di
     res["gateway_peak"] = sampler.result()
     time.sleep(SETTLE_S)
     res["gateway_after"] = snapshot(gw.popen.pid)
+    time.sleep(LATER_S - SETTLE_S)
+    res["gateway_later"] = snapshot(gw.popen.pid)
     res["wall_ratio"] = round(res["gateway"]["wall_s"] / res["direct"]["wall_s"], 3)
     res["rss_after_vs_start"] = round(
         res["gateway_after"]["rss_mb"] / res["gateway_start"]["rss_mb"], 3
@@ -306,15 +333,17 @@ def warm_up(gw: Proc) -> dict[str, Any]:
 
 def phase_short(a: argparse.Namespace, fast: Proc, gw: Proc) -> dict[str, Any]:
     def requests(port: int) -> dict[str, Any]:
-        return run_async(
-            lambda: load(
-                port,
-                FAST_MODEL,
-                a.requests,
-                a.concurrency,
-                stream=False,
-                tokens=FAST_TOKENS,
-                read_timeout_s=60,
+        return with_tcp(
+            lambda: run_async(
+                lambda: load(
+                    port,
+                    FAST_MODEL,
+                    a.requests,
+                    a.concurrency,
+                    stream=False,
+                    tokens=FAST_TOKENS,
+                    read_timeout_s=60,
+                )
             )
         )
 
@@ -359,6 +388,11 @@ def render(res: dict[str, Any]) -> str:
     sd, sg, qd, qg = st["direct"], st["gateway"], sh["direct"], sh["gateway"]
     n, secs, tok = st["streams"], st["stream_seconds"], st["tokens"]
     start, peak, after = st["gateway_start"], st["gateway_peak"], st["gateway_after"]
+    later = st["gateway_later"]
+
+    def tcp(side: dict[str, Any]) -> str:
+        return f"{side['tcp']['ListenOverflows']} / {side['tcp']['TCPSynRetrans']}"
+
     rows = [
         [f"Slow streams: {n} concurrent x ~{secs:g} s ({tok} tokens): errors",
          str(sd["errors"]), str(sg["errors"]), "", "0", verdict["errors"]],
@@ -376,6 +410,11 @@ def render(res: dict[str, Any]) -> str:
         [f"Gateway RSS ~{SETTLE_S:g} s after the streams (MB)", "", f"{after['rss_mb']:.1f}",
          f"x{st['rss_after_vs_start']:.3f} of start; {after['fds']} fds",
          "<= x1.20 of start", verdict["rss_after_vs_start"]],
+        [f"Gateway RSS ~{LATER_S:g} s after the streams (MB; past the 4 s upstream keep-alive)",
+         "", f"{later['rss_mb']:.1f}", f"x{later['rss_mb'] / start['rss_mb']:.3f}; "
+         f"{later['fds']} fds", "", ""],
+        ["Slow streams: listen overflows / SYN retransmits (machine-wide)", tcp(sd), tcp(sg),
+         "", "", ""],
         [f"Short requests: {sh['requests']} at concurrency {sh['concurrency']}: errors",
          str(qd["errors"]), str(qg["errors"]), "", "0", verdict["errors"]],
         ["Short requests: wall time (s)", f"{qd['wall_s']:.2f}", f"{qg['wall_s']:.2f}",
@@ -385,9 +424,12 @@ def render(res: dict[str, Any]) -> str:
         ["Short requests: per-request p50 / max (ms)",
          f"{qd['p50_s'] * 1000:.1f} / {qd['max_s'] * 1000:.0f}",
          f"{qg['p50_s'] * 1000:.1f} / {qg['max_s'] * 1000:.0f}", "", "", ""],
+        ["Short requests: listen overflows / SYN retransmits (machine-wide)", tcp(qd), tcp(qg),
+         "", "", ""],
         ["Gateway RSS: before / peak / ~2 s after the short requests (MB)", "",
          f"{sh['gateway_start']['rss_mb']:.1f} / {sh['gateway_peak']['peak_rss_mb']:.1f} / "
-         f"{sh['gateway_after']['rss_mb']:.1f}", f"peak {sh['gateway_peak']['peak_fds']} fds",
+         f"{sh['gateway_after']['rss_mb']:.1f}", f"peak {sh['gateway_peak']['peak_fds']} fds, "
+         f"{sh['gateway_after']['fds']} after",
          "", ""],
     ]  # fmt: skip
     kind = "QUICK smoke run (counts too small to mean much)" if res["quick"] else "full run"
@@ -417,7 +459,12 @@ def render(res: dict[str, Any]) -> str:
         f"fds are read from /proc every {SAMPLE_EVERY_S:g} s by a thread during a phase; "
         f"**start** = RSS after a warm-up of {WARMUP_REQUESTS} short requests (c=32) and "
         f"{WARMUP_STREAMS} concurrent unpaced streams and 1 s idle, just before the slow "
-        f"streams; after = ~{SETTLE_S:g} s after the last stream ended. RLIMIT_NOFILE: soft "
+        f"streams; after = ~{SETTLE_S:g} s after the last stream ended (judged), and again at "
+        f"~{LATER_S:g} s, once the gateway's idle upstream connections (4 s keep-alive) are "
+        "closed (information). Listen overflows and SYN retransmits are the machine's TcpExt "
+        "counters over each run: a full accept queue (the fakes listen with aiohttp's default "
+        "backlog, 128; uvicorn's is 2048) drops SYNs, which the client resends after 1 s, 3 s, "
+        "... RLIMIT_NOFILE: soft "
         f"{lim['soft_before']} raised to {lim['soft']} (hard {lim['hard']}; the servers inherit "
         f"it), about {lim['needed']} needed.",
         "",
