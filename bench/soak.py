@@ -43,7 +43,9 @@ FAST_TOKENS = 16
 MAX_CONNECTIONS = 4096  # per backend in the gateway's models.yaml (the default is 512)
 SAMPLE_EVERY_S = 0.2
 SETTLE_S = 2.0  # after a phase, before "RSS after"
-LATER_S = 6.0  # after the slow streams, past the gateway's 4 s upstream keep-alive (information)
+# After the slow streams, for information: aiohttp closes idle pooled connections on a timer,
+# so the gateway's (keepalive_timeout 4 s) may linger up to about twice that.
+LATER_S = 10.0
 WARMUP_REQUESTS, WARMUP_STREAMS = 500, 50
 TARGETS = {
     "errors": 0,
@@ -363,6 +365,32 @@ def phase_short(a: argparse.Namespace, fast: Proc, gw: Proc) -> dict[str, Any]:
     return res
 
 
+def phase_repeat(a: argparse.Namespace, gw: Proc) -> dict[str, Any]:
+    """The slow streams through the gateway again: does the peak RSS climb (a leak)?"""
+    res: dict[str, Any] = {"gateway_start": snapshot(gw.popen.pid)}
+    log(f"slow streams again: {a.streams} x ~{a.stream_seconds:g} s through the gateway ...")
+    with Sampler(gw.popen.pid) as sampler:
+        res["gateway"] = with_tcp(
+            lambda: run_async(
+                lambda: load(
+                    gw.port,
+                    SLOW_MODEL,
+                    a.streams,
+                    a.streams,
+                    stream=True,
+                    tokens=a.stream_tokens,
+                    read_timeout_s=a.stream_seconds + 60,
+                )
+            )
+        )
+    alive(gw, "during the repeated slow streams")
+    res["gateway_peak"] = sampler.result()
+    time.sleep(SETTLE_S)
+    res["gateway_after"] = snapshot(gw.popen.pid)
+    res["errors"] = res["gateway"]["errors"]
+    return res
+
+
 # --- report ---------------------------------------------------------------------------------
 
 
@@ -382,7 +410,7 @@ def judge(res: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
 
 
 def render(res: dict[str, Any]) -> str:
-    st, sh, m = res["streams"], res["short"], res["machine"]
+    st, sh, rp, m = res["streams"], res["short"], res["repeat"], res["machine"]
     names = {None: "n/a (quick)", True: "PASS", False: "FAIL"}
     verdict = {x["name"]: names[x["pass"]] for x in res["targets"]}
     sd, sg, qd, qg = st["direct"], st["gateway"], sh["direct"], sh["gateway"]
@@ -410,7 +438,7 @@ def render(res: dict[str, Any]) -> str:
         [f"Gateway RSS ~{SETTLE_S:g} s after the streams (MB)", "", f"{after['rss_mb']:.1f}",
          f"x{st['rss_after_vs_start']:.3f} of start; {after['fds']} fds",
          "<= x1.20 of start", verdict["rss_after_vs_start"]],
-        [f"Gateway RSS ~{LATER_S:g} s after the streams (MB; past the 4 s upstream keep-alive)",
+        [f"Gateway RSS ~{LATER_S:g} s after the streams (MB; idle upstream pool closed)",
          "", f"{later['rss_mb']:.1f}", f"x{later['rss_mb'] / start['rss_mb']:.3f}; "
          f"{later['fds']} fds", "", ""],
         ["Slow streams: listen overflows / SYN retransmits (machine-wide)", tcp(sd), tcp(sg),
@@ -431,6 +459,12 @@ def render(res: dict[str, Any]) -> str:
          f"{sh['gateway_after']['rss_mb']:.1f}", f"peak {sh['gateway_peak']['peak_fds']} fds, "
          f"{sh['gateway_after']['fds']} after",
          "", ""],
+        ["Repeat: slow streams through the gateway again: errors / wall time (s)", "",
+         f"{rp['gateway']['errors']} / {rp['gateway']['wall_s']:.2f}", "", "", ""],
+        ["Repeat: gateway RSS before / peak / ~2 s after (MB)", "",
+         f"{rp['gateway_start']['rss_mb']:.1f} / {rp['gateway_peak']['peak_rss_mb']:.1f} / "
+         f"{rp['gateway_after']['rss_mb']:.1f}",
+         f"peak {rp['gateway_peak']['peak_fds']} fds, {rp['gateway_after']['fds']} after", "", ""],
     ]  # fmt: skip
     kind = "QUICK smoke run (counts too small to mean much)" if res["quick"] else "full run"
     packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
@@ -460,8 +494,11 @@ def render(res: dict[str, Any]) -> str:
         f"**start** = RSS after a warm-up of {WARMUP_REQUESTS} short requests (c=32) and "
         f"{WARMUP_STREAMS} concurrent unpaced streams and 1 s idle, just before the slow "
         f"streams; after = ~{SETTLE_S:g} s after the last stream ended (judged), and again at "
-        f"~{LATER_S:g} s, once the gateway's idle upstream connections (4 s keep-alive) are "
-        "closed (information). Listen overflows and SYN retransmits are the machine's TcpExt "
+        f"~{LATER_S:g} s, once the gateway's idle upstream connections (4 s keep-alive, "
+        "closed on aiohttp's cleanup timer) are gone (information). Repeat: the same slow "
+        "streams through the gateway once more, after the short requests: a peak that "
+        "climbs again would be a leak, the same peak a high-water mark (information). "
+        "Listen overflows and SYN retransmits are the machine's TcpExt "
         "counters over each run: a full accept queue (the fakes listen with aiohttp's default "
         "backlog, 128; uvicorn's is 2048) drops SYNs, which the client resends after 1 s, 3 s, "
         "... RLIMIT_NOFILE: soft "
@@ -476,9 +513,9 @@ def render(res: dict[str, Any]) -> str:
     if res["errors"]:
         kinds = {
             f"{phase} {side}": res[phase][side]["error_kinds"]
-            for phase in ("streams", "short")
+            for phase in ("streams", "short", "repeat")
             for side in ("direct", "gateway")
-            if res[phase][side]["errors"]
+            if side in res[phase] and res[phase][side]["errors"]
         }
         lines += ["", f"WARNING: {res['errors']} failed or invalid responses: {kinds}"]
     return "\n".join(lines)
@@ -520,7 +557,8 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     res["commands"] = [p.command_line() for p in (slow, fast, gw)]
     res["streams"] = phase_streams(a, slow, gw, tps)
     res["short"] = phase_short(a, fast, gw)
-    parts = [res["streams"], res["streams"]["warmup"], res["short"]]
+    res["repeat"] = phase_repeat(a, gw)
+    parts = [res["streams"], res["streams"]["warmup"], res["short"], res["repeat"]]
     res["errors"] = sum(part["errors"] for part in parts)
     res["targets"] = judge(res, a.quick)
     return res

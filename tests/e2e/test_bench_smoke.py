@@ -129,6 +129,8 @@ def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     assert results["errors"] == 0
     streams, short = results["streams"], results["short"]
     assert streams["warmup"]["errors"] == 0
+    assert results["repeat"]["errors"] == 0
+    assert results["repeat"]["gateway_peak"]["peak_rss_mb"] > 0
     for phase in (streams, short):
         assert phase["errors"] == 0
         for side in ("direct", "gateway"):
