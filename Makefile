@@ -49,6 +49,7 @@ test: lint typecheck unit
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/wake.py
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -109,3 +109,55 @@ def test_quick_wake_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     # request before the start-up delay has passed.
     assert results["after_listen"]["p50_ms"] > 0
     assert results["cold"]["p50_ms"] >= results["startup_delay_s"] * 1000
+
+
+@pytest.mark.e2e
+def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "soak.py"), "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert "| Measurement |" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["quick"] is True
+    assert results["errors"] == 0
+    streams, short = results["streams"], results["short"]
+    assert streams["warmup"]["errors"] == 0
+    assert results["repeat"]["errors"] == 0
+    assert results["repeat"]["gateway_peak"]["peak_rss_mb"] > 0
+    for phase in (streams, short):
+        assert phase["errors"] == 0
+        for side in ("direct", "gateway"):
+            assert phase[side]["errors"] == 0, (side, phase[side]["error_kinds"])
+            assert phase[side]["requests"] > 0
+            for key in ("wall_s", "rps", "p50_s", "max_s"):
+                assert is_number(phase[side][key]), (side, key)
+                assert phase[side][key] > 0, (side, key)
+    assert streams["direct"]["requests"] == streams["streams"] == 50
+    assert short["gateway"]["requests"] == short["requests"] == 500
+    for key in ("gateway_start", "gateway_after", "gateway_later"):
+        assert streams[key]["rss_mb"] > 0, key
+        assert streams[key]["fds"] > 0, key
+    assert streams["gateway_peak"]["samples"] > 0
+    assert streams["gateway_peak"]["peak_rss_mb"] >= streams["gateway_start"]["rss_mb"] / 2
+    # Every stream is a client socket in the gateway at the peak (and an upstream one).
+    assert streams["gateway_peak"]["peak_fds"] >= streams["streams"]
+    for key in ("wall_ratio", "rss_after_vs_start"):
+        assert is_number(streams[key]), key
+    assert results["nofile"]["soft"] >= results["nofile"]["needed"]
+    assert len(results["commands"]) == 3
+    assert "max_connections: 4096" in results["models_yaml"]
+    # Reported, never judged, in quick mode.
+    assert [t["name"] for t in results["targets"]] == [
+        "errors",
+        "stream_wall_ratio",
+        "stream_peak_rss_mb",
+        "rss_after_vs_start",
+    ]
+    assert all(t["pass"] is None for t in results["targets"])
