@@ -40,7 +40,6 @@ from bench.overhead import CHAT_PATH, HOST, Proc, log, machine, pct
 SLOW_MODEL = "soak-slow"
 FAST_MODEL = "soak-fast"
 FAST_TOKENS = 16
-MAX_CONNECTIONS = 4096  # per backend in the gateway's models.yaml (the default is 512)
 SAMPLE_EVERY_S = 0.2
 SETTLE_S = 2.0  # after a phase, before "RSS after"
 # After the slow streams, for information: aiohttp closes idle pooled connections on a timer,
@@ -246,7 +245,7 @@ def start_gateway(tmp: Path, slow: Proc, fast: Proc, procs: list[Proc]) -> tuple
     for name, proc, model in (("slow", slow, SLOW_MODEL), ("fast", fast, FAST_MODEL)):
         yaml += (
             f"  {name}:\n    url: http://{HOST}:{proc.port}\n    models: [{model}]\n"
-            f"    runtime: {{kind: external}}\n    max_connections: {MAX_CONNECTIONS}\n"
+            f"    runtime: {{kind: external}}\n"
         )
     (config / "models.yaml").write_text(yaml)
     # Default settings otherwise: no MICROSCHEDULER_* setting leaks in from the caller's shell.
@@ -486,9 +485,8 @@ def render(res: dict[str, Any]) -> str:
         "every stream read to its end and checked (HTTP 200, [DONE] last, the token count), "
         "every short reply checked (HTTP 200, a chat.completion). All streams are sent at "
         "once; wall time runs from the first request sent to the last reply read. The gateway "
-        "is one uvicorn worker with default settings (access log on, to a file) and "
-        f"**max_connections: {MAX_CONNECTIONS} on each backend** (the default, 512, would cap "
-        "the concurrent upstream connections: the pool limit is another issue's subject); "
+        "is one uvicorn worker with default settings (access log on, to a file; no "
+        "max_connections: a connection per request); "
         f"the fakes run with --max-num-seqs >= the concurrency. Gateway RSS (VmRSS) and open "
         f"fds are read from /proc every {SAMPLE_EVERY_S:g} s by a thread during a phase; "
         f"**start** = RSS after a warm-up of {WARMUP_REQUESTS} short requests (c=32) and "
