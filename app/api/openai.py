@@ -81,7 +81,8 @@ async def stored_response(request: Request) -> Response:
     ctx = context_of(request.scope)
     if ctx is not None:
         ctx.endpoint = "responses_stored"
-    stored = services.dispatcher.stored_response(request.path_params["response_id"])
+    response_id = request.path_params["response_id"]
+    stored = services.dispatcher.stored_response(response_id)
     body = await read_body(request, services.settings.max_body_bytes)
     query = request.url.query
     path = request.url.path + (f"?{query}" if query else "")
@@ -95,9 +96,7 @@ async def stored_response(request: Request) -> Response:
         api=Api.RESPONSES,
         method=request.method,
     )
-    if request.method == "DELETE":
-        services.dispatcher.response_ids.forget(request.path_params["response_id"])
-    return RelayResponse(services.dispatcher, call, entry=stored.entry)
+    return RelayResponse(services.dispatcher, call, stored=(response_id, stored.entry))
 
 
 async def list_models(request: Request) -> Response:

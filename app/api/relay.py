@@ -87,13 +87,14 @@ class RelayResponse(Response):
         call: Call,
         *,
         dialect: Dialect = OPENAI,
-        entry: str | None = None,
+        stored: tuple[str, str] | None = None,
     ) -> None:
-        """`entry`: open the call there (a stored response's follow-up), not where it routes."""
+        """`stored`: (response id, entry): a stored response's follow-up, opened on the
+        entry that created it rather than where the call routes."""
         self._dispatcher = dispatcher
         self._call = call
         self._dialect = dialect
-        self._entry = entry
+        self._stored = stored
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -107,8 +108,8 @@ class RelayResponse(Response):
         exchange: Exchange | None = None
         try:
             try:
-                if self._entry is not None:
-                    exchange = await self._dispatcher.open_at(self._entry, self._call)
+                if self._stored is not None:
+                    exchange = await self._dispatcher.open_stored(*self._stored, self._call)
                 else:
                     exchange = await self._dispatcher.open(self._call, notice)
                 if ctx is not None:

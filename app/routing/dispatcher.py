@@ -84,16 +84,22 @@ class Dispatcher:
             raise ResponseNotFound(response_id)
         return stored
 
-    async def open_at(self, entry: str, call: Call) -> Exchange:
-        """Open `call` on one entry, a backend or a provider, bypassing routing (the
-        follow-ups of a stored response)."""
+    async def open_stored(self, response_id: str, entry: str, call: Call) -> Exchange:
+        """Open a follow-up of the stored response `response_id` on the entry that created
+        it (a backend or a provider), bypassing routing. A delete that succeeds, or finds
+        the response gone, forgets the id."""
         if entry in self._backends:
-            return await self._open_backend(entry, call, None)
-        provider = self._cloud.providers.get(entry) if self._cloud is not None else None
-        if provider is None:  # the configuration changed since
-            raise ResponseNotFound(call.path.rsplit("/", 1)[-1])
-        response = await provider.open(call.provider_request(), provider.first_byte_s)
-        return Exchange(call.route, entry, response, None)
+            exchange = await self._open_backend(entry, call, None)
+        else:
+            provider = self._cloud.providers.get(entry) if self._cloud is not None else None
+            if provider is None:  # the configuration changed since
+                raise ResponseNotFound(response_id)
+            response = await provider.open(call.provider_request(), provider.first_byte_s)
+            exchange = Exchange(call.route, entry, response, None)
+        status = exchange.response.status
+        if call.method == "DELETE" and (200 <= status < 300 or status == 404):
+            self.response_ids.forget(response_id)
+        return exchange
 
     async def _open_backend(self, name: str, call: Call, notice: Notice | None) -> Exchange:
         backend = self._backends[name]

@@ -44,13 +44,15 @@ PROVIDER_OUTCOMES: Final = (
 TOKEN_TYPES: Final = ("prompt", "completion")
 
 _USAGE: Final = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
-_PROMPT: Final = re.compile(rb'"prompt_tokens"\s*:\s*([0-9]+)')
-_COMPLETION: Final = re.compile(rb'"completion_tokens"\s*:\s*([0-9]+)')
+# OpenAI's names, or Anthropic's (a Messages answer, passed through or translated).
+_PROMPT: Final = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*([0-9]+)')
+_COMPLETION: Final = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*([0-9]+)')
 _TAIL_BYTES: Final = 4096
 
 
 def usage_in_tail(tail: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens from the last `"usage": {...}` in `tail`, if any.
+    """(prompt, completion) tokens from the last `"usage": {...}` in `tail`, if any (in
+    OpenAI's words or Anthropic's: a Messages answer's `input_tokens`/`output_tokens`).
 
     About 1.5 us for a chat completion (regular expressions, no JSON parsing)."""
     at = tail.rfind(b'"usage"', -_TAIL_BYTES)

@@ -355,12 +355,18 @@ class ResponsesApi:
 
     async def retrieve(self, request: web.Request) -> web.StreamResponse:
         response_id, stored = self._stored(request)
+        failure = self.state.injected_failure()
+        if failure is not None:
+            return failure
         if stored is None:
             return error_response(_not_found(response_id))
         return json_response(dumps(stored))
 
     async def cancel(self, request: web.Request) -> web.StreamResponse:
         response_id, stored = self._stored(request)
+        failure = self.state.injected_failure()
+        if failure is not None:
+            return failure
         if stored is None:
             return error_response(_not_found(response_id))
         # Every stored response of the fake is finished (no background mode): like vLLM.
@@ -369,6 +375,9 @@ class ResponsesApi:
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         response_id, stored = self._stored(request)
+        failure = self.state.injected_failure()
+        if failure is not None:
+            return failure
         if stored is None:
             return error_response(_not_found(response_id))
         del self.store[response_id]

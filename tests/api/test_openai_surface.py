@@ -246,3 +246,14 @@ async def test_images_go_to_a_backend_that_lists_them() -> None:
     assert [path for path, _, _ in seen] == ["/v1/images/generations", "/v1/images/edits"]
     assert seen[1][1] == "multipart/form-data"
     assert b"\x89PNG fake" in seen[1][2]
+
+
+async def test_a_failed_delete_keeps_the_id(w: World) -> None:
+    created = await w.sdk.responses.create(model="omni", input="keep me")
+    await w.upstream.client.post("/_fake/faults", json={"fail_status": 500, "fail_count": 1})
+    failed = await w.gw.client.delete(f"/v1/responses/{created.id}")
+    assert failed.status_code == 500
+    retried = await w.gw.client.delete(f"/v1/responses/{created.id}")
+    assert retried.status_code == 200  # still routed: the first delete did not happen
+    gone = await w.gw.client.delete(f"/v1/responses/{created.id}")
+    assert gone.json()["error"]["code"] == "response_not_found"

@@ -301,6 +301,14 @@ def test_the_fallbacks_header_is_short() -> None:
         ),
         (b"", None),
         (b'{"usage":{"prompt_tokens":"5","completion_tokens":7}}', None),
+        # A Messages answer (passed through, or translated back from chat):
+        (b'"stop_reason":"end_turn","usage":{"input_tokens":11,"output_tokens":3}}', (11, 3)),
+        (
+            b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+            b'"max_tokens"},"usage":{"output_tokens":16,"input_tokens":4}}\n\n'
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+            (4, 16),
+        ),
     ],
 )
 def test_usage_is_read_from_the_tail(tail: bytes, expected: tuple[int, int] | None) -> None:
