@@ -33,14 +33,18 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.handlers import error_response
 from app.api.middleware import context_of
-from app.errors import GatewayError, UpstreamError
+from app.errors import GatewayError, UpstreamError, UpstreamUnavailable
 from app.lifecycle.lease import WaitNotice
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
+from app.settings.endpoints import Api
 
 logger = logging.getLogger(__name__)
 
 DONE_EVENT: Final = b"data: [DONE]\n\n"
+# The APIs whose streams end with `data: [DONE]` (Responses and Messages end with an event).
+DONE_TERMINATED: Final = frozenset({Api.CHAT, Api.COMPLETIONS, Api.TRANSCRIPTIONS,
+                                    Api.TRANSLATIONS})  # fmt: skip
 MAX_ERROR_BODY: Final = 64 * 1024
 _SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
@@ -175,8 +179,13 @@ class RelayResponse(Response):
         self, exchange: Exchange, send: Send, watch: _DisconnectWatch, *, sse: bool
     ) -> None:
         upstream = exchange.response
+        cut_short = sse and self._call.api in DONE_TERMINATED
         if upstream.complete:
             watch.stop()
+            if cut_short and _without_done(upstream.first_chunk):
+                await send(_body(upstream.first_chunk, more=True))
+                await self._ended_early(exchange, send, upstream.first_chunk)
+                return
             await send(_body(upstream.first_chunk, more=False))
             exchange.body_done(upstream.first_chunk)
             return
@@ -198,8 +207,25 @@ class RelayResponse(Response):
             # client sees a truncated response rather than a silently shortened one.
             return
         watch.stop()
+        if cut_short and _without_done(previous + last):
+            await self._ended_early(exchange, send, last)
+            return
         await send(_body(b"", more=False))
         exchange.body_done(previous + last)
+
+    async def _ended_early(self, exchange: Exchange, send: Send, last: bytes) -> None:
+        """A stream that ended cleanly but without `[DONE]` was cut short: it ends with
+        the in-band error, never as a silently short answer."""
+        error = UpstreamUnavailable(
+            f"upstream {exchange.backend!r} ended the stream without [DONE]", kind="disconnected"
+        )
+        self._dispatcher.record_stream_error(exchange, error)
+        logger.warning("upstream stream ended without [DONE] backend=%s", exchange.backend)
+        await send(_body(self._dialect.stream_error(error, last), more=False))
+
+
+def _without_done(tail: bytes) -> bool:
+    return not tail.rstrip().endswith(b"data: [DONE]")
 
 
 def _body(data: bytes, *, more: bool) -> Message:
