@@ -352,6 +352,8 @@ class VramArbiter:
                 )
             before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, ())
+            # A zone that cannot be saved is refused before anything is stopped for it.
+            self._store.check_writable()
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
@@ -364,7 +366,12 @@ class VramArbiter:
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
-            self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+            try:
+                self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+            except BaseException:
+                for backend in self._backends.values():
+                    backend.unblock(draft.block_key)  # what it stopped wakes on demand
+                raise
             after = free_mib(last, gpu) if stopped else before
             logger.info(
                 "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
@@ -441,9 +448,14 @@ class VramArbiter:
 
     def set_zone(self, zone: Zone) -> None:
         """Hold `zone` (replacing one of the same name) and save. Its blocks are the
-        caller's to place."""
+        caller's to place. Saved first: when that fails (`StateWriteError`), nothing
+        changes."""
+        self._save({**self.zones, zone.name: zone})
         self.zones[zone.name] = zone
-        self._save()
+
+    def check_state_writable(self) -> None:
+        """Raises `StateWriteError` when a zone could not be saved now."""
+        self._store.check_writable()
 
     def drop_zone(self, name: str, why: str) -> Zone | None:
         """Forget zone `name` and unblock what it blocked; None when it is not held."""
@@ -452,8 +464,9 @@ class VramArbiter:
             self._drop([zone], why)
         return zone
 
-    def _save(self) -> None:
-        self._store.update("zones", [z.to_json() for z in self.zones.values()])
+    def _save(self, zones: Mapping[str, Zone] | None = None) -> None:
+        held = self.zones if zones is None else zones
+        self._store.update("zones", [z.to_json() for z in held.values()])
         if self._events is not None:
             self._events.changed()  # zones and the yield are part of the live status
 
