@@ -240,3 +240,49 @@ async def test_a_flapping_gpu_probe_shows_in_status_and_metrics_and_recovers(
             assert up["error"] is None
             assert up["consecutive_failures"] == 0
             assert await until(lambda: probe_up_metric("1.0"))
+
+
+async def test_a_release_that_cannot_be_saved_is_refused_and_an_expiry_still_happens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release asked for is refused like an acquire (the hold stays, on disk and here);
+    a zone whose ttl runs out is dropped all the same, and the reaper lives on."""
+    port = free_port()
+    runtimes = {"lazy": FakeVllmRuntime(port, models=[LAZY])}
+
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtimes[name]
+
+    state_dir = tmp_path / "var"
+    settings = gateway_settings(
+        {"lazy": lazy_backend(port)}, state_dir=state_dir, reaper_interval_s=0.05
+    )
+    async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+        body = {"mib": 100, "holder": "x"}
+        assert (await gw.client.post("/vram/zones/held/acquire", json=body)).status_code == 200
+        short = {**body, "ttl_s": 0.3}
+        assert (await gw.client.post("/vram/zones/short/acquire", json=short)).status_code == 200
+        saved = (state_dir / "state.json").read_bytes()
+
+        disk_full(state_dir, monkeypatch)
+        refused = await gw.client.post("/vram/zones/held/release")
+        assert refused.status_code == 500, refused.text
+        assert "No space left on device" in refused.json()["error"]["message"]
+
+        async def zones() -> list[str]:
+            listed = (await gw.client.get("/vram/zones")).json()["zones"]
+            return sorted(z["zone"] for z in listed)
+
+        async def expired() -> list[str] | None:
+            names = await zones()
+            return names if names == ["held"] else None
+
+        assert await until(expired) == ["held"]  # "short" expired, "held" stayed
+        assert (state_dir / "state.json").read_bytes() == saved  # not rewritten
+        monkeypatch.undo()
+        # The reaper survived the failed save: another short zone expires too.
+        assert (await gw.client.post("/vram/zones/again/acquire", json=short)).status_code == 200
+        assert await until(expired) == ["held"]
+        on_disk = json.loads((state_dir / "state.json").read_text())
+        assert [z["name"] for z in on_disk["zones"]] == ["held"]
+        assert leftovers(state_dir) == []
