@@ -9,6 +9,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,14 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.fakes.processes import GatewayProcess, fake_vllm_process, gateway_process
+from tests.fakes.processes import (
+    ROOT,
+    GatewayProcess,
+    fake_vllm_process,
+    free_port,
+    gateway_process,
+    wait_for,
+)
 from tests.fakes.waits import until_sync
 
 pytestmark = pytest.mark.e2e
@@ -88,6 +96,7 @@ def raw_upstream() -> Iterator[str]:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     stopping = threading.Event()
+    held: list[socket.socket] = []  # "silent": accepted, read, never answered
 
     def serve() -> None:
         while not stopping.is_set():
@@ -95,15 +104,18 @@ def raw_upstream() -> Iterator[str]:
                 conn, _ = server.accept()
             except TimeoutError:
                 continue
-            with conn:
-                conn.settimeout(5)
-                request = read_request(conn)
-                first, _, rest = request.partition(b"\r\n")
-                if first.startswith(b"GET"):
-                    conn.sendall(head("application/json", "content-length: 2") + b"{}")
-                    continue
+            conn.settimeout(5)
+            request = read_request(conn)
+            first, _, rest = request.partition(b"\r\n")
+            if first.startswith(b"GET"):
+                conn.sendall(head("application/json", "content-length: 2") + b"{}")
+            else:
                 model = json.loads(rest.partition(b"\r\n\r\n")[2] or b"{}").get("model", "")
+                if model == "silent":
+                    held.append(conn)
+                    continue
                 conn.sendall(REPLIES.get(model, head("text/plain", "content-length: 0")))
+            conn.close()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -113,6 +125,8 @@ def raw_upstream() -> Iterator[str]:
         stopping.set()
         thread.join(5)
         server.close()
+        for conn in held:
+            conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +135,33 @@ def broken_gw() -> Iterator[GatewayProcess]:
         # One backend per reply: a backend sends its first model id upstream.
         timeouts = {"first_byte_s": 5, "idle_s": 5}
         backends = {name: {"url": url, "models": [name], "timeouts": timeouts} for name in REPLIES}
+        silent_timeouts = {"first_byte_s": SILENT_FIRST_BYTE_S}
+        backends["silent"] = {"url": url, "models": ["silent"], "timeouts": silent_timeouts}
         config = {"backends": backends}
         with gateway_process(config) as gw:
             yield gw
+
+
+SILENT_FIRST_BYTE_S = 1.0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_that_accepts_and_never_answers_is_504_at_first_byte_s(
+    broken_gw: GatewayProcess, stream: bool
+) -> None:
+    began = time.monotonic()
+    response = httpx.post(
+        broken_gw.url + "/v1/chat/completions",
+        json={"model": "silent", "messages": MESSAGES, "stream": stream},
+        timeout=10,
+    )
+    took = time.monotonic() - began
+    print(f"504 after {took:.2f}s (first_byte_s {SILENT_FIRST_BYTE_S}, stream={stream})")
+    assert response.status_code == 504
+    error = response.json()["error"]
+    assert error["code"] == "upstream_timeout"
+    assert f"sent no response within {SILENT_FIRST_BYTE_S:g}s" in error["message"]
+    assert SILENT_FIRST_BYTE_S <= took < SILENT_FIRST_BYTE_S + 1
 
 
 def client(gw: GatewayProcess) -> openai.OpenAI:
@@ -318,3 +356,48 @@ def test_a_grace_under_a_second_still_lets_a_short_stream_finish(paced: str) -> 
         exited_after(gw, sent, grace + 5)
         assert stream.error is None, stream.error
         assert stream.text.rstrip().endswith("data: [DONE]")
+
+
+# -- a backend killed mid-stream ---------------------------------------------------------------
+
+
+def test_a_backend_killed_mid_stream_ends_it_in_band_and_releases_the_lease() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.sim.vllm", "--port", str(port), "--model", "doomed",
+         "--tokens-per-second", str(TOKENS_PER_S), "--max-tokens", "400"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(url + "/health", timeout_s=20, proc=proc)
+        with gateway_process({"backends": {"doomed": {"url": url, "models": ["doomed"]}}}) as gw:
+            body = {"model": "doomed", "messages": MESSAGES, "stream": True}
+            with (
+                httpx.Client(base_url=gw.url, timeout=10) as http,
+                http.stream("POST", "/v1/chat/completions", json=body) as response,
+            ):
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")
+                assert backend_in_flight(gw) == 1
+                proc.kill()  # SIGKILL: the socket is reset, no goodbye
+                killed = time.monotonic()
+                rest = [line for line in lines if line]
+                ended = time.monotonic() - killed
+            print(f"stream ended {ended:.2f}s after the backend was killed")
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2].removeprefix("data: "))["error"]
+            assert error["code"] == "upstream_unavailable"
+            assert "'doomed' broke off the response" in error["message"]
+            assert ended < 2
+            until_sync(lambda: backend_in_flight(gw) == 0, timeout_s=5)
+            metrics = httpx.get(gw.url + "/metrics").text
+            assert 'upstream_errors_total{backend="doomed",kind="disconnected"} 1.0' in metrics
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def backend_in_flight(gw: GatewayProcess) -> int:
+    views = httpx.get(gw.url + "/backends", timeout=5).json()["backends"]
+    return int(next(v for v in views if v["name"] == "doomed")["in_flight"])
