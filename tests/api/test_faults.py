@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from app.gpu.sim import SimSource
@@ -286,3 +287,51 @@ async def test_a_release_that_cannot_be_saved_is_refused_and_an_expiry_still_hap
         on_disk = json.loads((state_dir / "state.json").read_text())
         assert [z["name"] for z in on_disk["zones"]] == ["held"]
         assert leftovers(state_dir) == []
+
+
+class FlappingScrapes(httpx.AsyncBaseTransport):
+    """The control plane's transport: real, except that vLLM's `/metrics` is refused while
+    `down` (a backend whose metrics endpoint flaps; health checks still pass)."""
+
+    def __init__(self) -> None:
+        self.real = httpx.AsyncHTTPTransport()
+        self.down = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down and request.url.path == "/metrics":
+            raise httpx.ConnectError("connection refused (test)", request=request)
+        return await self.real.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+
+async def test_a_flapping_vllm_metrics_scrape_shows_in_metrics_and_recovers(
+    tmp_path: Path,
+) -> None:
+    transport = FlappingScrapes()
+    async with fake_vllm(models=["m"]) as upstream:
+        settings = gateway_settings(
+            {"b": {"url": upstream.url, "models": ["m"]}},
+            state_dir=tmp_path / "var",
+            gpu={"probe": "sim", "poll_interval_s": 0.05},
+            health_interval_s=0.05,
+        )
+        async with gateway(settings, seams=Seams(control_transport=transport)) as gw:
+
+            async def scrape_up(value: str) -> str | None:
+                text = (await gw.client.get("/metrics")).text
+                up = f'microscheduler_backend_metrics_up{{backend="b"}} {value}' in text
+                return text if up else None
+
+            text = await until(lambda: scrape_up("1.0"))
+            assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' in text
+            for _ in range(2):
+                transport.down = True
+                text = await until(lambda: scrape_up("0.0"))
+                # No stale load is shown while the scrape fails.
+                assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' not in text
+                assert (await gw.client.post("/v1/chat/completions", json=chat("m"))).is_success
+                transport.down = False
+                text = await until(lambda: scrape_up("1.0"))
+                assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' in text
