@@ -75,9 +75,17 @@ def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name != "state.json")
 
 
-# Running as root, chmod 0555 does not stop writes; so the two faults are: the state
-# directory replaced by a regular file (a path nothing can be written under, for any
-# user), and a full disk, injected at the OS boundary (os.fsync raising ENOSPC).
+# Three faults: the state directory read-only (chmod 0555; skipped as root, whom it does
+# not stop), the directory replaced by a regular file (a path nothing can be written
+# under, for any user: the case that runs as root), and a full disk, injected at the OS
+# boundary (os.fsync raising ENOSPC).
+def read_only_dir(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if os.geteuid() == 0:
+        pytest.skip("running as root: chmod 0555 does not stop writes")
+    state_dir.chmod(0o555)
+    return "Permission denied"
+
+
 def dir_replaced_by_a_file(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     shutil.rmtree(state_dir)
     state_dir.write_text("not a directory\n")
@@ -93,6 +101,7 @@ def disk_full(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 FAULTS = [
+    pytest.param(read_only_dir, id="read-only-dir"),
     pytest.param(dir_replaced_by_a_file, id="dir-replaced-by-a-file"),
     pytest.param(disk_full, id="disk-full"),
 ]
@@ -124,6 +133,8 @@ async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
             "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
         )
         monkeypatch.undo()
+        if state_dir.is_dir():
+            state_dir.chmod(0o755)
 
         assert refused.status_code == 500, refused.text
         error = refused.json()["error"]
@@ -164,6 +175,8 @@ async def test_a_yield_that_cannot_be_saved_is_refused_and_changes_nothing(
         os_error = fault(state_dir, monkeypatch)
         refused = await gw.client.post("/vram/yield", json={"reason": "game"})
         monkeypatch.undo()
+        if state_dir.is_dir():
+            state_dir.chmod(0o755)
 
         assert refused.status_code == 500, refused.text
         error = refused.json()["error"]
