@@ -17,12 +17,13 @@ import pytest
 
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSnapshot, GpuSource, ProbeError
-from app.runtimes.base import Runtime
+from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.services import Seams
 from app.settings import BackendConfig
 from tests.fakes.processes import free_port
 from tests.fakes.servers import (
     FakeVllmRuntime,
+    Gateway,
     chat,
     fake_vllm,
     gateway,
@@ -348,3 +349,62 @@ async def test_a_flapping_vllm_metrics_scrape_shows_in_metrics_and_recovers(
                 transport.down = False
                 text = await until(lambda: scrape_up("1.0"))
                 assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' in text
+
+
+# -- (f) the Docker proxy down while a container backend is ready ---------------------------
+# (A cold wake while the proxy is down, and the recovery, run against the real engine and
+# haproxy: tests/e2e/test_docker_lifecycle.py::test_proxy_down_gives_503_and_the_gateway_
+# recovers_when_it_returns.)
+
+
+class ProxyFlappingRuntime(FakeVllmRuntime):
+    """A container runtime whose Docker API (the socket proxy) goes away while `down`:
+    the server itself keeps running, only `status()` cannot be answered."""
+
+    kind = "docker"
+    proxy = "http://127.0.0.1:2375"
+    down = False
+
+    async def status(self) -> RuntimeStatus:
+        if self.down:
+            raise RuntimeFailure(
+                f"cannot reach the Docker API at {self.proxy}: ConnectError (is the proxy up?)"
+            )
+        status = await super().status()
+        return RuntimeStatus(True, None, "running") if status.running else status
+
+
+async def test_a_proxy_outage_does_not_take_a_ready_container_backend_out(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtime = ProxyFlappingRuntime(port, models=["m"])
+    backend = {
+        "url": f"http://127.0.0.1:{port}",
+        "models": ["m"],
+        "runtime": {"kind": "process", "command": ["unused: the test's runtime runs it"]},
+    }
+    settings = gateway_settings({"b": backend}, state_dir=tmp_path / "var", health_interval_s=0.05)
+    seams = Seams(runtime_factory=lambda name, config: runtime)
+    async with gateway(settings, seams=seams) as gw:
+        await until_backend(gw, "b", state="ready", runtime_detail="running")
+        for _ in range(2):
+            runtime.down = True
+            view = await until_runtime_detail(gw, "unknown: ")
+            assert runtime.proxy in view["runtime_detail"]
+            assert view["state"] == "ready"
+            served = await gw.client.post("/v1/chat/completions", json=chat("m"))
+            assert served.status_code == 200, served.text
+            runtime.down = False
+            await until_backend(gw, "b", state="ready", runtime_detail="running")
+        assert runtime.starts == 1
+        assert runtime.stops == 0
+
+
+async def until_runtime_detail(gw: Gateway, prefix: str) -> dict[str, Any]:
+    async def seen() -> dict[str, Any] | None:
+        views = (await gw.client.get("/backends")).json()["backends"]
+        view: dict[str, Any] = next(v for v in views if v["name"] == "b")
+        return view if str(view["runtime_detail"]).startswith(prefix) else None
+
+    return await until(seen)
