@@ -34,7 +34,7 @@ from app.lifecycle.backend import AdmissionRefused, Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.state import BackendState, StopReason
-from app.lifecycle.store import StateStore
+from app.lifecycle.store import StateStore, StateWriteError
 from app.lifecycle.zones import Zone
 
 logger = logging.getLogger(__name__)
@@ -352,6 +352,8 @@ class VramArbiter:
                 )
             before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, ())
+            # A zone that cannot be saved is refused before anything is stopped for it.
+            self._store.check_writable()
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
@@ -364,7 +366,12 @@ class VramArbiter:
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
-            self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+            try:
+                self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+            except BaseException:
+                for backend in self._backends.values():
+                    backend.unblock(draft.block_key)  # what it stopped wakes on demand
+                raise
             after = free_mib(last, gpu) if stopped else before
             logger.info(
                 "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
@@ -396,7 +403,20 @@ class VramArbiter:
         return expired
 
     def _drop(self, zones: list[Zone], why: str) -> None:
-        """Forget `zones`, unblock what they stopped (it wakes on demand), save once."""
+        """Forget `zones`, unblock what they stopped (it wakes on demand), save once.
+
+        Saved first: a release or a restore that cannot be saved raises
+        `StateWriteError` and changes nothing. An expiry goes ahead in memory all the
+        same (the hold's time is up, and the reaper must not die of a full disk); the
+        next save corrects the file, and a start drops expired zones anyway."""
+        names = {zone.name for zone in zones}
+        try:
+            self._save({n: z for n, z in self.zones.items() if n not in names}, notify=False)
+        except StateWriteError as exc:
+            if why != "expired":
+                raise
+            logger.error("zones expired but the state file was not updated zones=%s error=%s",
+                         ",".join(sorted(names)), exc.message)  # fmt: skip
         for zone in zones:
             del self.zones[zone.name]
             for name in zone.blocks:
@@ -406,7 +426,8 @@ class VramArbiter:
             logger.info("zone %s zone=%s holder=%s", why, zone.name, zone.holder)
             if self._events is not None and zone.kind == "zone":
                 self._events.record(f"zone_{why}", zone=zone.name, holder=zone.holder)
-        self._save()
+        if self._events is not None:
+            self._events.changed()
 
     def restore(self) -> list[Zone]:
         """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
@@ -436,14 +457,23 @@ class VramArbiter:
                     zone.block_key, zone.describe(), zone.block_kind, zone.expires_at
                 )
         if len(self.zones) != len(saved):
-            self._save()  # drop what expired or was malformed
+            try:
+                self._save()  # drop what expired or was malformed
+            except StateWriteError as exc:  # start anyway: the next save corrects the file
+                logger.error("cannot drop expired zones from the state file error=%s",
+                             exc.message)  # fmt: skip
         return list(self.zones.values())
 
     def set_zone(self, zone: Zone) -> None:
         """Hold `zone` (replacing one of the same name) and save. Its blocks are the
-        caller's to place."""
+        caller's to place. Saved first: when that fails (`StateWriteError`), nothing
+        changes."""
+        self._save({**self.zones, zone.name: zone})
         self.zones[zone.name] = zone
-        self._save()
+
+    def check_state_writable(self) -> None:
+        """Raises `StateWriteError` when a zone could not be saved now."""
+        self._store.check_writable()
 
     def drop_zone(self, name: str, why: str) -> Zone | None:
         """Forget zone `name` and unblock what it blocked; None when it is not held."""
@@ -452,9 +482,10 @@ class VramArbiter:
             self._drop([zone], why)
         return zone
 
-    def _save(self) -> None:
-        self._store.update("zones", [z.to_json() for z in self.zones.values()])
-        if self._events is not None:
+    def _save(self, zones: Mapping[str, Zone] | None = None, *, notify: bool = True) -> None:
+        held = self.zones if zones is None else zones
+        self._store.update("zones", [z.to_json() for z in held.values()])
+        if notify and self._events is not None:
             self._events.changed()  # zones and the yield are part of the live status
 
 

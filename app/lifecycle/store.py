@@ -5,6 +5,11 @@ A write goes to a temporary file in the same directory, is fsynced, then replace
 old file with `os.replace`, so a crash leaves the old or the new state, never half of
 one. A file that cannot be read is reported and set aside (renamed `*.corrupt`), and the
 gateway starts with empty state rather than not at all.
+
+A write that fails (the directory read-only, missing or full) raises `StateWriteError`,
+an OpenAI-envelope 500 naming the path and the OS error; the in-memory state stays what
+the file holds. `check_writable()` lets a caller find that out before it acts (a zone
+acquire or a yield checks before it stops anything).
 """
 
 from __future__ import annotations
@@ -16,10 +21,28 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.errors import GatewayError
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
+
+
+class StateWriteError(GatewayError):
+    """The state file could not be written: 500, `internal_error`, naming the path and the
+    OS error. Nothing was changed (in memory or on disk)."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(f"cannot save the gateway state to {path}: {_describe(exc)}")
+        self.path = path
+
+
+def _describe(exc: OSError) -> str:
+    if exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"[Errno {exc.errno}] {exc.strerror}{where}"
+    return str(exc) or type(exc).__name__
 
 
 class StateStore:
@@ -38,8 +61,28 @@ class StateStore:
     def update(self, name: str, value: Any) -> None:
         if self._data is None:
             self._data = self.load()
-        self._data = {**self._data, name: value}
-        self.save(self._data)
+        data = {**self._data, name: value}
+        self.save(data)  # raises StateWriteError: then nothing changed
+        self._data = data
+
+    def check_writable(self) -> None:
+        """Write and remove a temporary file next to the state file, fsynced, so a
+        read-only, missing or full directory is found before anything acts on it; raises
+        `StateWriteError`."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".state-check-", dir=self.path.parent)
+        except OSError as exc:
+            raise StateWriteError(self.path, exc) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write("{}\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise StateWriteError(self.path, exc) from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
     def load(self) -> dict[str, Any]:
         try:
@@ -60,9 +103,16 @@ class StateStore:
         return data
 
     def save(self, data: dict[str, Any]) -> None:
-        """Write `data` (plus the format version) atomically."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Write `data` (plus the format version) atomically; an OS error is raised as
+        `StateWriteError` with no temporary file left behind."""
         payload = json.dumps({**data, "version": FORMAT_VERSION}, indent=2, sort_keys=True)
+        try:
+            self._write(payload)
+        except OSError as exc:
+            raise StateWriteError(self.path, exc) from None
+
+    def _write(self, payload: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -150,6 +150,8 @@ class VramYield:
             and b.runtime.managed
             and (b.lazy or request.include_pinned)
         ]
+        # A yield that could not be saved is refused before anything is blocked or stopped.
+        self._arbiter.check_state_writable()
         # Block first: from here on, nothing in scope starts or wakes.
         for backend in scope:
             backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)

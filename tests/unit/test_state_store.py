@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.lifecycle.store import FORMAT_VERSION, StateStore
+from app.lifecycle.store import FORMAT_VERSION, StateStore, StateWriteError
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -69,8 +69,9 @@ def test_a_failed_replace_removes_the_temporary_file_and_keeps_the_previous_stat
     # Fault injection at the OS boundary: the write went to a temporary file, the
     # final rename fails.
     monkeypatch.setattr(os, "replace", replace_fails)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(StateWriteError, match="No space left") as info:
         store.save({"zones": ["lost"]})
+    assert str(store.path) in info.value.message
     monkeypatch.undo()
     assert store.path.read_bytes() == before
     assert leftovers(tmp_path) == []

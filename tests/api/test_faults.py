@@ -1,0 +1,410 @@
+"""Faults, in process: the lease after a stream the backend broke off, the state directory
+unwritable at run time, the GPU probe flapping. (Upstream garbage and SIGTERM need real
+sockets and a real uvicorn: tests/e2e/test_faults.py.)"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.gpu.sim import SimSource
+from app.gpu.telemetry import GpuSnapshot, GpuSource, ProbeError
+from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
+from app.services import Seams
+from app.settings import BackendConfig
+from tests.fakes.processes import free_port
+from tests.fakes.servers import (
+    FakeVllmRuntime,
+    Gateway,
+    chat,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+    until_backend,
+)
+from tests.fakes.waits import until
+
+# -- (a) backend gone mid-stream: in-band error, [DONE], the lease released ---------------
+
+
+async def test_a_stream_the_backend_breaks_off_releases_its_lease() -> None:
+    async with fake_vllm(models=["m"], max_tokens=50, tokens_per_second=200) as upstream:
+        settings = gateway_settings({"b": {"url": upstream.url, "models": ["m"]}})
+        async with gateway(settings) as gw:
+            await upstream.set_faults(drop_after=3)
+            response = await gw.client.post("/v1/chat/completions", json=chat("m", stream=True))
+            assert response.status_code == 200
+            events = [e for e in response.text.split("\n\n") if e]
+            assert events[-1] == "data: [DONE]"
+            error = json.loads(events[-2].removeprefix("data: "))["error"]
+            assert error["code"] == "upstream_unavailable"
+            assert "broke off the response" in error["message"]
+            view = await until_backend(gw, "b", in_flight=0)
+            assert view["in_flight"] == 0
+            # The backend is not left busy: the next request is served.
+            await upstream.set_faults(drop_after=None)
+            again = await gw.client.post("/v1/chat/completions", json=chat("m"))
+            assert again.status_code == 200
+            metrics = (await gw.client.get("/metrics")).text
+            assert 'upstream_errors_total{backend="b",kind="disconnected"} 1.0' in metrics
+
+
+# -- (e) the state directory unwritable at run time ----------------------------------------
+
+LAZY = "lazy-model"
+
+
+def lazy_backend(port: int) -> dict[str, Any]:
+    return {
+        "url": f"http://127.0.0.1:{port}",
+        "models": [LAZY],
+        "runtime": {"kind": "process", "command": ["unused: the test's runtime runs it"]},
+        "lifecycle": "lazy",
+        "vram_mib": 12000,
+    }
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name != "state.json")
+
+
+# Three faults: the state directory read-only (chmod 0555; skipped as root, whom it does
+# not stop), the directory replaced by a regular file (a path nothing can be written
+# under, for any user: the case that runs as root), and a full disk, injected at the OS
+# boundary (os.fsync raising ENOSPC).
+def read_only_dir(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if os.geteuid() == 0:
+        pytest.skip("running as root: chmod 0555 does not stop writes")
+    state_dir.chmod(0o555)
+    return "Permission denied"
+
+
+def dir_replaced_by_a_file(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    shutil.rmtree(state_dir)
+    state_dir.write_text("not a directory\n")
+    return "Errno"
+
+
+def disk_full(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    def fsync_fails(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    return "No space left on device"
+
+
+FAULTS = [
+    pytest.param(read_only_dir, id="read-only-dir"),
+    pytest.param(dir_replaced_by_a_file, id="dir-replaced-by-a-file"),
+    pytest.param(disk_full, id="disk-full"),
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Callable[[Path, pytest.MonkeyPatch], str],
+) -> None:
+    port = free_port()
+    runtimes = {"lazy": FakeVllmRuntime(port, models=[LAZY])}
+
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtimes[name]
+
+    state_dir = tmp_path / "var"
+    settings = gateway_settings({"lazy": lazy_backend(port)}, state_dir=state_dir)
+    async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+        kept = await gw.client.post("/vram/zones/small/acquire", json={"mib": 100, "holder": "x"})
+        assert kept.status_code == 200, kept.text
+        saved = (state_dir / "state.json").read_bytes()
+        assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
+
+        os_error = fault(state_dir, monkeypatch)
+        # 30000 MiB needs the lazy backend's 12000: a zone that would evict it.
+        refused = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 30000, "holder": "comfyui"}
+        )
+        monkeypatch.undo()
+        if state_dir.is_dir():
+            state_dir.chmod(0o755)
+
+        assert refused.status_code == 500, refused.text
+        error = refused.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "server_error"
+        assert error["code"] == "internal_error"
+        assert str(state_dir / "state.json") in error["message"]
+        assert os_error in error["message"]
+        # Nothing changed: the zone list, the backend (not evicted, not blocked), the file.
+        zones = (await gw.client.get("/vram/zones")).json()["zones"]
+        assert [z["zone"] for z in zones] == ["small"]
+        view = await until_backend(gw, "lazy", state="ready")
+        assert view["blocked_by"] == []
+        assert runtimes["lazy"].stops == 0
+        assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
+        if state_dir.is_dir():
+            assert (state_dir / "state.json").read_bytes() == saved
+            assert leftovers(state_dir) == []
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_yield_that_cannot_be_saved_is_refused_and_changes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Callable[[Path, pytest.MonkeyPatch], str],
+) -> None:
+    port = free_port()
+    runtimes = {"lazy": FakeVllmRuntime(port, models=[LAZY])}
+
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtimes[name]
+
+    state_dir = tmp_path / "var"
+    state_dir.mkdir()
+    settings = gateway_settings({"lazy": lazy_backend(port)}, state_dir=state_dir)
+    async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
+        os_error = fault(state_dir, monkeypatch)
+        refused = await gw.client.post("/vram/yield", json={"reason": "game"})
+        monkeypatch.undo()
+        if state_dir.is_dir():
+            state_dir.chmod(0o755)
+
+        assert refused.status_code == 500, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "server_error"
+        assert str(state_dir / "state.json") in error["message"]
+        assert os_error in error["message"]
+        assert (await gw.client.get("/vram/yield")).json()["state"] != "yielded"
+        view = await until_backend(gw, "lazy", state="ready")
+        assert view["blocked_by"] == []
+        assert runtimes["lazy"].stops == 0
+        assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_vram_yields_total{outcome="failed"} 1.0' in metrics
+        if state_dir.is_dir():
+            assert leftovers(state_dir) == []
+
+
+# -- (g) the GPU probe flapping: /status and metrics say so, and it recovers ----------------
+
+
+class FlappingSource:
+    """The simulated GPU, failing like NVML does when the driver goes away while `down`."""
+
+    name = "sim"
+
+    def __init__(self, inner: GpuSource) -> None:
+        self.inner = inner
+        self.down = False
+
+    async def sample(self) -> GpuSnapshot:
+        if self.down:
+            raise ProbeError("NVML: Driver Not Loaded (test)", reason="driver_not_loaded")
+        return await self.inner.sample()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_flapping_gpu_probe_shows_in_status_and_metrics_and_recovers(
+    tmp_path: Path,
+) -> None:
+    sources: list[FlappingSource] = []
+
+    def source_for(placed: Callable[[], Mapping[int, int]]) -> GpuSource:
+        sources.append(FlappingSource(SimSource(32768, 1, placed)))
+        return sources[0]
+
+    settings = gateway_settings(
+        {"b": {"url": "http://127.0.0.1:9", "models": ["m"]}},
+        state_dir=tmp_path / "var",
+        gpu={"probe": "sim", "poll_interval_s": 0.05},
+    )
+    async with gateway(settings, seams=Seams(gpu_source_factory=source_for)) as gw:
+
+        async def gpu_status(up: bool) -> dict[str, Any] | None:
+            body: dict[str, Any] = (await gw.client.get("/status")).json()["gpu"]
+            return body if body["up"] is up else None
+
+        async def probe_up_metric(value: str) -> bool:
+            text = (await gw.client.get("/metrics")).text
+            return f"microscheduler_gpu_probe_up {value}" in text
+
+        first = await until(lambda: gpu_status(True))
+        assert first["gpus"][0]["total_mib"] == 32768
+        for _ in range(2):  # down, up, down, up
+            sources[0].down = True
+            down = await until(lambda: gpu_status(False))
+            assert down["reason"] == "driver_not_loaded"
+            assert "Driver Not Loaded" in down["error"]
+            assert down["consecutive_failures"] >= 1
+            assert down["gpus"], "the last good snapshot stays visible while the probe is down"
+            assert await until(lambda: probe_up_metric("0.0"))
+            sources[0].down = False
+            up = await until(lambda: gpu_status(True))
+            assert up["error"] is None
+            assert up["consecutive_failures"] == 0
+            assert await until(lambda: probe_up_metric("1.0"))
+
+
+async def test_a_release_that_cannot_be_saved_is_refused_and_an_expiry_still_happens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release asked for is refused like an acquire (the hold stays, on disk and here);
+    a zone whose ttl runs out is dropped all the same, and the reaper lives on."""
+    port = free_port()
+    runtimes = {"lazy": FakeVllmRuntime(port, models=[LAZY])}
+
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtimes[name]
+
+    state_dir = tmp_path / "var"
+    settings = gateway_settings(
+        {"lazy": lazy_backend(port)}, state_dir=state_dir, reaper_interval_s=0.05
+    )
+    async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+        body = {"mib": 100, "holder": "x"}
+        assert (await gw.client.post("/vram/zones/held/acquire", json=body)).status_code == 200
+        short = {**body, "ttl_s": 0.3}
+        assert (await gw.client.post("/vram/zones/short/acquire", json=short)).status_code == 200
+        saved = (state_dir / "state.json").read_bytes()
+
+        disk_full(state_dir, monkeypatch)
+        refused = await gw.client.post("/vram/zones/held/release")
+        assert refused.status_code == 500, refused.text
+        assert "No space left on device" in refused.json()["error"]["message"]
+
+        async def zones() -> list[str]:
+            listed = (await gw.client.get("/vram/zones")).json()["zones"]
+            return sorted(z["zone"] for z in listed)
+
+        async def expired() -> list[str] | None:
+            names = await zones()
+            return names if names == ["held"] else None
+
+        assert await until(expired) == ["held"]  # "short" expired, "held" stayed
+        assert (state_dir / "state.json").read_bytes() == saved  # not rewritten
+        monkeypatch.undo()
+        # The reaper survived the failed save: another short zone expires too.
+        assert (await gw.client.post("/vram/zones/again/acquire", json=short)).status_code == 200
+        assert await until(expired) == ["held"]
+        on_disk = json.loads((state_dir / "state.json").read_text())
+        assert [z["name"] for z in on_disk["zones"]] == ["held"]
+        assert leftovers(state_dir) == []
+
+
+class FlappingScrapes(httpx.AsyncBaseTransport):
+    """The control plane's transport: real, except that vLLM's `/metrics` is refused while
+    `down` (a backend whose metrics endpoint flaps; health checks still pass)."""
+
+    def __init__(self) -> None:
+        self.real = httpx.AsyncHTTPTransport()
+        self.down = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down and request.url.path == "/metrics":
+            raise httpx.ConnectError("connection refused (test)", request=request)
+        return await self.real.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+
+async def test_a_flapping_vllm_metrics_scrape_shows_in_metrics_and_recovers(
+    tmp_path: Path,
+) -> None:
+    transport = FlappingScrapes()
+    async with fake_vllm(models=["m"]) as upstream:
+        settings = gateway_settings(
+            {"b": {"url": upstream.url, "models": ["m"]}},
+            state_dir=tmp_path / "var",
+            gpu={"probe": "sim", "poll_interval_s": 0.05},
+            health_interval_s=0.05,
+        )
+        async with gateway(settings, seams=Seams(control_transport=transport)) as gw:
+
+            async def scrape_up(value: str) -> str | None:
+                text = (await gw.client.get("/metrics")).text
+                up = f'microscheduler_backend_metrics_up{{backend="b"}} {value}' in text
+                return text if up else None
+
+            text = await until(lambda: scrape_up("1.0"))
+            assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' in text
+            for _ in range(2):
+                transport.down = True
+                text = await until(lambda: scrape_up("0.0"))
+                # No stale load is shown while the scrape fails.
+                assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' not in text
+                assert (await gw.client.post("/v1/chat/completions", json=chat("m"))).is_success
+                transport.down = False
+                text = await until(lambda: scrape_up("1.0"))
+                assert 'microscheduler_backend_kv_cache_usage_ratio{backend="b"}' in text
+
+
+# -- (f) the Docker proxy down while a container backend is ready ---------------------------
+# (A cold wake while the proxy is down, and the recovery, run against the real engine and
+# haproxy: tests/e2e/test_docker_lifecycle.py::test_proxy_down_gives_503_and_the_gateway_
+# recovers_when_it_returns.)
+
+
+class ProxyFlappingRuntime(FakeVllmRuntime):
+    """A container runtime whose Docker API (the socket proxy) goes away while `down`:
+    the server itself keeps running, only `status()` cannot be answered."""
+
+    kind = "docker"
+    proxy = "http://127.0.0.1:2375"
+    down = False
+
+    async def status(self) -> RuntimeStatus:
+        if self.down:
+            raise RuntimeFailure(
+                f"cannot reach the Docker API at {self.proxy}: ConnectError (is the proxy up?)"
+            )
+        status = await super().status()
+        return RuntimeStatus(True, None, "running") if status.running else status
+
+
+async def test_a_proxy_outage_does_not_take_a_ready_container_backend_out(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    runtime = ProxyFlappingRuntime(port, models=["m"])
+    backend = {
+        "url": f"http://127.0.0.1:{port}",
+        "models": ["m"],
+        "runtime": {"kind": "process", "command": ["unused: the test's runtime runs it"]},
+    }
+    settings = gateway_settings({"b": backend}, state_dir=tmp_path / "var", health_interval_s=0.05)
+    seams = Seams(runtime_factory=lambda name, config: runtime)
+    async with gateway(settings, seams=seams) as gw:
+        await until_backend(gw, "b", state="ready", runtime_detail="running")
+        for _ in range(2):
+            runtime.down = True
+            view = await until_runtime_detail(gw, "unknown: ")
+            assert runtime.proxy in view["runtime_detail"]
+            assert view["state"] == "ready"
+            served = await gw.client.post("/v1/chat/completions", json=chat("m"))
+            assert served.status_code == 200, served.text
+            runtime.down = False
+            await until_backend(gw, "b", state="ready", runtime_detail="running")
+        assert runtime.starts == 1
+        assert runtime.stops == 0
+
+
+async def until_runtime_detail(gw: Gateway, prefix: str) -> dict[str, Any]:
+    async def seen() -> dict[str, Any] | None:
+        views = (await gw.client.get("/backends")).json()["backends"]
+        view: dict[str, Any] = next(v for v in views if v["name"] == "b")
+        return view if str(view["runtime_detail"]).startswith(prefix) else None
+
+    return await until(seen)
