@@ -218,13 +218,6 @@ def test_an_sse_stream_cut_mid_way_ends_with_an_in_band_error(broken_gw: Gateway
     assert events[:-2] == [EVENT.decode().strip()] * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/api/relay.py relays an SSE body that ends cleanly (terminating chunk, or "
-    "EOF on a connection-delimited body) without [DONE] as if complete: the client gets a "
-    "silent short answer. Fix (relay.py, not ours to change): when an event-stream body "
-    "of a chat/completions request ends without `data: [DONE]`, add the in-band error.",
-)
 @pytest.mark.parametrize("model", ["sse-no-done", "sse-eof"])
 def test_an_sse_stream_that_ends_without_done_ends_with_an_in_band_error(
     broken_gw: GatewayProcess, model: str
