@@ -9,6 +9,7 @@ no per-request dependency solving.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Final
 
@@ -20,7 +21,7 @@ from app.api.middleware import context_of
 from app.api.protocol import PROXIED, Endpoint, parse_request, upstream_body
 from app.api.relay import RelayResponse
 from app.api.views import model_list, model_view
-from app.errors import ModelNotFound, PayloadTooLarge
+from app.errors import ModelNotFound, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from app.routing.exchange import Call
 from app.services import Services
 from app.settings.endpoints import Api
@@ -28,17 +29,35 @@ from app.upstreams.http import forwardable_request_headers
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing more than `limit` bytes (checked before reading when declared)."""
+    """The whole body, refusing more than `limit` bytes (checked before reading when declared),
+    a compressed body (415: nothing in the stack inflates request bodies, and relaying one
+    would hide its size from `limit`), and a body that takes longer than `body_timeout_s`
+    to arrive (408, then the connection is closed)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Compressed request bodies are not accepted (content-encoding: {encoding[:40]}); "
+            "send the body uncompressed."
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
+    services: Services = request.app.state.services
+    timeout_s = services.settings.server.body_timeout_s
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout_s:g} s ({size} bytes received; "
+            "see MICROSCHEDULER_SERVER__BODY_TIMEOUT_S)."
+        ) from None
     return b"".join(chunks)
 
 
