@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
-from app.api.middleware import RequestObserver
+from app.api.middleware import BodyGuard, RequestObserver
 from app.metrics import Metrics
 from app.services import Seams, Services
 from app.settings import Settings
@@ -52,5 +52,10 @@ def create_app(
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
+    app.add_middleware(
+        BodyGuard,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.server.body_timeout_s,
+    )
     app.add_middleware(RequestObserver, metrics=metrics, access_log=settings.access_log)
     return app

@@ -378,3 +378,36 @@ def test_a_gzip_bomb_is_refused_unread(setup: Setup) -> None:
     chats = [r for r in seen if r["path"] == "/v1/chat/completions"]
     assert len(chats) == 1  # the normal request's; no bomb was relayed
     report("gzip bomb", latency)
+
+
+def test_a_trickled_admin_body_gets_408_too(setup: Setup, connect: Callable[[], Peer]) -> None:
+    head = (
+        b"POST /vram/zones/hostile/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    peer = connect()
+    peer.send(head)
+    latency = dribble(
+        [peer], b'{"mib": 1, ' + b" " * 100, interval_s=0.5, during=lambda: normal_request(setup)
+    )
+    wait_closed([peer], timeout_s=10)
+    assert peer.status() == 408
+    assert peer.error()["code"] == "request_timeout"
+    report("trickled admin body", latency)
+
+
+@pytest.mark.parametrize(
+    ("path", "length", "status"),
+    [("/v1/chat/completions", 20 * 1024 * 1024, 413), ("/no/such/path", 1000, 404)],
+)
+def test_an_unread_body_does_not_hold_the_connection(
+    setup: Setup, connect: Callable[[], Peer], path: str, length: int, status: int
+) -> None:
+    peer = connect()
+    peer.send(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n\r\n".encode()
+    )
+    peer.send(b"{")  # and the rest would trickle, unread
+    wait_closed([peer], timeout_s=5)
+    assert peer.status() == status
+    assert b"connection: close" in peer.received.lower()
