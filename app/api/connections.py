@@ -9,7 +9,7 @@ slow and abusive clients (`ServerConfig` says why each limit and default).
 - At most `max_connections` open: a new connection closes the one idle longest (no request
   in flight) to make room; when every one has a request in flight, the newcomer gets 503.
 
-Only the connection layer lives here; the body timeout is `app.api.openai.read_body`'s.
+Only the connection layer lives here; the body's size and time are `app.api.middleware.BodyGuard`'s.
 The h11 implementation is used (not httptools) because only it bounds the head's size.
 """
 

@@ -122,10 +122,10 @@ class ServerConfig(StrictConfig):
       the connection opening (or the previous response ending); slowloris is closed (408
       when part of a request came). Uvicorn has no such timeout; a real client sends its
       headers in one round trip.
-    - `body_timeout_s` (60): the whole body must arrive within this once the headers
-      did, else 408 `request_timeout` and the connection is closed. 60 s carries the
-      largest default body (10 MiB) at about 1.4 Mbit/s; raise it for big uploads over
-      slow links.
+    - `body_timeout_s` (60): the whole body must arrive within this of its first read
+      (any route: `BodyGuard`), else 408 `request_timeout` and the connection is closed.
+      60 s carries the largest default body (10 MiB) at about 1.4 Mbit/s; raise it for
+      big uploads over slow links.
     - `keep_alive_s` (30): an idle keep-alive connection is closed after this. Longer
       than the 5 to 15 s of common clients (httpx, aiohttp), so the client, not the
       server, closes first and no request races a closing socket; idle connections are
