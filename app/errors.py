@@ -6,7 +6,10 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
 
     GatewayError (500, server_error)
     ├── InvalidRequest (400, invalid_request_error)
-    │   └── PayloadTooLarge (413)
+    │   ├── RequestTimeout (408)                  the body did not arrive within `body_timeout_s`
+    │   ├── PayloadTooLarge (413)
+    │   ├── UnsupportedMediaType (415)            a compressed (`content-encoding`) request body
+    │   └── RequestHeadersTooLarge (431)          request line and headers over `max_header_bytes`
     ├── AuthenticationFailed (401, code invalid_api_key)
     ├── PermissionDenied (403)
     ├── ModelNotFound (404, code model_not_found)
@@ -15,6 +18,7 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
     │   └── ResponseNotFound (404)                a /v1/responses id the gateway did not route
     ├── MethodNotAllowed (405)
     ├── Conflict (409)                            an admin action the current state forbids
+    ├── TooManyConnections (503)                  `max_connections` open, none idle
     └── UpstreamError (server_error)              the upstream could not answer
         ├── UpstreamUnavailable (503)             refused, reset
         │   ├── BackendUnavailable (503)          a local backend cannot serve now: starting
@@ -44,7 +48,11 @@ class ErrorCode(StrEnum):
     INVALID_TYPE = "invalid_type"
     INVALID_VALUE = "invalid_value"
     UNSUPPORTED_VALUE = "unsupported_value"
+    REQUEST_TIMEOUT = "request_timeout"
     REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    REQUEST_HEADERS_TOO_LARGE = "request_headers_too_large"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
     INVALID_API_KEY = "invalid_api_key"
     PERMISSION_DENIED = "permission_denied"
     MODEL_NOT_FOUND = "model_not_found"
@@ -119,9 +127,30 @@ class InvalidRequest(GatewayError):
         )
 
 
+class RequestTimeout(InvalidRequest):
+    """The body did not arrive in time; the connection is closed after the answer (the
+    rest of the body is never read)."""
+
+    status = 408
+    default_code = ErrorCode.REQUEST_TIMEOUT
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"connection": "close"})
+
+
 class PayloadTooLarge(InvalidRequest):
     status = 413
     default_code = ErrorCode.REQUEST_TOO_LARGE
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    default_code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
+
+
+class RequestHeadersTooLarge(InvalidRequest):
+    status = 431
+    default_code = ErrorCode.REQUEST_HEADERS_TOO_LARGE
 
 
 class AuthenticationFailed(GatewayError):
@@ -183,6 +212,16 @@ class Conflict(GatewayError):
     status = 409
     type = "invalid_request_error"
     default_code = ErrorCode.CONFLICT
+
+
+class TooManyConnections(GatewayError):
+    """Every one of the gateway's `max_connections` has a request in flight."""
+
+    status = 503
+    default_code = ErrorCode.TOO_MANY_CONNECTIONS
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"retry-after": "1"})
 
 
 class UpstreamError(GatewayError):

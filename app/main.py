@@ -51,6 +51,8 @@ def create_app(
     app = GatewayApp(
         metrics=metrics,
         access_log=settings.access_log,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.server.body_timeout_s,
         fast_routes=[*openai.routes, *messages.routes],
         title="microscheduler",
         summary="OpenAI-compatible gateway for local vLLM servers sharing one GPU.",

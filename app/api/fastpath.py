@@ -5,7 +5,8 @@ a body limit, exception handlers, an exit stack, route matching over every route
 the admin surface uses and the model APIs do not: those read their own body under
 `max_body_bytes`, render their own errors and match by exact path. `FastPath` sends a
 `POST` to one of their paths to its handler directly and everything else on to FastAPI;
-`RequestObserver` (request id, metrics, the access line) sits in front of both.
+`RequestObserver` (request id, metrics, the access line) and `BodyGuard` (every body
+bounded in size and time) sit in front of both.
 
 What FastAPI's layers would have done is done here: a `GatewayError` becomes its error
 response (the handlers of the Messages API render their own, in Anthropic's envelope), an
@@ -26,7 +27,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.handlers import error_response
-from app.api.middleware import RequestObserver
+from app.api.middleware import BodyGuard, RequestObserver
 from app.errors import GatewayError
 from app.metrics import Metrics
 
@@ -74,14 +75,27 @@ class GatewayApp(FastAPI):
     """FastAPI for everything but the routed model APIs, which take the `FastPath`."""
 
     def __init__(
-        self, *, metrics: Metrics, access_log: bool, fast_routes: Iterable[BaseRoute], **kwargs: Any
+        self,
+        *,
+        metrics: Metrics,
+        access_log: bool,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        fast_routes: Iterable[BaseRoute],
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._observer_metrics = metrics
         self._access_log = access_log
+        self._body_limits = (max_body_bytes, body_timeout_s)
         self._fast = post_handlers(fast_routes)
 
     def build_middleware_stack(self) -> ASGIApp:
         rest = super().build_middleware_stack()
-        front = FastPath(self, self._fast, rest)
-        return RequestObserver(front, metrics=self._observer_metrics, access_log=self._access_log)
+        max_body_bytes, body_timeout_s = self._body_limits
+        guarded = BodyGuard(
+            FastPath(self, self._fast, rest),
+            max_body_bytes=max_body_bytes,
+            body_timeout_s=body_timeout_s,
+        )
+        return RequestObserver(guarded, metrics=self._observer_metrics, access_log=self._access_log)

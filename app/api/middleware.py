@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request id, per-request metrics and the access log line.
+"""Pure ASGI middleware: request id, per-request metrics and the access log line; and the
+guard on every request body (size, time, closing a connection whose body was not read).
 
 Each request gets a `RequestContext` in its scope; the relay fills in what only it knows
 (the configured model name, the backend, a client that went away), and this middleware
@@ -7,6 +8,7 @@ records it once the response is over, whatever path the request took.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -17,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import logs
 from app.api.protocol import ENDPOINT_BY_PATH
+from app.errors import PayloadTooLarge, RequestTimeout
 from app.metrics import Metrics
 
 logger = logging.getLogger("app.access")
@@ -104,3 +107,71 @@ def _request_id(scope: Scope) -> str:
                 return text
             break
     return secrets.token_hex(8)
+
+
+class BodyGuard:
+    """Every route's request body, whoever reads it (the relay, the admin API): at most
+    `max_body_bytes` (413), all of it within `body_timeout_s` of the first read (408);
+    both close the connection. A response that starts before the body was read to its
+    end (413 on a declared length, 415, 401, 404...) says `connection: close`, so a
+    client cannot hold the connection by trickling the rest of a body nobody reads."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        done = False
+        size = 0
+        deadline: float | None = None
+
+        async def guarded_receive() -> Message:
+            nonlocal done, size, deadline
+            if done:  # afterwards: only http.disconnect, awaited as long as the response
+                return await receive()
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.body_timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"The request body did not arrive within {self.body_timeout_s:g} s "
+                    f"({size} bytes received; see MICROSCHEDULER_SERVER__BODY_TIMEOUT_S)."
+                ) from None
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > self.max_body_bytes:
+                    raise too_large(self.max_body_bytes)
+                done = not message.get("more_body", False)
+            else:
+                done = True
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and not done and _has_body(scope):
+                message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, guarded_receive, guarded_send)
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than this gateway accepts ({limit} bytes; "
+        "see MICROSCHEDULER_MAX_BODY_BYTES).",
+        headers={"connection": "close"},
+    )
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return bytes(value).strip() not in (b"", b"0")
+        if name == b"transfer-encoding":
+            return True
+    return False

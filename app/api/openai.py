@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.api.middleware import context_of
+from app.api.middleware import context_of, too_large
 from app.api.protocol import PROXIED, Endpoint, parse_request, upstream_body
 from app.api.relay import RelayResponse
 from app.api.views import model_list, model_view
-from app.errors import ModelNotFound, PayloadTooLarge
+from app.errors import ModelNotFound, UnsupportedMediaType
 from app.routing.exchange import Call
 from app.services import Services
 from app.settings.endpoints import Api
@@ -28,25 +28,26 @@ from app.upstreams.http import forwardable_request_headers
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing more than `limit` bytes (checked before reading when declared)."""
+    """The whole body, refusing more than `limit` bytes (checked before reading when declared)
+    and a compressed body (415: nothing in the stack inflates request bodies, and relaying
+    one would hide its size from `limit`). `BodyGuard` bounds the time it may take."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Compressed request bodies are not accepted (content-encoding: {encoding[:40]}); "
+            "send the body uncompressed."
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"The request body is larger than this gateway accepts ({limit} bytes; "
-        "see MICROSCHEDULER_MAX_BODY_BYTES)."
-    )
 
 
 def _proxy(endpoint: Endpoint) -> Route:

@@ -8,6 +8,7 @@ so its 400s reach the client unchanged.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -74,21 +75,55 @@ class ParsedRequest:
 
 def json_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object, whatever content-type the client labelled it with
-    (curl's `-d` says form); `invalid_json` otherwise."""
+    (curl's `-d` says form); `invalid_json` otherwise.
+
+    Stricter than Python's `json`, as OpenAI is: `NaN`/`Infinity` and numbers out of a
+    double's range (`1e999`) are refused, not read as nan/inf; so is nesting deeper than
+    the interpreter can parse (a `RecursionError`) and an integer of more digits than
+    Python converts. The body relayed is the client's bytes, never a re-encoding."""
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+    except _NotFinite as exc:
+        raise InvalidRequest(
+            f"The request body is not valid JSON: {exc.args[0]}", code=ErrorCode.INVALID_JSON
+        ) from None
+    except RecursionError:
+        raise InvalidRequest(
+            "The request body is not valid JSON: it is nested too deeply.",
+            code=ErrorCode.INVALID_JSON,
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = (
             f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
             if isinstance(exc, json.JSONDecodeError)
-            else ""
+            else " (it is not UTF-8)"
         )
         raise InvalidRequest(
             f"The request body is not valid JSON{detail}.", code=ErrorCode.INVALID_JSON
         ) from None
+    except ValueError as exc:  # an integer over `sys.get_int_max_str_digits()` digits
+        raise InvalidRequest(
+            f"The request body is not valid JSON: a number is too long ({exc}).",
+            code=ErrorCode.INVALID_JSON,
+        ) from None
     if not isinstance(payload, dict):
         raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
     return payload
+
+
+class _NotFinite(Exception):
+    """A number JSON cannot hold (`NaN`, `Infinity`, `1e999`); its message names it."""
+
+
+def _no_constant(name: str) -> float:
+    raise _NotFinite(f"{name} is not a JSON number.")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"the number {text[:40]} is out of range.")
+    return value
 
 
 def parse_request(

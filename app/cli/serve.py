@@ -24,11 +24,13 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app import logs
+    from app.api.connections import GatewayProtocol
     from app.main import create_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_config(args.config, **overrides)
     logs.configure(settings.log_level)
+    server = settings.server
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -37,6 +39,14 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        # The server's limits (`ServerConfig` says why): h11 with a header timeout, a
+        # 431 for a head over `max_header_bytes` and `max_connections` evicting idle ones.
+        http=GatewayProtocol.configured(server),
+        h11_max_incomplete_event_size=server.max_header_bytes + 4,  # the blank line
+        timeout_keep_alive=server.keep_alive_s,
+        backlog=server.backlog,
+        # Not uvicorn's: it counts idle connections and answers the new request 503.
+        limit_concurrency=None,
     )
     return OK
 

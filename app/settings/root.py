@@ -1,5 +1,5 @@
 """The root `Settings` (every top-level key of `models.yaml`, environment over YAML) and its
-gateway-wide sections: timeouts, the Docker proxy, the GPU.
+gateway-wide sections: the HTTP server's limits, timeouts, the Docker proxy, the GPU.
 """
 
 from __future__ import annotations
@@ -108,6 +108,43 @@ class GpuConfig(StrictConfig):
     auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
 
 
+class ServerConfig(StrictConfig):
+    """What one client may hold of the gateway's HTTP server, so that slow or abusive
+    clients get a 4xx or a closed connection while everyone else is still answered.
+
+    - `max_connections` (1000): open connections at once. When a new one would exceed
+      it, the connection idle longest (no request in flight: keep-alive, or headers not
+      complete yet) is closed to make room, as nginx reuses keep-alive connections; only
+      when every connection has a request in flight is the newcomer answered 503 and
+      closed. Uvicorn's own `limit_concurrency` is not used: it counts idle connections
+      too and answers the *new request* 503, so a few hundred idle sockets would lock
+      every real client out.
+    - `header_timeout_s` (10): the request line and headers must arrive within this of
+      the connection opening (or the previous response ending); slowloris is closed (408
+      when part of a request came). Uvicorn has no such timeout; a real client sends its
+      headers in one round trip.
+    - `body_timeout_s` (60): the whole body must arrive within this of its first read
+      (any route: `BodyGuard`), else 408 `request_timeout` and the connection is closed.
+      60 s carries the largest default body (10 MiB) at about 1.4 Mbit/s; raise it for
+      big uploads over slow links.
+    - `keep_alive_s` (30): an idle keep-alive connection is closed after this. Longer
+      than the 5 to 15 s of common clients (httpx, aiohttp), so the client, not the
+      server, closes first and no request races a closing socket; idle connections are
+      cheap as they are evicted first at `max_connections`.
+    - `max_header_bytes` (65536): request line plus headers; more is answered 431 and
+      closed (h11's default would be 16 KiB, silently).
+    - `backlog` (2048): connections the kernel queues before `accept` (uvicorn's
+      default; the kernel caps it at `net.core.somaxconn`).
+    """
+
+    max_connections: PositiveInt = 1000
+    header_timeout_s: PositiveFloat = 10.0
+    body_timeout_s: PositiveFloat = 60.0
+    keep_alive_s: PositiveInt = 30
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    backlog: PositiveInt = 2048
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -126,6 +163,7 @@ class Settings(BaseSettings):
     # Accept no client key on a non-loopback address even when chains reach paid providers.
     allow_unauthenticated: bool = False
     max_body_bytes: PositiveInt = 10 * 1024 * 1024
+    server: ServerConfig = Field(default_factory=ServerConfig)
     health_interval_s: PositiveFloat = 5.0
     shutdown_grace_s: PositiveFloat = 10.0
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
