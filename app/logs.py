@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextvars
 import logging
 
+from app.errors import safe_text
+
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 
@@ -14,12 +16,18 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
+class SafeFormatter(logging.Formatter):
+    """Writes any line: client text a message quotes (a model name, a path) may hold lone
+    surrogates, which a UTF-8 stream cannot encode; they are written as escapes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record))
+
+
 def configure(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(
-        logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(message)s"
-        )
+        SafeFormatter("%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(message)s")
     )
     handler.addFilter(_RequestIdFilter())
     root = logging.getLogger()

@@ -1,0 +1,68 @@
+"""Bugs the fuzzer found, one test each: client text the gateway quotes in an error (or a
+log line) must render whatever it holds, lone surrogates included."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from app.errors import ModelNotFound, safe_text
+from tests.fakes.servers import Gateway, gateway, gateway_settings
+
+LONE = b'"\\udcff"'  # the JSON escape of a lone surrogate, as raw body bytes
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[Gateway]:
+    settings = gateway_settings({"m": {"url": "http://127.0.0.1:9", "models": ["m"]}})
+    async with gateway(settings) as gw:
+        yield gw
+
+
+async def test_an_unknown_model_named_with_a_lone_surrogate_is_a_404(gw: Gateway) -> None:
+    body = b'{"model": ' + LONE + b', "messages": []}'
+    response = await gw.client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found"
+    assert "\\udcff" in error["message"]
+
+
+async def test_the_messages_api_says_it_in_anthropics_envelope(gw: Gateway) -> None:
+    body = b'{"model": ' + LONE + b', "max_tokens": 1, "messages": []}'
+    response = await gw.client.post(
+        "/v1/messages", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 404
+    assert response.json()["type"] == "error"
+    assert response.json()["error"]["type"] == "not_found_error"
+
+
+async def test_a_lone_surrogate_in_a_key_named_by_an_error_renders(gw: Gateway) -> None:
+    body = b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],'
+    body += b' "top_k": "\\ud800"}'
+    response = await gw.client.post(
+        "/v1/messages", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code in (400, 503)
+    assert response.json()["type"] == "error"
+
+
+def test_safe_text_escapes_only_what_cannot_be_encoded() -> None:
+    assert safe_text("caf\u00e9 \U0001f600") == "caf\u00e9 \U0001f600"
+    assert safe_text("a\udcffb") == "a\\udcffb"
+    assert "\\ud800" in ModelNotFound("\ud800").message
+    ModelNotFound("\ud800").message.encode()
+
+
+def test_a_log_line_quoting_a_lone_surrogate_is_written(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from app.logs import SafeFormatter
+
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "model=%s", ("\udcff",), None)
+    SafeFormatter("%(message)s").format(record).encode()
