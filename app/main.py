@@ -9,7 +9,18 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
+from app.api import (
+    backends,
+    handlers,
+    messages,
+    openai,
+    openapi,
+    ops,
+    profiles,
+    stream,
+    ui,
+    vram,
+)
 from app.api.middleware import RequestObserver
 from app.metrics import Metrics
 from app.services import Seams, Services
@@ -52,5 +63,6 @@ def create_app(
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
+    openapi.install(app)
     app.add_middleware(RequestObserver, metrics=metrics, access_log=settings.access_log)
     return app
