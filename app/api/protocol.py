@@ -166,7 +166,18 @@ def upstream_body(request: ParsedRequest, route: Route) -> bytes:
         return replace_field(request.raw, boundary, "model", route.upstream_model)
     payload = dict(request.payload)
     payload["model"] = route.upstream_model
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return dump_json(payload)
+
+
+def dump_json(payload: dict[str, Any]) -> bytes:
+    """`payload` as compact UTF-8 JSON. Text holding a lone surrogate (a client may send one
+    as a `\\udcff` escape) cannot be UTF-8: such a body is written with escapes, as the
+    client wrote it."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(payload, separators=(",", ":")).encode()
 
 
 _TYPE_NAMES: Final = {list: "an array", str: "a string", dict: "an object", bool: "a boolean"}

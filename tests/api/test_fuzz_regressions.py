@@ -3,13 +3,15 @@ log line) must render whatever it holds, lone surrogates included."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 
 import pytest
 
+from app.api.protocol import dump_json
 from app.errors import ModelNotFound, safe_text
-from tests.fakes.servers import Gateway, gateway, gateway_settings
+from tests.fakes.servers import Gateway, fake_vllm, gateway, gateway_settings
 
 LONE = b'"\\udcff"'  # the JSON escape of a lone surrogate, as raw body bytes
 
@@ -66,3 +68,31 @@ def test_a_log_line_quoting_a_lone_surrogate_is_written(
 
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "model=%s", ("\udcff",), None)
     SafeFormatter("%(message)s").format(record).encode()
+
+
+async def test_a_lone_surrogate_in_a_body_whose_alias_is_rewritten_reaches_the_backend() -> None:
+    """The body is re-serialized to put the model's real name in; it was a 500. (The fake's
+    own `/_fake/stats` cannot encode such a body either, so only the answer is checked.)"""
+    async with fake_vllm(models=["served-model"], max_tokens=2) as upstream:
+        settings = gateway_settings(
+            {"m": {"url": upstream.url, "models": ["served-model"], "aliases": ["alias"]}}
+        )
+        async with gateway(settings) as gw:
+            chat = b'{"model": "alias", "messages": [{"role": "user", "content": "hi"}], "user": '
+            chat += LONE + b"}"
+            response = await gw.client.post(
+                "/v1/chat/completions", content=chat, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 200, response.text
+            anthropic = b'{"model": "alias", "max_tokens": 2, "messages": [{"role": "user", '
+            anthropic += b'"content": "hi"}], "stop_sequences": [' + LONE + b"]}"
+            response = await gw.client.post(
+                "/v1/messages", content=anthropic, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 200, response.text
+
+
+def test_dump_json_writes_a_lone_surrogate_as_the_client_did() -> None:
+    assert dump_json({"a": "\u00e9"}) == '{"a":"\u00e9"}'.encode()
+    assert dump_json({"a": "\udcff"}) == b'{"a":"\\udcff"}'
+    assert json.loads(dump_json({"a": "\udcff"})) == {"a": "\udcff"}
