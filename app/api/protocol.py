@@ -77,6 +77,8 @@ def json_object(body: bytes) -> dict[str, Any]:
     (curl's `-d` says form); `invalid_json` otherwise."""
     try:
         payload = json.loads(body)
+    except RecursionError:
+        raise _too_deep() from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = (
             f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -173,11 +175,22 @@ def dump_json(payload: dict[str, Any]) -> bytes:
     """`payload` as compact UTF-8 JSON. Text holding a lone surrogate (a client may send one
     as a `\\udcff` escape) cannot be UTF-8: such a body is written with escapes, as the
     client wrote it."""
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return json.dumps(payload, separators=(",", ":")).encode()
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(payload, separators=(",", ":")).encode()
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> InvalidRequest:
+    """Python's `json` gives up on nesting about a thousand levels deep (the recursion
+    limit, less the stack already in use)."""
+    return InvalidRequest(
+        "The request body is nested too deeply to be read.", code=ErrorCode.INVALID_JSON
+    )
 
 
 _TYPE_NAMES: Final = {list: "an array", str: "a string", dict: "an object", bool: "a boolean"}

@@ -96,3 +96,17 @@ def test_dump_json_writes_a_lone_surrogate_as_the_client_did() -> None:
     assert dump_json({"a": "\u00e9"}) == '{"a":"\u00e9"}'.encode()
     assert dump_json({"a": "\udcff"}) == b'{"a":"\\udcff"}'
     assert json.loads(dump_json({"a": "\udcff"})) == {"a": "\udcff"}
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/messages", "/v1/embeddings", "/vram/yield"]
+)
+async def test_a_body_nested_too_deeply_is_a_400(gw: Gateway, path: str) -> None:
+    """`json.loads` raises RecursionError about a thousand levels down; it was a 500."""
+    body = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = await gw.client.post(path, content=body)
+    assert response.status_code == 400, response.text
+    if path.startswith("/v1/messages"):
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    else:
+        assert response.json()["error"]["code"] == "invalid_json"
