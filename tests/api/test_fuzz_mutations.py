@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,25 +135,30 @@ def form(fields: list[tuple[str, str | None, bytes]], boundary: str = BOUNDARY) 
         disposition = f'form-data; name="{name}"' + (
             f'; filename="{filename}"' if filename is not None else ""
         )
-        out += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode(
-            "utf-8", "surrogatepass"
-        )
+        out += _utf8(f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n")
         out += content + b"\r\n"
     return out + f"--{boundary}--\r\n".encode()
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "backslashreplace")
+
+
 @st.composite
 def upload(draw: st.DrawFn) -> tuple[bytes, str]:
-    names = st.one_of(st.sampled_from(["model", "file", "stream", "language"]), ODD_TEXT)
-    model = draw(st.one_of(st.just("omni"), ODD_TEXT)).encode("utf-8", "surrogatepass")
+    # Relayed text fields hold UTF-8 (what cannot be is escaped): the fake vLLM answers a
+    # 500 (and leaks temporary files) for a text field it cannot decode. Only the one
+    # `model` field may be any bytes: the gateway reads it, and no model has such a name.
+    names = st.one_of(st.sampled_from(["file", "stream", "language"]), ODD_TEXT)
+    model = draw(st.one_of(st.just(b"omni"), st.binary(max_size=8), ODD_TEXT.map(_utf8)))
     parts: list[tuple[str, str | None, bytes]] = [
         ("model", None, model),
         ("file", "a.wav", b"RIFF"),
     ]
     for _ in range(draw(st.integers(0, 3))):
-        parts.append(
-            (draw(names), draw(st.one_of(st.none(), ODD_TEXT)), draw(st.binary(max_size=20)))
-        )
+        filename = draw(st.one_of(st.none(), ODD_TEXT))
+        content = draw(st.binary(max_size=20) if filename is not None else ODD_TEXT.map(_utf8))
+        parts.append((draw(names), filename, content))
     if draw(st.booleans()):
         parts = draw(st.permutations(parts))[: draw(st.integers(0, len(parts)))]
     raw = form(parts)
@@ -187,6 +193,9 @@ def test_broken_bodies_get_an_error_in_the_route_envelope(
 ) -> None:
     path, raw, ctype = request
     headers = {b"content-type": ctype.encode("latin-1")} if ctype else {}
-    response = live.request("POST", path, headers=headers, content=raw)
+    with warnings.catch_warnings():
+        # The fake vLLM leaks the temporary files of a multipart body it fails to parse.
+        warnings.simplefilter("ignore", ResourceWarning)
+        response = live.request("POST", path, headers=headers, content=raw)
     found = problems(path, response)
     assert not found, f"POST {path} content-type={ctype!r} body={raw[:400]!r}\n -> {found}"
