@@ -110,3 +110,12 @@ async def test_a_body_nested_too_deeply_is_a_400(gw: Gateway, path: str) -> None
         assert response.json()["error"]["type"] == "invalid_request_error"
     else:
         assert response.json()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/vram/yield"])
+async def test_an_integer_of_thousands_of_digits_is_a_400(gw: Gateway, path: str) -> None:
+    """Python refuses to parse an integer of over 4300 digits (a ValueError that is not a
+    JSONDecodeError); it was a 500."""
+    body = b'{"model": "m", "max_tokens": 1' + b"0" * 5000 + b"}"
+    response = await gw.client.post(path, content=body)
+    assert response.status_code == 400, response.text
