@@ -59,6 +59,7 @@ def deep(depth: int, kind: str) -> str:
 
 
 DEEP_MARK = "\x00DEEP\x00"
+LONG_MARK = "\x00LONG\x00"
 
 
 @st.composite
@@ -86,6 +87,7 @@ def mutated_value(draw: st.DrawFn, value: Any) -> Any:
         st.one_of(
             LEAVES,
             st.just(DEEP_MARK),
+            st.just(LONG_MARK),
             st.lists(LEAVES, max_size=3),
             st.dictionaries(ODD_TEXT, LEAVES, max_size=2),
             st.just([value]),
@@ -108,6 +110,10 @@ def body_bytes(draw: st.DrawFn, valid: dict[str, Any]) -> bytes:
         text = text.replace(json.dumps(DEEP_MARK), nested).replace(
             json.dumps(DEEP_MARK, ensure_ascii=False), nested
         )
+    for mark in (json.dumps(LONG_MARK), json.dumps(LONG_MARK, ensure_ascii=False)):
+        # An integer or a number of thousands of digits (Python parses at most 4300).
+        digits = "1" + "0" * draw(st.integers(1, 10_000))
+        text = text.replace(mark, draw(st.sampled_from([digits, "-" + digits, digits + ".5"])))
     raw = text.encode("utf-8", "surrogatepass")
     damage = draw(st.sampled_from(["none", "none", "truncate", "flip", "insert"]))
     if damage == "truncate" and raw:
