@@ -182,7 +182,10 @@ def requests_to_send(draw: st.DrawFn) -> tuple[str, bytes, str]:
         raw, ctype = draw(upload())
         return path, raw, ctype
     ctype = draw(st.one_of(st.just("application/json"), CONTENT_TYPES))
-    return path, draw(body_bytes(VALID[path])), ctype
+    valid = VALID[path]
+    if path != "/v1/messages/count_tokens" and draw(st.booleans()):
+        valid = {**valid, "stream": True}  # the streaming relay (and its translation)
+    return path, draw(body_bytes(valid)), ctype
 
 
 @pytest.fixture(scope="module")
