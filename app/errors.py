@@ -94,10 +94,11 @@ class GatewayError(Exception):
         param: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = safe_text(message)
         super().__init__(message)
         self.message = message
         self.code = code if code is not None else self.default_code
-        self.param = param
+        self.param = None if param is None else safe_text(param)
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
@@ -120,8 +121,9 @@ class InvalidRequest(GatewayError):
     @classmethod
     def wrong_type(cls, param: str, wanted: str, value: object) -> InvalidRequest:
         """`param` holds a JSON value of the wrong type; worded as OpenAI words it."""
+        got = json_type_name(value)
         return cls(
-            f"Invalid type for '{param}': expected {wanted}, but got {json_type_name(value)}.",
+            f"Invalid type for '{quoted(param)}': expected {wanted}, but got {got}.",
             param=param,
             code=ErrorCode.INVALID_TYPE,
         )
@@ -175,7 +177,7 @@ class ModelNotFound(GatewayError):
 
     def __init__(self, model: str) -> None:
         super().__init__(
-            f"The model '{model}' does not exist or is not served by this gateway; "
+            f"The model '{quoted(model)}' does not exist or is not served by this gateway; "
             "GET /v1/models lists the available ones.",
             param="model",
         )
@@ -196,8 +198,8 @@ class ResponseNotFound(NotFound):
 
     def __init__(self, response_id: str) -> None:
         super().__init__(
-            f"No response with id '{response_id}' was created through this gateway recently "
-            "(ids are remembered for a bounded time, and a backend forgets its responses "
+            f"No response with id '{quoted(response_id)}' was created through this gateway "
+            "recently (ids are remembered for a bounded time, and a backend forgets its responses "
             "when it stops).",
         )
 
@@ -361,3 +363,24 @@ _JSON_NAMES: Final = {
 def json_type_name(value: object) -> str:
     """The JSON name of a parsed value's type (`integer`, `array`, `null`, ...)."""
     return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+MAX_QUOTED: Final = 200
+
+
+def safe_text(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates, which a JSON body may hold as
+    `\\udcff` escapes) written as backslash escapes; anything else unchanged. Every error
+    message goes through it, so rendering one can never fail on what a client sent."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def quoted(text: str, limit: int = MAX_QUOTED) -> str:
+    """Client-supplied text as an error message quotes it: encodable, and cut at `limit`
+    characters (a 10 MB model name is not echoed back)."""
+    text = safe_text(text)
+    return text if len(text) <= limit else text[:limit] + "..."

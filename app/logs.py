@@ -17,6 +17,8 @@ import queue
 import sys
 from typing import TextIO
 
+from app.errors import safe_text
+
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(message)s"
@@ -35,12 +37,20 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
+class SafeFormatter(logging.Formatter):
+    """Writes any line: client text a message quotes (a model name, a path) may hold lone
+    surrogates, which a UTF-8 stream cannot encode; they are written as escapes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record))
+
+
 def configure(level: str, stream: TextIO | None = None) -> None:
     """Lines to `stream` (stderr); the access lines through their writer thread."""
     global _listener
     drain()
     writer = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    writer.setFormatter(logging.Formatter(FORMAT))
+    writer.setFormatter(SafeFormatter(FORMAT))
     writer.addFilter(_RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [writer]

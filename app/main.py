@@ -11,7 +11,18 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from app import logs
-from app.api import backends, handlers, messages, openai, ops, profiles, stream, ui, vram
+from app.api import (
+    backends,
+    handlers,
+    messages,
+    openai,
+    openapi,
+    ops,
+    profiles,
+    stream,
+    ui,
+    vram,
+)
 from app.api.fastpath import GatewayApp
 from app.auth import exposure_warnings
 from app.metrics import Metrics
@@ -67,4 +78,5 @@ def create_app(
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
+    openapi.install(app)
     return app

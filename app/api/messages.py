@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from app.api.openai import read_body
-from app.api.protocol import ParsedRequest, json_object, model_of, upstream_body
+from app.api.protocol import ParsedRequest, dump_json, json_object, model_of, upstream_body
 from app.api.relay import RelayResponse
 from app.errors import GatewayError, InvalidRequest
 from app.routing.exchange import Call, Translated
@@ -174,7 +174,7 @@ async def _as_messages(response: Any, within_s: float, *, model: str, stream: bo
 
 
 def _dump(payload: dict[str, Any]) -> bytes:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return dump_json(payload)
 
 
 routes: list[BaseRoute] = [

@@ -201,7 +201,29 @@ def upstream_body(request: ParsedRequest, route: Route) -> bytes:
         return replace_field(request.raw, boundary, "model", route.upstream_model)
     payload = dict(request.payload)
     payload["model"] = route.upstream_model
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return dump_json(payload)
+
+
+def dump_json(payload: dict[str, Any]) -> bytes:
+    """`payload` as compact UTF-8 JSON. Text holding a lone surrogate (a client may send one
+    as a `\\udcff` escape) cannot be UTF-8: such a body is written with escapes, as the
+    client wrote it."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(payload, separators=(",", ":")).encode()
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> InvalidRequest:
+    """Python's `json` gives up on nesting about a thousand levels deep (the recursion
+    limit, less the stack already in use)."""
+    return InvalidRequest(
+        "The request body is nested too deeply to be read.", code=ErrorCode.INVALID_JSON
+    )
 
 
 _TYPE_NAMES: Final = {list: "an array", str: "a string", dict: "an object", bool: "a boolean"}
