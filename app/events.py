@@ -32,6 +32,7 @@ class Subscription:
         self.max_queued = max_queued
         self.events: deque[dict[str, Any]] = deque()
         self.dropped = False
+        self.ended: str | None = None  # why the gateway ended the stream (it is stopping)
         self.wake = asyncio.Event()
 
     def take(self) -> list[dict[str, Any]]:
@@ -72,6 +73,14 @@ class EventLog:
         sub = Subscription(self, max_queued)
         self._subscribers.add(sub)
         return sub
+
+    def end_streams(self, reason: str) -> None:
+        """End every subscription (the gateway is stopping): each stream says why and
+        ends, instead of holding the shutdown until its grace runs out."""
+        for sub in tuple(self._subscribers):
+            sub.ended = reason
+            sub.close()
+            sub.wake.set()
 
     @property
     def subscribers(self) -> int:

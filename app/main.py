@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -49,6 +54,7 @@ def create_app(
         services = Services(settings, metrics, seams or Seams())
         app.state.services = services
         await services.start()
+        restore_signals = _on_stop_signal(lambda: services.events.end_streams("stopping"))
         # What start-up built lives as long as the app: keep it out of every later GC pass
         # (full collections of it paused the loop for ~50 ms under load).
         gc.collect()
@@ -56,6 +62,7 @@ def create_app(
         try:
             yield
         finally:
+            restore_signals()
             await services.close()
             logs.drain()  # no request is left: write the queued access lines
 
@@ -80,3 +87,35 @@ def create_app(
     app.router.routes.extend(ui.routes)
     openapi.install(app)
     return app
+
+
+def _on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` on the loop when SIGTERM or SIGINT arrives, before the handler
+    already installed (uvicorn's, which starts the graceful shutdown: uvicorn tells the
+    app nothing until its connections are done). Returns what restores the handlers.
+    Only a callable handler is chained (none is installed outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], Any]] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(signum)
+        if not callable(handler):
+            continue
+
+        def chained(
+            number: int,
+            frame: FrameType | None,
+            handler: Callable[[int, FrameType | None], Any] = handler,
+        ) -> None:
+            loop.call_soon_threadsafe(callback)
+            handler(number, frame)
+
+        previous[signum] = handler
+        signal.signal(signum, chained)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    return restore

@@ -9,7 +9,9 @@ whole), and `event` (one new entry of the event log, with its `seq`). A comment
 The gateway never waits for a client: changes only mark the client's subscription
 (`app.events`); its own task builds and sends what changed. A client that stops reading
 while `MAX_QUEUED` events pile up is dropped: a last `dropped` event is attempted and the
-stream ends. Reconnecting starts again with a snapshot.
+stream ends. When the gateway begins to stop (SIGTERM or SIGINT), every stream gets a
+`shutdown` event and ends, so an open page does not hold the shutdown for its whole grace.
+Reconnecting starts again with a snapshot.
 
     curl -N localhost:8080/status/stream
 """
@@ -66,6 +68,9 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
                 continue
             if sub.dropped:
                 yield sse("dropped", {"reason": "the client fell too far behind"})
+                return
+            if sub.ended is not None:
+                yield sse("shutdown", {"reason": sub.ended})
                 return
             for event in sub.take():
                 yield sse("event", event)

@@ -38,11 +38,11 @@ def run_serve(args: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         server_header=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        # The server's limits (`ServerConfig` says why): h11 with a header timeout, a
-        # 431 for a head over `max_header_bytes` and `max_connections` evicting idle ones.
+        # A timeout for asyncio.wait_for: a float works (0.5 s must not become 0).
+        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
+        # The server's limits (`ServerConfig` says why): httptools with a header timeout,
+        # a 431 for a head over `max_header_bytes` and `max_connections` evicting idle ones.
         http=GatewayProtocol.configured(server),
-        h11_max_incomplete_event_size=server.max_header_bytes + 4,  # the blank line
         timeout_keep_alive=server.keep_alive_s,
         backlog=server.backlog,
         # Not uvicorn's: it counts idle connections and answers the new request 503.

@@ -132,7 +132,7 @@ class ServerConfig(StrictConfig):
       server, closes first and no request races a closing socket; idle connections are
       cheap as they are evicted first at `max_connections`.
     - `max_header_bytes` (65536): request line plus headers; more is answered 431 and
-      closed (h11's default would be 16 KiB, silently).
+      closed (httptools alone has no limit).
     - `backlog` (2048): connections the kernel queues before `accept` (uvicorn's
       default; the kernel caps it at `net.core.somaxconn`).
     """

@@ -69,7 +69,6 @@ def test_serve_hands_every_limit_to_uvicorn(
     monkeypatch.setenv("MICROSCHEDULER_STATE_DIR", str(tmp_path / "var"))
     args = argparse.Namespace(config=config(tmp_path), host=None, port=None)
     run_serve(args)
-    assert seen["h11_max_incomplete_event_size"] == 32768 + 4
     assert seen["timeout_keep_alive"] == 7
     assert seen["backlog"] == 2048
     assert seen["limit_concurrency"] is None  # the protocol's eviction replaces it
