@@ -21,8 +21,13 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def dumps(obj: object) -> bytes:
-    """Compact JSON, like pydantic's ``model_dump_json``."""
-    return _dumps(obj).encode()
+    """Compact JSON, like pydantic's ``model_dump_json``; text UTF-8 cannot hold (a lone
+    surrogate a client sent as a JSON escape) is written as an escape again."""
+    text = _dumps(obj)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class ApiError(Exception):

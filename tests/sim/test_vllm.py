@@ -675,3 +675,15 @@ async def test_process_sigkilled_leaves_a_file_the_reader_ignores(tmp_path: Path
         assert _ledger(tmp_path) == {}
     finally:
         await _kill(proc)
+
+
+async def test_text_utf8_cannot_hold_is_echoed_as_an_escape(client: httpx.AsyncClient) -> None:
+    # A lone surrogate sent as a JSON escape: vLLM answers; so must the fake, and its stats.
+    body = b'{"model": "m1", "messages": [{"role": "user", "content": "\\udcff"}]}'
+    response = await client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200
+    stats = await client.get("/_fake/stats")
+    assert stats.status_code == 200
+    assert "\\udcff" in stats.text
