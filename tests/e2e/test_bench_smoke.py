@@ -152,7 +152,8 @@ def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         assert is_number(streams[key]), key
     assert results["nofile"]["soft"] >= results["nofile"]["needed"]
     assert len(results["commands"]) == 3
-    assert "max_connections: 4096" in results["models_yaml"]
+    assert "runtime: {kind: external}" in results["models_yaml"]
+    assert "max_connections" not in results["models_yaml"]  # the default pool: uncapped
     # Reported, never judged, in quick mode.
     assert [t["name"] for t in results["targets"]] == [
         "errors",
