@@ -9,7 +9,6 @@ records it once the response is over, whatever path the request took.
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ from app import logs
 from app.api.protocol import ENDPOINT_BY_PATH
 from app.errors import PayloadTooLarge, RequestTimeout
 from app.metrics import Metrics
-
-logger = logging.getLogger("app.access")
 
 CONTEXT_KEY: Final = "microscheduler.context"
 CLIENT_CLOSED: Final = 499  # nginx's convention: the client went away before the end
@@ -88,14 +85,11 @@ class RequestObserver:
                 ttfb_s=None if ctx.first_byte_at is None else ctx.first_byte_at - ctx.started,
             )
         if self.access_log:
-            logger.info(
-                "request method=%s path=%s status=%d model=%s backend=%s duration_ms=%.1f",
-                scope["method"],
-                scope["path"],
-                status,
-                ctx.model or "-",
-                ctx.backend or "-",
-                (ended - ctx.started) * 1000,
+            logs.access(
+                ctx.request_id,
+                f"request method={scope['method']} path={scope['path']} status={status} "
+                f"model={ctx.model or '-'} backend={ctx.backend or '-'} "
+                f"duration_ms={(ended - ctx.started) * 1000:.1f}",
             )
 
 
