@@ -390,6 +390,66 @@ def phase_repeat(a: argparse.Namespace, gw: Proc) -> dict[str, Any]:
     return res
 
 
+def phase_idle(a: argparse.Namespace, gw: Proc) -> dict[str, Any]:
+    """`--idle-connections` N sockets opened to the gateway and left idle (nothing sent),
+    as fast as the client can; meanwhile a normal request every 0.2 s. The gateway keeps
+    at most its `server.max_connections` (1000 by default), closing the idle ones first."""
+
+    async def flood() -> dict[str, Any]:
+        writers: list[asyncio.StreamWriter] = []
+        readers: list[asyncio.StreamReader] = []
+        refused = 0
+        latencies: list[float] = []
+        stop = asyncio.Event()
+
+        async def normal() -> None:
+            async with aiohttp.ClientSession() as session:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    async with session.get(f"http://{HOST}:{gw.port}/health") as response:
+                        await response.read()
+                        if response.status == 200:
+                            latencies.append(time.perf_counter() - started)
+                    await asyncio.sleep(0.2)
+
+        prober = asyncio.create_task(normal())
+        try:
+            for _ in range(a.idle_connections):
+                try:
+                    reader, writer = await asyncio.open_connection(HOST, gw.port)
+                except OSError:
+                    refused += 1
+                    continue
+                readers.append(reader)
+                writers.append(writer)
+            await asyncio.sleep(1.0)
+            # What the gateway closed to make room reads as EOF here.
+            still_open = sum(not reader.at_eof() for reader in readers)
+        finally:
+            stop.set()
+            await prober
+            for writer in writers:
+                writer.close()
+        return {
+            "attempted": a.idle_connections,
+            "opened": len(writers),
+            "refused": refused,
+            "normal_requests": len(latencies),
+            "normal_p50_ms": round(pct(latencies, 50) * 1000, 1) if latencies else None,
+            "normal_max_ms": round(max(latencies) * 1000, 1) if latencies else None,
+            "still_open": still_open,
+        }
+
+    log(f"idle connections: {a.idle_connections} opened to the gateway ...")
+    with Sampler(gw.popen.pid) as sampler:
+        res = run_async(flood)
+    alive(gw, "during the idle-connection flood")
+    res["gateway_peak"] = sampler.result()
+    res["gateway_after"] = snapshot(gw.popen.pid)
+    res["errors"] = 0 if res["normal_requests"] else 1
+    return res
+
+
 # --- report ---------------------------------------------------------------------------------
 
 
@@ -410,6 +470,7 @@ def judge(res: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
 
 def render(res: dict[str, Any]) -> str:
     st, sh, rp, m = res["streams"], res["short"], res["repeat"], res["machine"]
+    idle = res["idle"]
     names = {None: "n/a (quick)", True: "PASS", False: "FAIL"}
     verdict = {x["name"]: names[x["pass"]] for x in res["targets"]}
     sd, sg, qd, qg = st["direct"], st["gateway"], sh["direct"], sh["gateway"]
@@ -464,6 +525,14 @@ def render(res: dict[str, Any]) -> str:
          f"{rp['gateway_start']['rss_mb']:.1f} / {rp['gateway_peak']['peak_rss_mb']:.1f} / "
          f"{rp['gateway_after']['rss_mb']:.1f}",
          f"peak {rp['gateway_peak']['peak_fds']} fds, {rp['gateway_after']['fds']} after", "", ""],
+        [f"Idle connections: {idle['attempted']} opened and left silent: opened / refused / "
+         "still open after 1 s", "",
+         f"{idle['opened']} / {idle['refused']} / {idle['still_open']}",
+         f"gateway peak {idle['gateway_peak']['peak_fds']} fds, "
+         f"{idle['gateway_peak']['peak_rss_mb']:.1f} MB", "", ""],
+        ["Idle connections: a normal GET /health every 0.2 s meanwhile: count / p50 / max (ms)",
+         "", f"{idle['normal_requests']} / {idle['normal_p50_ms']} / {idle['normal_max_ms']}",
+         "", "", ""],
     ]  # fmt: skip
     kind = "QUICK smoke run (counts too small to mean much)" if res["quick"] else "full run"
     packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
@@ -531,12 +600,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream-tokens", type=int, default=20, help="tokens per stream (default 20)")
     p.add_argument("--requests", type=int, help="short requests (default 10000; quick 500)")
     p.add_argument("--concurrency", type=int, help="for the short ones (default 256; quick 32)")
+    p.add_argument(
+        "--idle-connections",
+        type=int,
+        help="idle sockets opened to the gateway (default 10000; quick 300; 100000 needs "
+        "ulimit -n above that)",
+    )
     a = p.parse_args(argv)
     q = a.quick
     a.streams = a.streams or (50 if q else 1000)
     a.stream_seconds = a.stream_seconds or (2.0 if q else 10.0)
     a.requests = a.requests or (500 if q else 10_000)
     a.concurrency = a.concurrency or (32 if q else 256)
+    a.idle_connections = a.idle_connections or (300 if q else 10_000)
     if min(a.streams, a.requests, a.concurrency) < 1 or a.stream_tokens < 2:
         p.error("counts must be >= 1 (--stream-tokens >= 2)")
     return a
@@ -545,7 +621,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     res: dict[str, Any] = {"quick": a.quick, "machine": machine(False)}
     # The gateway holds a client and an upstream socket per stream, plus its own few.
-    res["nofile"] = raise_nofile(2 * max(a.streams, a.concurrency) + 256)
+    res["nofile"] = raise_nofile(max(2 * max(a.streams, a.concurrency), a.idle_connections) + 256)
     # The first token comes at once (--ttft 0), the others 1/tps apart: the last at S seconds.
     tps = round((a.stream_tokens - 1) / a.stream_seconds, 6)
     slow_seqs, fast_seqs = max(a.streams, 256), max(a.concurrency, WARMUP_STREAMS, 256)
@@ -556,7 +632,8 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     res["streams"] = phase_streams(a, slow, gw, tps)
     res["short"] = phase_short(a, fast, gw)
     res["repeat"] = phase_repeat(a, gw)
-    parts = [res["streams"], res["streams"]["warmup"], res["short"], res["repeat"]]
+    res["idle"] = phase_idle(a, gw)
+    parts = [res["streams"], res["streams"]["warmup"], res["short"], res["repeat"], res["idle"]]
     res["errors"] = sum(part["errors"] for part in parts)
     res["targets"] = judge(res, a.quick)
     return res

@@ -152,6 +152,9 @@ def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         assert is_number(streams[key]), key
     assert results["nofile"]["soft"] >= results["nofile"]["needed"]
     assert len(results["commands"]) == 3
+    idle = results["idle"]
+    assert idle["opened"] + idle["refused"] == idle["attempted"] == 300
+    assert idle["normal_requests"] > 0  # the gateway answered others during the flood
     assert "runtime: {kind: external}" in results["models_yaml"]
     assert "max_connections" not in results["models_yaml"]  # the default pool: uncapped
     # Reported, never judged, in quick mode.
