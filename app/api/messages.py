@@ -20,6 +20,7 @@ when no target would take it as sent.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
@@ -28,10 +29,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from app.api.openai import read_body
-from app.api.protocol import ParsedRequest, dump_json, json_object, model_of, upstream_body
+from app.api.protocol import (
+    ParsedRequest,
+    dump_json,
+    json_object,
+    model_of,
+    stream_of,
+    upstream_body,
+)
 from app.api.relay import RelayResponse
 from app.errors import GatewayError, InvalidRequest
 from app.routing.exchange import Call, Translated
+from app.routing.registry import Route as ModelRoute
 from app.services import Services
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.inbound import (
@@ -90,75 +99,42 @@ def _credentials(request: Request) -> str | None:
     return f"Bearer {key}" if key is not None else request.headers.get("authorization")
 
 
-async def _parse(request: Request, services: Services) -> tuple[ParsedRequest, Any]:
-    services.auth.check_client(_credentials(request))
-    body = await read_body(request, services.settings.max_body_bytes)
-    payload = json_object(body)
-    model = model_of(payload)
-    stream = payload.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise InvalidRequest.wrong_type("stream", "a boolean", stream)
-    route = services.dispatcher.route(model)
-    return ParsedRequest(model=model, stream=stream, payload=payload, raw=body), route
-
-
 async def messages(request: Request) -> Response:
-    services: Services = request.app.state.services
-    try:
-        parsed, route = await _parse(request, services)
-        headers = forwardable_request_headers(request.scope["headers"])
-        translated: Translated | None = None
-        try:
-            chat = to_openai_chat(parsed.payload, model=route.upstream_model, stream=parsed.stream)
-        except InvalidRequest:
-            if not services.dispatcher.can_serve(route, Api.MESSAGES):
-                raise
-        else:
-            answer = partial(_as_messages, model=parsed.model, stream=parsed.stream)
-            translated = Translated(
-                Call(route, "/v1/chat/completions", chat, parsed.stream, _dump(chat),
-                     headers | _JSON, api=Api.CHAT),
-                answer,
-            )  # fmt: skip
-        call = Call(
-            route,
-            MESSAGES_PATH,
-            parsed.payload,
-            parsed.stream,
-            upstream_body(parsed, route),
-            headers,
-            api=Api.MESSAGES,
-            translated=translated,
-        )
-    except GatewayError as err:
-        return ANTHROPIC.error_response(err)
-    return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC)
+    return await _relay(request, MESSAGES_PATH, _as_chat)
 
 
 async def count_tokens(request: Request) -> Response:
+    return await _relay(request, COUNT_TOKENS_PATH, _as_tokenize)
+
+
+Translation = Callable[[ParsedRequest, ModelRoute, dict[str, str]], Translated]
+
+
+async def _relay(request: Request, path: str, translation: Translation) -> Response:
+    """The Messages call to `path`: as sent to a target that speaks Messages, else as
+    `translation` says. A request the translation refuses is refused only when no target
+    would take it as sent."""
     services: Services = request.app.state.services
     try:
-        parsed, route = await _parse(request, services)
+        services.auth.check_client(_credentials(request))
+        body = await read_body(request, services.settings.max_body_bytes)
+        payload = json_object(body)
+        model = model_of(payload)
+        stream = stream_of(payload) if path == MESSAGES_PATH else False
+        route = services.dispatcher.route(model)
+        parsed = ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
         headers = forwardable_request_headers(request.scope["headers"])
         translated: Translated | None = None
         try:
-            tokenize = tokenize_request(parsed.payload, model=route.upstream_model)
+            translated = translation(parsed, route, headers)
         except InvalidRequest:
             if not services.dispatcher.can_serve(route, Api.MESSAGES):
                 raise
-        else:
-            translated = Translated(
-                Call(route, "/tokenize", tokenize, False, _dump(tokenize), headers | _JSON,
-                     api=Api.TOKENIZE),
-                as_token_count,
-            )  # fmt: skip
         call = Call(
             route,
-            COUNT_TOKENS_PATH,
-            parsed.payload,
-            False,
+            path,
+            payload,
+            stream,
             upstream_body(parsed, route),
             headers,
             api=Api.MESSAGES,
@@ -167,14 +143,24 @@ async def count_tokens(request: Request) -> Response:
     except GatewayError as err:
         return ANTHROPIC.error_response(err)
     return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC)
+
+
+def _as_chat(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:
+    chat = to_openai_chat(parsed.payload, model=route.upstream_model, stream=parsed.stream)
+    call = Call(route, "/v1/chat/completions", chat, parsed.stream, dump_json(chat),
+                headers | _JSON, api=Api.CHAT)  # fmt: skip
+    return Translated(call, partial(_as_messages, model=parsed.model, stream=parsed.stream))
+
+
+def _as_tokenize(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:
+    tokenize = tokenize_request(parsed.payload, model=route.upstream_model)
+    call = Call(route, "/tokenize", tokenize, False, dump_json(tokenize), headers | _JSON,
+                api=Api.TOKENIZE)  # fmt: skip
+    return Translated(call, as_token_count)
 
 
 async def _as_messages(response: Any, within_s: float, *, model: str, stream: bool) -> Any:
     return await as_messages(response, model=model, stream=stream, within_s=within_s)
-
-
-def _dump(payload: dict[str, Any]) -> bytes:
-    return dump_json(payload)
 
 
 routes: list[BaseRoute] = [

@@ -133,11 +133,7 @@ def parse_request(
         return parse_form(body, endpoint, content_type)
     payload = json_object(body)
     model = model_of(payload)
-    stream = payload.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise InvalidRequest.wrong_type("stream", "a boolean", stream)
+    stream = stream_of(payload)
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest.wrong_type("stream_options", "an object", options)
@@ -159,6 +155,16 @@ def model_of(payload: dict[str, Any]) -> str:
     if not isinstance(model, str) or not model:
         raise InvalidRequest.wrong_type("model", "a non-empty string", model)
     return model
+
+
+def stream_of(payload: dict[str, Any]) -> bool:
+    """`stream`: absent or null is false; anything but a boolean is refused."""
+    stream = payload.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise InvalidRequest.wrong_type("stream", "a boolean", stream)
+    return stream
 
 
 def parse_form(body: bytes, endpoint: Endpoint, content_type: str) -> ParsedRequest:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
@@ -19,7 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from app.services import Services
 from app.sim.anthropic import FakeAnthropic, FakeAnthropicServer
 from tests.fakes.provider import cloud_settings, fake_anthropic
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway
+from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, sdk_http
 
 KEY = "sk-ant-test-0123456789"
 CLAUDE = "claude-sonnet-4-5"
@@ -102,14 +101,7 @@ async def world(
             {"reasoning": {"entries": entries, **(chain or {})}},
             state_dir=tmp_path / "var",
         )
-        async with (
-            gateway(settings) as gw,
-            # The SDK's own HTTP client type, on the same in-process app.
-            httpx2.AsyncClient(
-                transport=httpx2.ASGITransport(app=gw.app, client=("127.0.0.1", 50001)),
-                timeout=10,
-            ) as http,
-        ):
+        async with gateway(settings) as gw, sdk_http(gw) as http:
             sdk = openai.AsyncOpenAI(
                 base_url="http://gateway/v1", api_key="unused", http_client=http, max_retries=0
             )

@@ -11,12 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
-import httpx2
 import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
+from tests.fakes.servers import (
+    FakeServer,
+    Gateway,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+    sdk_http,
+    serve_app,
+)
 
 KEY = "client-key"
 WEATHER: Any = {
@@ -57,37 +64,26 @@ async def w() -> AsyncIterator[World]:
     app.router.add_get("/health", health)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", messages)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    native_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        async with fake_vllm(models=["local-model"], max_tokens=4) as upstream:
-            settings = gateway_settings(
-                {
-                    "local": {"url": upstream.url, "models": ["local-model"], "aliases": ["qwen"]},
-                    "native": {
-                        "url": native_url,
-                        "models": ["native-model"],
-                        "endpoints": ["chat", "messages"],
-                    },
+    async with (
+        serve_app(app) as native_url,
+        fake_vllm(models=["local-model"], max_tokens=4) as upstream,
+    ):
+        settings = gateway_settings(
+            {
+                "local": {"url": upstream.url, "models": ["local-model"], "aliases": ["qwen"]},
+                "native": {
+                    "url": native_url,
+                    "models": ["native-model"],
+                    "endpoints": ["chat", "messages"],
                 },
-                api_keys=(SecretStr(KEY),),
+            },
+            api_keys=(SecretStr(KEY),),
+        )
+        async with gateway(settings) as gw, sdk_http(gw) as http:
+            sdk = anthropic.AsyncAnthropic(
+                base_url="http://gateway", api_key=KEY, http_client=http, max_retries=0
             )
-            async with (
-                gateway(settings) as gw,
-                httpx2.AsyncClient(
-                    transport=httpx2.ASGITransport(app=gw.app, client=("127.0.0.1", 50001)),
-                    timeout=10,
-                ) as http,
-            ):
-                sdk = anthropic.AsyncAnthropic(
-                    base_url="http://gateway", api_key=KEY, http_client=http, max_retries=0
-                )
-                yield World(gw, sdk, upstream, native)
-    finally:
-        await runner.cleanup()
+            yield World(gw, sdk, upstream, native)
 
 
 async def last_sent(w: World) -> dict[str, Any]:

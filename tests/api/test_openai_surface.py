@@ -8,12 +8,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2
 import openai
 import pytest
 from aiohttp import web
 
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
+from tests.fakes.servers import (
+    FakeServer,
+    Gateway,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+    sdk_http,
+    serve_app,
+)
 
 EVERYTHING = ["chat", "responses", "tokenize", "detokenize", "rerank", "score", "classify",
               "pooling", "transcriptions", "translations", "speech"]  # fmt: skip
@@ -40,13 +47,7 @@ async def w() -> AsyncIterator[World]:
                 "chatty": {"url": upstream.url, "models": ["chat-only"]},  # runner generate
             }
         )
-        async with (
-            gateway(settings) as gw,
-            httpx2.AsyncClient(
-                transport=httpx2.ASGITransport(app=gw.app, client=("127.0.0.1", 50001)),
-                timeout=10,
-            ) as http,
-        ):
+        async with gateway(settings) as gw, sdk_http(gw) as http:
             sdk = openai.AsyncOpenAI(
                 base_url="http://gateway/v1", api_key="unused", http_client=http, max_retries=0
             )
@@ -215,12 +216,7 @@ async def test_images_go_to_a_backend_that_lists_them() -> None:
     app.router.add_get("/health", health)
     app.router.add_post("/v1/images/generations", images)
     app.router.add_post("/v1/images/edits", images)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serve_app(app) as url:
         settings = gateway_settings(
             {"painter": {"url": url, "models": ["flux"], "endpoints": ["images"]}}
         )
@@ -241,8 +237,6 @@ async def test_images_go_to_a_backend_that_lists_them() -> None:
                 json={"model": "flux", "messages": [{"role": "user", "content": "hi"}]},
             )
             assert chat.json()["error"]["code"] == "endpoint_not_served"
-    finally:
-        await runner.cleanup()
     assert [path for path, _, _ in seen] == ["/v1/images/generations", "/v1/images/edits"]
     assert seen[1][1] == "multipart/form-data"
     assert b"\x89PNG fake" in seen[1][2]

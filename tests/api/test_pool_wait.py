@@ -12,6 +12,7 @@ from aiohttp import web
 from app.errors import UpstreamTimeout
 from app.settings import TimeoutsConfig
 from app.upstreams.http import HttpUpstream
+from tests.fakes.servers import serve_app
 from tests.fakes.waits import until
 
 
@@ -44,15 +45,11 @@ async def held() -> AsyncIterator[tuple[str, asyncio.Event]]:
 
     app = web.Application()
     app.router.add_post("/x", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}", go
-    finally:
-        go.set()
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        try:
+            yield url, go
+        finally:
+            go.set()
 
 
 async def test_a_request_beyond_the_cap_waits_counted_until_a_response_ends(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import httpx2
 from aiohttp import web
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -39,20 +40,34 @@ class FakeServer:
 
 
 @asynccontextmanager
-async def fake_vllm(**options: Any) -> AsyncIterator[FakeServer]:
-    """The fake vLLM on an ephemeral port of 127.0.0.1, in this event loop."""
-    app = build_app(FakeConfig(port=0, **options))
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """An aiohttp app on an ephemeral port of 127.0.0.1, in this event loop; its base URL."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = runner.addresses[0][1]
-    url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
-            yield FakeServer(url, client)
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def fake_vllm(**options: Any) -> AsyncIterator[FakeServer]:
+    """The fake vLLM on an ephemeral port of 127.0.0.1, in this event loop."""
+    async with (
+        serve_app(build_app(FakeConfig(port=0, **options))) as url,
+        httpx.AsyncClient(base_url=url, timeout=5) as client,
+    ):
+        yield FakeServer(url, client)
+
+
+@asynccontextmanager
+async def sdk_http(gw: Gateway) -> AsyncIterator[httpx2.AsyncClient]:
+    """The official SDKs' own HTTP client type, on the in-process gateway app."""
+    transport = httpx2.ASGITransport(app=gw.app, client=("127.0.0.1", 50001))
+    async with httpx2.AsyncClient(transport=transport, timeout=10) as client:
+        yield client
 
 
 def gateway_settings(backends: dict[str, dict[str, Any]], **fields: Any) -> Settings:
