@@ -31,7 +31,6 @@ from starlette.routing import BaseRoute, Route
 from app.api.openai import read_body
 from app.api.protocol import (
     ParsedRequest,
-    dump_json,
     json_object,
     model_of,
     stream_of,
@@ -52,6 +51,7 @@ from app.upstreams.anthropic.inbound import (
 from app.upstreams.anthropic.inbound_relay import as_messages, as_token_count
 from app.upstreams.anthropic.inbound_stream import error_event, ping_event
 from app.upstreams.http import forwardable_request_headers
+from app.upstreams.provider import json_bytes
 
 MESSAGES_PATH: Final = "/v1/messages"
 COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
@@ -147,14 +147,14 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
 
 def _as_chat(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:
     chat = to_openai_chat(parsed.payload, model=route.upstream_model, stream=parsed.stream)
-    call = Call(route, "/v1/chat/completions", chat, parsed.stream, dump_json(chat),
+    call = Call(route, "/v1/chat/completions", chat, parsed.stream, json_bytes(chat),
                 headers | _JSON, api=Api.CHAT)  # fmt: skip
     return Translated(call, partial(_as_messages, model=parsed.model, stream=parsed.stream))
 
 
 def _as_tokenize(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:
     tokenize = tokenize_request(parsed.payload, model=route.upstream_model)
-    call = Call(route, "/tokenize", tokenize, False, dump_json(tokenize), headers | _JSON,
+    call = Call(route, "/tokenize", tokenize, False, json_bytes(tokenize), headers | _JSON,
                 api=Api.TOKENIZE)  # fmt: skip
     return Translated(call, as_token_count)
 

@@ -28,9 +28,10 @@ from app.upstreams.http import forwardable_request_headers
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing more than `limit` bytes (checked before reading when declared)
-    and a compressed body (415: nothing in the stack inflates request bodies, and relaying
-    one would hide its size from `limit`). `BodyGuard` bounds the time it may take."""
+    """The whole body: refused before reading when its declared length is over `limit`, or
+    when it is compressed (415: nothing in the stack inflates request bodies, and relaying
+    one would hide its size from `limit`). While it is read, `BodyGuard` bounds its size
+    and the time it may take."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaType(
@@ -40,14 +41,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await request.body()
 
 
 def _proxy(endpoint: Endpoint) -> Route:

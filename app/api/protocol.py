@@ -15,7 +15,8 @@ from typing import Any, Final
 from app.errors import ErrorCode, InvalidRequest
 from app.routing.registry import Route
 from app.settings.endpoints import Api
-from app.upstreams.multipart import boundary_of, form_fields, part_names, replace_field
+from app.upstreams.multipart import boundary_of, form_fields, part_names
+from app.upstreams.provider import body_with_model, too_deep
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +89,7 @@ def json_object(body: bytes) -> dict[str, Any]:
             f"The request body is not valid JSON: {exc.args[0]}", code=ErrorCode.INVALID_JSON
         ) from None
     except RecursionError:
-        raise InvalidRequest(
-            "The request body is not valid JSON: it is nested too deeply.",
-            code=ErrorCode.INVALID_JSON,
-        ) from None
+        raise too_deep() from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = (
             f" ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -202,34 +200,7 @@ def upstream_body(request: ParsedRequest, route: Route) -> bytes:
     """The body to send upstream: unchanged unless the client named an alias."""
     if not route.rewrites:
         return request.raw
-    boundary = boundary_of(request.content_type)
-    if boundary is not None:
-        return replace_field(request.raw, boundary, "model", route.upstream_model)
-    payload = dict(request.payload)
-    payload["model"] = route.upstream_model
-    return dump_json(payload)
-
-
-def dump_json(payload: dict[str, Any]) -> bytes:
-    """`payload` as compact UTF-8 JSON. Text holding a lone surrogate (a client may send one
-    as a `\\udcff` escape) cannot be UTF-8: such a body is written with escapes, as the
-    client wrote it."""
-    try:
-        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        try:
-            return text.encode()
-        except UnicodeEncodeError:
-            return json.dumps(payload, separators=(",", ":")).encode()
-    except RecursionError:
-        raise _too_deep() from None
-
-
-def _too_deep() -> InvalidRequest:
-    """Python's `json` gives up on nesting about a thousand levels deep (the recursion
-    limit, less the stack already in use)."""
-    return InvalidRequest(
-        "The request body is nested too deeply to be read.", code=ErrorCode.INVALID_JSON
-    )
+    return body_with_model(request.payload, request.raw, request.content_type, route.upstream_model)
 
 
 _TYPE_NAMES: Final = {list: "an array", str: "a string", dict: "an object", bool: "a boolean"}

@@ -133,10 +133,6 @@ class AudioApi:
                 raise ApiError(400, msg, param=param)
         except ApiError as err:
             return error_response(err)
-        failure = state.injected_failure()
-        if failure is not None:
-            return failure
-        run = RequestRun(state.faults, arrival)
         words = transcript(data).split()
         texts = [w if i == 0 else " " + w for i, w in enumerate(words)]
         seconds = max(1, math.ceil(len(data) / _BYTES_PER_SECOND))
@@ -147,12 +143,12 @@ class AudioApi:
             head = {"id": rid, "object": f"{kind}.chunk", "created": int(time.time())}
             head["model"] = model
 
-            async def streaming() -> web.StreamResponse:
+            async def streaming(run: RequestRun) -> web.StreamResponse:
                 return await self._stream(request, run, head, texts, prompt, include_usage)
 
-            return await state.track(run, streaming)
+            return await state.admit(arrival, streaming)
 
-        async def complete() -> web.StreamResponse:
+        async def complete(run: RequestRun) -> web.StreamResponse:
             loop = asyncio.get_running_loop()
             ttft, interval = self.gen.timing()
             done_at = loop.time() + ttft + (len(texts) - 1) * interval
@@ -172,7 +168,7 @@ class AudioApi:
             usage = {"type": "duration", "seconds": seconds}
             return json_response(dumps({"text": text, "usage": usage}))
 
-        return await state.track(run, complete)
+        return await state.admit(arrival, complete)
 
     @staticmethod
     def _verbose(form: dict[str, Any], text: str, seconds: int) -> dict[str, Any]:
@@ -270,14 +266,10 @@ class AudioApi:
                 raise ApiError(400, msg, param="response_format")
         except ApiError as err:
             return error_response(err)
-        failure = state.injected_failure()
-        if failure is not None:
-            return failure
-        run = RequestRun(state.faults, arrival)
         samples = len(text) * _SAMPLES_PER_CHAR
         seed = sum(map(ord, model + (voice or ""))) % 7 + 2
 
-        async def work() -> web.StreamResponse:
+        async def work(run: RequestRun) -> web.StreamResponse:
             loop = asyncio.get_running_loop()
             await state.engine.wait_until(run.job, loop.time() + state.faults.ttft)
             if run.job.aborted:
@@ -301,4 +293,4 @@ class AudioApi:
                 pass
             return resp
 
-        return await state.track(run, work)
+        return await state.admit(arrival, work)

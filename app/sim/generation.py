@@ -158,13 +158,9 @@ class GenerationApi:
             gen = self._validate(request, await state.parse_body(request), chat)
         except ApiError as err:
             return error_response(err)
-        failure = state.injected_failure()
-        if failure is not None:
-            return failure
-        run = RequestRun(state.faults, arrival)
         if gen.stream:
-            return await state.track(run, lambda: self._stream(request, run, gen))
-        return await state.track(run, lambda: self._complete(run, gen))
+            return await state.admit(arrival, lambda run: self._stream(request, run, gen))
+        return await state.admit(arrival, lambda run: self._complete(run, gen))
 
     def _timing(self) -> tuple[float, float]:
         faults = self.state.faults
@@ -291,13 +287,9 @@ class GenerationApi:
                     raise _too_long(max_len, tokens, "you requested")
         except ApiError as err:
             return error_response(err)
-        failure = state.injected_failure()
-        if failure is not None:
-            return failure
-        run = RequestRun(state.faults, arrival)
         rid = "embd-" + (request.headers.get("X-Request-Id") or uuid.uuid4().hex)
 
-        async def work() -> web.StreamResponse:
+        async def work(run: RequestRun) -> web.StreamResponse:
             loop = asyncio.get_running_loop()
             await state.engine.wait_until(run.job, loop.time() + state.faults.ttft)
             if run.job.aborted:
@@ -331,4 +323,4 @@ class GenerationApi:
             run.outcome = "stop"
             return json_response(dumps(payload))
 
-        return await state.track(run, work)
+        return await state.admit(arrival, work)

@@ -121,12 +121,8 @@ class PoolingApi:
                 )
         except ApiError as err:
             return error_response(err)
-        failure = state.injected_failure()
-        if failure is not None:
-            return failure
-        run = RequestRun(state.faults, arrival)
 
-        async def work() -> web.StreamResponse:
+        async def work(run: RequestRun) -> web.StreamResponse:
             loop = asyncio.get_running_loop()
             await state.engine.wait_until(run.job, loop.time() + state.faults.ttft)
             if run.job.aborted:
@@ -135,7 +131,7 @@ class PoolingApi:
             run.outcome = "stop"
             return json_response(dumps(payload()))
 
-        return await state.track(run, work)
+        return await state.admit(arrival, work)
 
     # --- tokenizer ---------------------------------------------------------------------------
 

@@ -249,13 +249,9 @@ class ResponsesApi:
             req = self._validate(request, await state.parse_body(request))
         except ApiError as err:
             return error_response(err)
-        failure = state.injected_failure()
-        if failure is not None:
-            return failure
-        run = RequestRun(state.faults, arrival)
         if req.stream:
-            return await state.track(run, lambda: self._stream(request, run, req))
-        return await state.track(run, lambda: self._complete(run, req))
+            return await state.admit(arrival, lambda run: self._stream(request, run, req))
+        return await state.admit(arrival, lambda run: self._complete(run, req))
 
     async def _complete(self, run: RequestRun, req: _Req) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
@@ -348,38 +344,32 @@ class ResponsesApi:
             pass  # the client went away mid-write: stays counted as an abort
         return resp
 
-    def _stored(self, request: web.Request) -> tuple[str, dict[str, Any] | None]:
+    def _stored(self, request: web.Request) -> tuple[str, web.Response | None]:
+        """The id, and the answer when the request ends here: an injected failure, or 404
+        for an id the store does not hold."""
         self.state.record(request, None)
         response_id = request.match_info["response_id"]
-        return response_id, self.store.get(response_id)
+        failure = self.state.injected_failure()
+        if failure is None and response_id not in self.store:
+            failure = error_response(_not_found(response_id))
+        return response_id, failure
 
     async def retrieve(self, request: web.Request) -> web.StreamResponse:
-        response_id, stored = self._stored(request)
-        failure = self.state.injected_failure()
-        if failure is not None:
-            return failure
-        if stored is None:
-            return error_response(_not_found(response_id))
-        return json_response(dumps(stored))
+        response_id, answered = self._stored(request)
+        return answered or json_response(dumps(self.store[response_id]))
 
     async def cancel(self, request: web.Request) -> web.StreamResponse:
-        response_id, stored = self._stored(request)
-        failure = self.state.injected_failure()
-        if failure is not None:
-            return failure
-        if stored is None:
-            return error_response(_not_found(response_id))
+        _, answered = self._stored(request)
         # Every stored response of the fake is finished (no background mode): like vLLM.
         msg = "Cannot cancel a synchronous response."
-        return error_response(ApiError(400, msg, "invalid_request_error", "response_id"))
+        return answered or error_response(
+            ApiError(400, msg, "invalid_request_error", "response_id")
+        )
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
-        response_id, stored = self._stored(request)
-        failure = self.state.injected_failure()
-        if failure is not None:
-            return failure
-        if stored is None:
-            return error_response(_not_found(response_id))
+        response_id, answered = self._stored(request)
+        if answered is not None:
+            return answered
         del self.store[response_id]
         return json_response(dumps({"id": response_id, "object": "response", "deleted": True}))
 

@@ -127,6 +127,17 @@ class FakeState:
         body = error_body(status, message, error_type_for(status))
         return web.Response(status=status, body=body, content_type="application/json")
 
+    async def admit(
+        self, arrival: float, work: Callable[[RequestRun], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A validated request: the injected failure if one is due, else ``work`` run as
+        an in-flight request (``track``)."""
+        failure = self.injected_failure()
+        if failure is not None:
+            return failure
+        run = RequestRun(self.faults, arrival)
+        return await self.track(run, lambda: work(run))
+
     async def track(
         self, run: RequestRun, work: Callable[[], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:

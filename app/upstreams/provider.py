@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.errors import ErrorCode, InvalidRequest
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
 from app.upstreams.multipart import boundary_of, replace_field
@@ -33,11 +34,39 @@ class ProviderRequest:
         """The body with `model` replaced (what an OpenAI-compatible upstream gets)."""
         if self.method != "POST":
             return b""
-        boundary = boundary_of(self.content_type)
-        if boundary is not None:
-            return replace_field(self.raw, boundary, "model", model)
-        payload = {**self.payload, "model": model}
-        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        return body_with_model(self.payload, self.raw, self.content_type, model)
+
+
+def body_with_model(payload: dict[str, Any], raw: bytes, content_type: str, model: str) -> bytes:
+    """A request body naming another `model`: a form's `model` field replaced in the raw
+    bytes (files untouched), a JSON body written again from `payload`."""
+    boundary = boundary_of(content_type)
+    if boundary is not None:
+        return replace_field(raw, boundary, "model", model)
+    return json_bytes({**payload, "model": model})
+
+
+def json_bytes(payload: dict[str, Any]) -> bytes:
+    """`payload` as compact UTF-8 JSON. Text holding a lone surrogate (a client may send one
+    as a `\\udcff` escape) cannot be UTF-8: such a body is written with escapes, as the
+    client wrote it. Nesting too deep for `json` is the client's 400."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(payload, separators=(",", ":")).encode()
+    except RecursionError:
+        raise too_deep() from None
+
+
+def too_deep() -> InvalidRequest:
+    """Python's `json` gives up on nesting about a thousand levels deep (the recursion
+    limit, less the stack already in use)."""
+    return InvalidRequest(
+        "The request body is not valid JSON: it is nested too deeply.",
+        code=ErrorCode.INVALID_JSON,
+    )
 
 
 class Provider(Protocol):

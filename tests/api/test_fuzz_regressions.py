@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.api.protocol import dump_json
 from app.errors import ModelNotFound, safe_text
+from app.upstreams.provider import json_bytes
 from tests.fakes.servers import Gateway, fake_vllm, gateway, gateway_settings
 
 LONE = b'"\\udcff"'  # the JSON escape of a lone surrogate, as raw body bytes
@@ -92,10 +92,10 @@ async def test_a_lone_surrogate_in_a_body_whose_alias_is_rewritten_reaches_the_b
             assert response.status_code == 200, response.text
 
 
-def test_dump_json_writes_a_lone_surrogate_as_the_client_did() -> None:
-    assert dump_json({"a": "\u00e9"}) == '{"a":"\u00e9"}'.encode()
-    assert dump_json({"a": "\udcff"}) == b'{"a":"\\udcff"}'
-    assert json.loads(dump_json({"a": "\udcff"})) == {"a": "\udcff"}
+def test_json_bytes_writes_a_lone_surrogate_as_the_client_did() -> None:
+    assert json_bytes({"a": "\u00e9"}) == '{"a":"\u00e9"}'.encode()
+    assert json_bytes({"a": "\udcff"}) == b'{"a":"\\udcff"}'
+    assert json.loads(json_bytes({"a": "\udcff"})) == {"a": "\udcff"}
 
 
 @pytest.mark.parametrize(
