@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.errors import ModelNotFound, safe_text
-from app.upstreams.provider import json_bytes
+from app.upstreams.provider import ProviderRequest, json_bytes
 from tests.fakes.servers import Gateway, fake_vllm, gateway, gateway_settings
 
 LONE = b'"\\udcff"'  # the JSON escape of a lone surrogate, as raw body bytes
@@ -119,3 +119,8 @@ async def test_an_integer_of_thousands_of_digits_is_a_400(gw: Gateway, path: str
     body = b'{"model": "m", "max_tokens": 1' + b"0" * 5000 + b"}"
     response = await gw.client.post(path, content=body)
     assert response.status_code == 400, response.text
+
+
+def test_a_chain_entry_gets_a_body_with_a_lone_surrogate_as_the_client_wrote_it() -> None:
+    request = ProviderRequest("/v1/chat/completions", {"model": "a", "user": "\udcff"}, False)
+    assert request.body_for("cloud-model") == b'{"model":"cloud-model","user":"\\udcff"}'
