@@ -13,6 +13,7 @@ from app.lifecycle.lease import Lease, WaitNotice
 from app.routing.fallback_metrics import TokenCounter
 from app.routing.registry import Route
 from app.settings.endpoints import Api
+from app.settings.keys import Priority
 from app.upstreams.http import Relayable
 from app.upstreams.provider import ProviderRequest
 
@@ -39,6 +40,8 @@ class Call:
     method: str = "POST"
     content_type: str = "application/json"
     translated: Translated | None = None
+    # The client key's priority: its place in a backend's queue, and vLLM's `priority`.
+    priority: Priority = Priority.NORMAL
 
     def provider_request(self) -> ProviderRequest:
         return ProviderRequest(
