@@ -1,6 +1,8 @@
 """Who may call what. Keys are compared in constant time and never logged.
 
-- `/v1/*`: when `MICROSCHEDULER_API_KEYS` is set, `Authorization: Bearer <one of them>`.
+- `/v1/*`: when client keys are configured (`MICROSCHEDULER_API_KEYS`, keys.yaml),
+  `Authorization: Bearer <one of them>`; `check_client` says which key it is
+  (`app.keys.ring`), or `anonymous` when none is configured.
 - Admin endpoints (state changes): `MICROSCHEDULER_ADMIN_KEY` when set, else loopback
   clients only.
 - `/health`, `/ready` and `/metrics` are open.
@@ -17,24 +19,30 @@ import hmac
 from pydantic import SecretStr
 
 from app.errors import AuthenticationFailed, PermissionDenied
+from app.keys.ring import ClientKey, KeyRing
 from app.settings.root import is_loopback
 
 
 class Authenticator:
-    def __init__(self, api_keys: tuple[SecretStr, ...], admin_key: SecretStr | None) -> None:
-        self._api_keys = tuple(k.get_secret_value().encode() for k in api_keys)
+    def __init__(self, keys: KeyRing, admin_key: SecretStr | None) -> None:
+        self.keys = keys
         self._admin_key = admin_key.get_secret_value().encode() if admin_key else None
 
-    def check_client(self, authorization: str | None) -> None:
-        if not self._api_keys:
-            return
+    def check_client(self, authorization: str | None) -> ClientKey:
+        """The client's key, from `Authorization: Bearer <key>`; 401 for none or an unknown
+        one (`anonymous` when the gateway has no client keys)."""
+        anonymous = self.keys.anonymous
+        if anonymous is not None:
+            return anonymous
         token = _bearer(authorization)
         if token is None:
             raise AuthenticationFailed(
                 "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
             )
-        if not _matches_any(token, self._api_keys):
+        key = self.keys.identify(token)
+        if key is None:
             raise AuthenticationFailed("Incorrect API key provided.")
+        return key
 
     def check_admin(self, authorization: str | None, client_host: str | None) -> None:
         if self._admin_key is None:

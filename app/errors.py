@@ -55,6 +55,8 @@ class ErrorCode(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     INVALID_API_KEY = "invalid_api_key"
     PERMISSION_DENIED = "permission_denied"
+    MODEL_NOT_ALLOWED = "model_not_allowed"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     ENDPOINT_NOT_SERVED = "endpoint_not_served"
@@ -168,6 +170,31 @@ class PermissionDenied(GatewayError):
     status = 403
     type = "invalid_request_error"
     default_code = ErrorCode.PERMISSION_DENIED
+
+
+class ModelNotAllowed(PermissionDenied):
+    """The client's key may not use the model (`models:` of its entry in keys.yaml)."""
+
+    default_code = ErrorCode.MODEL_NOT_ALLOWED
+
+    def __init__(self, model: str, key: str) -> None:
+        super().__init__(
+            f"The key '{quoted(key)}' may not use the model '{quoted(model)}'; GET /v1/models "
+            "lists the models it may use.",
+            param="model",
+        )
+
+
+class RateLimited(GatewayError):
+    """A limit of the client's key (keys.yaml) refuses the request for now; `Retry-After`
+    says when it fits again and the `x-ratelimit-*` headers say where the key stands."""
+
+    status = 429
+    type = "rate_limit_error"
+    default_code = ErrorCode.RATE_LIMIT_EXCEEDED
+
+    def __init__(self, message: str, *, headers: dict[str, str]) -> None:
+        super().__init__(message, headers=headers)
 
 
 class ModelNotFound(GatewayError):

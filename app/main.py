@@ -48,7 +48,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for warning in exposure_warnings(
-            settings.host, api_keys=bool(settings.api_keys), admin_key=bool(settings.admin_key)
+            settings.host, api_keys=settings.has_client_keys, admin_key=bool(settings.admin_key)
         ):
             logger.warning("exposed: %s", warning)
         services = Services(settings, metrics, seams or Seams())

@@ -24,6 +24,8 @@ from app.gpu.nvml import NvmlSource
 from app.gpu.poller import GpuMonitor
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSource
+from app.keys.metrics import KeyMetrics
+from app.keys.ring import KeyRing
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
@@ -74,7 +76,14 @@ class Services:
         self.metrics = metrics
         self.started_at = time.time()
         self.registry = Registry.from_backends(settings.backends)
-        self.auth = Authenticator(settings.api_keys, settings.admin_key)
+        providers = settings.cloud_providers.providers if settings.cloud_providers else {}
+        self.keys = KeyRing.build(
+            (key.get_secret_value() for key in settings.api_keys),
+            settings.client_keys,
+            KeyMetrics(metrics.registry),
+            [*settings.backends, *providers],
+        )
+        self.auth = Authenticator(self.keys, settings.admin_key)
         # The control plane's HTTP client (health, sleep mode, scrapes); client requests
         # go through each backend's own `HttpUpstream`.
         self.control_client = httpx.AsyncClient(transport=seams.control_transport)

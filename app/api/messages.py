@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any, Final
 
@@ -116,12 +117,13 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
     would take it as sent."""
     services: Services = request.app.state.services
     try:
-        services.auth.check_client(_credentials(request))
+        key = services.auth.check_client(_credentials(request))
         body = await read_body(request, services.settings.max_body_bytes)
         payload = json_object(body)
         model = model_of(payload)
         stream = stream_of(payload) if path == MESSAGES_PATH else False
         route = services.dispatcher.route(model)
+        key.check_model(route.name)
         parsed = ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
         headers = forwardable_request_headers(request.scope["headers"])
         translated: Translated | None = None
@@ -130,6 +132,9 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         except InvalidRequest:
             if not services.dispatcher.can_serve(route, Api.MESSAGES):
                 raise
+        if translated is not None:
+            inner = replace(translated.call, priority=key.priority)
+            translated = Translated(inner, translated.answer)
         call = Call(
             route,
             path,
@@ -139,6 +144,8 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
             headers,
             api=Api.MESSAGES,
             translated=translated,
+            priority=key.priority,
+            key=key.admit(),
         )
     except GatewayError as err:
         return ANTHROPIC.error_response(err)

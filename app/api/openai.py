@@ -10,6 +10,7 @@ no per-request dependency solving.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Final
 
 from starlette.requests import Request
@@ -17,14 +18,17 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from app.api.middleware import context_of, too_large
-from app.api.protocol import PROXIED, Endpoint, parse_request, upstream_body
+from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
 from app.api.relay import RelayResponse
 from app.api.views import model_list, model_view
 from app.errors import ModelNotFound, UnsupportedMediaType
+from app.keys.ring import ClientKey
 from app.routing.exchange import Call
 from app.services import Services
 from app.settings.endpoints import Api
 from app.upstreams.http import forwardable_request_headers
+from app.upstreams.provider import json_bytes
+from app.upstreams.usage import USAGE_OPTION_APIS, asks_usage, with_usage
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -47,11 +51,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 def _proxy(endpoint: Endpoint) -> Route:
     async def handle(request: Request) -> Response:
         services: Services = request.app.state.services
-        services.auth.check_client(request.headers.get("authorization"))
+        key = services.auth.check_client(request.headers.get("authorization"))
         body = await read_body(request, services.settings.max_body_bytes)
         content_type = request.headers.get("content-type", "")
         parsed = parse_request(body, endpoint, content_type)
         route = services.dispatcher.route(parsed.model)
+        key.check_model(route.name)
+        parsed, usage_added = usage_for(key, parsed, endpoint.api)
         call = Call(
             route,
             endpoint.path,
@@ -61,10 +67,24 @@ def _proxy(endpoint: Endpoint) -> Route:
             forwardable_request_headers(request.scope["headers"]),
             api=endpoint.api,
             content_type=parsed.content_type,
+            priority=key.priority,
+            key=key.admit(),
+            usage_added=usage_added,
         )
         return RelayResponse(services.dispatcher, call)
 
     return Route(endpoint.path, handle, methods=["POST"], name=f"{endpoint.name}:{endpoint.path}")
+
+
+def usage_for(key: ClientKey, parsed: ParsedRequest, api: Api) -> tuple[ParsedRequest, bool]:
+    """The request asking for its stream's usage when `key` has a limit that counts tokens
+    and the client did not ask (`app.upstreams.usage`); True when it was added."""
+    if not (key.counts_tokens and parsed.stream and api in USAGE_OPTION_APIS):
+        return parsed, False
+    if asks_usage(parsed.payload):
+        return parsed, False
+    payload = with_usage(parsed.payload)
+    return replace(parsed, payload=payload, raw=json_bytes(payload)), True
 
 
 async def stored_response(request: Request) -> Response:
@@ -72,12 +92,13 @@ async def stored_response(request: Request) -> Response:
     /v1/responses/{id}/input_items`: relayed to the entry that created the response
     (`app.routing.responses`); 404 `response_not_found` for an id it did not create."""
     services: Services = request.app.state.services
-    services.auth.check_client(request.headers.get("authorization"))
+    key = services.auth.check_client(request.headers.get("authorization"))
     ctx = context_of(request.scope)
     if ctx is not None:
         ctx.endpoint = "responses_stored"
     response_id = request.path_params["response_id"]
-    stored = services.dispatcher.stored_response(response_id)
+    stored = services.dispatcher.stored_response(response_id, key.name)
+    key.check_model(stored.route.name)
     body = await read_body(request, services.settings.max_body_bytes)
     query = request.url.query
     path = request.url.path + (f"?{query}" if query else "")
@@ -90,14 +111,17 @@ async def stored_response(request: Request) -> Response:
         forwardable_request_headers(request.scope["headers"]),
         api=Api.RESPONSES,
         method=request.method,
+        priority=key.priority,
+        key=key.admit(),
     )
     return RelayResponse(services.dispatcher, call, stored=(response_id, stored.entry))
 
 
 async def list_models(request: Request) -> Response:
     services: Services = request.app.state.services
-    services.auth.check_client(request.headers.get("authorization"))
-    body = json.dumps(model_list(services.registry, services.started_at)).encode()
+    key = services.auth.check_client(request.headers.get("authorization"))
+    models = model_list(services.registry, services.started_at, allowed=key.allows)
+    body = json.dumps(models).encode()
     return Response(body, media_type="application/json")
 
 
@@ -105,11 +129,12 @@ async def retrieve_model(request: Request) -> Response:
     """`GET /v1/models/{id}`: an id or alias, as `client.models.retrieve(id)` expects; 404
     `model_not_found` for any other name. Ids may hold slashes (`Qwen/Qwen3-8B`)."""
     services: Services = request.app.state.services
-    services.auth.check_client(request.headers.get("authorization"))
+    key = services.auth.check_client(request.headers.get("authorization"))
     name = request.path_params["model"]
     entry = next((e for e in services.registry.entries if e.id == name), None)
     if entry is None:
         raise ModelNotFound(name)
+    key.check_model(name)
     body = json.dumps(model_view(entry, services.started_at)).encode()
     return Response(body, media_type="application/json")
 

@@ -38,6 +38,7 @@ from app.lifecycle.lease import WaitNotice
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
 from app.settings.endpoints import Api
+from app.upstreams.usage import UsageStripper
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,10 @@ class RelayResponse(Response):
                     exchange = await self._dispatcher.open(self._call, notice)
                 if ctx is not None:
                     ctx.backend = exchange.backend
+                exchange.key = self._call.key
             except GatewayError as err:
+                if self._call.key is not None:
+                    self._call.key.finish("error")
                 watch.stop()
                 if notice is not None and notice.started:
                     await send(_body(dialect.stream_error(err, b""), more=False))
@@ -143,6 +147,8 @@ class RelayResponse(Response):
             watch.stop()
             if exchange is not None:
                 exchange.finish()
+            if self._call.key is not None:
+                self._call.key.finish("served" if exchange is not None else "cancelled")
 
     async def _relay(self, exchange: Exchange, send: Send, watch: _DisconnectWatch) -> None:
         """Send the response on, ending a broken SSE stream with an in-band error."""
@@ -151,6 +157,8 @@ class RelayResponse(Response):
         headers = upstream.headers + _SSE_EXTRA_HEADERS if sse else upstream.headers
         if exchange.headers:
             headers = headers + exchange.headers
+        if self._call.key is not None:
+            headers = headers + self._call.key.headers()
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         await self._relay_body(exchange, send, watch, sse=sse)
 
@@ -180,21 +188,33 @@ class RelayResponse(Response):
     ) -> None:
         upstream = exchange.response
         cut_short = sse and self._call.api in DONE_TERMINATED
+        # The usage event the gateway asked for on the key's behalf is not the client's.
+        strip = UsageStripper(exchange.count) if sse and self._call.usage_added else None
+        first = upstream.first_chunk if strip is None else strip.feed(upstream.first_chunk)
         if upstream.complete:
             watch.stop()
-            if cut_short and _without_done(upstream.first_chunk):
-                await send(_body(upstream.first_chunk, more=True))
-                await self._ended_early(exchange, send, upstream.first_chunk)
+            if strip is not None:
+                first += strip.flush()
+            if cut_short and _without_done(first):
+                await send(_body(first, more=True))
+                await self._ended_early(exchange, send, first)
                 return
-            await send(_body(upstream.first_chunk, more=False))
-            exchange.body_done(upstream.first_chunk)
+            await send(_body(first, more=False))
+            exchange.body_done(first)
             return
-        await send(_body(upstream.first_chunk, more=True))
-        previous, last = b"", upstream.first_chunk
+        await send(_body(first, more=True))
+        previous, last = b"", first
         try:
             async for chunk in upstream.rest():
+                if strip is not None:
+                    chunk = strip.feed(chunk)
+                    if not chunk:
+                        continue
                 await send(_body(chunk, more=True))
                 previous, last = last, chunk
+            if strip is not None and (rest := strip.flush()):
+                await send(_body(rest, more=True))
+                previous, last = last, rest
         except UpstreamError as err:
             self._dispatcher.record_stream_error(exchange, err)
             logger.warning(

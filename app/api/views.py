@@ -8,7 +8,7 @@ field's JSON name and rounding are decided once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from app.gpu.poller import GpuStatus
@@ -227,9 +227,16 @@ def _mib_up(value: int | None) -> int | None:
 # -- models --------------------------------------------------------------------------------
 
 
-def model_list(registry: Registry, created: float) -> Json:
-    """`GET /v1/models` in OpenAI's list shape."""
-    return {"object": "list", "data": [model_view(e, created) for e in registry.entries]}
+def model_list(
+    registry: Registry, created: float, *, allowed: Callable[[str], bool] | None = None
+) -> Json:
+    """`GET /v1/models` in OpenAI's list shape: the names `allowed` (the client key's)."""
+    return {
+        "object": "list",
+        "data": [
+            model_view(e, created) for e in registry.entries if allowed is None or allowed(e.id)
+        ],
+    }
 
 
 def model_view(entry: ModelEntry, created: float) -> Json:

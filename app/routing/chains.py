@@ -50,7 +50,6 @@ from app.errors import (
 from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
-from app.routing.fallback_metrics import TokenCounter
 from app.routing.local import open_local
 from app.routing.policy import (
     Budget,
@@ -103,6 +102,12 @@ class ChainCall:
         start = cloud.clock()
         budget = Budget.start(start, chain.config.deadline_s, chain.config.max_attempts)
         excluded = cloud.excluded(chain, self._call.apis())
+        key = self._call.key
+        if key is not None and not key.cloud:
+            # The client's key may not reach the cloud (`cloud: false`), or not today
+            # (`daily_cloud_tokens` spent): its providers are passed over.
+            why = R.KEY_CLOUD_BUDGET if key.budget_spent else R.KEY_NO_CLOUD
+            excluded = {**{e: why for e in chain.entries if e in cloud.providers}, **excluded}
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)
@@ -242,15 +247,17 @@ class ChainCall:
             except BaseException:
                 response.release()
                 raise
-        counted = isinstance(response, AnthropicStream)  # its usage comes from the translator
         return Exchange(
             self._call.route,
             name,
             response,
             None,
             headers=self._answer_headers(name),
-            tokens=None if counted else cloud.metrics.token_counter(name),
+            tokens=cloud.metrics.token_counter(name),
             hooks=_Hooks(cloud, name, permit, provider=True, served=verdict.action == "serve"),
+            cloud=True,
+            # A translated stream's usage comes from the translator (`_Hooks.finished`).
+            tail_usage=not isinstance(response, AnthropicStream),
         )
 
     def _raised(self, entry: str, permit: Permit, err: UpstreamError, cut: bool) -> Passed:
@@ -375,8 +382,7 @@ class _Hooks:
                 # An error event after the first content: relayed in-band, counted here.
                 self._failed = True
                 self._cloud.record_failure(self._entry, self._permit, R.STREAM_ERROR)
-            counter: TokenCounter = self._cloud.metrics.token_counter(self._entry)
-            counter.add(*response.usage())
+            exchange.count(*response.usage())
         if not (self._provider and self._served):
             return
         if self._failed:

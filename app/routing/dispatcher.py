@@ -67,7 +67,8 @@ class Dispatcher:
         if call.api is Api.RESPONSES and exchange.response.status == 200:
             created = created_response_id(exchange.response.first_chunk)
             if created is not None:
-                self.response_ids.remember(created, exchange.backend, call.route)
+                key = None if call.key is None else call.key.key.name
+                self.response_ids.remember(created, exchange.backend, call.route, key)
         return exchange
 
     def can_serve(self, route: Route, api: Api) -> bool:
@@ -77,10 +78,11 @@ class Dispatcher:
             return any(self._cloud.serves(entry, api) for entry in chain.entries)
         return api in self._backends[route.backend].config.apis
 
-    def stored_response(self, response_id: str) -> StoredAt:
-        """Where a response created through the gateway lives; `ResponseNotFound` if unknown."""
+    def stored_response(self, response_id: str, key: str | None = None) -> StoredAt:
+        """Where a response created through the gateway lives; `ResponseNotFound` if unknown
+        or created by another client key than `key` (a key sees only its own)."""
         stored = self.response_ids.lookup(response_id)
-        if stored is None:
+        if stored is None or (stored.key is not None and stored.key != key):
             raise ResponseNotFound(response_id)
         return stored
 
@@ -95,7 +97,7 @@ class Dispatcher:
             if provider is None:  # the configuration changed since
                 raise ResponseNotFound(response_id)
             response = await provider.open(call.provider_request(), provider.first_byte_s)
-            exchange = Exchange(call.route, entry, response, None)
+            exchange = Exchange(call.route, entry, response, None, cloud=True)
         status = exchange.response.status
         if call.method == "DELETE" and (200 <= status < 300 or status == 404):
             self.response_ids.forget(response_id)

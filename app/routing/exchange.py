@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.errors import UpstreamError
+from app.keys.ring import KeyUse
 from app.lifecycle.lease import Lease, WaitNotice
-from app.routing.fallback_metrics import TokenCounter
+from app.routing.fallback_metrics import TokenCounter, usage_in_tail
 from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.settings.keys import Priority
@@ -42,6 +43,10 @@ class Call:
     translated: Translated | None = None
     # The client key's priority: its place in a backend's queue, and vLLM's `priority`.
     priority: Priority = Priority.NORMAL
+    # The client key's hold (limits, tokens, whether it may reach the cloud); None: no key.
+    key: KeyUse | None = None
+    # The gateway asked for the stream's usage on the key's behalf: the relay strips it.
+    usage_added: bool = False
 
     def provider_request(self) -> ProviderRequest:
         return ProviderRequest(
@@ -101,17 +106,22 @@ class ExchangeHooks(Protocol):
 class Exchange:
     """An upstream response in progress and the lease that goes with it.
 
-    `backend` is the entry that answers (a backend, or a provider for a chain); `headers`
-    are added to the response (a chain's `x-microscheduler-*`)."""
+    `backend` is the entry that answers (a backend, or a provider for a chain: `cloud`);
+    `headers` are added to the response (a chain's `x-microscheduler-*`). Its tokens
+    count for the entry (`tokens`) and the client's key (`key`), read from the end of the
+    body unless `tail_usage` is False (a translated stream counts them itself)."""
 
     __slots__ = (
         "_lease",
         "backend",
+        "cloud",
         "completed",
         "headers",
         "hooks",
+        "key",
         "response",
         "route",
+        "tail_usage",
         "tokens",
     )
 
@@ -125,6 +135,8 @@ class Exchange:
         headers: list[tuple[bytes, bytes]] | None = None,
         tokens: TokenCounter | None = None,
         hooks: ExchangeHooks | None = None,
+        cloud: bool = False,
+        tail_usage: bool = True,
     ) -> None:
         self.route = route
         self.backend = backend
@@ -133,13 +145,25 @@ class Exchange:
         self.headers = headers
         self.tokens = tokens
         self.hooks = hooks
+        self.cloud = cloud
+        self.tail_usage = tail_usage
+        self.key: KeyUse | None = None
         self.completed = False
 
     def body_done(self, tail: bytes) -> None:
         """The body was relayed to its end; `tail` is its last bytes (usage is read there)."""
         self.completed = True
+        if self.tail_usage and (self.tokens is not None or self.key is not None):
+            usage = usage_in_tail(tail)
+            if usage is not None:
+                self.count(*usage)
+
+    def count(self, prompt: int, completion: int) -> None:
+        """The answer's tokens, for its entry and its client's key."""
         if self.tokens is not None:
-            self.tokens.count_tail(tail)
+            self.tokens.add(prompt, completion)
+        if self.key is not None:
+            self.key.count(self.backend, self.cloud, prompt, completion)
 
     def finish(self) -> None:
         """Give back the connection (pooled if the body was read to its end) and the lease."""

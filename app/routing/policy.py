@@ -155,6 +155,8 @@ class FallbackReason(StrEnum):
     # Passed over without a verdict of the entry's own.
     NO_API_KEY = "no_api_key"  # its key variable was unset at start-up
     UNSUPPORTED_ENDPOINT = "unsupported_endpoint"  # e.g. Anthropic for /v1/embeddings
+    KEY_NO_CLOUD = "key_no_cloud"  # a provider, and the client's key has `cloud: false`
+    KEY_CLOUD_BUDGET = "key_cloud_budget"  # a provider; the key's daily_cloud_tokens are spent
     CIRCUIT_OPEN = "circuit_open"  # its circuit is open (it failed recently)
     TRIAL_IN_FLIGHT = "trial_in_flight"  # half-open: another request is its trial
     MAX_ATTEMPTS = "max_attempts"  # the chain's cap on upstream requests was reached
@@ -169,6 +171,8 @@ SKIP_REASONS: Final = (
     R.TRIAL_IN_FLIGHT,
     R.NO_API_KEY,
     R.UNSUPPORTED_ENDPOINT,
+    R.KEY_NO_CLOUD,
+    R.KEY_CLOUD_BUDGET,
     R.MAX_ATTEMPTS,
     R.DEADLINE,
 )

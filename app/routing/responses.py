@@ -33,6 +33,7 @@ class StoredAt:
     entry: str  # the backend or provider that answered
     route: Route  # the model the client named
     expires: float
+    key: str | None = None  # the client key that created it: only it may follow it up
 
 
 class ResponseIds:
@@ -51,10 +52,10 @@ class ResponseIds:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def remember(self, response_id: str, entry: str, route: Route) -> None:
+    def remember(self, response_id: str, entry: str, route: Route, key: str | None = None) -> None:
         now = self._clock()
         self._ids.pop(response_id, None)
-        self._ids[response_id] = StoredAt(entry, route, now + self._ttl_s)
+        self._ids[response_id] = StoredAt(entry, route, now + self._ttl_s, key)
         self._expire(now)
         while len(self._ids) > self._max_ids:
             self._ids.popitem(last=False)

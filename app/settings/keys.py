@@ -1,9 +1,31 @@
-"""`keys.yaml`: the client keys, what each may use and how much (see README "Sharing one GPU")."""
+"""`keys.yaml`: the client keys, what each may use and how much (README "Sharing one GPU").
+
+    keys:
+      agents:                       # the name: metrics, logs, /status; never the secret
+        key_env: AGENTS_KEY         # the secret, from this environment variable
+        models: [orchestrator]      # ids or aliases it may use (default: all)
+        cloud: false                # may its requests fall back to cloud providers
+        priority: high              # high | normal | low
+        rpm: 600                    # requests per minute
+        tpm: 200000                 # tokens per minute, counted from usage
+        max_concurrent: 8           # requests in flight
+        daily_cloud_tokens: 0       # tokens served by cloud providers per UTC day
+
+A key's secret is never in the file itself: `key_env` names the variable that holds it, or
+`key_sha256` holds the SHA-256 of it (hex), so the file can be shared or committed.
+`MICROSCHEDULER_API_KEYS` keeps working beside it: each of those is a key with no limits.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 from enum import StrEnum
-from typing import Final
+from typing import Annotated, Final
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from app.settings.base import StrictConfig
 
 
 class Priority(StrEnum):
@@ -26,3 +48,43 @@ class Priority(StrEnum):
 
 
 _RANK: Final = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
+# Names go into metric labels and logs: keep them short and plain.
+KeyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class KeyConfig(StrictConfig):
+    key_env: str | None = Field(default=None, min_length=1)
+    key_sha256: str | None = None
+    models: list[str] | None = Field(default=None, min_length=1)
+    cloud: bool = True
+    priority: Priority = Priority.NORMAL
+    rpm: PositiveInt | None = None
+    tpm: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
+    daily_cloud_tokens: NonNegativeInt | None = None
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> KeyConfig:
+        if (self.key_env is None) == (self.key_sha256 is None):
+            raise ValueError("needs exactly one of key_env (a variable name) or key_sha256")
+        if self.key_sha256 is not None and not _SHA256.fullmatch(self.key_sha256.lower()):
+            raise ValueError("key_sha256 must be 64 hex digits (sha256sum of the key)")
+        return self
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether a limit needs every answer's token count (streams included)."""
+        return self.tpm is not None or self.daily_cloud_tokens is not None
+
+
+class KeysConfig(StrictConfig):
+    keys: dict[KeyName, KeyConfig] = Field(min_length=1)
+
+    def unset_variables(self, environ: os._Environ[str] | dict[str, str]) -> list[str]:
+        """`keys.NAME.key_env: VAR is not set` for every key whose variable is missing."""
+        return [
+            f"keys.{name}.key_env: {cfg.key_env} is not set (or empty) in the environment"
+            for name, cfg in self.keys.items()
+            if cfg.key_env is not None and not environ.get(cfg.key_env, "").strip()
+        ]

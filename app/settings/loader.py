@@ -19,13 +19,18 @@ from app.settings.root import (
     _ENV_ONLY,
     CLOUD_FILE,
     ENV_PREFIX,
+    KEYS_FILE,
     MODELS_FILE,
     PROFILES_FILE,
     Settings,
 )
 
 # Settings fields filled from the optional files, never from models.yaml.
-_FROM_OTHER_FILES = {"cloud_providers": CLOUD_FILE, "gpu_profiles": PROFILES_FILE}
+_FROM_OTHER_FILES = {
+    "cloud_providers": CLOUD_FILE,
+    "gpu_profiles": PROFILES_FILE,
+    "client_keys": KEYS_FILE,
+}
 
 
 class ConfigError(Exception):

@@ -5,6 +5,7 @@ gateway-wide sections: the HTTP server's limits, timeouts, the Docker proxy, the
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from app.settings.backends import BackendConfig, TimeoutsConfig
 from app.settings.base import StrictConfig
 from app.settings.cloud import CloudConfig, cross_check
+from app.settings.keys import KeysConfig
 from app.settings.profiles import GpuProfilesConfig
 
 ENV_PREFIX = "MICROSCHEDULER_"
@@ -35,6 +37,9 @@ CLOUD_FILE = "cloud_providers.yaml"
 
 
 PROFILES_FILE = "gpu_profiles.yaml"
+
+
+KEYS_FILE = "keys.yaml"
 
 
 # Settings fields that only the environment may set.
@@ -178,6 +183,7 @@ class Settings(BaseSettings):
     # Read from their own files when present.
     cloud_providers: CloudConfig | None = None
     gpu_profiles: GpuProfilesConfig | None = None
+    client_keys: KeysConfig | None = None  # keys.yaml
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -229,11 +235,34 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _key_scopes(self) -> Settings:
+        """Every model a key names exists, and every key's secret is there."""
+        if self.client_keys is None:
+            return self
+        known = {n for cfg in self.backends.values() for n in (*cfg.models, *cfg.aliases)}
+        for name, key in self.client_keys.keys.items():
+            for model in key.models or ():
+                if model not in known:
+                    raise ValueError(
+                        f"{KEYS_FILE}: keys.{name}.models: no model or alias {model!r} in "
+                        f"{MODELS_FILE} (known: {', '.join(sorted(known))})"
+                    )
+        unset = self.client_keys.unset_variables(os.environ)
+        if unset:
+            raise ValueError(f"{KEYS_FILE}: {unset[0]}")
+        return self
+
+    @property
+    def has_client_keys(self) -> bool:
+        """Whether `/v1/*` asks for a key (`MICROSCHEDULER_API_KEYS` or keys.yaml)."""
+        return bool(self.api_keys) or self.client_keys is not None
+
+    @model_validator(mode="after")
     def _not_open_to_spend(self) -> Settings:
         """Listening beyond this host with no client key while a chain can reach a paid
         provider lets anyone who reaches the port spend the owner's credits: refused,
         unless `allow_unauthenticated` says that is intended."""
-        if self.api_keys or self.allow_unauthenticated or is_loopback(self.host):
+        if self.has_client_keys or self.allow_unauthenticated or is_loopback(self.host):
             return self
         paid = sorted(
             {

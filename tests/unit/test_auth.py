@@ -3,21 +3,29 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
+from prometheus_client import CollectorRegistry
+
 from app.auth import Authenticator
 from app.errors import AuthenticationFailed, PermissionDenied
+from app.keys.metrics import KeyMetrics
+from app.keys.ring import KeyRing
 
 
-def keys(*values: str) -> tuple[SecretStr, ...]:
-    return tuple(SecretStr(v) for v in values)
+def keys(*values: str) -> KeyRing:
+    return KeyRing.build(values, None, KeyMetrics(CollectorRegistry()), ["backend"])
 
 
-def test_without_keys_clients_need_nothing() -> None:
-    Authenticator((), None).check_client(None)
+def test_without_keys_clients_are_anonymous() -> None:
+    assert Authenticator(keys(), None).check_client(None).name == "anonymous"
 
 
-@pytest.mark.parametrize("header", ["Bearer k1", "Bearer k2", "bearer k2", "Bearer  k1 "])
-def test_any_configured_key_is_accepted(header: str) -> None:
-    Authenticator(keys("k1", "k2"), None).check_client(header)
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [("Bearer k1", "api-key-1"), ("Bearer k2", "api-key-2"), ("bearer k2", "api-key-2"),
+     ("Bearer  k1 ", "api-key-1")],
+)  # fmt: skip
+def test_any_configured_key_is_accepted(header: str, name: str) -> None:
+    assert Authenticator(keys("k1", "k2"), None).check_client(header).name == name
 
 
 @pytest.mark.parametrize(
@@ -41,13 +49,13 @@ def test_missing_or_wrong_keys_are_401(header: str | None, message: str) -> None
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.5.0.1", "::1", "localhost"])
 def test_without_admin_key_loopback_is_admin(host: str) -> None:
-    Authenticator((), None).check_admin(None, host)
+    Authenticator(keys(), None).check_admin(None, host)
 
 
 @pytest.mark.parametrize("host", ["10.0.0.2", "172.18.0.1", "::ffff:8.8.8.8", None, "testclient"])
 def test_without_admin_key_other_clients_are_403(host: str | None) -> None:
     with pytest.raises(PermissionDenied):
-        Authenticator((), None).check_admin(None, host)
+        Authenticator(keys(), None).check_admin(None, host)
 
 
 def test_with_admin_key_only_the_key_counts() -> None:

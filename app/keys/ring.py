@@ -1,0 +1,314 @@
+"""Who is calling: the client keys (keys.yaml and `MICROSCHEDULER_API_KEYS`) and, per key,
+its scope, priority and limits, checked on every request.
+
+- `KeyRing.identify(token)` finds a key by the SHA-256 of the token: one hash and one
+  dictionary lookup, whatever the number of keys. (Timing can at most tell something about
+  the hash of what the client sent, which says nothing about any key.) The secrets
+  themselves are read once, hashed, and not kept.
+- `ClientKey.admit()` checks the limits and returns a `KeyUse`, which the request holds to
+  its end: it counts the request in flight (`max_concurrent`), its tokens (`tpm`, the daily
+  cloud budget, the per-key metrics) and its outcome.
+- With no key configured the gateway is open and every client is `anonymous` (no limits).
+
+Limits live in this process's memory: two gateway replicas each allow a key its `rpm`,
+and a restart starts the windows again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from prometheus_client import Counter
+
+from app.errors import ModelNotAllowed, RateLimited
+from app.keys.limits import (
+    DailyTokens,
+    Refusal,
+    RequestWindow,
+    TokenWindow,
+    duration_text,
+)
+from app.keys.metrics import LIMITS, OUTCOMES, KeyMetrics
+from app.routing.fallback_metrics import TokenCounter
+from app.settings.keys import KeyConfig, KeysConfig, Priority
+
+ANONYMOUS: Final = "anonymous"
+_NO_LIMITS: Final = KeyConfig(key_sha256="0" * 64)
+Clock = Callable[[], float]
+
+
+def env_key_name(index: int) -> str:
+    """The name of the `index`-th key of `MICROSCHEDULER_API_KEYS` (from 1)."""
+    return f"api-key-{index}"
+
+
+def secret_digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.strip().encode()).digest()
+
+
+class ClientKey:
+    """One key: what it may use and what it has used (in this process)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: KeyConfig,
+        metrics: KeyMetrics,
+        *,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.priority: Priority = config.priority
+        self.models = None if config.models is None else frozenset(config.models)
+        # Streams must carry their usage to the gateway when a limit counts tokens.
+        self.counts_tokens = config.counts_tokens
+        self.in_flight = 0
+        self._rpm = None if config.rpm is None else RequestWindow(config.rpm)
+        self._tpm = None if config.tpm is None else TokenWindow(config.tpm)
+        self._daily = (
+            None if config.daily_cloud_tokens is None else DailyTokens(config.daily_cloud_tokens)
+        )
+        self._clock, self._wall = clock, wall
+        self._metrics = metrics
+        self._outcomes = {o: _Count(metrics.requests.labels(name, o)) for o in OUTCOMES}
+        self._limited = {limit: _Count(metrics.limited.labels(name, limit)) for limit in LIMITS}
+        self._tokens: dict[str, TokenCounter] = {}
+        self.rate_limited = self._rpm is not None or self._tpm is not None
+
+    # -- scope ------------------------------------------------------------------------
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def check_model(self, model: str) -> None:
+        """Raise 403 `model_not_allowed` (counted) for a model outside the key's scope."""
+        if self.models is not None and model not in self.models:
+            self._outcomes["forbidden"].inc()
+            raise ModelNotAllowed(model, self.name)
+
+    # -- limits -----------------------------------------------------------------------
+
+    def admit(self) -> KeyUse:
+        """Take one request within the key's limits (429 `rate_limit_exceeded` otherwise)."""
+        now = self._clock()
+        refusal = self._refusal(now)
+        if refusal is not None:
+            self._limited[refusal.limit].inc()
+            self._outcomes["rate_limited"].inc()
+            headers = {"retry-after": str(max(1, _ceil(refusal.retry_after_s)))}
+            headers.update(self.rate_headers(now))
+            raise RateLimited(refusal.message, headers=headers)
+        if self._rpm is not None:
+            self._rpm.add(now)
+        self.in_flight += 1
+        cloud = self.config.cloud
+        if cloud and self._daily is not None and self._daily.exhausted(self._wall()):
+            cloud = False
+            self._limited["daily_cloud_tokens"].inc()
+        return KeyUse(self, cloud=cloud, budget_spent=cloud != self.config.cloud)
+
+    def _refusal(self, now: float) -> Refusal | None:
+        cfg = self.config
+        if cfg.max_concurrent is not None and self.in_flight >= cfg.max_concurrent:
+            return Refusal(
+                "max_concurrent",
+                1.0,
+                f"Too many requests in flight for key '{self.name}': limit "
+                f"{cfg.max_concurrent} (max_concurrent). Retry when one has finished.",
+            )
+        if self._rpm is not None:
+            wait = self._rpm.reset_in(now)
+            if wait > 0:
+                return Refusal(
+                    "rpm",
+                    wait,
+                    f"Rate limit reached for key '{self.name}' on requests per min (RPM): "
+                    f"Limit {self._rpm.limit}, Used {self._rpm.used(now)}, Requested 1. "
+                    f"Please try again in {duration_text(wait)}.",
+                )
+        if self._tpm is not None:
+            wait = self._tpm.reset_in(now)
+            if wait > 0:
+                return Refusal(
+                    "tpm",
+                    wait,
+                    f"Rate limit reached for key '{self.name}' on tokens per min (TPM): "
+                    f"Limit {self._tpm.limit}, Used {self._tpm.used(now)}. "
+                    f"Please try again in {duration_text(wait)}.",
+                )
+        return None
+
+    def rate_headers(self, now: float | None = None) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*` headers for the key's rpm and tpm (none without them)."""
+        if not self.rate_limited:
+            return {}
+        now = self._clock() if now is None else now
+        headers = {}
+        if self._rpm is not None:
+            used = self._rpm.used(now)
+            headers["x-ratelimit-limit-requests"] = str(self._rpm.limit)
+            headers["x-ratelimit-remaining-requests"] = str(max(0, self._rpm.limit - used))
+            headers["x-ratelimit-reset-requests"] = duration_text(self._rpm_reset(now))
+        if self._tpm is not None:
+            used = self._tpm.used(now)
+            headers["x-ratelimit-limit-tokens"] = str(self._tpm.limit)
+            headers["x-ratelimit-remaining-tokens"] = str(max(0, self._tpm.limit - used))
+            headers["x-ratelimit-reset-tokens"] = duration_text(self._tpm.reset_in(now))
+        return headers
+
+    def _rpm_reset(self, now: float) -> float:
+        """Seconds until the request window is whole again (OpenAI's "reset" is when the
+        limit is back to full), or until one fits when it is full."""
+        assert self._rpm is not None
+        wait = self._rpm.reset_in(now)
+        return wait if wait > 0 else self._rpm.oldest_leaves_in(now)
+
+    # -- use --------------------------------------------------------------------------
+
+    def _finished(self, outcome: str) -> None:
+        self.in_flight -= 1
+        self._outcomes[outcome].inc()
+
+    def _count(self, entry: str, cloud: bool, prompt: int, completion: int) -> None:
+        counter = self._tokens.get(entry)
+        if counter is None:
+            counter = TokenCounter(
+                self._metrics.tokens.labels(self.name, entry, "prompt"),
+                self._metrics.tokens.labels(self.name, entry, "completion"),
+            )
+            self._tokens[entry] = counter
+        counter.add(prompt, completion)
+        total = max(0, prompt) + max(0, completion)
+        if self._tpm is not None:
+            self._tpm.add(self._clock(), total)
+        if cloud and self._daily is not None:
+            self._daily.add(self._wall(), total)
+
+    def view(self) -> dict[str, Any]:
+        """What `/status` and the page show: settings and use, never the secret."""
+        now, cfg = self._clock(), self.config
+        return {
+            "name": self.name,
+            "models": None if self.models is None else sorted(self.models),
+            "cloud": cfg.cloud,
+            "priority": str(self.priority),
+            "in_flight": self.in_flight,
+            "max_concurrent": cfg.max_concurrent,
+            "rpm": cfg.rpm,
+            "requests_last_minute": None if self._rpm is None else self._rpm.used(now),
+            "tpm": cfg.tpm,
+            "tokens_last_minute": None if self._tpm is None else self._tpm.used(now),
+            "daily_cloud_tokens": cfg.daily_cloud_tokens,
+            "cloud_tokens_today": None if self._daily is None else self._daily.spent(self._wall()),
+            "requests": {o: c.value for o, c in self._outcomes.items()},
+            "limited": {k: c.value for k, c in self._limited.items()},
+        }
+
+
+class _Count:
+    """A counter child and its value, for /status (the client library keeps its own
+    value private)."""
+
+    __slots__ = ("_child", "value")
+
+    def __init__(self, child: Counter) -> None:
+        self._child = child
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+        self._child.inc()
+
+
+class KeyUse:
+    """One request's hold on its key, from admission to its last byte."""
+
+    __slots__ = ("_done", "budget_spent", "cloud", "key")
+
+    def __init__(self, key: ClientKey, *, cloud: bool, budget_spent: bool = False) -> None:
+        self.key = key
+        self.cloud = cloud  # may this request reach a cloud provider
+        self.budget_spent = budget_spent  # kept off the cloud by daily_cloud_tokens
+        self._done = False
+
+    def count(self, entry: str, cloud: bool, prompt: int, completion: int) -> None:
+        """Tokens of the answer from `entry` (a provider when `cloud`)."""
+        self.key._count(entry, cloud, prompt, completion)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The key's `x-ratelimit-*` headers for a response (none without rpm/tpm)."""
+        if not self.key.rate_limited:
+            return []
+        return [(k.encode(), v.encode()) for k, v in self.key.rate_headers().items()]
+
+    def finish(self, outcome: str) -> None:
+        """The request ended (`served` or `error`); a second call does nothing."""
+        if not self._done:
+            self._done = True
+            self.key._finished(outcome)
+
+
+class KeyRing:
+    def __init__(self, keys: Mapping[bytes, ClientKey], anonymous: ClientKey | None) -> None:
+        self._by_digest = dict(keys)
+        self.anonymous = anonymous  # None when keys are configured
+        self.keys: tuple[ClientKey, ...] = tuple(keys.values()) or (
+            (anonymous,) if anonymous is not None else ()
+        )
+
+    @classmethod
+    def build(
+        cls,
+        api_keys: Iterable[str],
+        keys_file: KeysConfig | None,
+        metrics: KeyMetrics,
+        entries: Iterable[str],
+        *,
+        environ: Mapping[str, str] = os.environ,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> KeyRing:
+        """The keys of `MICROSCHEDULER_API_KEYS` (no limits) and keys.yaml, their metrics
+        declared for every entry (backend or provider) that may answer."""
+        entries = tuple(entries)
+        found: dict[bytes, ClientKey] = {}
+
+        def add(name: str, digest: bytes, config: KeyConfig) -> None:
+            if digest in found:  # also checked with the configuration (Settings)
+                raise ValueError(f"keys {found[digest].name!r} and {name!r} share a secret")
+            found[digest] = ClientKey(name, config, metrics, clock=clock, wall=wall)
+            metrics.declare(name, entries)
+
+        for index, secret in enumerate(api_keys, start=1):
+            add(env_key_name(index), secret_digest(secret), _NO_LIMITS)
+        for name, config in (keys_file.keys if keys_file is not None else {}).items():
+            add(name, config_digest(config, environ), config)
+        if found:
+            return cls(found, None)
+        metrics.declare(ANONYMOUS, entries)
+        return cls({}, ClientKey(ANONYMOUS, _NO_LIMITS, metrics, clock=clock, wall=wall))
+
+    def identify(self, token: bytes) -> ClientKey | None:
+        return self._by_digest.get(hashlib.sha256(token).digest())
+
+
+def config_digest(config: KeyConfig, environ: Mapping[str, str]) -> bytes:
+    """The SHA-256 of a keys.yaml key's secret (read from its variable, or as written)."""
+    if config.key_sha256 is not None:
+        return bytes.fromhex(config.key_sha256)
+    assert config.key_env is not None
+    secret = environ.get(config.key_env, "")
+    if not secret.strip():  # also checked with the configuration (Settings)
+        raise ValueError(f"{config.key_env} is not set")
+    return secret_digest(secret)
+
+
+def _ceil(seconds: float) -> int:
+    whole = int(seconds)
+    return whole if whole == seconds else whole + 1
