@@ -347,5 +347,7 @@ def status_view(services: Services) -> Json:
         },
         "profile": {"active": services.profiles.active},
         "fallback": fallback_view(services.cloud.status()),
+        # Client keys: scope, limits and use in this process (names only, never secrets).
+        "keys": [key.view() for key in services.keys.keys],
         "events": services.events.recent(),
     }

@@ -4,6 +4,7 @@ gateway-wide sections: the HTTP server's limits, timeouts, the Docker proxy, the
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 from pathlib import Path
@@ -250,6 +251,18 @@ class Settings(BaseSettings):
         unset = self.client_keys.unset_variables(os.environ)
         if unset:
             raise ValueError(f"{KEYS_FILE}: {unset[0]}")
+        owners: dict[str, str] = {
+            _sha256(key.get_secret_value()): f"MICROSCHEDULER_API_KEYS #{i}"
+            for i, key in enumerate(self.api_keys, start=1)
+        }
+        for name, key in self.client_keys.keys.items():
+            digest = (key.key_sha256 or "").lower() or _sha256(os.environ[key.key_env or ""])
+            if digest in owners:
+                # Which key a request used must be unambiguous (limits, scope, metrics).
+                raise ValueError(
+                    f"{KEYS_FILE}: keys {owners[digest]} and {name} have the same secret"
+                )
+            owners[digest] = name
         return self
 
     @property
@@ -298,6 +311,10 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML arrives as init kwargs; the environment must win over it.
         return (env_settings, init_settings)
+
+
+def _sha256(secret: str) -> str:
+    return hashlib.sha256(secret.strip().encode()).hexdigest()
 
 
 def is_loopback(host: str | None) -> bool:

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import SecretStr
-
 from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from app.auth import Authenticator
 from app.errors import AuthenticationFailed, PermissionDenied
