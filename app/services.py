@@ -76,18 +76,19 @@ class Services:
         self.metrics = metrics
         self.started_at = time.time()
         self.registry = Registry.from_backends(settings.backends)
+        # The control plane's HTTP client (health, sleep mode, scrapes); client requests
+        # go through each backend's own `HttpUpstream`.
+        self.control_client = httpx.AsyncClient(transport=seams.control_transport)
+        self.events = EventLog()
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         self.keys = KeyRing.build(
             (key.get_secret_value() for key in settings.api_keys),
             settings.client_keys,
             KeyMetrics(metrics.registry),
             [*settings.backends, *providers],
+            on_change=self.events.changed,
         )
         self.auth = Authenticator(self.keys, settings.admin_key)
-        # The control plane's HTTP client (health, sleep mode, scrapes); client requests
-        # go through each backend's own `HttpUpstream`.
-        self.control_client = httpx.AsyncClient(transport=seams.control_transport)
-        self.events = EventLog()
         self.docker: DockerApi | None = None
         if any(isinstance(c.runtime, DockerRuntimeConfig) for c in settings.backends.values()):
             self.docker = DockerApi(settings.docker, transport=seams.docker_transport)

@@ -1,7 +1,7 @@
 """`GET /status/stream` (admin): the live `/status` as server-sent events.
 
 First a `snapshot` event (the whole `/status` document), then on every change an event
-named for what changed: `backends`, `gpu`, `holds`, `profile`, `fallback` (the section,
+named for what changed: `backends`, `gpu`, `holds`, `profile`, `fallback`, `keys` (the section,
 whole), and `event` (one new entry of the event log, with its `seq`). A comment
 `: keep-alive` comes every 15 s of quiet. State sections are pushed at most every
 `MIN_INTERVAL_S`: a burst of changes (requests starting and ending) becomes one push.
@@ -35,7 +35,7 @@ router = APIRouter(tags=["ops"])
 
 KEEPALIVE_S: Final = 15.0
 MIN_INTERVAL_S: Final = 0.1
-SECTIONS: Final = ("backends", "gpu", "holds", "profile", "fallback")
+SECTIONS: Final = ("backends", "gpu", "holds", "profile", "fallback", "keys")
 
 
 @router.get("/status/stream", dependencies=[AdminDep])

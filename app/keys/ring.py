@@ -61,6 +61,7 @@ class ClientKey:
         *,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -75,6 +76,7 @@ class ClientKey:
             None if config.daily_cloud_tokens is None else DailyTokens(config.daily_cloud_tokens)
         )
         self._clock, self._wall = clock, wall
+        self._on_change = on_change  # what /status shows of it changed (live page)
         self._metrics = metrics
         self._outcomes = {o: _Count(metrics.requests.labels(name, o)) for o in OUTCOMES}
         self._limited = {limit: _Count(metrics.limited.labels(name, limit)) for limit in LIMITS}
@@ -90,6 +92,7 @@ class ClientKey:
         """Raise 403 `model_not_allowed` (counted) for a model outside the key's scope."""
         if self.models is not None and model not in self.models:
             self._outcomes["forbidden"].inc()
+            self._changed()
             raise ModelNotAllowed(model, self.name)
 
     # -- limits -----------------------------------------------------------------------
@@ -101,6 +104,7 @@ class ClientKey:
         if refusal is not None:
             self._limited[refusal.limit].inc()
             self._outcomes["rate_limited"].inc()
+            self._changed()
             headers = {"retry-after": str(max(1, _ceil(refusal.retry_after_s)))}
             headers.update(self.rate_headers(now))
             raise RateLimited(refusal.message, headers=headers)
@@ -174,6 +178,11 @@ class ClientKey:
     def _finished(self, outcome: str) -> None:
         self.in_flight -= 1
         self._outcomes[outcome].inc()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
 
     def _count(self, entry: str, cloud: bool, prompt: int, completion: int) -> None:
         counter = self._tokens.get(entry)
@@ -273,6 +282,7 @@ class KeyRing:
         environ: Mapping[str, str] = os.environ,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
+        on_change: Callable[[], None] | None = None,
     ) -> KeyRing:
         """The keys of `MICROSCHEDULER_API_KEYS` (no limits) and keys.yaml, their metrics
         declared for every entry (backend or provider) that may answer."""
@@ -282,7 +292,9 @@ class KeyRing:
         def add(name: str, digest: bytes, config: KeyConfig) -> None:
             if digest in found:  # also checked with the configuration (Settings)
                 raise ValueError(f"keys {found[digest].name!r} and {name!r} share a secret")
-            found[digest] = ClientKey(name, config, metrics, clock=clock, wall=wall)
+            found[digest] = ClientKey(
+                name, config, metrics, clock=clock, wall=wall, on_change=on_change
+            )
             metrics.declare(name, entries)
 
         for index, secret in enumerate(api_keys, start=1):
@@ -292,7 +304,10 @@ class KeyRing:
         if found:
             return cls(found, None)
         metrics.declare(ANONYMOUS, entries)
-        return cls({}, ClientKey(ANONYMOUS, _NO_LIMITS, metrics, clock=clock, wall=wall))
+        anonymous = ClientKey(
+            ANONYMOUS, _NO_LIMITS, metrics, clock=clock, wall=wall, on_change=on_change
+        )
+        return cls({}, anonymous)
 
     def identify(self, token: bytes) -> ClientKey | None:
         return self._by_digest.get(hashlib.sha256(token).digest())

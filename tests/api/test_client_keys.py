@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anthropic
 import openai
 import pytest
+from anthropic.types import MessageParam
 from openai.types.chat import ChatCompletionMessageParam
 
 from app.lifecycle.blocks import BlockKind
@@ -356,3 +358,34 @@ async def test_the_limits_hold_under_concurrent_requests() -> None:
         refused = [r for r in results if isinstance(r, openai.RateLimitError)]
         assert len(refused) == 7
         assert len(results) - len(refused) == 5
+
+
+async def test_the_messages_api_uses_the_same_keys() -> None:
+    keys = {"agents": {"key_env": "AGENTS_KEY", "models": ["orchestrator"], "rpm": 1}}
+    async with two_models(keys) as (gw, _), sdk_http(gw) as http:
+
+        def claude(secret: str) -> anthropic.AsyncAnthropic:
+            return anthropic.AsyncAnthropic(
+                base_url="http://gateway", api_key=secret, http_client=http, max_retries=0
+            )
+
+        hello: list[MessageParam] = [{"role": "user", "content": "hi"}]
+        with pytest.raises(anthropic.AuthenticationError):
+            await claude("sk-wrong").messages.create(
+                model="orchestrator", max_tokens=8, messages=hello
+            )
+        with pytest.raises(anthropic.PermissionDeniedError) as denied:
+            await claude(AGENTS).messages.create(model="reasoning", max_tokens=8, messages=hello)
+        assert "'reasoning'" in denied.value.message
+        answer = await claude(AGENTS).messages.create(
+            model="orchestrator", max_tokens=8, messages=hello
+        )
+        assert answer.content
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            await claude(AGENTS).messages.create(model="orchestrator", max_tokens=8, messages=hello)
+        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert 1 <= int(limited.value.response.headers["retry-after"]) <= 60
+        assert limited.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+        tokens = metric(gw, "microscheduler_key_tokens_total", key="agents", route="orchestrator",
+                        type="completion")  # fmt: skip
+        assert tokens > 0  # a translated answer counts its usage for the key too

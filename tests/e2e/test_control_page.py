@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.fakes.processes import ROOT, GatewayProcess, gateway_process, sim_gpu_models
 
@@ -159,4 +160,51 @@ def test_with_an_admin_key_the_page_asks_once_and_keeps_it_for_the_tab(
         expect(page.locator('[data-testid="connection"]')).to_have_text("live")
         stored = page.evaluate("sessionStorage.getItem('microscheduler.adminKey')")
         assert stored == "page-admin-key"
+        browser.close()
+
+
+def test_the_page_shows_each_client_key_and_what_its_limits_refused(tmp_path: Path) -> None:
+    sync_api, chromium = _require_browser()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "models.yaml").write_text(
+        yaml.safe_dump(sim_gpu_models(tmp_path / "ledger"), sort_keys=False)
+    )
+    keys = {
+        "agents": {"key_env": "AGENTS_KEY", "models": ["pinned-model"], "priority": "high",
+                   "rpm": 2, "cloud": False},
+        "family": {"key_env": "FAMILY_KEY", "max_concurrent": 4},
+    }  # fmt: skip
+    (config / "keys.yaml").write_text(yaml.safe_dump({"keys": keys}))
+    env = {"AGENTS_KEY": "sk-agents-page", "FAMILY_KEY": "sk-family-page"}
+    with (
+        gateway_process(config_dir=config, env=env, wait_ready=True) as gw,
+        sync_api.sync_playwright() as playwright,
+    ):
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        expect = sync_api.expect
+        page.goto(gw.url + "/ui")
+        agents = page.locator('[data-testid="keys"] tr[data-key="agents"]')
+        expect(agents).to_contain_text("pinned-model")
+        body = {"model": "pinned-model", "messages": [{"role": "user", "content": "hi"}]}
+        auth = {"authorization": "Bearer sk-agents-page"}
+        statuses = [
+            httpx.post(
+                gw.url + "/v1/chat/completions", json=body, headers=auth, timeout=10
+            ).status_code
+            for _ in range(3)
+        ]
+        assert statuses == [200, 200, 429]
+        lazy = {**body, "model": "lazy-model"}
+        refused = httpx.post(gw.url + "/v1/chat/completions", json=lazy, headers=auth, timeout=10)
+        assert refused.status_code == 403
+        # The page follows: requests in the window, and the refusals by limit.
+        expect(agents).to_contain_text("2 / 2")
+        expect(agents.locator("td").last).to_have_text("rpm 1, model not allowed 1")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "control-page-keys.png"), full_page=True)
+        text = page.content()
+        assert "sk-agents-page" not in text
+        assert "sk-family-page" not in text
         browser.close()

@@ -56,6 +56,9 @@ FAMILIES = (
     "microscheduler_vram_yield_freed_bytes",
     "microscheduler_profile_active",
     "microscheduler_backend_enabled",
+    "microscheduler_key_requests",
+    "microscheduler_key_tokens",
+    "microscheduler_key_limited",
 )
 
 

@@ -194,6 +194,7 @@ function render() {
   renderBackends();
   renderProfile();
   renderFallback();
+  renderKeys();
   renderEvents();
 }
 
@@ -342,6 +343,34 @@ function renderFallback() {
     box.append(el("div", { class: "row" }, el("b", { text: `${key}:` }), ...arrowed,
       el("span", { class: "muted", text: `models: ${chain.models.join(", ")}` })));
   }
+}
+
+function used(now, limit) {
+  // "12 / 600", or just the count when the key has no such limit.
+  if (now === null || now === undefined) return limit ? `- / ${limit}` : "-";
+  return limit === null || limit === undefined ? String(now) : `${now} / ${limit}`;
+}
+
+function renderKeys() {
+  const body = $("#keys");
+  const keys = state.status.keys || [];
+  body.replaceChildren(...keys.map((k) => {
+    const refused = Object.entries(k.limited).filter(([, n]) => n > 0);
+    const limits = refused.map(([limit, n]) => `${limit} ${n}`).join(", ");
+    const forbidden = k.requests.forbidden ? `, model not allowed ${k.requests.forbidden}` : "";
+    return el("tr", { "data-key": k.name },
+      el("td", {}, el("b", { text: k.name })),
+      el("td", { text: k.priority }),
+      el("td", { text: k.models ? k.models.join(", ") : "all" }),
+      el("td", { text: k.cloud ? "yes" : "no" }),
+      el("td", { class: "num", text: used(k.in_flight, k.max_concurrent) }),
+      el("td", { class: "num", text: used(k.requests_last_minute, k.rpm) }),
+      el("td", { class: "num", text: used(k.tokens_last_minute, k.tpm) }),
+      el("td", { class: "num", text: used(k.cloud_tokens_today, k.daily_cloud_tokens) }),
+      el("td", { class: "num", text: String(k.requests.served) }),
+      el("td", { class: refused.length || forbidden ? "num limited" : "num",
+                 text: (limits || "0") + forbidden }));
+  }));
 }
 
 function summary(event) {
