@@ -56,10 +56,13 @@ class Reply:
     total_s: float  # request sent -> whole body in
 
 
-def raw_request(body: dict[str, Any], port: int, path: str = CHAT_PATH) -> bytes:
+def raw_request(
+    body: dict[str, Any], port: int, path: str = CHAT_PATH, *, key: str | None = None
+) -> bytes:
     data = json.dumps(body, separators=(",", ":")).encode()
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n{auth}"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     ).encode() + data
 
@@ -209,9 +212,26 @@ def start_fake(tmp: Path, procs: list[Proc]) -> Proc:
     return proc
 
 
-def start_gateway(tmp: Path, fake: Proc, procs: list[Proc], *, access_log: bool) -> Proc:
-    config = tmp / "config"
+# keys.yaml for the keys phase: three keys, every limit on (set high enough that nothing
+# is refused, so each request runs every check); the load uses the first.
+BENCH_KEYS = {
+    "bench": {"key_env": "BENCH_KEY_1", "models": [MODEL], "priority": "high", "rpm": 10**9,
+              "tpm": 10**12, "max_concurrent": 10_000, "daily_cloud_tokens": 10**12},
+    "family": {"key_env": "BENCH_KEY_2", "rpm": 600, "tpm": 200_000, "max_concurrent": 8},
+    "batch": {"key_env": "BENCH_KEY_3", "priority": "low", "cloud": False, "tpm": 100_000},
+}  # fmt: skip
+BENCH_SECRETS = {"BENCH_KEY_1": "sk-bench-1", "BENCH_KEY_2": "sk-bench-2",
+                 "BENCH_KEY_3": "sk-bench-3"}  # fmt: skip
+BENCH_KEY = BENCH_SECRETS["BENCH_KEY_1"]
+
+
+def start_gateway(
+    tmp: Path, fake: Proc, procs: list[Proc], *, access_log: bool, keys: bool = False
+) -> Proc:
+    config = tmp / ("config-keys" if keys else "config")
     config.mkdir(exist_ok=True)
+    if keys:
+        (config / "keys.yaml").write_text(json.dumps({"keys": BENCH_KEYS}))  # JSON is YAML
     (config / "models.yaml").write_text(
         f"backends:\n  bench:\n    url: http://{HOST}:{fake.port}\n"
         f"    models: [{MODEL}]\n    runtime: {{kind: external}}\n"
@@ -221,8 +241,11 @@ def start_gateway(tmp: Path, fake: Proc, procs: list[Proc], *, access_log: bool)
     note = "" if access_log else "MICROSCHEDULER_ACCESS_LOG=false"
     if note:
         env["MICROSCHEDULER_ACCESS_LOG"] = "false"
+    if keys:
+        env.update(BENCH_SECRETS)
     args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
     name = "gateway" if access_log else "gateway (access log off)"
+    name += " with keys.yaml" if keys else ""
     proc = Proc(name, args, env, note, tmp / f"gateway-{len(procs)}.log")
     procs.append(proc)
     proc.wait_ready(["/health", "/ready"])
@@ -332,10 +355,10 @@ def wrk_load(port: int, secs: float, conns: int, threads: int, script: Path) -> 
     return {"rps": rps[0], "requests": int(total[0]), "errors": int(sum(errors))}
 
 
-def python_load(port: int, secs: float, conns: int) -> dict[str, Any]:
+def python_load(port: int, secs: float, conns: int, key: str | None = None) -> dict[str, Any]:
     """The fallback without wrk: `conns` threads, each a keep-alive loop for `secs` seconds."""
     counts = [[0, 0] for _ in range(conns)]  # per thread: ok, errors
-    request, deadline = raw_request(BODY, port), time.perf_counter() + secs
+    request, deadline = raw_request(BODY, port, key=key), time.perf_counter() + secs
 
     def worker(slot: list[int]) -> None:
         try:
@@ -380,6 +403,45 @@ def phase_throughput(fake: Proc, gw: Proc, load: Load, runs: int) -> dict[str, A
         "ratio": round(best_g / best_d, 3),
         "errors": sum(r[k]["errors"] for r in rounds for k in ("direct", "gateway")),
     }
+
+
+def phase_keys(
+    plain: Proc, keyed: Proc, loads: tuple[Load, Load], n: int, warmup: int, runs: int
+) -> dict[str, Any]:
+    """The cost of client keys: the same gateway without and with keys.yaml (3 keys, every
+    limit on), sequential (plain and streamed) and throughput, alternated in one run."""
+    res: dict[str, Any] = {"requests": n, "warmup": warmup}
+    for name, body, stream in (
+        ("p50", BODY, False),
+        ("stream_end_p50", {**BODY, "stream": True}, True),
+    ):
+        requests = [raw_request(body, plain.port), raw_request(body, keyed.port, key=BENCH_KEY)]
+        p, k = alternate([plain.port, keyed.port], body, n, warmup, requests=requests)
+        pv, kv = pct([r.total_s for r in p], 50), pct([r.total_s for r in k], 50)
+        res |= {
+            f"plain_{name}_ms": ms(pv),
+            f"keyed_{name}_ms": ms(kv),
+            f"added_{name}_ms": ms(kv - pv),
+        }
+        res["errors"] = res.get("errors", 0) + sum(not valid(r, stream=stream) for r in p + k)
+    rounds = []
+    for _ in range(runs):
+        rounds.append(
+            {
+                label: load(target.port)
+                for label, target, load in (("plain", plain, loads[0]), ("keyed", keyed, loads[1]))
+            }
+        )
+    best_p = max(r["plain"]["rps"] for r in rounds)
+    best_k = max(r["keyed"]["rps"] for r in rounds)
+    res |= {
+        "runs": rounds,
+        "plain_rps": round(best_p, 1),
+        "keyed_rps": round(best_k, 1),
+        "ratio": round(best_k / best_p, 3),
+    }
+    res["errors"] += sum(r[side]["errors"] for r in rounds for side in ("plain", "keyed"))
+    return res  # fmt: skip
 
 
 # --- report -------------------------------------------------------------------------------
@@ -468,6 +530,14 @@ def render(res: dict[str, Any]) -> str:
     for name, numbers in api["apis"].items():
         label = f"Per API sequential p50 (ms, n={api['requests']}): {name}"
         table.append(lat_row(label, numbers, "p50"))
+    if keys := res.get("keys"):
+        for label, key in (("sequential p50", "p50"), ("stream end p50", "stream_end_p50")):
+            n_keys = keys["requests"]
+            table.append([f"keys.yaml (3 keys, limits on) vs none: {label} (ms, n={n_keys})",
+                          f"{keys[f'plain_{key}_ms']:.3f}", f"{keys[f'keyed_{key}_ms']:.3f}",
+                          f"+{keys[f'added_{key}_ms']:.3f} ms"])  # fmt: skip
+        table.append(rate_row(f"keys.yaml vs none: throughput, best of {len(keys['runs'])} (req/s)",
+                              keys["plain_rps"], keys["keyed_rps"]))  # fmt: skip
     if off := res.get("access_log_off"):
         so, to = off["sequential"], off["throughput"]
         table.append(lat_row("Access log off: sequential p50 (ms)", so, "p50"))
@@ -505,7 +575,10 @@ def render(res: dict[str, Any]) -> str:
         f"chunk (the role event). Throughput: {runs} alternating rounds (direct, gateway), "
         "each shown; the best of each is compared. Per API: the same sequential method for "
         "each API; for /v1/messages, direct is the chat request the gateway sends upstream "
-        "(so added includes both translations).",
+        "(so added includes both translations). keys.yaml rows: Direct is the gateway "
+        "without keys, Gateway the same gateway with keys.yaml (three keys, rpm/tpm/"
+        "max_concurrent/daily cloud tokens on, set high so nothing is refused; its streams "
+        "get include_usage added and stripped), alternated the same way.",
         "",
         "Commands:",
         *(f"    {c}" for c in res["commands"]),
@@ -540,17 +613,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
-    script = tmp / "post.lua"
+    script, keyed_script = tmp / "post.lua", tmp / "post-keyed.lua"
     script.write_text(
         f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(BODY, separators=(",", ":")))}\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
     )
+    keyed_script.write_text(
+        script.read_text() + f'wrk.headers["Authorization"] = "Bearer {BENCH_KEY}"\n'
+    )
     use_wrk = not a.no_wrk and shutil.which("wrk") is not None
     c, d, th = a.connections, a.duration, a.wrk_threads
     load: Load = functools.partial(python_load, secs=d, conns=c)
+    keyed_load: Load = functools.partial(python_load, secs=d, conns=c, key=BENCH_KEY)
     tool = f"Python loop, {c} threads x {d:g} s (client-bound, not comparable to wrk)"
     if use_wrk:
         load = functools.partial(wrk_load, secs=d, conns=c, threads=th, script=script)
+        keyed_load = functools.partial(wrk_load, secs=d, conns=c, threads=th, script=keyed_script)
         tool = f"wrk -t{th} -c{c} -d{d:g}s"
     fake = start_fake(tmp, procs)
     gw = start_gateway(tmp, fake, procs, access_log=True)
@@ -568,8 +646,13 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     per_api = max(a.requests // 4, 10)
     log(f"per API: {per_api} requests per API to each target ...")
     res["apis"] = phase_apis(fake, gw, per_api, a.warmup)
+    log("keys.yaml: the same gateway with three keys, sequential and throughput ...")
+    keyed = start_gateway(tmp, fake, procs, access_log=True, keys=True)
+    res["commands"].insert(2, keyed.command_line() + " (keys.yaml: BENCH_KEYS in this script)")
+    res["keys"] = phase_keys(gw, keyed, (load, keyed_load), a.requests, a.warmup, a.runs)
+    keyed.stop()
     gw.stop()
-    parts = [res["sequential"], res["throughput"], res["streaming"], res["apis"]]
+    parts = [res["sequential"], res["throughput"], res["streaming"], res["apis"], res["keys"]]
     if not a.no_access_log_off:
         log("access log off: sequential and throughput again ...")
         quiet = start_gateway(tmp, fake, procs, access_log=False)
