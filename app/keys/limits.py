@@ -53,10 +53,10 @@ class RequestWindow:
             return 0.0
         return self._times[len(self._times) - self.limit] + WINDOW_S - now
 
-    def oldest_leaves_in(self, now: float) -> float:
-        """Seconds until the oldest request leaves the window (0: it is empty)."""
+    def empty_in(self, now: float) -> float:
+        """Seconds until the window is empty again: the limit back to its initial state."""
         self._expire(now)
-        return self._times[0] + WINDOW_S - now if self._times else 0.0
+        return self._times[-1] + WINDOW_S - now if self._times else 0.0
 
     def add(self, now: float) -> None:
         self._times.append(now)
@@ -90,6 +90,11 @@ class TokenWindow:
             if over < 0:
                 return at + WINDOW_S - now
         return WINDOW_S  # not reached: the entries sum to the total
+
+    def empty_in(self, now: float) -> float:
+        """Seconds until the window is empty again: the limit back to its initial state."""
+        self._expire(now)
+        return self._entries[-1][0] + WINDOW_S - now if self._entries else 0.0
 
     def add(self, now: float, tokens: int) -> None:
         if tokens > 0:

@@ -149,7 +149,9 @@ class ClientKey:
         return None
 
     def rate_headers(self, now: float | None = None) -> dict[str, str]:
-        """OpenAI's `x-ratelimit-*` headers for the key's rpm and tpm (none without them)."""
+        """OpenAI's `x-ratelimit-*` headers for the key's rpm and tpm (none without them).
+        `reset-*` is, as OpenAI words it, the time until the limit is back to its initial
+        state (the window empty); `Retry-After` on a 429 is when the next request fits."""
         if not self.rate_limited:
             return {}
         now = self._clock() if now is None else now
@@ -158,20 +160,13 @@ class ClientKey:
             used = self._rpm.used(now)
             headers["x-ratelimit-limit-requests"] = str(self._rpm.limit)
             headers["x-ratelimit-remaining-requests"] = str(max(0, self._rpm.limit - used))
-            headers["x-ratelimit-reset-requests"] = duration_text(self._rpm_reset(now))
+            headers["x-ratelimit-reset-requests"] = duration_text(self._rpm.empty_in(now))
         if self._tpm is not None:
             used = self._tpm.used(now)
             headers["x-ratelimit-limit-tokens"] = str(self._tpm.limit)
             headers["x-ratelimit-remaining-tokens"] = str(max(0, self._tpm.limit - used))
-            headers["x-ratelimit-reset-tokens"] = duration_text(self._tpm.reset_in(now))
+            headers["x-ratelimit-reset-tokens"] = duration_text(self._tpm.empty_in(now))
         return headers
-
-    def _rpm_reset(self, now: float) -> float:
-        """Seconds until the request window is whole again (OpenAI's "reset" is when the
-        limit is back to full), or until one fits when it is full."""
-        assert self._rpm is not None
-        wait = self._rpm.reset_in(now)
-        return wait if wait > 0 else self._rpm.oldest_leaves_in(now)
 
     # -- use --------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ def test_a_request_window_slides() -> None:
     assert window.used(60.0) == 1
     window.add(60.0)
     assert window.reset_in(61.0) == 9.0  # the one from 10 s leaves at 70 s
-    assert window.oldest_leaves_in(61.0) == 9.0
+    assert window.empty_in(61.0) == 59.0  # when the one from 60 s leaves
 
 
 def test_a_token_window_counts_tokens_until_they_leave() -> None:
@@ -40,6 +40,7 @@ def test_a_token_window_counts_tokens_until_they_leave() -> None:
     assert window.reset_in(60.0) == 0.0
     window.add(61.0, 0)  # nothing to count
     assert window.used(61.0) == 60
+    assert window.empty_in(61.0) == 19.0
 
 
 def test_a_token_window_at_its_limit_refuses_until_enough_leave() -> None:

@@ -220,3 +220,20 @@ def test_profile_shares_above_the_target_are_refused(tmp_path: Path) -> None:
         f"{tmp_path / 'gpu_profiles.yaml'}: profiles.dev: models: the enabled vram_pct add up "
         "to 75% (orchestrator 40 + reasoning 35), more than target_utilization_pct 70%"
     )
+
+
+def test_the_shipped_keys_example_is_valid_beside_the_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = Path(__file__).resolve().parents[2] / "config"
+    for name in ("models.yaml", "cloud_providers.yaml", "gpu_profiles.yaml"):
+        (tmp_path / name).write_text((root / "demo" / name).read_text())
+    (tmp_path / "keys.yaml").write_text((root / "keys.example.yaml").read_text())
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path)  # the secrets' variables are not set yet
+    assert "keys.agents.key_env: AGENTS_KEY is not set" in str(info.value)
+    for var in ("AGENTS_KEY", "FAMILY_KEY", "BATCH_KEY"):
+        monkeypatch.setenv(var, f"sk-{var.lower()}")
+    keys = load_settings(tmp_path).client_keys
+    assert keys is not None
+    assert list(keys.keys) == ["agents", "family", "batch"]
