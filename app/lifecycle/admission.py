@@ -89,6 +89,12 @@ def asleep_mib(footprint: int | None, freed: int | None, declared: int | None) -
     return None
 
 
+def asleep_reason(level: int, reason: str, kept: int | None) -> str:
+    """A sleeping backend's reason: `asleep (level 1, idle, holds 2000 MiB)`."""
+    held = "" if kept is None else f", holds {kept} MiB"
+    return f"asleep (level {level}, {reason}{held})"
+
+
 def wake_mib(footprint: int | None, asleep: int | None) -> int | None:
     """MiB a wake takes back: its footprint minus what it kept; None: not checked."""
     if footprint is None:
@@ -100,3 +106,10 @@ def sleep_level(how: ReleaseConfig, *, managed: bool) -> int | None:
     """The sleep level to give memory back with, per `how`; None: stop it. A server the
     gateway does not manage is never put to sleep (nor stopped: `stop` does nothing)."""
     return how.level if how.method == "sleep" and managed else None
+
+
+def may_have_slept(config: BackendConfig, yield_override: str | None) -> bool:
+    """Whether any of its ways to give memory back is sleep mode (a GPU profile's yield
+    method included): then a server found running at gateway start may be asleep."""
+    methods = (config.yield_.method, yield_override, config.idle.method, config.eviction.method)
+    return "sleep" in methods

@@ -26,7 +26,8 @@ import time
 
 from app.errors import BackendUnavailable, GatewayError, UnavailableKind, WakeTimeout
 from app.events import EventLog
-from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked, asleep_mib, sleep_level
+from app.lifecycle import admission as rules
+from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.server import Server, StartFailed, exit_text
@@ -89,8 +90,7 @@ class Backend:
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
-        # While asleep: MiB it still holds per GPU (app/lifecycle/admission.py); None: awake,
-        # or asleep and counted whole. Cleared when a wake is admitted or it stops.
+        # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
         self._asleep_mib: int | None = None
         self._leases = Leases(name, metrics, None if events is None else events.changed)
         self.last_start_s: float | None = None
@@ -349,8 +349,8 @@ class Backend:
                 if self.state is BackendState.STARTING:
                     # A wake refused leaves the server asleep, still holding what it kept.
                     target = BackendState.SLEEPING if wake else BackendState.STOPPED
-                    what = "wake" if wake else "start"
-                    self._set_state(target, f"not enough VRAM to {what}: {exc}")
+                    why = f"not enough VRAM to {'wake' if wake else 'start'}: {exc}"
+                    self._set_state(target, why)
                     self._refused = True
         except (RuntimeFailure, StartFailed) as exc:
             await self._fail(str(exc))
@@ -384,10 +384,9 @@ class Backend:
             )
 
     async def stop_if_idle(self, now: float) -> bool:
-        """The reaper's stop (or sleep, per `idle.method`): decided under the lock, so a
-        request that just arrived wins. A backend asleep stays so until a request wakes it,
-        eviction or a zone stops it, or a yield or an admin stops it: its residue is small
-        and evictable, so no second TTL stops it."""
+        """The reaper's stop (or sleep, per `idle.method`), decided under the lock so a
+        request that just arrived wins. Asleep it stays so (its residue is small and
+        evictable: no second TTL) until a request wakes it or something stops it."""
         async with self._lock:
             ttl = self.config.idle_ttl_s
             if not (
@@ -397,7 +396,7 @@ class Backend:
                 and self._leases.idle_s(now) >= ttl
             ):
                 return False
-            level = sleep_level(self.config.idle, managed=self.runtime.managed)
+            level = rules.sleep_level(self.config.idle, managed=self.runtime.managed)
             self._begin_stop(StopReason.IDLE, None, sleep_level=level)
         await self._stopped()
         return True
@@ -482,10 +481,10 @@ class Backend:
             async with self.admission.measure_sleep(self) as freed:
                 slept = await self.server.sleep(sleep_level, reason)
             if slept is SleepOutcome.SLEPT:
+                kept = rules.asleep_mib(self.vram_mib, freed.mib, self.config.asleep_mib)
+                why = rules.asleep_reason(sleep_level, reason, kept)
                 async with self._lock:
-                    self._asleep_mib = asleep_mib(self.vram_mib, freed.mib, self.config.asleep_mib)
-                    held = "" if self._asleep_mib is None else f", holds {self._asleep_mib} MiB"
-                    why = f"asleep (level {sleep_level}, {reason}{held})"
+                    self._asleep_mib = kept
                     self._set_state(BackendState.SLEEPING, why)
                 return
         try:
@@ -502,8 +501,8 @@ class Backend:
         """At gateway start: take over a server that is already running (it outlived a
         previous gateway), without an admission check since its memory is already in
         use. Leaves a server that is not running stopped."""
-        ways = (self.yield_method, self.config.idle.method, self.config.eviction.method)
-        running, asleep = await self.server.found_running(may_sleep="sleep" in ways)
+        may_sleep = rules.may_have_slept(self.config, self._yield_method_override)
+        running, asleep = await self.server.found_running(may_sleep=may_sleep)
         if not running:
             return
         async with self._lock:
@@ -511,7 +510,7 @@ class Backend:
                 return
             if asleep:
                 self.holds_vram = True
-                self._asleep_mib = asleep_mib(self.vram_mib, None, self.config.asleep_mib)
+                self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self.config.asleep_mib)
                 self._set_state(BackendState.SLEEPING, "found asleep at gateway start")
                 return
             task = self._begin_start(adopt=True)

@@ -16,7 +16,13 @@ import pytest
 from app.errors import BackendUnavailable, UnavailableKind
 from app.gpu.poller import GpuMonitor
 from app.gpu.sim import SimSource
-from app.lifecycle.admission import asleep_mib, sleep_level, wake_mib
+from app.lifecycle.admission import (
+    asleep_mib,
+    asleep_reason,
+    may_have_slept,
+    sleep_level,
+    wake_mib,
+)
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState, StopReason
@@ -326,3 +332,16 @@ async def test_unmeasured_a_sleeper_counts_its_declared_residue_else_everything(
         assert rig.arbiter.placed_mib() == {0: 9500}
     finally:
         await rig.close()
+
+
+def test_a_server_found_running_may_be_asleep_when_any_method_sleeps() -> None:
+    def config(**fields: Any) -> BackendConfig:
+        return BackendConfig(url="http://b:8000", models=["m"], **fields)
+
+    assert not may_have_slept(config(), None)
+    assert may_have_slept(config(idle={"method": "sleep"}), None)
+    assert may_have_slept(config(eviction={"method": "sleep"}), None)
+    assert may_have_slept(config(), "sleep")  # a GPU profile's sleep_mode
+    assert may_have_slept(config(**{"yield": {"method": "sleep"}}), "stop")
+    assert asleep_reason(1, "idle", 2000) == "asleep (level 1, idle, holds 2000 MiB)"
+    assert asleep_reason(2, "eviction", None) == "asleep (level 2, eviction)"
