@@ -15,7 +15,13 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from app.lifecycle.state import BackendState, SleepOutcome, StartOutcome, StopReason
+from app.lifecycle.state import (
+    SLEEP_REASONS,
+    BackendState,
+    SleepOutcome,
+    StartOutcome,
+    StopReason,
+)
 
 # Up to minutes: LLM generations and (later) cold starts are long.
 LATENCY_BUCKETS: Final = (
@@ -139,9 +145,9 @@ class Metrics:
         )
         self.backend_sleeps = Counter(
             "backend_sleeps",
-            "Yields of a backend by vLLM sleep mode, by outcome (stopped: sleep mode was "
-            "not offered, so it was stopped instead).",
-            ["backend", "outcome"],
+            "Sleeps of a backend (vLLM sleep mode) by outcome (stopped: sleep mode was not "
+            "offered, so it was stopped instead) and reason (idle, eviction, yield, admin).",
+            ["backend", "outcome", "reason"],
             namespace=ns,
             registry=self.registry,
         )
@@ -198,7 +204,8 @@ class Metrics:
         self.start_duration.labels(backend)
         self.backend_enabled.labels(backend).set(1)
         for slept in SleepOutcome:
-            self.backend_sleeps.labels(backend, slept)
+            for sleep_reason in SLEEP_REASONS:
+                self.backend_sleeps.labels(backend, slept, sleep_reason)
         for why in WAIT_REASONS:
             self.waiting.labels(backend, why)
         self.pool_wait.labels(backend)

@@ -54,6 +54,11 @@ def backend_view(backend: Backend) -> Json:
         "holds_vram": backend.holds_vram,
         "blocked_by": sorted(backend.blocks.values()),
         "yield_method": backend.yield_method,
+        # How an idle stop and an eviction free its memory (stop, or sleep at a level).
+        "idle": {"method": cfg.idle.method, "level": cfg.idle.level},
+        "eviction": {"method": cfg.eviction.method, "level": cfg.eviction.level},
+        # Asleep: the MiB per GPU it still holds, as admission counts them (else None).
+        "asleep_mib": backend.asleep_mib,
     }
 
 

@@ -13,6 +13,11 @@ Free memory for admission is `total - max(measured used, placed)`, where *placed
 what the gateway put there (the `vram_mib` of admitted backends plus zone holds). With
 the simulated probe both are the same; with a real probe the larger one wins, so a zone
 granted but not yet filled by its workload is still counted.
+
+A backend asleep counts only what it still holds (`app.lifecycle.admission`), is an
+eviction candidate for that much (evicting it stops it), and its wake is admitted for
+what it takes back. Eviction puts a backend with `eviction.method: sleep` to sleep
+instead of stopping it, and stops it after all when the sleep did not free enough.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
 from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
-from app.lifecycle.backend import AdmissionRefused, Backend
+from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, sleep_level, wake_mib
+from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
-from app.lifecycle.state import BackendState, StopReason
+from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore, StateWriteError
 from app.lifecycle.zones import Zone
 
@@ -67,6 +73,8 @@ class VramArbiter:
         self._backends: Mapping[str, Backend] = {}
         self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.zones: dict[str, Zone] = {}
+        # Sleeps are measured one at a time, so one's window does not see another's.
+        self._measuring = asyncio.Lock()
 
     def attach(self, backends: Mapping[str, Backend]) -> None:
         self._backends = backends
@@ -79,10 +87,13 @@ class VramArbiter:
 
     def held_mib(self, *, measured: bool = False) -> dict[int, int]:
         """MiB per GPU the backends holding memory take: as admitted, or (`measured`) as
-        their last start measured, admitted where it measured nothing."""
+        their last start measured, admitted where it measured nothing; asleep, what they
+        still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            mib = (measured and backend.measured_mib) or backend.vram_mib
+            mib = backend.asleep_mib
+            if mib is None:
+                mib = (measured and backend.measured_mib) or backend.vram_mib
             if backend.holds_vram and mib:
                 for gpu in backend.config.gpus:
                     held[gpu] += mib
@@ -109,15 +120,15 @@ class VramArbiter:
             Resident(
                 name=b.name,
                 gpus=tuple(b.config.gpus),
-                vram_mib=b.vram_mib,
+                vram_mib=b.counted_mib,
                 priority=b.config.priority,
                 lazy=b.lazy,
                 in_flight=b.in_flight,
                 idle_s=b.idle_s(now),
-                evictable=b.state is BackendState.READY,
+                evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
             )
             for b in self._backends.values()
-            if b.holds_vram and b.vram_mib and b.name != exclude
+            if b.holds_vram and b.counted_mib and b.name != exclude
         ]
 
     def _holders(self, gpu: int, below_priority: int | None) -> list[Holder]:
@@ -133,7 +144,10 @@ class VramArbiter:
                 note = "starting or stopping"
             else:
                 note = ""
-            holders.append(Holder(f"backend {r.name}", r.vram_mib, note))
+            asleep = self._backends[r.name].state is BackendState.SLEEPING
+            holders.append(
+                Holder(f"backend {r.name}{' (asleep)' if asleep else ''}", r.vram_mib, note)
+            )
         holders += [
             Holder(f"zone {z.name} (holder {z.holder})", z.mib)
             for z in self.zones.values()
@@ -144,17 +158,13 @@ class VramArbiter:
     # -- admission ----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admit(self, backend: Backend, *, check: bool = True) -> AsyncIterator[None]:
-        """Hold the backend's GPUs for its start; with `check`, first make room for its
-        `vram_mib` and afterwards record what the start used (`measured_mib`). Without
-        (a wake from sleep: its memory is already counted) only the GPUs are held."""
+    async def admit(self, backend: Claimant, *, wake: bool = False) -> AsyncIterator[None]:
+        """Hold the backend's GPUs for its start, first making room for its `vram_mib`
+        (a `wake` from sleep: for what it takes back, its residue being counted already)
+        and afterwards record what a start used (`measured_mib`)."""
         gpus = sorted(backend.config.gpus)
-        if not check:
-            async with self._locked(gpus):
-                yield
-            return
         async with self._locked(gpus):
-            need = backend.vram_mib
+            need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
             before = await self.read_gpus()
             if need is not None:
                 try:
@@ -168,11 +178,29 @@ class VramArbiter:
                 except _NoRoom as exc:
                     raise AdmissionRefused(str(exc)) from None
             yield
+            if wake:
+                return  # what a wake took back is not what a start uses
             after = await self.read_gpus()
             first_before = None if before is None else before.usable(gpus[0])
             first_after = None if after is None else after.usable(gpus[0])
             if first_before is not None and first_after is not None:
                 backend.record_measured(max(0, first_after.used_mib - first_before.used_mib))
+
+    @contextlib.asynccontextmanager
+    async def measure_sleep(self, backend: Claimant) -> AsyncIterator[Freed]:
+        """Around `POST /sleep`: GPU used before minus after on its first GPU (unknown
+        without readings). Not under the GPU locks: an eviction sleeps its victims while
+        holding them."""
+        freed = Freed()
+        gpu = backend.config.gpus[0]
+        async with self._measuring:
+            before = await self.read_gpus()
+            yield freed
+            after = await self.read_gpus()
+        first_before = None if before is None else before.usable(gpu)
+        first_after = None if after is None else after.usable(gpu)
+        if first_before is not None and first_after is not None:
+            freed.mib = first_before.used_mib - first_after.used_mib
 
     @contextlib.asynccontextmanager
     async def locked(self, gpus: Iterable[int]) -> AsyncIterator[None]:
@@ -267,18 +295,57 @@ class VramArbiter:
             for victim in victims:
                 victim.block(*block)
         try:
-            results = await asyncio.gather(
-                *(v.stop(stop_reason) for v in victims), return_exceptions=True
-            )
-            for victim, result in zip(victims, results, strict=True):
-                if isinstance(result, BaseException):
-                    logger.error("eviction stop failed backend=%s", victim.name, exc_info=result)
+            slept = await self._release(victims, stop_reason)
+            if slept:
+                await self._stop_what_slept_too_little(need, slept, requester, stop_reason)
             return await self._await_reclaimed(need, names)
         except BaseException:  # refused, cancelled or failed: no zone will hold them
             if block is not None:
                 for victim in victims:
                     victim.unblock(block[0])
             raise
+
+    async def _release(self, victims: list[Backend], reason: StopReason) -> list[Backend]:
+        """Stop the victims, or put to sleep those an eviction may (`eviction.method:
+        sleep`, ready); return those asleep now."""
+
+        async def one(victim: Backend) -> bool:
+            level = None
+            if reason is StopReason.EVICTION:  # zones and yields always stop
+                level = sleep_level(victim.config.eviction, managed=victim.runtime.managed)
+            if level is not None and victim.state is BackendState.READY:
+                return await victim.sleep(reason, level=level) is SleepOutcome.SLEPT
+            await victim.stop(reason)
+            return False
+
+        results = await asyncio.gather(*(one(v) for v in victims), return_exceptions=True)
+        for victim, result in zip(victims, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.error("eviction stop failed backend=%s", victim.name, exc_info=result)
+        return [v for v, slept in zip(victims, results, strict=True) if slept is True]
+
+    async def _stop_what_slept_too_little(
+        self, need: dict[int, int], slept: list[Backend], requester: str, reason: StopReason
+    ) -> None:
+        """The plan counted each victim's whole footprint; asleep they keep a residue.
+        When the need is not met now, stop as many of them as it takes after all."""
+        reading = await self.read_gpus()
+        if reading is None:
+            return
+        names = {b.name for b in slept}
+        residents = [r for r in self._residents(exclude=requester) if r.name in names]
+        plan = plan_eviction(need, self._admissible_free(reading), residents)
+        stop = plan.evict if plan.fits else tuple(r.name for r in residents)
+        if not stop:
+            return
+        logger.info("sleep freed too little, stopping requester=%s stop=%s",
+                    requester, ",".join(stop))  # fmt: skip
+        results = await asyncio.gather(
+            *(self._backends[name].stop(reason) for name in stop), return_exceptions=True
+        )
+        for name, result in zip(stop, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.error("eviction stop failed backend=%s", name, exc_info=result)
 
     async def _await_reclaimed(
         self, need: dict[int, int], evicted: tuple[str, ...]

@@ -23,11 +23,11 @@ import contextlib
 import logging
 import math
 import time
-from contextlib import AbstractAsyncContextManager
-from typing import Protocol
 
 from app.errors import BackendUnavailable, GatewayError, UnavailableKind, WakeTimeout
 from app.events import EventLog
+from app.lifecycle import admission as rules
+from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.server import Server, StartFailed, exit_text
@@ -50,25 +50,6 @@ from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
 
 logger = logging.getLogger(__name__)
-
-
-class AdmissionRefused(Exception):
-    """Admission could not make room for a start; the message says what holds the memory."""
-
-
-class Admission(Protocol):
-    def admit(self, backend: Backend, *, check: bool = True) -> AbstractAsyncContextManager[None]:
-        """Entered around a start: reserve the backend's VRAM (evicting if needed) and
-        keep other starts on its GPUs out until the start is over. Raises
-        `AdmissionRefused` when the backend does not fit. `check=False` (a wake from
-        sleep) only keeps other starts out."""
-
-
-class Unchecked:
-    """Admission when there is no GPU to check: every start is allowed."""
-
-    def admit(self, backend: Backend, *, check: bool = True) -> AbstractAsyncContextManager[None]:
-        return contextlib.nullcontext()
 
 
 class Backend:
@@ -109,6 +90,8 @@ class Backend:
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
+        # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
+        self._asleep_mib: int | None = None
         self._leases = Leases(name, metrics, None if events is None else events.changed)
         self.last_start_s: float | None = None
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
@@ -133,6 +116,16 @@ class Backend:
     def plan(self, footprint: Footprint | None) -> None:
         """Admission counts `footprint` from the next start on (None: not checked)."""
         self._footprint = footprint
+
+    @property
+    def asleep_mib(self) -> int | None:
+        """While asleep: the MiB per GPU admission counts for it (None: its footprint)."""
+        return self._asleep_mib
+
+    @property
+    def counted_mib(self) -> int | None:
+        """MiB per GPU admission counts for it while it holds memory."""
+        return self.vram_mib if self._asleep_mib is None else self._asleep_mib
 
     @property
     def measured_mib(self) -> int | None:
@@ -313,7 +306,7 @@ class Backend:
             self._set_state(BackendState.STARTING, None)
             self._set_state(BackendState.READY, f"not managed: {self.runtime.describe()}")
             self.holds_vram = True
-            self._start_task = spawn(_nothing(), name=f"start:{self.name}")
+            self._start_task = spawn(asyncio.sleep(0), name=f"start:{self.name}")
             return self._start_task
         self._set_state(BackendState.STARTING, "waking from sleep" if wake else None)
         self._start_task = spawn(self._run_start(adopt, wake), name=f"start:{self.name}")
@@ -323,7 +316,7 @@ class Backend:
         began = time.monotonic()
         outcome = StartOutcome.FAILED
         if wake:
-            admitted = self.admission.admit(self, check=False)
+            admitted = self.admission.admit(self, wake=True)
         elif adopt:
             admitted = contextlib.nullcontext()
         else:
@@ -331,6 +324,7 @@ class Backend:
         try:
             async with admitted:
                 self.holds_vram = True  # admitted: counted on its GPUs from now on
+                self._asleep_mib = None  # a wake: its whole footprint again
                 await self.server.launch(wake=wake)
                 await self.server.wait_healthy(self.config.start_timeout_s)
             duration = time.monotonic() - began
@@ -353,7 +347,10 @@ class Backend:
             outcome = StartOutcome.REFUSED
             async with self._lock:
                 if self.state is BackendState.STARTING:
-                    self._set_state(BackendState.STOPPED, f"not enough VRAM to start: {exc}")
+                    # A wake refused leaves the server asleep, still holding what it kept.
+                    target = BackendState.SLEEPING if wake else BackendState.STOPPED
+                    why = f"not enough VRAM to {'wake' if wake else 'start'}: {exc}"
+                    self._set_state(target, why)
                     self._refused = True
         except (RuntimeFailure, StartFailed) as exc:
             await self._fail(str(exc))
@@ -377,6 +374,9 @@ class Backend:
                     break
             await self._stopped()  # a stop (or a sleep) already under way: then decide again
         await self._stopped()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
         if self.state is BackendState.FAILED:
             raise BackendUnavailable(
                 f"backend {self.name!r} could not be stopped: {self.reason}",
@@ -384,7 +384,9 @@ class Backend:
             )
 
     async def stop_if_idle(self, now: float) -> bool:
-        """The reaper's stop: decided under the lock, so a request that just arrived wins."""
+        """The reaper's stop (or sleep, per `idle.method`), decided under the lock so a
+        request that just arrived wins. Asleep it stays so (its residue is small and
+        evictable: no second TTL) until a request wakes it or something stops it."""
         async with self._lock:
             ttl = self.config.idle_ttl_s
             if not (
@@ -394,7 +396,8 @@ class Backend:
                 and self._leases.idle_s(now) >= ttl
             ):
                 return False
-            self._begin_stop(StopReason.IDLE, None)
+            level = rules.sleep_level(self.config.idle, managed=self.runtime.managed)
+            self._begin_stop(StopReason.IDLE, None, sleep_level=level)
         await self._stopped()
         return True
 
@@ -418,11 +421,7 @@ class Backend:
             await self.stop(reason, drain_timeout_s=drain_timeout_s)
             return SleepOutcome.STOPPED
         await self._stopped()
-        if self.state is BackendState.FAILED:
-            raise BackendUnavailable(
-                f"backend {self.name!r} could not be stopped: {self.reason}",
-                kind=UnavailableKind.RUNTIME,
-            )
+        self._raise_if_failed()
         return SleepOutcome.SLEPT if self.state is BackendState.SLEEPING else SleepOutcome.STOPPED
 
     async def start_logged(self, why: str) -> None:
@@ -478,10 +477,16 @@ class Backend:
                     self.name,
                     self.in_flight,
                 )
-        if sleep_level is not None and await self.server.sleep(sleep_level) is SleepOutcome.SLEPT:
-            async with self._lock:
-                self._set_state(BackendState.SLEEPING, f"asleep (level {sleep_level}, {reason})")
-            return
+        if sleep_level is not None:
+            async with self.admission.measure_sleep(self) as freed:
+                slept = await self.server.sleep(sleep_level, reason)
+            if slept is SleepOutcome.SLEPT:
+                kept = rules.asleep_mib(self.vram_mib, freed.mib, self.config.asleep_mib)
+                why = rules.asleep_reason(sleep_level, reason, kept)
+                async with self._lock:
+                    self._asleep_mib = kept
+                    self._set_state(BackendState.SLEEPING, why)
+                return
         try:
             await self.server.stop()
         except RuntimeFailure as exc:
@@ -496,7 +501,7 @@ class Backend:
         """At gateway start: take over a server that is already running (it outlived a
         previous gateway), without an admission check since its memory is already in
         use. Leaves a server that is not running stopped."""
-        may_sleep = "sleep" in (self.config.yield_.method, self._yield_method_override)
+        may_sleep = rules.may_have_slept(self.config, self._yield_method_override)
         running, asleep = await self.server.found_running(may_sleep=may_sleep)
         if not running:
             return
@@ -505,6 +510,7 @@ class Backend:
                 return
             if asleep:
                 self.holds_vram = True
+                self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self.config.asleep_mib)
                 self._set_state(BackendState.SLEEPING, "found asleep at gateway start")
                 return
             task = self._begin_start(adopt=True)
@@ -553,6 +559,8 @@ class Backend:
                 self._set_state(BackendState.FAILED, reason)
                 self._backoff.failed(time.monotonic())
                 self.holds_vram = holds_vram
+                if not holds_vram:
+                    self._asleep_mib = None
 
     def block(
         self,
@@ -575,6 +583,7 @@ class Backend:
         self._refused = False
         if target is BackendState.STOPPED:
             self.holds_vram = False
+            self._asleep_mib = None
         self._metrics.set_backend_state(self.name, target)
         if self._events is not None:
             self._events.record(
@@ -588,7 +597,3 @@ class Backend:
             target,
             reason or "-",
         )
-
-
-async def _nothing() -> None:
-    return None

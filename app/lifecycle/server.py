@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Final
 
-from app.lifecycle.state import SleepOutcome
+from app.lifecycle.state import SleepOutcome, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
@@ -138,20 +138,22 @@ class Server:
         if self.runtime.managed:
             await self.runtime.stop()
 
-    async def sleep(self, level: int) -> SleepOutcome:
-        """`POST /sleep`; `SLEPT`, or why it must be stopped instead (logged and counted)."""
+    async def sleep(self, level: int, reason: StopReason) -> SleepOutcome:
+        """`POST /sleep`; `SLEPT`, or why it must be stopped instead (logged and counted
+        with `reason`: idle, eviction, yield, admin)."""
         try:
             await self.vllm.sleep(level)
         except SleepUnsupported as exc:
-            logger.warning("sleep mode not offered, stopping instead backend=%s why=%s",
-                           self.name, exc)  # fmt: skip
+            logger.warning("sleep mode not offered, stopping instead backend=%s reason=%s "
+                           "why=%s", self.name, reason, exc)  # fmt: skip
             outcome = SleepOutcome.STOPPED
         except ControlError as exc:
-            logger.error("sleep failed, stopping instead backend=%s error=%s", self.name, exc)
+            logger.error("sleep failed, stopping instead backend=%s reason=%s error=%s",
+                         self.name, reason, exc)  # fmt: skip
             outcome = SleepOutcome.FAILED
         else:
             outcome = SleepOutcome.SLEPT
-        self._sleeps.labels(self.name, outcome).inc()
+        self._sleeps.labels(self.name, outcome, reason).inc()
         return outcome
 
     async def found_running(self, *, may_sleep: bool) -> tuple[bool, bool]:

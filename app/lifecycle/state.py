@@ -9,10 +9,12 @@ Only `ready` serves requests. `starting -> stopped` is a start that admission re
 before anything was launched (not enough VRAM). `failed` keeps the reason (exit code,
 start timeout, runtime error) so errors can say why.
 
-`sleeping` is vLLM's sleep mode (a yield's way to free VRAM without stopping the server):
-reached by draining (`stopping`) and then `POST /sleep`; waking goes through `starting`
-(`POST /wake_up`, then `/health`). `stopped -> sleeping` adopts a server found asleep
-when the gateway starts; `sleeping -> failed` is a server that died while asleep.
+`sleeping` is vLLM's sleep mode (a way to free VRAM without stopping the server, for a
+yield, an idle backend or an eviction): reached by draining (`stopping`) and then `POST
+/sleep`; waking goes through `starting` (admission for what it takes back, `POST
+/wake_up`, then `/health`); `starting -> sleeping` is a wake admission refused.
+`stopped -> sleeping` adopts a server found asleep when the gateway starts;
+`sleeping -> failed` is a server that died while asleep.
 
 Being *blocked* by a VRAM zone is not a state: a blocked backend is stopped (or being
 stopped) and additionally refuses to start until the zone is released.
@@ -45,7 +47,13 @@ class BackendState(enum.StrEnum):
 TRANSITIONS: dict[BackendState, frozenset[BackendState]] = {
     BackendState.STOPPED: frozenset({BackendState.STARTING, BackendState.SLEEPING}),
     BackendState.STARTING: frozenset(
-        {BackendState.READY, BackendState.FAILED, BackendState.STOPPING, BackendState.STOPPED}
+        {
+            BackendState.READY,
+            BackendState.FAILED,
+            BackendState.STOPPING,
+            BackendState.STOPPED,
+            BackendState.SLEEPING,
+        }
     ),
     BackendState.READY: frozenset({BackendState.STOPPING, BackendState.FAILED}),
     BackendState.STOPPING: frozenset(
@@ -82,8 +90,12 @@ class StartOutcome(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+# The reasons a backend is put to sleep for (`microscheduler_backend_sleeps_total`).
+SLEEP_REASONS: Final = (StopReason.IDLE, StopReason.EVICTION, StopReason.YIELD, StopReason.ADMIN)
+
+
 class SleepOutcome(enum.StrEnum):
-    """How a yield by sleep mode ended: the label of `microscheduler_backend_sleeps_total`."""
+    """How a sleep ended: the `outcome` label of `microscheduler_backend_sleeps_total`."""
 
     SLEPT = "slept"
     STOPPED = "stopped"  # the server offers no sleep mode: stopped instead

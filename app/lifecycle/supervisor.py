@@ -177,8 +177,8 @@ class Supervisor:
         self._vllm_load.update(backend.name, load)
 
     async def _reaper_loop(self) -> None:
-        """Stops lazy backends idle past `idle_ttl_s`, releases expired zones and ends an
-        expired yield."""
+        """Stops (or puts to sleep, per `idle.method`) lazy backends idle past
+        `idle_ttl_s`, releases expired zones and ends an expired yield."""
         while await self._pause(self._settings.reaper_interval_s):
             self._arbiter.expire_zones(time.time())
             await self._yield.expire(time.time())

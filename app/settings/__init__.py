@@ -20,9 +20,9 @@ from app.settings.backends import (
     DockerRuntimeConfig,
     ExternalRuntimeConfig,
     ProcessRuntimeConfig,
+    ReleaseConfig,
     TimeoutOverridesConfig,
     TimeoutsConfig,
-    YieldConfig,
 )
 from app.settings.loader import ConfigError, load_settings
 from app.settings.root import (
@@ -50,10 +50,10 @@ __all__ = [
     "ExternalRuntimeConfig",
     "GpuConfig",
     "ProcessRuntimeConfig",
+    "ReleaseConfig",
     "Settings",
     "SimGpuConfig",
     "TimeoutOverridesConfig",
     "TimeoutsConfig",
-    "YieldConfig",
     "load_settings",
 ]

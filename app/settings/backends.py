@@ -80,12 +80,15 @@ RuntimeConfig = Annotated[
 ]
 
 
-class YieldConfig(StrictConfig):
-    """How a backend gives its VRAM back for a yield (`POST /vram/yield`).
+class ReleaseConfig(StrictConfig):
+    """How a backend gives its VRAM back: for a yield (`yield:`), when idle past
+    `idle_ttl_s` (`idle:`) and when admission evicts it for another start (`eviction:`).
 
     `sleep` uses vLLM's sleep mode (`POST /sleep?level=N`; the server needs
     `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode`), which keeps the process and
     wakes in seconds; when the server does not offer it, the backend is stopped instead.
+    Level 1 offloads the weights to CPU RAM, level 2 discards them: both free the same
+    GPU memory (weights and KV cache), level 2 also spares the host RAM.
     """
 
     method: Literal["stop", "sleep"] = "stop"
@@ -118,7 +121,12 @@ class BackendConfig(StrictConfig):
     max_waiting: NonNegativeInt = 64
     max_wait_s: PositiveFloat = 120.0
     drain_timeout_s: NonNegativeFloat = 60.0
-    yield_: YieldConfig = Field(default_factory=YieldConfig, alias="yield")
+    yield_: ReleaseConfig = Field(default_factory=ReleaseConfig, alias="yield")
+    idle: ReleaseConfig = Field(default_factory=ReleaseConfig)  # how an idle stop frees it
+    eviction: ReleaseConfig = Field(default_factory=ReleaseConfig)  # how eviction frees it
+    # MiB it keeps on each GPU while asleep (CUDA context, graphs: 0.5-6 GiB), counted by
+    # admission when the probe did not show what its sleep freed; None: its whole footprint.
+    asleep_mib: NonNegativeInt | None = None
     # What the model is and how it is served, for the planner (app/planner/description.py):
     # the admission footprint without vram_mib, and `microscheduler plan profile`.
     model_info: ModelInfoConfig | None = None
@@ -166,6 +174,11 @@ class BackendConfig(StrictConfig):
                     "vram_mib: is required for lifecycle: lazy (used for admission), unless "
                     "model_info: or hf_config: describes the model to plan it from"
                 )
+        if self.asleep_mib is not None and self.asleep_mib > (self.vram_mib or self.asleep_mib):
+            raise ValueError(
+                f"asleep_mib: {self.asleep_mib} is more than vram_mib: {self.vram_mib} "
+                "(what it keeps asleep is part of what it holds awake)"
+            )
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
         resolve(self.model_info, self.hf_config)  # a description must be usable

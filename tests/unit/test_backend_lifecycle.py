@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from app.errors import BackendUnavailable, WakeTimeout
-from app.lifecycle.backend import Admission, AdmissionRefused, Backend
+from app.lifecycle.admission import Admission, AdmissionRefused, Claimant, Unchecked
+from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
@@ -94,9 +95,9 @@ LAZY: dict[str, Any] = {
 }
 
 
-class RefusingAdmission:
+class RefusingAdmission(Unchecked):
     @contextlib.asynccontextmanager
-    async def admit(self, backend: Backend, *, check: bool = True) -> AsyncIterator[None]:
+    async def admit(self, backend: Claimant, *, wake: bool = False) -> AsyncIterator[None]:
         raise AdmissionRefused("GPU 0: 32000 of 32768 MiB in use: backend other 32000 MiB (pinned)")
         yield  # pragma: no cover
 

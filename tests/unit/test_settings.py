@@ -1,10 +1,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from app.settings import ConfigError, ExternalRuntimeConfig, ProcessRuntimeConfig, load_settings
+from app.settings import (
+    BackendConfig,
+    ConfigError,
+    ExternalRuntimeConfig,
+    ProcessRuntimeConfig,
+    load_settings,
+)
 from app.settings.cloud import CloudConfig
 
 ISSUE_EXAMPLE = """\
@@ -237,3 +245,55 @@ def test_the_shipped_keys_example_is_valid_beside_the_demo(
     keys = load_settings(tmp_path).client_keys
     assert keys is not None
     assert list(keys.keys) == ["agents", "family", "batch"]
+
+
+LAZY_BACKEND = {
+    "url": "http://127.0.0.1:8000",
+    "models": ["m"],
+    "lifecycle": "lazy",
+    "vram_mib": 8000,
+    "runtime": {"kind": "process", "command": ["serve"]},
+}
+
+
+def test_idle_and_eviction_stop_by_default_and_yield_reads_as_before() -> None:
+    backend = BackendConfig.model_validate(
+        {**LAZY_BACKEND, "yield": {"method": "sleep", "level": 2}}
+    )
+    assert (backend.yield_.method, backend.yield_.level) == ("sleep", 2)
+    assert (backend.idle.method, backend.idle.level) == ("stop", 1)
+    assert (backend.eviction.method, backend.eviction.level) == ("stop", 1)
+    assert backend.asleep_mib is None
+
+
+def test_idle_and_eviction_take_the_same_methods_as_yield() -> None:
+    backend = BackendConfig.model_validate(
+        {
+            **LAZY_BACKEND,
+            "idle": {"method": "sleep", "level": 2},
+            "eviction": {"method": "sleep"},
+            "asleep_mib": 1000,
+        }
+    )
+    assert (backend.idle.method, backend.idle.level) == ("sleep", 2)
+    assert (backend.eviction.method, backend.eviction.level) == ("sleep", 1)
+    assert backend.asleep_mib == 1000
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"idle": {"method": "hibernate"}}, "idle.method"),
+        ({"idle": {"method": "sleep", "level": 3}}, "idle.level"),
+        ({"eviction": {"method": "pause"}}, "eviction.method"),
+        ({"eviction": {"level": 0}}, "eviction.level"),
+        ({"yield": {"method": "sleep", "level": 0}}, "yield.level"),
+        ({"idle": {"method": "sleep", "ttl_s": 60}}, "idle.ttl_s"),
+        ({"asleep_mib": 9000}, "asleep_mib: 9000 is more than vram_mib: 8000"),
+        ({"asleep_mib": -1}, "asleep_mib"),
+    ],
+)
+def test_bad_release_methods_and_levels_are_refused(fields: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        BackendConfig.model_validate({**LAZY_BACKEND, **fields})
+    assert expected in str(info.value)

@@ -25,6 +25,7 @@ ALLOWED = {
     (S.SLEEPING, S.STOPPING),
     (S.SLEEPING, S.FAILED),  # died while asleep
     (S.STOPPED, S.SLEEPING),  # found asleep at gateway start
+    (S.STARTING, S.SLEEPING),  # a wake admission refused: still asleep
 }
 
 

@@ -1,0 +1,115 @@
+"""What a backend asks of admission (the arbiter, or nothing without a GPU to check), and
+the accounting of a sleeping backend. The helpers are pure.
+
+A backend asleep (vLLM sleep mode) still runs and keeps its CUDA context, graphs and
+allocator leftovers on its GPUs (0.5-6 GiB); levels 1 and 2 free the same GPU memory
+(weights and KV cache). So while asleep it counts what it still holds, not its footprint:
+
+- what its sleep freed as the probe saw it (GPU used before the sleep minus after),
+  subtracted from its footprint;
+- else (no probe, or a reading that showed nothing freed) its `asleep_mib:` estimate;
+- else its whole footprint: nothing is counted as free that was not seen or declared.
+
+A wake takes back its footprint minus what it kept, and is admitted for that much like a
+start (it may evict, or be refused and stay asleep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.settings import BackendConfig, ReleaseConfig
+
+
+class AdmissionRefused(Exception):
+    """Admission could not make room for a start; the message says what holds the memory."""
+
+
+@dataclass(slots=True)
+class Freed:
+    """What a sleep freed on the backend's first GPU, as the probe saw it (None: unknown).
+    Filled in when the measuring context exits."""
+
+    mib: int | None = None
+
+
+class Claimant(Protocol):
+    """What admission reads of a backend (`app.lifecycle.backend.Backend`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def config(self) -> BackendConfig: ...
+    @property
+    def vram_mib(self) -> int | None: ...
+    @property
+    def asleep_mib(self) -> int | None: ...
+    def record_measured(self, mib: int) -> None: ...
+
+
+class Admission(Protocol):
+    def admit(self, backend: Claimant, *, wake: bool = False) -> AbstractAsyncContextManager[None]:
+        """Entered around a start: reserve the backend's VRAM (evicting if needed) and
+        keep other starts out of its GPUs until the start is over. Raises
+        `AdmissionRefused` when the backend does not fit. `wake`: a wake from sleep,
+        which needs only what it takes back (`wake_mib`)."""
+
+    def measure_sleep(self, backend: Claimant) -> AbstractAsyncContextManager[Freed]:
+        """Entered around `POST /sleep`: what the GPU showed freed meanwhile."""
+
+
+class Unchecked:
+    """Admission when there is no GPU to check: every start is allowed."""
+
+    def admit(self, backend: Claimant, *, wake: bool = False) -> AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    def measure_sleep(self, backend: Claimant) -> AbstractAsyncContextManager[Freed]:
+        return _unmeasured()
+
+
+@contextlib.asynccontextmanager
+async def _unmeasured() -> AsyncIterator[Freed]:
+    yield Freed()
+
+
+def asleep_mib(footprint: int | None, freed: int | None, declared: int | None) -> int | None:
+    """MiB a backend counts while asleep, from its footprint (None: not checked), what the
+    probe saw its sleep free and its `asleep_mib:`; None: its whole footprint."""
+    if footprint is None:
+        return None
+    if freed is not None and freed > 0:
+        return max(0, footprint - freed)
+    if declared is not None:
+        return min(declared, footprint)
+    return None
+
+
+def asleep_reason(level: int, reason: str, kept: int | None) -> str:
+    """A sleeping backend's reason: `asleep (level 1, idle, holds 2000 MiB)`."""
+    held = "" if kept is None else f", holds {kept} MiB"
+    return f"asleep (level {level}, {reason}{held})"
+
+
+def wake_mib(footprint: int | None, asleep: int | None) -> int | None:
+    """MiB a wake takes back: its footprint minus what it kept; None: not checked."""
+    if footprint is None:
+        return None
+    return footprint - min(footprint, asleep if asleep is not None else footprint)
+
+
+def sleep_level(how: ReleaseConfig, *, managed: bool) -> int | None:
+    """The sleep level to give memory back with, per `how`; None: stop it. A server the
+    gateway does not manage is never put to sleep (nor stopped: `stop` does nothing)."""
+    return how.level if how.method == "sleep" and managed else None
+
+
+def may_have_slept(config: BackendConfig, yield_override: str | None) -> bool:
+    """Whether any of its ways to give memory back is sleep mode (a GPU profile's yield
+    method included): then a server found running at gateway start may be asleep."""
+    methods = (config.yield_.method, yield_override, config.idle.method, config.eviction.method)
+    return "sleep" in methods

@@ -1,0 +1,347 @@
+"""A sleeping backend in admission: what it counts, eviction by sleep, the wake admitted
+for what it takes back. The arbiter's GPU is simulated from what each fake server holds
+(its footprint awake, its residue asleep, nothing stopped), as a ledger or NVML shows it.
+No processes, no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from app.errors import BackendUnavailable, UnavailableKind
+from app.gpu.poller import GpuMonitor
+from app.gpu.sim import SimSource
+from app.lifecycle.admission import (
+    asleep_mib,
+    asleep_reason,
+    may_have_slept,
+    sleep_level,
+    wake_mib,
+)
+from app.lifecycle.arbiter import VramArbiter
+from app.lifecycle.backend import Backend
+from app.lifecycle.state import BackendState, StopReason
+from app.lifecycle.store import StateStore
+from app.metrics import Metrics
+from app.settings import BackendConfig, ReleaseConfig, TimeoutsConfig
+from app.upstreams.http import HttpUpstream
+from app.upstreams.vllm import VllmClient
+from tests.fakes.runtimes import FakeRuntime
+
+TOTAL_MIB = 24000
+T = TypeVar("T")
+
+
+# -- the pure rules -------------------------------------------------------------------------
+
+
+def test_asleep_counts_what_the_probe_did_not_see_freed() -> None:
+    assert asleep_mib(16000, 14000, None) == 2000
+    assert asleep_mib(16000, 14000, 5000) == 2000  # measured beats declared
+    assert asleep_mib(16000, 20000, None) == 0  # more than its footprint: it holds nothing
+    assert asleep_mib(16000, 0, 3000) == 3000  # nothing seen freed: the declared estimate
+    assert asleep_mib(16000, None, 30000) == 16000  # never more than its footprint
+    assert asleep_mib(16000, None, None) is None  # nothing known: its whole footprint
+    assert asleep_mib(None, 14000, 3000) is None  # not checked at all
+
+
+def test_a_wake_takes_back_its_footprint_minus_what_it_kept() -> None:
+    assert wake_mib(16000, 2000) == 14000
+    assert wake_mib(16000, None) == 0  # counted whole while asleep: nothing more to find
+    assert wake_mib(16000, 20000) == 0
+    assert wake_mib(None, 2000) is None
+
+
+def test_only_sleep_on_a_managed_server_is_a_sleep() -> None:
+    assert sleep_level(ReleaseConfig(method="sleep", level=2), managed=True) == 2
+    assert sleep_level(ReleaseConfig(method="sleep"), managed=False) is None
+    assert sleep_level(ReleaseConfig(), managed=True) is None
+
+
+# -- a rig ------------------------------------------------------------------------------------
+
+
+class Server:
+    """A backend's fake vLLM control endpoints: health, and sleep mode unless `dev_mode`
+    is off (then 404, as vLLM without VLLM_SERVER_DEV_MODE=1)."""
+
+    def __init__(self, awake_mib: int, asleep_mib: int, *, dev_mode: bool) -> None:
+        self.awake_mib = awake_mib
+        self.asleep_mib = asleep_mib
+        self.dev_mode = dev_mode
+        self.sleeping = False
+        self.wakes = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path in ("/sleep", "/wake_up", "/is_sleeping") and not self.dev_mode:
+            return httpx.Response(404)
+        if path == "/sleep":
+            self.sleeping = True
+        elif path == "/wake_up":
+            self.sleeping, self.wakes = False, self.wakes + 1
+        elif path == "/is_sleeping":
+            return httpx.Response(200, json={"is_sleeping": self.sleeping})
+        return httpx.Response(200)
+
+
+class Rig:
+    def __init__(self, state_dir: Path, *, measured: bool = True) -> None:
+        self.metrics = Metrics()
+        self.backends: dict[str, Backend] = {}
+        self.runtimes: dict[str, FakeRuntime] = {}
+        self.servers: dict[str, Server] = {}
+        self._clients: list[httpx.AsyncClient] = []
+        used = self.used if measured else self.placed
+        gpus = GpuMonitor(SimSource(TOTAL_MIB, 1, used), poll_interval_s=1.0, stale_after_s=10.0)
+        self.arbiter = VramArbiter(gpus, StateStore(state_dir), reclaim_timeout_s=2.0)
+        self.arbiter.attach(self.backends)
+
+    def used(self) -> dict[int, int]:
+        """What the servers hold, as the GPU shows it."""
+        held = 0
+        for name, server in self.servers.items():
+            if self.runtimes[name].running:
+                held += server.asleep_mib if server.sleeping else server.awake_mib
+        return {0: held}
+
+    def placed(self) -> dict[int, int]:
+        return self.arbiter.placed_mib()
+
+    def add(
+        self,
+        name: str,
+        *,
+        vram_mib: int,
+        asleep: int = 0,
+        priority: int = 50,
+        dev_mode: bool = True,
+        **config: Any,
+    ) -> Backend:
+        cfg = BackendConfig(
+            url=f"http://{name}:8000",
+            models=[name],
+            runtime={"kind": "process", "command": ["serve", name]},
+            lifecycle="lazy",
+            priority=priority,
+            vram_mib=vram_mib,
+            **config,
+        )
+        server = Server(vram_mib, asleep, dev_mode=dev_mode)
+        client = httpx.AsyncClient(transport=httpx.MockTransport(server))
+        self._clients.append(client)
+        runtime = FakeRuntime()
+        backend = Backend(
+            name,
+            cfg,
+            runtime,
+            HttpUpstream(name, cfg.url, TimeoutsConfig()),
+            VllmClient(client, cfg.url),
+            self.metrics,
+            admission=self.arbiter,
+        )
+        self.backends[name], self.runtimes[name], self.servers[name] = backend, runtime, server
+        return backend
+
+    async def ready(self, name: str, **config: Any) -> Backend:
+        backend = self.add(name, **config)
+        await within(backend.start())
+        assert state_of(backend) is BackendState.READY
+        return backend
+
+    def sleeps(self, backend: str, reason: str, outcome: str = "slept") -> float | None:
+        return self.metrics.registry.get_sample_value(
+            "microscheduler_backend_sleeps_total",
+            {"backend": backend, "outcome": outcome, "reason": reason},
+        )
+
+    async def close(self) -> None:
+        for backend in self.backends.values():
+            await backend.abandon()
+        for client in self._clients:
+            await client.aclose()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    made = Rig(tmp_path / "state")
+    yield made
+    await made.close()
+
+
+def state_of(backend: Backend) -> BackendState:
+    return backend.state  # a fresh read: no narrowing carried over an await
+
+
+async def within(awaitable: Awaitable[T], seconds: float = 5.0) -> T:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        pytest.fail(f"still waiting after {seconds:g}s")
+
+
+SLEEPS_FOR_EVICTION: dict[str, Any] = {"eviction": {"method": "sleep", "level": 1}}
+
+
+# -- eviction by sleep ------------------------------------------------------------------------
+
+
+async def test_eviction_puts_a_backend_to_sleep_and_counts_only_its_residue(rig: Rig) -> None:
+    low = await rig.ready("low", vram_mib=16000, asleep=2000, priority=10, **SLEEPS_FOR_EVICTION)
+    high = await rig.ready("high", vram_mib=10000, priority=50)
+    assert state_of(high) is BackendState.READY
+    assert state_of(low) is BackendState.SLEEPING
+    assert rig.runtimes["low"].stops == 0  # asleep, not stopped
+    assert low.asleep_mib == 2000  # measured: 14000 freed of its 16000
+    assert low.holds_vram
+    assert rig.arbiter.placed_mib() == {0: 12000}
+    assert rig.sleeps("low", "eviction") == 1.0
+    assert low.reason is not None
+    assert "holds 2000 MiB" in low.reason
+
+    # A later start needing more than the sleep freed stops the sleeper fully.
+    third = await rig.ready("third", vram_mib=13000, priority=50)
+    assert state_of(third) is BackendState.READY
+    assert state_of(low) is BackendState.STOPPED
+    assert rig.runtimes["low"].stops == 1
+    assert low.asleep_mib is None
+    assert rig.arbiter.placed_mib() == {0: 23000}
+
+
+async def test_a_sleep_that_frees_too_little_is_followed_by_a_stop(rig: Rig) -> None:
+    low = await rig.ready("low", vram_mib=16000, asleep=6000, priority=10, **SLEEPS_FOR_EVICTION)
+    high = await rig.ready("high", vram_mib=20000, priority=50)
+    assert state_of(high) is BackendState.READY
+    assert state_of(low) is BackendState.STOPPED  # asleep it kept 6000: 2000 too many
+    assert rig.sleeps("low", "eviction") == 1.0
+    assert rig.runtimes["low"].stops == 1
+    assert rig.arbiter.placed_mib() == {0: 20000}
+
+
+async def test_without_sleep_mode_eviction_stops_and_says_so(rig: Rig) -> None:
+    low = await rig.ready("low", vram_mib=16000, priority=10, dev_mode=False, **SLEEPS_FOR_EVICTION)
+    await rig.ready("high", vram_mib=10000, priority=50)
+    assert state_of(low) is BackendState.STOPPED
+    assert rig.sleeps("low", "eviction", "stopped") == 1.0
+    stops = rig.metrics.registry.get_sample_value(
+        "microscheduler_backend_stops_total", {"backend": "low", "reason": "eviction"}
+    )
+    assert stops == 1.0
+
+
+async def test_a_zone_stops_even_a_backend_that_sleeps_for_eviction(rig: Rig) -> None:
+    low = await rig.ready("low", vram_mib=16000, asleep=2000, priority=10, **SLEEPS_FOR_EVICTION)
+    await within(
+        rig.arbiter.acquire_zone(
+            "comfy", holder="comfyui", mib=20000, gpu=0, ttl_s=60, below_priority=None
+        )
+    )
+    assert state_of(low) is BackendState.STOPPED
+    assert rig.sleeps("low", "eviction") == 0.0
+
+
+# -- the wake is admitted -------------------------------------------------------------------
+
+
+async def test_a_wake_that_does_not_fit_is_refused_and_stays_asleep(rig: Rig) -> None:
+    low = await rig.ready("low", vram_mib=16000, asleep=2000, priority=10, **SLEEPS_FOR_EVICTION)
+    await rig.ready("high", vram_mib=10000, priority=50)
+    assert state_of(low) is BackendState.SLEEPING
+    # Waking takes back 14000 MiB; 12000 are free and `high` is not below its priority.
+    with pytest.raises(BackendUnavailable) as info:
+        await within(low.acquire())
+    assert info.value.kind is UnavailableKind.NO_VRAM
+    assert "not enough VRAM to wake" in info.value.message
+    assert state_of(low) is BackendState.SLEEPING
+    assert rig.servers["low"].wakes == 0
+    assert low.asleep_mib == 2000  # still counted as what it kept
+    assert rig.arbiter.placed_mib() == {0: 12000}
+
+
+async def test_a_wake_evicts_like_a_start(rig: Rig) -> None:
+    sleeper = await rig.ready("sleeper", vram_mib=16000, asleep=2000, priority=40)
+    await within(sleeper.sleep(StopReason.ADMIN, level=1))
+    assert sleeper.asleep_mib == 2000
+    low = await rig.ready("low", vram_mib=10000, priority=30)  # fits beside the residue
+    lease = await within(sleeper.acquire())  # takes back 14000 of 12000 free: `low` goes
+    lease.release()
+    assert state_of(sleeper) is BackendState.READY
+    assert rig.servers["sleeper"].wakes == 1
+    assert rig.runtimes["sleeper"].starts == 1  # woken, not started again
+    assert state_of(low) is BackendState.STOPPED
+    assert sleeper.asleep_mib is None
+    assert sleeper.measured_mib == 16000  # the start's measure, not the wake's 14000
+    assert rig.arbiter.placed_mib() == {0: 16000}
+
+
+# -- idle -----------------------------------------------------------------------------------
+
+SLEEPS_WHEN_IDLE: dict[str, Any] = {"idle_ttl_s": 10, "idle": {"method": "sleep", "level": 2}}
+
+
+async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) -> None:
+    backend = await rig.ready("b", vram_mib=16000, asleep=2000, **SLEEPS_WHEN_IDLE)
+    assert await within(backend.stop_if_idle(backend.last_used + 5)) is False
+    assert await within(backend.stop_if_idle(backend.last_used + 10)) is True
+    assert state_of(backend) is BackendState.SLEEPING
+    assert backend.reason is not None
+    assert backend.reason.startswith("asleep (level 2, idle")
+    assert backend.asleep_mib == 2000
+    assert rig.sleeps("b", "idle") == 1.0
+    assert rig.runtimes["b"].stops == 0
+    # Asleep it is not idle-stopped again: a second TTL does nothing.
+    assert await within(backend.stop_if_idle(backend.last_used + 3600)) is False
+    lease = await within(backend.acquire())
+    lease.release()
+    assert state_of(backend) is BackendState.READY
+    assert rig.servers["b"].wakes == 1
+    assert rig.arbiter.placed_mib() == {0: 16000}
+
+
+async def test_an_idle_backend_without_sleep_mode_is_stopped_instead(rig: Rig) -> None:
+    backend = await rig.ready("b", vram_mib=16000, dev_mode=False, **SLEEPS_WHEN_IDLE)
+    assert await within(backend.stop_if_idle(backend.last_used + 10)) is True
+    assert state_of(backend) is BackendState.STOPPED
+    assert rig.sleeps("b", "idle", "stopped") == 1.0
+    stops = rig.metrics.registry.get_sample_value(
+        "microscheduler_backend_stops_total", {"backend": "b", "reason": "idle"}
+    )
+    assert stops == 1.0
+
+
+# -- without a measure --------------------------------------------------------------------
+
+
+async def test_unmeasured_a_sleeper_counts_its_declared_residue_else_everything(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, measured=False)  # the GPU shows what the gateway placed
+    try:
+        declared = await rig.ready("declared", vram_mib=8000, asleep_mib=1500)
+        silent = await rig.ready("silent", vram_mib=8000)
+        await within(declared.sleep(StopReason.ADMIN, level=1))
+        await within(silent.sleep(StopReason.ADMIN, level=1))
+        assert declared.asleep_mib == 1500
+        assert silent.asleep_mib is None  # counted whole: nothing seen or declared freed
+        assert rig.arbiter.placed_mib() == {0: 9500}
+    finally:
+        await rig.close()
+
+
+def test_a_server_found_running_may_be_asleep_when_any_method_sleeps() -> None:
+    def config(**fields: Any) -> BackendConfig:
+        return BackendConfig(url="http://b:8000", models=["m"], **fields)
+
+    assert not may_have_slept(config(), None)
+    assert may_have_slept(config(idle={"method": "sleep"}), None)
+    assert may_have_slept(config(eviction={"method": "sleep"}), None)
+    assert may_have_slept(config(), "sleep")  # a GPU profile's sleep_mode
+    assert may_have_slept(config(**{"yield": {"method": "sleep"}}), "stop")
+    assert asleep_reason(1, "idle", 2000) == "asleep (level 1, idle, holds 2000 MiB)"
+    assert asleep_reason(2, "eviction", None) == "asleep (level 2, eviction)"
