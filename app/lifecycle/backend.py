@@ -111,6 +111,7 @@ class Backend:
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
         self._leases = Leases(name, metrics, None if events is None else events.changed)
         self.last_start_s: float | None = None
+        self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
         self._blocks = Blocks()
         self._refused = False  # stopped because admission found no room (kind no_vram)
@@ -575,6 +576,8 @@ class Backend:
         self._refused = False
         if target is BackendState.STOPPED:
             self.holds_vram = False
+        elif target is BackendState.READY:
+            self.ready_since = time.monotonic()
         self._metrics.set_backend_state(self.name, target)
         if self._events is not None:
             self._events.record(

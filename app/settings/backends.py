@@ -111,6 +111,11 @@ class BackendConfig(StrictConfig):
     # Lifecycle (see README "Model lifecycle").
     lifecycle: Literal["pinned", "lazy"] = "pinned"
     idle_ttl_s: NonNegativeFloat = 0.0
+    # Lazy only: once ready, another model's start does not evict it for this long (it
+    # waits instead, up to its own start_timeout_s), so two models that do not fit together
+    # do not swap at every request. A zone or a yield still evicts it; idle_ttl_s still
+    # stops it. 0: no protection.
+    min_resident_s: NonNegativeFloat = 0.0
     priority: int = 50
     vram_mib: PositiveInt | None = None
     gpus: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
@@ -166,6 +171,11 @@ class BackendConfig(StrictConfig):
                     "vram_mib: is required for lifecycle: lazy (used for admission), unless "
                     "model_info: or hf_config: describes the model to plan it from"
                 )
+        elif self.min_resident_s > 0:
+            raise ValueError(
+                "min_resident_s: applies to lifecycle: lazy only (a pinned backend is never "
+                "evicted for another model)"
+            )
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
         resolve(self.model_info, self.hf_config)  # a description must be usable
