@@ -168,7 +168,6 @@ class VramArbiter:
             async with self._locked(gpus):
                 yield
             return
-        priority = backend.config.priority
         # Waiting out others' min_resident_s is bounded like the rest of a start.
         deadline = time.monotonic() + backend.config.start_timeout_s
         short_since: float | None = None  # when it first found its memory held by others
@@ -179,14 +178,13 @@ class VramArbiter:
                 wait: _Protected | None = None
                 if need is not None and before is not None:
                     room = dict.fromkeys(gpus, need)
-                    fits_now = self._plan(room, before, backend.name, priority).fits
-                    if short_since is None and not fits_now:
+                    if short_since is None and not self._fits(room, before):
                         short_since = time.monotonic()
                     try:
                         evicted, before = await self._make_room(
                             room,
                             before,
-                            below_priority=priority,
+                            below_priority=backend.config.priority,
                             stop_reason=StopReason.EVICTION,
                             requester=backend.name,
                         )
@@ -208,6 +206,11 @@ class VramArbiter:
             # Out of the GPUs' locks: nothing is launched meanwhile, so other starts that
             # fit, zones and the yield need not wait for this one.
             await wait_out(backend, wait.plan, str(wait), deadline)
+
+    def _fits(self, need: dict[int, int], reading: GpuSnapshot) -> bool:
+        """Whether `need` is free now, without evicting or waiting for anything."""
+        free = self._admissible_free(reading)
+        return all(free.get(gpu, 0) >= mib for gpu, mib in need.items())
 
     def _count_swap(self, name: str, evicted: tuple[str, ...], short_since: float | None) -> None:
         if self._metrics is None:
