@@ -136,6 +136,22 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
+        self.swaps = Counter(
+            "swaps",
+            "Starts of `backend` that evicted `evicted` to make room on its GPUs.",
+            ["backend", "evicted"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.swap_wait = Histogram(
+            "swap_wait_seconds",
+            "How long a start waited for VRAM other models held (min_resident_s, eviction "
+            "and the memory coming back); only starts that had to wait or evict, and got in.",
+            ["backend"],
+            namespace=ns,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.drain_timeouts = Counter(
             "drain_timeouts",
             "Stops that went ahead with requests still in flight after drain_timeout_s.",
@@ -210,6 +226,7 @@ class Metrics:
             self.waiting.labels(backend, why)
         self.pool_wait.labels(backend)
         self.drain_timeouts.labels(backend)
+        self.swap_wait.labels(backend)
 
     def set_backend_state(self, backend: str, state: BackendState) -> None:
         for name in BackendState:

@@ -101,6 +101,7 @@ class Services:
             store,
             reclaim_timeout_s=settings.gpu.reclaim_timeout_s,
             events=self.events,
+            metrics=metrics,
         )
         runtime_factory = seams.runtime_factory or self._build_runtime
         self.backends = {

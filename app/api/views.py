@@ -15,6 +15,7 @@ from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
+from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState
 from app.lifecycle.vram_yield import RestoreReport, YieldOutcome
 from app.lifecycle.zones import Zone
@@ -46,6 +47,9 @@ def backend_view(backend: Backend) -> Json:
         "pool_waiting": backend.upstream.pool_waiting,  # for a free connection (max_connections)
         "idle_s": round(backend.idle_s(), 1),
         "idle_ttl_s": cfg.idle_ttl_s,
+        "min_resident_s": cfg.min_resident_s,
+        # While it lasts, the seconds left: another model's start waits, not evicts it.
+        "protected_for_s": round(protected_for_s(backend), 1) or None,
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
         "healthy": backend.healthy,
         "health_error": backend.health_error,

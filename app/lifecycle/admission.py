@@ -22,6 +22,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.lifecycle.server import Server
 from app.settings import BackendConfig, ReleaseConfig
 
 
@@ -48,6 +49,8 @@ class Claimant(Protocol):
     def vram_mib(self) -> int | None: ...
     @property
     def asleep_mib(self) -> int | None: ...
+    @property
+    def server(self) -> Server: ...  # what its start progress says while admission waits
     def record_measured(self, mib: int) -> None: ...
 
 

@@ -4,7 +4,9 @@
   GPUs for the whole start (two vLLM instances profiling memory at once break each
   other), checks free VRAM against its footprint (`Backend.vram_mib`: `vram_mib`, the
   profile's share or the planner's estimate), evicts lower-priority lazy backends when
-  needed and waits until the probe shows the memory back.
+  needed and waits until the probe shows the memory back. A lazy backend inside its
+  `min_resident_s` is not evicted for a start: the start waits for the protection to end
+  (out of the GPUs' locks, up to its own `start_timeout_s`), then evicts it.
 - Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
   what it stopped until `release_zone()` or expiry. Zones are saved in the state file
   and re-applied when the gateway starts again.
@@ -38,10 +40,13 @@ from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, sleep_level, wake_mib
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
+from app.lifecycle.holdings import holders, residents
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
+from app.lifecycle.residency import may_evict, wait_out
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore, StateWriteError
 from app.lifecycle.zones import Zone
+from app.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +68,12 @@ class VramArbiter:
         *,
         reclaim_timeout_s: float,
         events: EventLog | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed)."""
         self._gpus = gpus
         self._events = events
+        self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
         self._store = store
         self._reclaim_timeout_s = reclaim_timeout_s
@@ -78,6 +85,11 @@ class VramArbiter:
 
     def attach(self, backends: Mapping[str, Backend]) -> None:
         self._backends = backends
+        if self._metrics is not None:  # every swap the configuration allows, at zero
+            for starter in backends.values():
+                for victim in backends.values():
+                    if may_evict(starter, victim):
+                        self._metrics.swaps.labels(starter.name, victim.name)
 
     async def read_gpus(self) -> GpuSnapshot | None:
         """A fresh GPU sample (else the last good one); None: no telemetry, admission off."""
@@ -115,45 +127,10 @@ class VramArbiter:
         }
 
     def _residents(self, exclude: str | None = None) -> list[Resident]:
-        now = time.monotonic()
-        return [
-            Resident(
-                name=b.name,
-                gpus=tuple(b.config.gpus),
-                vram_mib=b.counted_mib,
-                priority=b.config.priority,
-                lazy=b.lazy,
-                in_flight=b.in_flight,
-                idle_s=b.idle_s(now),
-                evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
-            )
-            for b in self._backends.values()
-            if b.holds_vram and b.counted_mib and b.name != exclude
-        ]
+        return residents(self._backends.values(), exclude)
 
-    def _holders(self, gpu: int, below_priority: int | None) -> list[Holder]:
-        holders = []
-        for r in self._residents():
-            if gpu not in r.gpus:
-                continue
-            if not r.lazy:
-                note = "pinned"
-            elif below_priority is not None and r.priority >= below_priority:
-                note = f"priority {r.priority}, not below {below_priority}"
-            elif not r.evictable:
-                note = "starting or stopping"
-            else:
-                note = ""
-            asleep = self._backends[r.name].state is BackendState.SLEEPING
-            holders.append(
-                Holder(f"backend {r.name}{' (asleep)' if asleep else ''}", r.vram_mib, note)
-            )
-        holders += [
-            Holder(f"zone {z.name} (holder {z.holder})", z.mib)
-            for z in self.zones.values()
-            if z.gpu == gpu
-        ]
-        return holders
+    def _holders(self, gpu: int, below_priority: int | None, force: bool) -> list[Holder]:
+        return holders(self._backends, self.zones.values(), gpu, below_priority, force)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -163,28 +140,59 @@ class VramArbiter:
         (a `wake` from sleep: for what it takes back, its residue being counted already)
         and afterwards record what a start used (`measured_mib`)."""
         gpus = sorted(backend.config.gpus)
-        async with self._locked(gpus):
-            need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
-            before = await self.read_gpus()
-            if need is not None:
-                try:
-                    _, before = await self._make_room(
-                        dict.fromkeys(gpus, need),
-                        before,
-                        below_priority=backend.config.priority,
-                        stop_reason=StopReason.EVICTION,
-                        requester=backend.name,
-                    )
-                except _NoRoom as exc:
-                    raise AdmissionRefused(str(exc)) from None
-            yield
-            if wake:
-                return  # what a wake took back is not what a start uses
-            after = await self.read_gpus()
-            first_before = None if before is None else before.usable(gpus[0])
-            first_after = None if after is None else after.usable(gpus[0])
-            if first_before is not None and first_after is not None:
-                backend.record_measured(max(0, first_after.used_mib - first_before.used_mib))
+        # Waiting out others' min_resident_s is bounded like the rest of a start.
+        deadline = time.monotonic() + backend.config.start_timeout_s
+        short_since: float | None = None  # when it first found its memory held by others
+        while True:
+            async with self._locked(gpus):
+                need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
+                before = await self.read_gpus()
+                wait: _Protected | None = None
+                if need is not None and before is not None:
+                    room = dict.fromkeys(gpus, need)
+                    if short_since is None and not self._fits(room, before):
+                        short_since = time.monotonic()
+                    try:
+                        evicted, before = await self._make_room(
+                            room,
+                            before,
+                            below_priority=backend.config.priority,
+                            stop_reason=StopReason.EVICTION,
+                            requester=backend.name,
+                        )
+                    except _NoRoom as exc:
+                        raise AdmissionRefused(str(exc)) from None
+                    except _Protected as protected:
+                        wait = protected
+                    else:
+                        self._count_swap(backend.name, evicted, short_since)
+                if wait is None:
+                    yield
+                    if wake:
+                        return  # what a wake took back is not what a start uses
+                    after = await self.read_gpus()
+                    first_before = None if before is None else before.usable(gpus[0])
+                    first_after = None if after is None else after.usable(gpus[0])
+                    if first_before is not None and first_after is not None:
+                        used = first_after.used_mib - first_before.used_mib
+                        backend.record_measured(max(0, used))
+                    return
+            # Out of the GPUs' locks: nothing is launched meanwhile, so other starts that
+            # fit, zones and the yield need not wait for this one.
+            await wait_out(backend, wait.plan, str(wait), deadline)
+
+    def _fits(self, need: dict[int, int], reading: GpuSnapshot) -> bool:
+        """Whether `need` is free now, without evicting or waiting for anything."""
+        free = self._admissible_free(reading)
+        return all(free.get(gpu, 0) >= mib for gpu, mib in need.items())
+
+    def _count_swap(self, name: str, evicted: tuple[str, ...], short_since: float | None) -> None:
+        if self._metrics is None:
+            return
+        for victim in evicted:
+            self._metrics.swaps.labels(name, victim).inc()
+        if short_since is not None:
+            self._metrics.swap_wait.labels(name).observe(time.monotonic() - short_since)
 
     @contextlib.asynccontextmanager
     async def measure_sleep(self, backend: Claimant) -> AsyncIterator[Freed]:
@@ -224,10 +232,12 @@ class VramArbiter:
         stop_reason: StopReason,
         requester: str,
         block: tuple[str, str, BlockKind, float | None] | None = None,
+        force: bool = False,
     ) -> tuple[tuple[str, ...], GpuSnapshot | None]:
         """Evict what `plan_eviction` picks and wait for the memory; return who was stopped
         and the last reading (the one that showed the room). `reading` is the probe's
-        reading the caller just took.
+        reading the caller just took. Raises `_Protected` when only residents inside
+        their min_resident_s are in the way (never with `force`: zones, the yield).
 
         `block` (key, description) blocks the evicted backends before they are stopped,
         so requests arriving during their drain do not wake them again.
@@ -239,7 +249,7 @@ class VramArbiter:
             raise _NoRoom(
                 f"GPU {unknown[0]} is not present (the probe sees {reading.usable_indices})"
             )
-        plan = self._plan(need, reading, requester, below_priority)
+        plan = self._plan(need, reading, requester, below_priority, force)
         if not plan.fits:
             stopping = self._stopping_on(need, requester)
             if stopping:
@@ -249,21 +259,28 @@ class VramArbiter:
                 reading = await self.read_gpus()
                 if reading is None:
                     return (), None
-                plan = self._plan(need, reading, requester, below_priority)
+                plan = self._plan(need, reading, requester, below_priority, force)
         if not plan.fits:
-            raise _NoRoom(self._refusal(need, reading, plan, below_priority))
+            refusal = self._refusal(need, reading, plan, below_priority, force)
+            raise _NoRoom(refusal) if plan.wait_s is None else _Protected(refusal, plan)
         if plan.evict:
             reading = await self._evict(plan.evict, need, stop_reason, requester, block)
         return plan.evict, reading
 
     def _plan(
-        self, need: dict[int, int], reading: GpuSnapshot, requester: str, below: int | None
+        self,
+        need: dict[int, int],
+        reading: GpuSnapshot,
+        requester: str,
+        below: int | None,
+        force: bool = False,
     ) -> Placement:
         return plan_eviction(
             need,
             self._admissible_free(reading),
             self._residents(exclude=requester),
             below_priority=below,
+            force=force,
         )
 
     def _stopping_on(self, need: dict[int, int], requester: str) -> list[Backend]:
@@ -374,6 +391,7 @@ class VramArbiter:
         reading: GpuSnapshot,
         plan: Placement,
         below_priority: int | None,
+        force: bool,
     ) -> str:
         lines = []
         for gpu, short in sorted(plan.short_mib.items()):
@@ -382,7 +400,9 @@ class VramArbiter:
             used = max(mem.used_mib, self.placed_mib().get(gpu, 0))
             lines.append(
                 f"needs {need[gpu]} MiB on GPU {gpu}, {short} MiB more than eviction can free; "
-                + describe_holders(gpu, mem.total_mib, used, self._holders(gpu, below_priority))
+                + describe_holders(
+                    gpu, mem.total_mib, used, self._holders(gpu, below_priority, force)
+                )
             )
         return "; ".join(lines)
 
@@ -429,6 +449,7 @@ class VramArbiter:
                     stop_reason=StopReason.ZONE,
                     requester=f"zone:{name}",
                     block=(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at),
+                    force=True,  # an outside workload does not wait for min_resident_s
                 )
             except _NoRoom as exc:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
@@ -558,3 +579,11 @@ class VramArbiter:
 
 class _NoRoom(Exception):
     pass
+
+
+class _Protected(Exception):
+    """No room now, but there will be once residents' min_resident_s ends (`plan`)."""
+
+    def __init__(self, message: str, plan: Placement) -> None:
+        super().__init__(message)
+        self.plan = plan

@@ -94,6 +94,7 @@ class Backend:
         self._asleep_mib: int | None = None
         self._leases = Leases(name, metrics, None if events is None else events.changed)
         self.last_start_s: float | None = None
+        self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
         self._blocks = Blocks()
         self._refused = False  # stopped because admission found no room (kind no_vram)
@@ -584,6 +585,8 @@ class Backend:
         if target is BackendState.STOPPED:
             self.holds_vram = False
             self._asleep_mib = None
+        elif target is BackendState.READY:
+            self.ready_since = time.monotonic()
         self._metrics.set_backend_state(self.name, target)
         if self._events is not None:
             self._events.record(

@@ -9,8 +9,10 @@ lock, and owns the state. Nothing here changes a backend's state: failures are r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from app.lifecycle.state import SleepOutcome, StopReason
@@ -40,6 +42,8 @@ class Server:
         self.runtime_detail: str | None = None  # the runtime's last word on it
         # While wait_healthy polls: when it began and what the runtime last said.
         self._waiting: tuple[float, str] | None = None
+        # While admission waits for memory other models hold: says what it waits for.
+        self._vram_wait: Callable[[], str] | None = None
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -124,6 +128,8 @@ class Server:
     def start_progress(self) -> str | None:
         """While a start waits for health: `health check to http://127.0.0.1:8189/health
         refused for 40 s; the process is running` (for /status, the page, wake notices)."""
+        if self._vram_wait is not None:
+            return self._vram_wait()
         if self._waiting is None:
             return None
         began, running = self._waiting
@@ -132,6 +138,15 @@ class Server:
             error = "refused"
         waited = int(time.monotonic() - began)
         return f"health check to {self.vllm.health_url} {error} for {waited} s; {running}"
+
+    @contextlib.contextmanager
+    def waiting_for_vram(self, progress: Callable[[], str]) -> Iterator[None]:
+        """Admission waits for memory before the launch: `start_progress` is `progress()`."""
+        self._vram_wait = progress
+        try:
+            yield
+        finally:
+            self._vram_wait = None
 
     async def stop(self) -> None:
         """Stop a server the gateway manages (nothing for an external one)."""

@@ -114,6 +114,11 @@ class BackendConfig(StrictConfig):
     # Lifecycle (see README "Model lifecycle").
     lifecycle: Literal["pinned", "lazy"] = "pinned"
     idle_ttl_s: NonNegativeFloat = 0.0
+    # Lazy only: once ready, another model's start does not evict it for this long (it
+    # waits instead, up to its own start_timeout_s), so two models that do not fit together
+    # do not swap at every request. A zone or a yield still evicts it; idle_ttl_s still
+    # stops it. 0: no protection.
+    min_resident_s: NonNegativeFloat = 0.0
     priority: int = 50
     vram_mib: PositiveInt | None = None
     gpus: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
@@ -174,6 +179,11 @@ class BackendConfig(StrictConfig):
                     "vram_mib: is required for lifecycle: lazy (used for admission), unless "
                     "model_info: or hf_config: describes the model to plan it from"
                 )
+        elif self.min_resident_s > 0:
+            raise ValueError(
+                "min_resident_s: applies to lifecycle: lazy only (a pinned backend is never "
+                "evicted for another model)"
+            )
         if self.asleep_mib is not None and self.asleep_mib > (self.vram_mib or self.asleep_mib):
             raise ValueError(
                 f"asleep_mib: {self.asleep_mib} is more than vram_mib: {self.vram_mib} "

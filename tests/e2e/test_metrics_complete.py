@@ -36,6 +36,8 @@ FAMILIES = (
     "microscheduler_requests_waiting",
     "microscheduler_drain_timeouts",
     "microscheduler_backend_sleeps",
+    "microscheduler_swaps",
+    "microscheduler_swap_wait_seconds",
     "microscheduler_gpu_probe_up",
     "microscheduler_gpu_snapshot_age_seconds",
     "microscheduler_gpu_memory_used_bytes",

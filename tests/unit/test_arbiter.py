@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -59,7 +59,7 @@ class Rig:
         gpus = GpuMonitor(
             SimSource(total_mib, count, self.placed), poll_interval_s=1.0, stale_after_s=10.0
         )
-        self.arbiter = VramArbiter(gpus, self.store, reclaim_timeout_s=5.0)
+        self.arbiter = VramArbiter(gpus, self.store, reclaim_timeout_s=5.0, metrics=self.metrics)
         self.arbiter.attach(self.backends)  # the same dict: backends added later count
 
     def placed(self) -> dict[int, int]:
@@ -73,6 +73,7 @@ class Rig:
         priority: int = 50,
         pinned: bool = False,
         gpus: Sequence[int] = (0,),
+        **fields: Any,
     ) -> Backend:
         config = BackendConfig(
             url=f"http://{name}:8000",
@@ -82,6 +83,7 @@ class Rig:
             priority=priority,
             vram_mib=vram_mib,
             gpus=list(gpus),
+            **fields,
         )
         runtime = FakeRuntime()
         health = Health()
@@ -102,10 +104,16 @@ class Rig:
         return backend
 
     async def ready(
-        self, name: str, *, vram_mib: int, priority: int = 50, pinned: bool = False
+        self,
+        name: str,
+        *,
+        vram_mib: int,
+        priority: int = 50,
+        pinned: bool = False,
+        **fields: Any,
     ) -> Backend:
         """Add a backend and start it (admission included); it must end ready."""
-        backend = self.add(name, vram_mib=vram_mib, priority=priority, pinned=pinned)
+        backend = self.add(name, vram_mib=vram_mib, priority=priority, pinned=pinned, **fields)
         await within(backend.start())
         assert state_of(backend) is BackendState.READY
         return backend

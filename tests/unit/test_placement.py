@@ -15,6 +15,7 @@ def lazy(
     idle_s: float = 0.0,
     in_flight: int = 0,
     gpus: tuple[int, ...] = (0,),
+    protected_s: float = 0.0,
 ) -> Resident:
     return Resident(
         name=name,
@@ -24,6 +25,7 @@ def lazy(
         lazy=True,
         in_flight=in_flight,
         idle_s=idle_s,
+        protected_s=protected_s,
     )
 
 
@@ -153,6 +155,63 @@ def test_a_small_pick_made_redundant_by_a_later_big_one_is_dropped() -> None:
 def test_picks_that_are_all_needed_are_kept() -> None:
     residents = [lazy("a", 3000, priority=10), lazy("b", 3000, priority=20)]
     plan = plan_eviction({0: 6000}, {0: 0}, residents)
+    assert plan == Placement(fits=True, evict=("a", "b"))
+
+
+# -- min_resident_s -------------------------------------------------------------------------
+
+
+def test_a_protected_resident_is_not_evicted_while_another_one_suffices() -> None:
+    residents = [
+        lazy("protected", 8000, priority=10, idle_s=100.0, protected_s=30.0),
+        lazy("free", 8000, priority=20),
+    ]
+    plan = plan_eviction({0: 8000}, {0: 0}, residents)
+    assert plan == Placement(fits=True, evict=("free",))
+
+
+def test_only_protected_residents_in_the_way_means_wait_until_the_protection_ends() -> None:
+    residents = [lazy("a", 16000, priority=10, protected_s=12.5)]
+    plan = plan_eviction({0: 16000}, {0: 8000}, residents, below_priority=50)
+    assert plan == Placement(fits=False, short_mib={0: 8000}, wait_s=12.5, protected=("a",))
+
+
+def test_the_wait_is_until_enough_protections_have_ended_not_the_last_one() -> None:
+    # "late" would be picked first (lower priority), but "early" alone is enough at 3 s.
+    residents = [
+        lazy("late", 8000, priority=10, protected_s=60.0),
+        lazy("early", 8000, priority=20, protected_s=3.0),
+        lazy("unprotected", 4000, priority=30),
+    ]
+    plan = plan_eviction({0: 12000}, {0: 0}, residents)
+    assert (plan.fits, plan.wait_s, plan.protected) == (False, 3.0, ("early",))
+    assert plan.short_mib == {0: 8000}  # what is missing now
+
+
+def test_a_wait_that_needs_two_protections_to_end_waits_for_the_later() -> None:
+    residents = [lazy("a", 8000, protected_s=5.0), lazy("b", 8000, protected_s=20.0)]
+    plan = plan_eviction({0: 16000}, {0: 0}, residents, below_priority=60)
+    assert (plan.wait_s, set(plan.protected)) == (20.0, {"a", "b"})
+
+
+def test_no_wait_is_offered_when_even_the_end_of_every_protection_is_not_enough() -> None:
+    residents = [
+        lazy("a", 8000, protected_s=5.0),
+        Resident("pinned", (0,), 16000, priority=0, lazy=False),
+    ]
+    plan = plan_eviction({0: 16000}, {0: 0}, residents)
+    assert plan == Placement(fits=False, short_mib={0: 16000})
+
+
+def test_protection_does_not_lift_the_priority_ceiling() -> None:
+    residents = [lazy("equal", 16000, priority=50, protected_s=5.0)]
+    plan = plan_eviction({0: 16000}, {0: 0}, residents, below_priority=50)
+    assert plan == Placement(fits=False, short_mib={0: 16000})
+
+
+def test_a_forced_plan_evicts_protected_residents_at_once() -> None:
+    residents = [lazy("a", 8000, priority=10, protected_s=300.0), lazy("b", 8000, priority=20)]
+    plan = plan_eviction({0: 16000}, {0: 0}, residents, below_priority=None, force=True)
     assert plan == Placement(fits=True, evict=("a", "b"))
 
 

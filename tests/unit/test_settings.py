@@ -163,6 +163,12 @@ def test_invalid_optional_file_is_named(tmp_path: Path) -> None:
             ISSUE_EXAMPLE.replace("{kind: external}", "{kind: process}"),
             "models.yaml: backends.orchestrator.runtime.process.command: is required",
         ),
+        (
+            ISSUE_EXAMPLE.replace(
+                "role: orchestrator", "role: orchestrator\n    min_resident_s: 30"
+            ),
+            "models.yaml: backends.orchestrator: min_resident_s: applies to lifecycle: lazy only",
+        ),
         ("backends: {}\n", "models.yaml: backends: Dictionary should have at least 1 item"),
         ("timeouts: {}\n", "models.yaml: backends: is required"),
         (

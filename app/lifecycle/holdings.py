@@ -1,0 +1,64 @@
+"""Who holds the GPUs' memory, as admission sees it: the backends that may be evicted
+(`residents`, for `placement.plan_eviction`) and everything on a GPU with why it was not
+evicted (`holders`, for the refusal's words). Reads state only."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+
+from app.lifecycle.backend import Backend
+from app.lifecycle.placement import Holder, Resident
+from app.lifecycle.residency import protected_for_s
+from app.lifecycle.state import BackendState
+from app.lifecycle.zones import Zone
+
+
+def residents(backends: Iterable[Backend], exclude: str | None = None) -> list[Resident]:
+    """The backends holding memory (a sleeping one: what it still holds), but `exclude`."""
+    now = time.monotonic()
+    return [
+        Resident(
+            name=b.name,
+            gpus=tuple(b.config.gpus),
+            vram_mib=b.counted_mib,
+            priority=b.config.priority,
+            lazy=b.lazy,
+            in_flight=b.in_flight,
+            idle_s=b.idle_s(now),
+            evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
+            protected_s=protected_for_s(b, now),
+        )
+        for b in backends
+        if b.holds_vram and b.counted_mib and b.name != exclude
+    ]
+
+
+def holders(
+    backends: Mapping[str, Backend],
+    zones: Iterable[Zone],
+    gpu: int,
+    below_priority: int | None,
+    force: bool,
+) -> list[Holder]:
+    """What holds memory on `gpu`, each with why a start below `below_priority` (None: a
+    zone) could not evict it."""
+    found = []
+    for r in residents(backends.values()):
+        if gpu not in r.gpus:
+            continue
+        if not r.lazy:
+            note = "pinned"
+        elif below_priority is not None and r.priority >= below_priority:
+            note = f"priority {r.priority}, not below {below_priority}"
+        elif not r.evictable:
+            note = "starting or stopping"
+        elif r.protected_s > 0 and not force:
+            note = f"min_resident_s, {math.ceil(r.protected_s)}s more"
+        else:
+            note = ""
+        asleep = backends[r.name].state is BackendState.SLEEPING
+        found.append(Holder(f"backend {r.name}{' (asleep)' if asleep else ''}", r.vram_mib, note))
+    found += [Holder(f"zone {z.name} (holder {z.holder})", z.mib) for z in zones if z.gpu == gpu]
+    return found
