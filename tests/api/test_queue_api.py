@@ -8,11 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from asyncio import FIRST_COMPLETED
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from app.routing.exchange import Call
 from app.services import Services
 from app.settings.keys import Priority
+from tests.api.test_fallback_triggers import world
 from tests.fakes.servers import (
     FakeServer,
     Gateway,
@@ -88,9 +93,9 @@ async def test_queued_requests_reach_a_priority_backend_in_key_order_with_its_pr
             held.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await held
-            first = await asyncio.wait_for(high, 5)
-            assert not low.done()
-            first.finish()
+            done, _ = await asyncio.wait({low, high}, timeout=5, return_when=FIRST_COMPLETED)
+            assert done == {high}
+            high.result().finish()
             (await asyncio.wait_for(low, 5)).finish()
             sent = [r["body"] for r in (await fake.stats())["requests"]]
             assert [body["priority"] for body in sent] == [0, -1, 1]  # normal, high, low
@@ -122,3 +127,38 @@ async def test_a_fcfs_backend_gets_the_clients_body_and_vllms_answer_to_it() -> 
             "Got priority 3 but Priority scheduling is not enabled."
         )
         assert (await fake.stats())["requests"][-1]["body"] == json.loads(raw)
+
+
+async def test_a_chains_local_entry_queues_by_the_calls_priority(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    backend = {"max_inflight": 1, "timeouts": {"first_byte_s": 30}}
+    async with world(monkeypatch, tmp_path, entries=["reasoning", "cloud"], backend=backend) as w:
+        dispatcher = w.services.dispatcher
+        route = dispatcher.route("reasoning")
+
+        def call(priority: Priority) -> Call:
+            payload = chat("reasoning", messages=[{"role": "user", "content": str(priority)}])
+            body = json.dumps({**payload, "model": route.upstream_model}).encode()
+            return Call(route, "/v1/chat/completions", payload, False, body, {},
+                        priority=priority)  # fmt: skip
+
+        await w.local.set_faults(stall_before_headers=True)
+        held = asyncio.create_task(dispatcher.open(call(Priority.NORMAL)))
+        await until(lambda: upstream_in_flight(w.local, 1), what="the first request upstream")
+        await w.local.set_faults(stall_before_headers=False)
+        low = asyncio.create_task(dispatcher.open(call(Priority.LOW)))
+        await until_backend(w.gw, "reasoning", queued=1)
+        high = asyncio.create_task(dispatcher.open(call(Priority.HIGH)))
+        await until_backend(w.gw, "reasoning", queued=2)
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        done, _ = await asyncio.wait({low, high}, timeout=5, return_when=FIRST_COMPLETED)
+        assert done == {high}
+        first = high.result()
+        assert first.backend == "reasoning"
+        first.finish()
+        (await asyncio.wait_for(low, 5)).finish()
+        sent = [r["body"]["messages"][0]["content"] for r in (await w.local.stats())["requests"]]
+        assert sent == ["normal", "high", "low"]
