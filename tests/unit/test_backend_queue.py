@@ -194,6 +194,23 @@ async def test_a_slot_wait_longer_than_max_wait_s_is_a_503_naming_max_inflight()
     held.release()
 
 
+async def test_a_request_waiting_for_a_slot_is_told_why_every_wake_notice_interval() -> None:
+    runtime = GatedRuntime()
+    runtime.gate.set()
+    backend = make_backend(runtime, wake_notice_s=0.01, max_inflight=1, **LAZY)
+    await backend.start()
+    held = await backend.acquire()
+    notices: list[str | None] = []
+
+    async def notice(waited_s: float, detail: str | None) -> None:
+        notices.append(detail)
+        if len(notices) == 2:
+            held.release()
+
+    (await asyncio.wait_for(backend.acquire(notice), 5)).release()
+    assert notices == ["queued for a slot, max_inflight 1"] * 2
+
+
 async def test_max_waiting_bounds_the_requests_queued_for_a_slot() -> None:
     backend = await ready(GatedRuntime(), max_inflight=1, max_waiting=1)
     held = await backend.acquire()
