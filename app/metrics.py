@@ -37,7 +37,7 @@ UPSTREAM_ERROR_KINDS: Final = (
     "disconnected",
     "http_5xx",
 )
-WAIT_REASONS: Final = ("wake", "connection_pool")
+WAIT_REASONS: Final = ("wake", "max_inflight", "connection_pool")
 YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -121,8 +121,9 @@ class Metrics:
         )
         self.waiting = Gauge(
             "requests_waiting",
-            "Requests held, by reason: wake (until their backend is ready), "
-            "connection_pool (for a free connection, max_connections in use).",
+            "Requests held, by reason: wake (until their backend is ready), max_inflight "
+            "(for a slot on their ready backend, max_inflight in flight), connection_pool "
+            "(for a free connection, max_connections in use).",
             ["backend", "reason"],
             namespace=ns,
             registry=self.registry,

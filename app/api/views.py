@@ -43,7 +43,9 @@ def backend_view(backend: Backend) -> Json:
         "runtime_detail": backend.runtime_detail,
         "priority": cfg.priority,
         "in_flight": backend.in_flight,
-        "waiting": backend.waiting,
+        "waiting": backend.waiting,  # held: until it is ready, or for a slot
+        "queued": backend.queued,  # of those, for a slot (max_inflight in flight)
+        "max_inflight": cfg.max_inflight,
         "pool_waiting": backend.upstream.pool_waiting,  # for a free connection (max_connections)
         "idle_s": round(backend.idle_s(), 1),
         "idle_ttl_s": cfg.idle_ttl_s,

@@ -1,9 +1,8 @@
 """One lifecycle object per backend: its state, its runtime, its leases, its health.
 
-- `acquire()` is the data plane's only way in: it returns a `Lease` on a ready backend,
-  starting a stopped one and holding the request meanwhile (bounded by `max_waiting`
-  and `max_wait_s`). It decides under the backend's lock, so a request that arrives
-  while a stop is in progress waits for the stop and then starts the backend again.
+- `acquire()` is the data plane's only way in (`app.lifecycle.holding`, its half of the
+  backend): a `Lease` on the ready backend, the request held in the backend's queue
+  while it starts or while `max_inflight` requests are in flight.
 - The lock guards state transitions only and is never held across I/O.
 - Starting is single-flight: the first caller creates the start task, later callers
   wait on the same task without owning it, so a caller that goes away never cancels a
@@ -21,15 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 
-from app.errors import BackendUnavailable, GatewayError, UnavailableKind, WakeTimeout
+from app.errors import BackendUnavailable, GatewayError, UnavailableKind
 from app.events import EventLog
 from app.lifecycle import admission as rules
 from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
-from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
+from app.lifecycle.holding import Holding
+from app.lifecycle.lease import Leases
+from app.lifecycle.queue import TicketQueue
 from app.lifecycle.server import Server, StartFailed, exit_text
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
@@ -52,7 +52,7 @@ from app.upstreams.vllm import VllmClient
 logger = logging.getLogger(__name__)
 
 
-class Backend:
+class Backend(Holding):
     def __init__(
         self,
         name: str,
@@ -92,7 +92,9 @@ class Backend:
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
         # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
         self._asleep_mib: int | None = None
-        self._leases = Leases(name, metrics, None if events is None else events.changed)
+        changed = None if events is None else events.changed
+        self._queue = TicketQueue(name, metrics, changed)
+        self._leases = Leases(name, metrics, changed, on_release=self._grant)
         self.last_start_s: float | None = None
         self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
@@ -173,91 +175,6 @@ class Backend:
     def runtime_detail(self) -> str | None:
         return self.server.runtime_detail
 
-    @property
-    def in_flight(self) -> int:
-        """Requests holding a lease (relaying through it)."""
-        return self._leases.in_flight
-
-    @property
-    def waiting(self) -> int:
-        """Requests held until it is ready."""
-        return self._leases.waiting
-
-    @property
-    def last_used(self) -> float:
-        """`time.monotonic()` when a request last began or ended."""
-        return self._leases.last_used
-
-    def idle_s(self, now: float | None = None) -> float:
-        """Seconds since the last request ended (0 while requests are in flight)."""
-        return self._leases.idle_s(now)
-
-    # -- data plane -----------------------------------------------------------------
-
-    async def acquire(
-        self, on_wait: WaitNotice | None = None, *, max_wait_s: float | None = None
-    ) -> Lease:
-        """A lease on the ready backend; starts it if needed and holds the caller meanwhile.
-
-        Raises `BackendUnavailable` (blocked, failed, refused, queue full) or
-        `WakeTimeout` (still not ready after `max_wait_s`, or the backend's own
-        `max_wait_s` when that is shorter; a fallback chain passes a shorter one).
-        """
-        if self.state is BackendState.READY and not self._blocks:
-            return self._leases.take()  # the hot path: no lock, no await
-        return await self._acquire_slow(on_wait, max_wait_s)
-
-    async def _acquire_slow(self, on_wait: WaitNotice | None, max_wait_s: float | None) -> Lease:
-        self._check_blocked()
-        if self._leases.waiting >= self.config.max_waiting:
-            raise BackendUnavailable(
-                f"backend {self.name!r} is {self.state} and already holds "
-                f"{self.waiting} waiting requests (max_waiting); retry shortly",
-                kind=UnavailableKind.QUEUE_FULL,
-                retry_after_s=5,
-            )
-        limit = min(self.config.max_wait_s, math.inf if max_wait_s is None else max_wait_s)
-        with self._leases.waiting_one():
-            lease = await self._until_ready(
-                backoff=True, max_wait_s=limit, on_wait=on_wait, lease=True
-            )
-        assert lease is not None
-        return lease
-
-    async def _until_ready(
-        self, *, backoff: bool, max_wait_s: float | None, on_wait: WaitNotice | None, lease: bool
-    ) -> Lease | None:
-        """Decide under the lock, wait without it, until ready; then, with `lease`, take
-        the lease under the same lock that saw it ready (a stop cannot slip between).
-
-        Waits for a stop in progress and decides again; a start it waited for that did
-        not end ready raises why."""
-        began = time.monotonic()
-        deadline = None if max_wait_s is None else began + max_wait_s
-        while True:
-            async with self._lock:
-                step = self._next_step(backoff=backoff)
-                if step is None:
-                    return self._leases.take() if lease else None
-                task, joined_start = step
-            done = await wait_without_owning(
-                task, began=began, deadline=deadline, on_wait=on_wait,
-                every_s=self._wake_notice_s, detail=self.start_progress,
-            )  # fmt: skip
-            if not done:
-                assert deadline is not None
-                raise WakeTimeout(
-                    f"backend {self.name!r} is still {self.state} after "
-                    f"{deadline - began:g}s (max_wait_s); retry later"
-                )
-            if joined_start and self.state is not BackendState.READY:
-                raise self._unavailable()
-
-    def _check_blocked(self) -> None:
-        refusal = self._blocks.refusal(self.name, time.time())
-        if refusal is not None:
-            raise refusal
-
     def _check_backoff(self) -> None:
         if self.state is BackendState.FAILED and self._retry_in() > 0:
             raise self._unavailable()
@@ -277,7 +194,7 @@ class Backend:
 
         Raises `BackendUnavailable` when it did not become ready.
         """
-        await self._until_ready(backoff=False, max_wait_s=None, on_wait=None, lease=False)
+        await self._until_ready(None, backoff=False, max_wait_s=None)
 
     def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
@@ -446,6 +363,8 @@ class Backend:
         instead when `sleep_level` is given and the server offers sleep mode)."""
         start_task = self._start_task
         what = "stop" if sleep_level is None else f"sleep (level {sleep_level})"
+        if self.state is BackendState.READY:
+            self._queue.collate()  # served before the stop: their drain waits for them
         self._set_state(BackendState.STOPPING, f"{what} requested ({reason})")
         drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop_task = spawn(
@@ -463,11 +382,13 @@ class Backend:
             start_task.cancel()
             await asyncio.wait({start_task})
         self.last_drain_timed_out = False
+        self._grant()  # the collated tickets (none when it was not ready)
         if self.in_flight:
             logger.info(
-                "backend draining backend=%s in_flight=%d drain_timeout_s=%g",
+                "backend draining backend=%s in_flight=%d queued=%d drain_timeout_s=%g",
                 self.name,
                 self.in_flight,
+                self.queued,
                 drain_s,
             )
             if not await self._leases.drained(drain_s):
@@ -478,6 +399,9 @@ class Backend:
                     self.name,
                     self.in_flight,
                 )
+        # Collated tickets still queued wait for the stop now, like the later ones.
+        self._queue.uncollate()
+        self._queue.wake_all()
         if sleep_level is not None:
             async with self.admission.measure_sleep(self) as freed:
                 slept = await self.server.sleep(sleep_level, reason)
@@ -587,6 +511,8 @@ class Backend:
             self._asleep_mib = None
         elif target is BackendState.READY:
             self.ready_since = time.monotonic()
+            self._grant()
+        self._queue.wake_all()  # the holders of tickets decide again
         self._metrics.set_backend_state(self.name, target)
         if self._events is not None:
             self._events.record(

@@ -1,5 +1,6 @@
-"""Who holds a backend: the requests relaying through it (leases) and those waiting for it
-to be ready. A stop drains the leases; the reaper reads how long it has been idle.
+"""Who holds a backend: the requests relaying through it (leases; those waiting for one are
+in `app.lifecycle.queue`). A stop drains the leases; the reaper reads how long it has been
+idle.
 
 No locks here: every change is synchronous, so it cannot interleave with another.
 """
@@ -8,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.metrics import Metrics
@@ -37,16 +37,21 @@ class Lease:
 
 class Leases:
     def __init__(
-        self, backend: str, metrics: Metrics, on_change: Callable[[], None] | None = None
+        self,
+        backend: str,
+        metrics: Metrics,
+        on_change: Callable[[], None] | None = None,
+        on_release: Callable[[], None] | None = None,
     ) -> None:
         self.in_flight = 0
-        self.waiting = 0
         self.last_used = time.monotonic()  # when a request last began or ended
         self._drained = asyncio.Event()
         self._drained.set()
         self._in_flight_gauge = metrics.in_flight.labels(backend)
-        self._waiting_gauge = metrics.waiting.labels(backend, "wake")
         self._on_change = on_change  # the counts changed (live status)
+        # A slot freed: the backend grants it to a queued request at once, before the
+        # drain below is told (a stop's drain also waits for the requests it collates).
+        self._on_release = on_release
 
     def take(self) -> Lease:
         self.in_flight += 1
@@ -61,6 +66,8 @@ class Leases:
         self.in_flight -= 1
         self.last_used = time.monotonic()
         self._in_flight_gauge.dec()
+        if self._on_release is not None:
+            self._on_release()
         if self.in_flight == 0:
             self._drained.set()
         if self._on_change is not None:
@@ -76,21 +83,6 @@ class Leases:
             return 0.0
         return (time.monotonic() if now is None else now) - self.last_used
 
-    @contextmanager
-    def waiting_one(self) -> Iterator[None]:
-        """Count one request as waiting for the backend while the block runs."""
-        self.waiting += 1
-        self._waiting_gauge.inc()
-        if self._on_change is not None:
-            self._on_change()
-        try:
-            yield
-        finally:
-            self.waiting -= 1
-            self._waiting_gauge.dec()
-            if self._on_change is not None:
-                self._on_change()
-
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no lease is held; False when `timeout_s` passed first."""
         try:
@@ -101,7 +93,7 @@ class Leases:
 
 
 async def wait_without_owning(
-    task: asyncio.Task[Any],
+    task: asyncio.Future[Any],
     *,
     began: float,
     deadline: float | None,

@@ -153,7 +153,7 @@ class ChainCall:
         wait = remaining if last else min(self._chain.config.wake_timeout_s, remaining)
         on_wait = notice.for_backend(name) if notice is not None else None
         try:
-            lease = await backend.acquire(on_wait, max_wait_s=wait)
+            lease = await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
         except GatewayError as err:
             verdict = classify_error(err)
             if isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s:

@@ -109,7 +109,7 @@ class Dispatcher:
         if target is None:
             raise not_served(call, name, backend.config.apis)
         sent, answer = target
-        lease = await backend.acquire(notice)
+        lease = await backend.acquire(notice, priority=call.priority)
         response = await open_local(backend, lease, sent, self._metrics.upstream_errors)
         relayed: Relayable = response
         if answer is not None:

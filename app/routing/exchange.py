@@ -5,7 +5,7 @@ and for a fallback chain alike."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from app.errors import UpstreamError
@@ -73,7 +73,10 @@ class Call:
         if serves(self.api):
             return self, None
         if self.translated is not None and serves(self.translated.call.api):
-            return self.translated.call, self.translated.answer
+            translated = self.translated.call
+            if translated.priority is not self.priority:  # the key's, whatever the API
+                translated = replace(translated, priority=self.priority)
+            return translated, self.translated.answer
         return None
 
 

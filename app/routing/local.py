@@ -3,13 +3,43 @@ chain's local entry both take (lease first, then the upstream; errors counted on
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import Counter
 
 from app.errors import UpstreamError
 from app.lifecycle.backend import Backend
 from app.lifecycle.lease import Lease
 from app.routing.exchange import Call
+from app.settings.endpoints import Api
 from app.upstreams.http import UpstreamResponse
+from app.upstreams.multipart import boundary_of
+from app.upstreams.provider import json_bytes
+
+# vLLM's request models with a `priority` field (ChatCompletionRequest, CompletionRequest,
+# EmbeddingCompletionRequest/EmbeddingChatRequest, ResponsesRequest), by gateway path.
+PRIORITY_PATHS: Final = {
+    "/v1/chat/completions": Api.CHAT,
+    "/v1/completions": Api.COMPLETIONS,
+    "/v1/embeddings": Api.EMBEDDINGS,
+    "/v1/responses": Api.RESPONSES,  # the create only: not GET/DELETE/cancel of an id
+}
+
+
+def with_priority(backend: Backend, call: Call, body: bytes) -> bytes:
+    """`body` for `backend`: on one with `scheduling: priority`, a JSON request vLLM takes
+    `priority` in is written again from `call.payload` with the client key's priority
+    (replacing any the client sent: a client must not raise its own) and the backend's
+    model. Anything else, and every body for another backend, is sent as it is."""
+    if (
+        backend.config.scheduling != "priority"
+        or call.method != "POST"
+        or PRIORITY_PATHS.get(call.path) is not call.api
+        or boundary_of(call.content_type) is not None
+    ):
+        return body
+    payload = {**call.payload, "model": backend.config.served_model}
+    return json_bytes({**payload, "priority": call.priority.vllm})
 
 
 async def open_local(
@@ -22,16 +52,18 @@ async def open_local(
     first_byte_s: float | None = None,
 ) -> UpstreamResponse:
     """Open `call` (its path, method, headers, and its body unless `body` replaces it) on
-    the backend whose `lease` the caller holds.
+    the backend whose `lease` the caller holds; with the key's priority on a backend with
+    `scheduling: priority` (`with_priority`).
 
     Transport failures and 5xx answers count in `microscheduler_upstream_errors_total`;
     on any failure the lease is released before the error propagates, so a held slot is
     never leaked. `first_byte_s` overrides the backend's first-byte timeout (a chain gives
     an attempt what is left of its deadline)."""
     try:
+        sent = with_priority(backend, call, call.body if body is None else body)
         response = await backend.upstream.open(
             call.path,
-            call.body if body is None else body,
+            sent,
             call.headers,
             first_byte_s=first_byte_s,
             method=call.method,

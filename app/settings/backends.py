@@ -111,6 +111,12 @@ class BackendConfig(StrictConfig):
     # A number caps them; requests beyond wait, counted (requests_waiting{reason=
     # "connection_pool"}, upstream_pool_wait_seconds), within first_byte_s.
     max_connections: PositiveInt | None = None
+    # None: no limit. A number caps the requests sent to it at once; the rest wait in its
+    # queue by key priority, then arrival (requests_waiting{reason="max_inflight"}).
+    max_inflight: PositiveInt | None = None
+    # `priority`: requests carry vLLM's `priority` from the client key (the server needs
+    # `--scheduling-policy priority`); `fcfs`: their bodies are relayed untouched.
+    scheduling: Literal["fcfs", "priority"] = "fcfs"
     # Lifecycle (see README "Model lifecycle").
     lifecycle: Literal["pinned", "lazy"] = "pinned"
     idle_ttl_s: NonNegativeFloat = 0.0

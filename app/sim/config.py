@@ -21,6 +21,7 @@ class FakeConfig:
     max_tokens: int = 16
     max_model_len: int = 8192
     max_num_seqs: int = 256
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
     embedding_dim: int = 8
     fail_status: int | None = None
     fail_count: int | None = None

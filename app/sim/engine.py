@@ -20,10 +20,11 @@ SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 class Job:
     """One generation/embedding request inside the engine."""
 
-    __slots__ = ("_admission", "aborted", "waiter")
+    __slots__ = ("_admission", "aborted", "priority", "waiter")
 
     def __init__(self) -> None:
         self.aborted = False
+        self.priority = 0  # lower starts first (always 0 without priority scheduling)
         self.waiter: asyncio.Future[None] | None = None
         self._admission: asyncio.Future[bool] | None = None
 
@@ -68,7 +69,9 @@ class FakeEngine:
             return True
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         job._admission = fut
-        self._queue.append(job)
+        # By priority, then arrival: vLLM's priority policy (fcfs: every priority is 0).
+        ahead = sum(1 for queued in self._queue if queued.priority <= job.priority)
+        self._queue.insert(ahead, job)
         self.waiting += 1
         try:
             return await fut

@@ -155,12 +155,18 @@ class GenerationApi:
         arrival = time.monotonic()
         state = self.state
         try:
-            gen = self._validate(request, await state.parse_body(request), chat)
+            body = await state.parse_body(request)
+            gen = self._validate(request, body, chat)
+            priority = state.priority_of(body)
         except ApiError as err:
             return error_response(err)
-        if gen.stream:
-            return await state.admit(arrival, lambda run: self._stream(request, run, gen))
-        return await state.admit(arrival, lambda run: self._complete(run, gen))
+
+        async def work(run: RequestRun) -> web.StreamResponse:
+            if gen.stream:
+                return await self._stream(request, run, gen)
+            return await self._complete(run, gen)
+
+        return await state.admit(arrival, work, priority=priority)
 
     def _timing(self) -> tuple[float, float]:
         faults = self.state.faults
@@ -285,6 +291,7 @@ class GenerationApi:
             for _, tokens in inputs:
                 if tokens > max_len:
                     raise _too_long(max_len, tokens, "you requested")
+            priority = state.priority_of(body)
         except ApiError as err:
             return error_response(err)
         rid = "embd-" + (request.headers.get("X-Request-Id") or uuid.uuid4().hex)
@@ -323,4 +330,4 @@ class GenerationApi:
             run.outcome = "stop"
             return json_response(dumps(payload))
 
-        return await state.admit(arrival, work)
+        return await state.admit(arrival, work, priority=priority)

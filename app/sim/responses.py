@@ -246,12 +246,18 @@ class ResponsesApi:
         arrival = time.monotonic()
         state = self.state
         try:
-            req = self._validate(request, await state.parse_body(request))
+            body = await state.parse_body(request)
+            req = self._validate(request, body)
+            priority = state.priority_of(body)
         except ApiError as err:
             return error_response(err)
-        if req.stream:
-            return await state.admit(arrival, lambda run: self._stream(request, run, req))
-        return await state.admit(arrival, lambda run: self._complete(run, req))
+
+        async def work(run: RequestRun) -> web.StreamResponse:
+            if req.stream:
+                return await self._stream(request, run, req)
+            return await self._complete(run, req)
+
+        return await state.admit(arrival, work, priority=priority)
 
     async def _complete(self, run: RequestRun, req: _Req) -> web.StreamResponse:
         loop = asyncio.get_running_loop()

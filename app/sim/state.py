@@ -127,15 +127,34 @@ class FakeState:
         body = error_body(status, message, error_type_for(status))
         return web.Response(status=status, body=body, content_type="application/json")
 
+    def priority_of(self, body: dict[str, Any]) -> int:
+        """The request's ``priority`` (chat, completions, embeddings, responses: vLLM's
+        request models with the field), validated like vLLM: an integer (pydantic), and
+        non-zero only with ``--scheduling-policy priority``. vLLM's engine raises the
+        latter as a ValueError (``Got priority N but Priority scheduling is not
+        enabled.``), which its server answers 400 ``BadRequestError``; the fake answers it
+        before any stream starts."""
+        value = body.get("priority", 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise validation_error(["priority"], "int_type", "Input should be a valid integer")
+        if value != 0 and self.config.scheduling_policy != "priority":
+            raise ApiError(400, f"Got priority {value} but Priority scheduling is not enabled.")
+        return value
+
     async def admit(
-        self, arrival: float, work: Callable[[RequestRun], Awaitable[web.StreamResponse]]
+        self,
+        arrival: float,
+        work: Callable[[RequestRun], Awaitable[web.StreamResponse]],
+        *,
+        priority: int = 0,
     ) -> web.StreamResponse:
         """A validated request: the injected failure if one is due, else ``work`` run as
-        an in-flight request (``track``)."""
+        an in-flight request (``track``), queued by ``priority`` when it must wait."""
         failure = self.injected_failure()
         if failure is not None:
             return failure
         run = RequestRun(self.faults, arrival)
+        run.job.priority = priority
         return await self.track(run, lambda: work(run))
 
     async def track(

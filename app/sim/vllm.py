@@ -352,6 +352,11 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     p.add_argument("--max-tokens", type=nn_int, default=16)
     p.add_argument("--max-model-len", type=nn_int, default=8192)
     p.add_argument("--max-num-seqs", type=nn_int, default=256)
+    p.add_argument(
+        "--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+        help="as vLLM's: with priority, requests beyond --max-num-seqs start by their "
+        "`priority` (lower first), then arrival; with fcfs a non-zero `priority` is a 400",
+    )  # fmt: skip
     p.add_argument("--embedding-dim", type=nn_int, default=8)
     p.add_argument("--fail-status", type=nn_int, metavar="CODE")
     p.add_argument("--fail-count", type=nn_int, metavar="N")

@@ -1,0 +1,185 @@
+"""One queue per backend: the requests held for it, in the order they get a lease.
+
+A request is held (holds a `Ticket`) while its backend is not ready (reason `wake`), and
+while it is ready but `max_inflight` requests are in flight already (reason
+`max_inflight`). The order is `serve_order`: a ticket older than half the backend's
+`max_wait_s` goes first (oldest first), so a stream of high-priority requests cannot
+starve a low one past its own deadline; the rest go by key priority, then arrival.
+
+The ordering is pure (`serve_order`, `next_ticket`); `TicketQueue` keeps the tickets and
+their counts (the `requests_waiting` gauges). No locks: every change is synchronous. The
+backend grants (takes a lease on a ticket's behalf and wakes its holder); see
+`app.lifecycle.backend`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from app.errors import BackendUnavailable, UnavailableKind
+from app.lifecycle.lease import Lease, Leases
+from app.metrics import Metrics
+from app.settings.keys import Priority
+
+
+class WaitReason(StrEnum):
+    """Why a ticket waits: the `reason` label of `requests_waiting`."""
+
+    WAKE = "wake"  # its backend is not ready (starting, stopping, stopped)
+    SLOT = "max_inflight"  # its backend is ready, with max_inflight requests in flight
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One held request. `collated`: it was queued on a ready backend when a stop began,
+    so the stop's drain still serves it."""
+
+    rank: int  # Priority.rank: lower is served first
+    seq: int  # arrival order within its backend
+    arrived: float  # time.monotonic()
+    reason: WaitReason = WaitReason.WAKE
+    collated: bool = False
+    lease: Lease | None = None  # granted: taken on its behalf, not yet handed over
+    _signal: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    def armed(self) -> asyncio.Future[None]:
+        """A fresh future the holder awaits; `wake()` resolves it."""
+        self._signal = asyncio.get_running_loop().create_future()
+        return self._signal
+
+    def wake(self) -> None:
+        if self._signal is not None and not self._signal.done():
+            self._signal.set_result(None)
+
+
+def serve_order(ticket: Ticket, now: float, aged_after_s: float) -> tuple[int, int, int]:
+    """The sort key of `ticket` at `now` (lower is served first): aged tickets (waiting
+    `aged_after_s` or longer) by arrival, ahead of the rest by (priority, arrival)."""
+    if now - ticket.arrived >= aged_after_s:
+        return (0, 0, ticket.seq)
+    return (1, ticket.rank, ticket.seq)
+
+
+def next_ticket(tickets: Iterable[Ticket], now: float, aged_after_s: float) -> Ticket | None:
+    """The ticket to serve first, or None when there is none. A linear scan: the keys
+    change with time (aging), and a queue is bounded by `max_waiting` (64 by default)."""
+    return min(tickets, key=lambda t: serve_order(t, now, aged_after_s), default=None)
+
+
+class TicketQueue:
+    """The held requests of one backend and their counts by reason."""
+
+    def __init__(
+        self, backend: str, metrics: Metrics, on_change: Callable[[], None] | None = None
+    ) -> None:
+        self._tickets: dict[int, Ticket] = {}  # by seq; insertion order is arrival order
+        self._seq = 0
+        self._counts = dict.fromkeys(WaitReason, 0)
+        self._gauges = {why: metrics.waiting.labels(backend, why) for why in WaitReason}
+        self._on_change = on_change  # the counts changed (live status)
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+    def count(self, reason: WaitReason) -> int:
+        return self._counts[reason]
+
+    def enter(self, priority: Priority, now: float | None = None) -> Ticket:
+        self._seq += 1
+        arrived = time.monotonic() if now is None else now
+        ticket = Ticket(priority.rank, self._seq, arrived)
+        self._tickets[ticket.seq] = ticket
+        self._count(ticket.reason, 1)
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        """Take `ticket` out (granted, gone, or failed); a second call does nothing."""
+        if self._tickets.pop(ticket.seq, None) is not None:
+            self._count(ticket.reason, -1)
+
+    def holds(self, ticket: Ticket) -> bool:
+        return ticket.seq in self._tickets
+
+    def set_reason(self, ticket: Ticket, reason: WaitReason) -> None:
+        if ticket.reason is not reason and self.holds(ticket):
+            self._count(ticket.reason, -1)
+            self._count(reason, 1)
+        ticket.reason = reason
+
+    def first(self, now: float, aged_after_s: float, *, collated_only: bool) -> Ticket | None:
+        tickets = self._tickets.values()
+        if collated_only:
+            return next_ticket((t for t in tickets if t.collated), now, aged_after_s)
+        return next_ticket(tickets, now, aged_after_s)
+
+    def grant(
+        self,
+        leases: Leases,
+        max_inflight: int | None,
+        aged_after_s: float,
+        *,
+        collated_only: bool,
+    ) -> None:
+        """While fewer than `max_inflight` (None: no limit) leases are held, take one for
+        the first ticket (`serve_order`) and wake its holder."""
+        now = time.monotonic()
+        while max_inflight is None or leases.in_flight < max_inflight:
+            ticket = self.first(now, aged_after_s, collated_only=collated_only)
+            if ticket is None:
+                return
+            self.leave(ticket)
+            ticket.lease = leases.take()
+            ticket.wake()
+
+    def collate(self) -> None:
+        """A stop begins on the ready backend: every ticket queued now is served by its
+        drain."""
+        for ticket in self._tickets.values():
+            ticket.collated = True
+
+    def uncollate(self) -> None:
+        """The drain is over: tickets still queued wait for the stop like later ones."""
+        for ticket in self._tickets.values():
+            ticket.collated = False
+
+    def wake_all(self) -> None:
+        """The backend's state changed: every holder decides again."""
+        for ticket in self._tickets.values():
+            ticket.wake()
+
+    def _count(self, reason: WaitReason, delta: int) -> None:
+        self._counts[reason] += delta
+        self._gauges[reason].inc(delta)
+        if self._on_change is not None:
+            self._on_change()
+
+
+def queue_full(backend: str, state: str, waiting: int) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"backend {backend!r} is {state} and already holds {waiting} waiting requests "
+        "(max_waiting); retry shortly",
+        kind=UnavailableKind.QUEUE_FULL,
+        retry_after_s=5,
+    )
+
+
+def no_slot(
+    backend: str, waited_s: float, max_inflight: int | None, queued: int
+) -> BackendUnavailable:
+    """A request held `waited_s` (its `max_wait_s`) that got no slot on the ready backend.
+
+    A 503 `backend_queue_full`, not a 504 wake timeout: the backend is up and answering,
+    only busy. The client is told to retry shortly (Retry-After), and a fallback chain
+    moves on without counting a failure against the entry's circuit, as for a full queue
+    (a busy backend is not a broken one)."""
+    return BackendUnavailable(
+        f"backend {backend!r} had no free slot after {waited_s:g}s (max_wait_s): "
+        f"max_inflight {max_inflight} requests are in flight and {queued} more are queued; "
+        "retry shortly",
+        kind=UnavailableKind.QUEUE_FULL,
+        retry_after_s=5,
+    )

@@ -1,0 +1,295 @@
+"""A backend's queue: the order held requests are served in (pure), and `max_inflight`,
+priorities, cancellation, timeouts and collation during a drain on a Backend with a
+gated fake runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from app.errors import BackendUnavailable
+from app.lifecycle.backend import Backend
+from app.lifecycle.lease import Lease
+from app.lifecycle.queue import Ticket, next_ticket, serve_order
+from app.lifecycle.state import BackendState, StopReason
+from app.metrics import Metrics
+from app.settings.keys import Priority
+from tests.fakes.waits import until
+from tests.unit.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of
+
+HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
+
+# -- the order (pure) ----------------------------------------------------------------------
+
+
+def ticket(priority: Priority, seq: int, arrived: float) -> Ticket:
+    return Ticket(priority.rank, seq, arrived)
+
+
+def test_tickets_go_by_priority_then_arrival() -> None:
+    tickets = [
+        ticket(LOW, 1, 0.0),
+        ticket(NORMAL, 2, 0.1),
+        ticket(HIGH, 3, 0.2),
+        ticket(HIGH, 4, 0.3),
+    ]
+    order = sorted(tickets, key=lambda t: serve_order(t, 1.0, aged_after_s=60))
+    assert [t.seq for t in order] == [3, 4, 2, 1]
+
+
+def test_a_ticket_older_than_the_bound_goes_before_newer_higher_ones() -> None:
+    low = ticket(LOW, 1, 0.0)
+    high = ticket(HIGH, 2, 50.0)
+    assert next_ticket([low, high], now=59.9, aged_after_s=60) is high
+    assert next_ticket([low, high], now=60.0, aged_after_s=60) is low
+
+
+def test_aged_tickets_go_oldest_first_whatever_their_priority() -> None:
+    low = ticket(LOW, 1, 0.0)
+    high = ticket(HIGH, 2, 1.0)
+    assert next_ticket([high, low], now=100.0, aged_after_s=60) is low
+    assert next_ticket([], now=100.0, aged_after_s=60) is None
+
+
+# -- on a backend -----------------------------------------------------------------------------
+
+
+def waiting_gauge(metrics: Metrics, reason: str) -> float | None:
+    return metrics.registry.get_sample_value(
+        "microscheduler_requests_waiting", {"backend": "b", "reason": reason}
+    )
+
+
+async def ready(runtime: GatedRuntime, metrics: Metrics | None = None, **config: Any) -> Backend:
+    runtime.gate.set()
+    backend = make_backend(runtime, metrics=metrics or Metrics(), **LAZY, **config)
+    await backend.start()
+    return backend
+
+
+def acquire(backend: Backend, priority: Priority = NORMAL) -> asyncio.Task[Lease]:
+    return asyncio.create_task(backend.acquire(priority=priority))
+
+
+async def test_beyond_max_inflight_a_request_waits_counted_until_a_slot_frees() -> None:
+    metrics = Metrics()
+    backend = await ready(GatedRuntime(), metrics, max_inflight=1)
+    assert waiting_gauge(metrics, "max_inflight") == 0  # declared before any traffic
+    first = await backend.acquire()
+    second = acquire(backend)
+    await until(lambda: backend.queued == 1, what="the second request queued for a slot")
+    assert not second.done()
+    assert (backend.in_flight, backend.waiting) == (1, 1)
+    assert waiting_gauge(metrics, "max_inflight") == 1
+    assert waiting_gauge(metrics, "wake") == 0
+    first.release()
+    lease = await asyncio.wait_for(second, 5)
+    assert (backend.in_flight, backend.waiting, backend.queued) == (1, 0, 0)
+    assert waiting_gauge(metrics, "max_inflight") == 0
+    lease.release()
+    assert backend.in_flight == 0
+
+
+async def test_a_high_priority_request_queued_after_a_low_one_is_served_first() -> None:
+    backend = await ready(GatedRuntime(), max_inflight=1)
+    held = await backend.acquire()
+    low = acquire(backend, LOW)
+    await until(lambda: backend.queued == 1, what="the low request queued")
+    high = acquire(backend, HIGH)
+    await until(lambda: backend.queued == 2, what="the high request queued")
+    held.release()
+    first = await asyncio.wait_for(high, 5)
+    assert not low.done()
+    first.release()
+    (await asyncio.wait_for(low, 5)).release()
+    assert backend.in_flight == 0
+
+
+async def test_a_low_request_older_than_half_max_wait_s_beats_a_newer_high_one() -> None:
+    backend = await ready(GatedRuntime(), max_inflight=1, max_wait_s=0.6)
+    held = await backend.acquire()
+    low = acquire(backend, LOW)
+    await until(lambda: backend.queued == 1, what="the low request queued")
+    queued_at = time.monotonic()
+    await until(lambda: time.monotonic() - queued_at > 0.35, what="the low request to age")
+    high = acquire(backend, HIGH)
+    await until(lambda: backend.queued == 2, what="the high request queued")
+    held.release()
+    first = await asyncio.wait_for(low, 5)
+    assert not high.done()
+    first.release()
+    (await asyncio.wait_for(high, 5)).release()
+
+
+async def test_requests_held_while_a_lazy_backend_wakes_are_served_in_queue_order() -> None:
+    runtime = GatedRuntime()
+    metrics = Metrics()
+    backend = make_backend(runtime, metrics=metrics, max_inflight=1, **LAZY)
+    low = acquire(backend, LOW)
+    await until(lambda: backend.waiting == 1, what="the low request held by the start")
+    normal = acquire(backend, NORMAL)
+    high = acquire(backend, HIGH)
+    await until(lambda: backend.waiting == 3, what="three requests held by the start")
+    assert waiting_gauge(metrics, "wake") == 3
+    assert backend.queued == 0
+    runtime.gate.set()
+    served: list[str] = []
+    for name, task in (("high", high), ("normal", normal), ("low", low)):
+        lease = await asyncio.wait_for(task, 5)
+        served.append(name)
+        assert backend.in_flight == 1
+        lease.release()
+    assert served == ["high", "normal", "low"]
+    assert runtime.starts == 1
+    assert (waiting_gauge(metrics, "wake"), waiting_gauge(metrics, "max_inflight")) == (0, 0)
+
+
+async def test_a_queued_request_that_goes_away_leaves_no_ticket_and_no_lease() -> None:
+    metrics = Metrics()
+    backend = await ready(GatedRuntime(), metrics, max_inflight=1)
+    held = await backend.acquire()
+    gone = acquire(backend)
+    await until(lambda: backend.queued == 1, what="the request queued")
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert (backend.waiting, backend.queued, backend.in_flight) == (0, 0, 1)
+    assert waiting_gauge(metrics, "max_inflight") == 0
+    held.release()
+    assert backend.in_flight == 0
+
+
+async def test_a_request_granted_a_slot_as_it_goes_away_gives_the_slot_back() -> None:
+    backend = await ready(GatedRuntime(), max_inflight=1)
+    held = await backend.acquire()
+    gone = acquire(backend, HIGH)
+    later = acquire(backend, LOW)
+    await until(lambda: backend.queued == 2, what="two requests queued")
+    held.release()  # granted to `gone` at once, before it runs again
+    assert backend.in_flight == 1
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    lease = await asyncio.wait_for(later, 5)  # the slot went on to the next in line
+    assert (backend.in_flight, backend.waiting) == (1, 0)
+    lease.release()
+    assert backend.in_flight == 0
+
+
+async def test_a_slot_wait_longer_than_max_wait_s_is_a_503_naming_max_inflight() -> None:
+    metrics = Metrics()
+    backend = await ready(GatedRuntime(), metrics, max_inflight=1, max_wait_s=0.05)
+    held = await backend.acquire()
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.acquire()
+    assert info.value.status == 503
+    assert info.value.kind == "queue_full"
+    assert info.value.headers == {"retry-after": "5"}
+    assert "no free slot after 0.05s (max_wait_s): max_inflight 1" in info.value.message
+    assert (backend.waiting, backend.in_flight) == (0, 1)
+    assert waiting_gauge(metrics, "max_inflight") == 0
+    held.release()
+
+
+async def test_a_request_waiting_for_a_slot_is_told_why_every_wake_notice_interval() -> None:
+    runtime = GatedRuntime()
+    runtime.gate.set()
+    backend = make_backend(runtime, wake_notice_s=0.01, max_inflight=1, **LAZY)
+    await backend.start()
+    held = await backend.acquire()
+    notices: list[str | None] = []
+
+    async def notice(waited_s: float, detail: str | None) -> None:
+        notices.append(detail)
+        if len(notices) == 2:
+            held.release()
+
+    (await asyncio.wait_for(backend.acquire(notice), 5)).release()
+    assert notices == ["queued for a slot, max_inflight 1"] * 2
+
+
+async def test_max_waiting_bounds_the_requests_queued_for_a_slot() -> None:
+    backend = await ready(GatedRuntime(), max_inflight=1, max_waiting=1)
+    held = await backend.acquire()
+    queued = acquire(backend)
+    await until(lambda: backend.queued == 1, what="one request queued")
+    with pytest.raises(BackendUnavailable) as info:
+        await backend.acquire()
+    assert info.value.kind == "queue_full"
+    assert "1 waiting requests (max_waiting)" in info.value.message
+    held.release()
+    (await asyncio.wait_for(queued, 5)).release()
+
+
+async def test_a_slot_waiter_hears_at_once_that_its_backend_failed() -> None:
+    runtime = GatedRuntime()
+    backend = await ready(runtime, max_inflight=1)
+    held = await backend.acquire()
+    waiter = acquire(backend)
+    await until(lambda: backend.queued == 1, what="the request queued")
+    runtime.code = 137
+    await backend.watch()
+    assert backend.state is BackendState.FAILED
+    with pytest.raises(BackendUnavailable) as info:
+        await asyncio.wait_for(waiter, 5)  # not after max_wait_s (120 s)
+    assert "exited with code 137" in info.value.message
+    held.release()
+
+
+async def test_a_stop_serves_the_requests_queued_before_it_then_stops() -> None:
+    runtime = GatedRuntime()
+    backend = await ready(runtime, max_inflight=1)
+    held = await backend.acquire()
+    first = acquire(backend, LOW)
+    second = acquire(backend, HIGH)
+    await until(lambda: backend.queued == 2, what="two requests queued")
+    stopping = asyncio.create_task(backend.stop(StopReason.EVICTION))
+    await until(lambda: backend.state is BackendState.STOPPING, what="the stop to begin")
+    later = acquire(backend)  # arrives after the stop began: waits for it
+    await until(lambda: backend.waiting == 3, what="the later request held")
+    held.release()
+    lease = await asyncio.wait_for(second, 5)  # queue order still holds in the drain
+    assert state_of(backend) is BackendState.STOPPING
+    assert runtime.stops == 0
+    lease.release()
+    lease = await asyncio.wait_for(first, 5)
+    assert runtime.stops == 0  # the drain waits for the collated requests too
+    assert not later.done()
+    lease.release()
+    await asyncio.wait_for(stopping, 5)
+    assert runtime.stops == 1
+    lease = await asyncio.wait_for(later, 5)  # then started the backend again
+    assert state_of(backend) is BackendState.READY
+    assert runtime.starts == 2
+    lease.release()
+
+
+async def test_collation_is_bounded_by_the_drain_timeout() -> None:
+    runtime = GatedRuntime()
+    metrics = Metrics()
+    backend = await ready(runtime, metrics, max_inflight=1, drain_timeout_s=0.05)
+    held = await backend.acquire()  # never released in time
+    queued = acquire(backend)
+    await until(lambda: backend.queued == 1, what="the request queued")
+    await backend.stop(StopReason.IDLE)
+    assert runtime.stops == 1
+    assert (
+        metrics.registry.get_sample_value("microscheduler_drain_timeouts_total", {"backend": "b"})
+        == 1
+    )
+    # The request it could not serve waits for the stop like a later one, and starts it.
+    held.release()
+    lease = await asyncio.wait_for(queued, 5)
+    assert runtime.starts == 2
+    lease.release()
+
+
+async def test_without_max_inflight_nothing_queues_on_a_ready_backend() -> None:
+    backend = await ready(GatedRuntime())
+    leases = [await backend.acquire(priority=LOW) for _ in range(20)]
+    assert (backend.in_flight, backend.waiting) == (20, 0)
+    for lease in leases:
+        lease.release()

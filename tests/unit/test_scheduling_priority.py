@@ -1,0 +1,70 @@
+"""`scheduling: priority`: the body a backend gets carries the client key's priority as
+vLLM's `priority`, in place of the client's; other backends get the body as sent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from app.routing.exchange import Call
+from app.routing.local import with_priority
+from app.routing.registry import Route
+from app.settings.endpoints import Api
+from app.settings.keys import Priority
+from tests.unit.test_backend_lifecycle import GatedRuntime, make_backend
+
+ROUTE = Route(name="alias", backend="b", upstream_model="m")
+
+
+def call(path: str, api: Api, priority: Priority, **fields: Any) -> Call:
+    payload = {"model": "alias", "priority": -9, **fields}
+    raw = json.dumps(payload).encode()
+    return Call(ROUTE, path, payload, False, raw, {}, api=api, priority=priority)
+
+
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [
+        ("/v1/chat/completions", Api.CHAT),
+        ("/v1/completions", Api.COMPLETIONS),
+        ("/v1/embeddings", Api.EMBEDDINGS),
+        ("/v1/responses", Api.RESPONSES),
+    ],
+)
+@pytest.mark.parametrize(("priority", "vllm"), [("high", -1), ("normal", 0), ("low", 1)])
+def test_a_priority_backend_gets_the_keys_priority_in_place_of_the_clients(
+    path: str, api: Api, priority: str, vllm: int
+) -> None:
+    backend = make_backend(GatedRuntime(), scheduling="priority")
+    sent = call(path, api, Priority(priority), input="x \udcff")
+    body = with_priority(backend, sent, sent.body)
+    assert json.loads(body) == {"model": "m", "priority": vllm, "input": "x \udcff"}
+
+
+def test_a_fcfs_backend_gets_the_body_byte_for_byte() -> None:
+    backend = make_backend(GatedRuntime())
+    sent = call("/v1/chat/completions", Api.CHAT, Priority.HIGH)
+    assert with_priority(backend, sent, sent.body) is sent.body
+
+
+@pytest.mark.parametrize(
+    ("path", "api", "method", "content_type"),
+    [
+        ("/v1/responses/resp_1/cancel", Api.RESPONSES, "POST", "application/json"),
+        ("/v1/responses/resp_1", Api.RESPONSES, "GET", "application/json"),
+        ("/tokenize", Api.TOKENIZE, "POST", "application/json"),
+        ("/v1/chat/completions", Api.CHAT, "POST", "multipart/form-data; boundary=x"),
+    ],
+)
+def test_requests_vllm_takes_no_priority_in_are_sent_as_they_are(
+    path: str, api: Api, method: str, content_type: str
+) -> None:
+    backend = make_backend(GatedRuntime(), scheduling="priority")
+    base = call(path, api, Priority.HIGH)
+    sent = Call(
+        ROUTE, path, base.payload, False, base.body, {}, api=api, method=method,
+        content_type=content_type, priority=Priority.HIGH,
+    )  # fmt: skip
+    assert with_priority(backend, sent, sent.body) is sent.body
