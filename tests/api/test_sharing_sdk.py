@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,9 @@ async def queued_backend(**backend: Any) -> AsyncIterator[tuple[Gateway, Clients
             yield gw, Clients(http)
 
 
-def ask(client: openai.AsyncOpenAI, tokens: int, done: list[str], name: str) -> Awaitable[Any]:
+def ask(
+    client: openai.AsyncOpenAI, tokens: int, done: list[str], name: str
+) -> asyncio.Future[None]:
     async def one() -> None:
         answer = await client.chat.completions.create(model="m", messages=HI, max_tokens=tokens)
         assert answer.choices[0].finish_reason == "length"
