@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from app.api.openai import read_body
+from app.api.openai import client_key, read_body
 from app.api.protocol import (
     ParsedRequest,
     json_object,
@@ -117,7 +117,7 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
     would take it as sent."""
     services: Services = request.app.state.services
     try:
-        key = services.auth.check_client(_credentials(request))
+        key = client_key(request, _credentials(request))
         body = await read_body(request, services.settings.max_body_bytes)
         payload = json_object(body)
         model = model_of(payload)

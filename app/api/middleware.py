@@ -32,6 +32,7 @@ class RequestContext:
     endpoint: str | None
     model: str = ""
     backend: str = ""
+    key: str = ""  # the client key's name (keys.yaml), never its secret
     status: int = 0
     first_byte_at: float | None = None
     client_gone: bool = False
@@ -88,7 +89,7 @@ class RequestObserver:
             logs.access(
                 ctx.request_id,
                 f"request method={scope['method']} path={scope['path']} status={status} "
-                f"model={ctx.model or '-'} backend={ctx.backend or '-'} "
+                f"model={ctx.model or '-'} backend={ctx.backend or '-'} key={ctx.key or '-'} "
                 f"duration_ms={(ended - ctx.started) * 1000:.1f}",
             )
 

@@ -48,10 +48,20 @@ async def read_body(request: Request, limit: int) -> bytes:
     return await request.body()
 
 
+def client_key(request: Request, authorization: str | None) -> ClientKey:
+    """The caller's key (401 without a known one), named in the request's access line."""
+    services: Services = request.app.state.services
+    key = services.auth.check_client(authorization)
+    ctx = context_of(request.scope)
+    if ctx is not None:
+        ctx.key = key.name
+    return key
+
+
 def _proxy(endpoint: Endpoint) -> Route:
     async def handle(request: Request) -> Response:
         services: Services = request.app.state.services
-        key = services.auth.check_client(request.headers.get("authorization"))
+        key = client_key(request, request.headers.get("authorization"))
         body = await read_body(request, services.settings.max_body_bytes)
         content_type = request.headers.get("content-type", "")
         parsed = parse_request(body, endpoint, content_type)
@@ -92,7 +102,7 @@ async def stored_response(request: Request) -> Response:
     /v1/responses/{id}/input_items`: relayed to the entry that created the response
     (`app.routing.responses`); 404 `response_not_found` for an id it did not create."""
     services: Services = request.app.state.services
-    key = services.auth.check_client(request.headers.get("authorization"))
+    key = client_key(request, request.headers.get("authorization"))
     ctx = context_of(request.scope)
     if ctx is not None:
         ctx.endpoint = "responses_stored"
@@ -119,7 +129,7 @@ async def stored_response(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     services: Services = request.app.state.services
-    key = services.auth.check_client(request.headers.get("authorization"))
+    key = client_key(request, request.headers.get("authorization"))
     models = model_list(services.registry, services.started_at, allowed=key.allows)
     body = json.dumps(models).encode()
     return Response(body, media_type="application/json")
@@ -129,7 +139,7 @@ async def retrieve_model(request: Request) -> Response:
     """`GET /v1/models/{id}`: an id or alias, as `client.models.retrieve(id)` expects; 404
     `model_not_found` for any other name. Ids may hold slashes (`Qwen/Qwen3-8B`)."""
     services: Services = request.app.state.services
-    key = services.auth.check_client(request.headers.get("authorization"))
+    key = client_key(request, request.headers.get("authorization"))
     name = request.path_params["model"]
     entry = next((e for e in services.registry.entries if e.id == name), None)
     if entry is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -389,3 +390,24 @@ async def test_the_messages_api_uses_the_same_keys() -> None:
         tokens = metric(gw, "microscheduler_key_tokens_total", key="agents", route="orchestrator",
                         type="completion")  # fmt: skip
         assert tokens > 0  # a translated answer counts its usage for the key too
+
+
+async def test_the_access_line_names_the_key_never_its_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.access")
+    keys = {"agents": {"key_env": "AGENTS_KEY", "models": ["orchestrator"]}}
+    async with fake_vllm(models=["orchestrator"]) as orch:
+        settings = gateway_settings(
+            {"orchestrator": {"url": orch.url, "models": ["orchestrator"]}},
+            client_keys={"keys": keys},
+            access_log=True,
+        )
+        async with keyed(settings) as (_, client):
+            await client(AGENTS).chat.completions.create(model="orchestrator", messages=HI)
+            with pytest.raises(openai.NotFoundError):
+                await client(AGENTS).chat.completions.create(model="other", messages=HI)
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.access"]
+    assert any("status=200" in line and "key=agents" in line for line in lines), lines
+    assert any("status=404" in line and "key=agents" in line for line in lines), lines
+    assert AGENTS not in caplog.text

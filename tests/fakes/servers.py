@@ -73,7 +73,7 @@ async def sdk_http(gw: Gateway) -> AsyncIterator[httpx2.AsyncClient]:
 def gateway_settings(backends: dict[str, dict[str, Any]], **fields: Any) -> Settings:
     """Settings for an in-process gateway; pass `state_dir=tmp_path` when zones are used
     (nothing is written to the state dir until a zone is acquired)."""
-    return Settings(backends=backends, access_log=False, **fields)
+    return Settings(backends=backends, **{"access_log": False, **fields})
 
 
 @dataclass

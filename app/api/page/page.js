@@ -289,7 +289,10 @@ function renderBackends() {
   body.replaceChildren();
   for (const b of state.status.backends) {
     const planned = b.vram.footprint ? b.vram.footprint.mib : b.vram.admission_mib;
-    const why = [b.starting, b.reason, ...b.blocked_by, b.health_error].filter(Boolean).join("; ");
+    const resident = b.protected_for_s ? `resident ${Math.ceil(b.protected_for_s)}s more (min_resident_s)` : null;
+    const asleep = b.state === "sleeping" && b.asleep_mib ? `keeps ${mib(b.asleep_mib)} asleep` : null;
+    const why = [b.starting, b.reason, asleep, resident, ...b.blocked_by, b.health_error]
+      .filter(Boolean).join("; ");
     const path = `/backends/${encodeURIComponent(b.name)}`;
     const actions = el("div", { class: "actions" },
       el("button", { "data-action": "start", text: b.state === "sleeping" ? "wake" : "start",
@@ -307,15 +310,24 @@ function renderBackends() {
       el("td", {}, el("span", { class: `state state-${b.state}`, "data-field": "state", text: b.state })),
       el("td", { text: b.lifecycle }),
       el("td", { class: "num", text: String(b.priority) }),
-      el("td", { class: "num", "data-field": "in-flight", text: String(b.in_flight) }),
+      el("td", { class: "num", "data-field": "in-flight",
+        text: b.max_inflight ? `${b.in_flight} / ${b.max_inflight}` : String(b.in_flight) }),
       el("td", { class: "num", "data-field": "waiting",
-        title: "held for a wake · waiting for a free connection (max_connections)",
-        text: b.pool_waiting ? `${b.waiting} + ${b.pool_waiting} pool` : String(b.waiting) }),
+        title: "held: for a wake, or queued for a slot (max_inflight) · waiting for a free connection (max_connections)",
+        text: waitingText(b) }),
       el("td", { class: "num", text: `${mib(planned)} / ${mib(b.vram.measured_mib)}` }),
       el("td", { class: "num", text: b.last_start_s === null ? "-" : `${b.last_start_s.toFixed(1)} s` }),
       el("td", { "data-field": "why", text: why }),
       el("td", {}, actions)));
   }
+}
+
+function waitingText(b) {
+  // "3", "3 (2 queued)", "3 + 1 pool": held requests, those queued for a slot, the pool's.
+  let text = String(b.waiting);
+  if (b.queued) text += ` (${b.queued} queued)`;
+  if (b.pool_waiting) text += ` + ${b.pool_waiting} pool`;
+  return text;
 }
 
 function renderProfile() {
