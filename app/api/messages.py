@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from typing import Any, Final
 
@@ -132,9 +131,6 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         except InvalidRequest:
             if not services.dispatcher.can_serve(route, Api.MESSAGES):
                 raise
-        if translated is not None:
-            inner = replace(translated.call, priority=key.priority)
-            translated = Translated(inner, translated.answer)
         call = Call(
             route,
             path,
