@@ -50,6 +50,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/wake.py
 	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/keys.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -20,6 +20,15 @@ SCRIPT = ROOT / "bench" / "overhead.py"
 POSITIVE = {
     "sequential": ["direct_p50_ms", "gateway_p50_ms", "direct_p99_ms", "gateway_p99_ms"],
     "throughput": ["direct_rps", "gateway_rps", "ratio"],
+    "keys": [
+        "plain_p50_ms",
+        "keyed_p50_ms",
+        "plain_stream_end_p50_ms",
+        "keyed_stream_end_p50_ms",
+        "plain_rps",
+        "keyed_rps",
+        "ratio",
+    ],
     "streaming": [
         "direct_first_p50_ms",
         "gateway_first_p50_ms",
@@ -31,6 +40,7 @@ POSITIVE = {
 NUMBERS = {
     "sequential": ["added_p50_ms", "added_p99_ms"],
     "streaming": ["added_first_p50_ms", "added_end_p50_ms"],
+    "keys": ["added_p50_ms", "added_stream_end_p50_ms"],
 }
 
 
@@ -165,3 +175,25 @@ def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         "rss_after_vs_start",
     ]
     assert all(t["pass"] is None for t in results["targets"])
+
+
+@pytest.mark.e2e
+def test_quick_keys_benchmark_prints_the_cost_of_a_key() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "keys.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    rows = [
+        line for line in done.stdout.splitlines() if line.startswith("| ") and "us |" not in line
+    ]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| no keys (anonymous)",
+        "| keys.yaml, 3 keys, every limit on",
+    ]
+    for row in rows:
+        assert float(row.split(" | ")[1].rstrip(" |")) > 0
