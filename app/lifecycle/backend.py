@@ -92,6 +92,8 @@ class Backend(Holding):
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
         # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
         self._asleep_mib: int | None = None
+        # Asleep: the level it slept at, which its wake needs (None: not known, or awake).
+        self._asleep_level: int | None = None
         changed = None if events is None else events.changed
         self._queue = TicketQueue(name, metrics, changed)
         self._leases = Leases(name, metrics, changed, on_release=self._grant)
@@ -124,6 +126,11 @@ class Backend(Holding):
     def asleep_mib(self) -> int | None:
         """While asleep: the MiB per GPU admission counts for it (None: its footprint)."""
         return self._asleep_mib
+
+    @property
+    def asleep_level(self) -> int | None:
+        """While asleep: the level it slept at (None: not known, e.g. found asleep)."""
+        return self._asleep_level
 
     @property
     def counted_mib(self) -> int | None:
@@ -243,7 +250,8 @@ class Backend(Holding):
             async with admitted:
                 self.holds_vram = True  # admitted: counted on its GPUs from now on
                 self._asleep_mib = None  # a wake: its whole footprint again
-                await self.server.launch(wake=wake)
+                level, self._asleep_level = self._asleep_level, None
+                await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
             duration = time.monotonic() - began
             async with self._lock:
@@ -409,7 +417,7 @@ class Backend(Holding):
                 kept = rules.asleep_mib(self.vram_mib, freed.mib, self.config.asleep_mib)
                 why = rules.asleep_reason(sleep_level, reason, kept)
                 async with self._lock:
-                    self._asleep_mib = kept
+                    self._asleep_mib, self._asleep_level = kept, sleep_level
                     self._set_state(BackendState.SLEEPING, why)
                 return
         try:
@@ -436,6 +444,7 @@ class Backend(Holding):
             if asleep:
                 self.holds_vram = True
                 self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self.config.asleep_mib)
+                self._asleep_level = None  # not known: its wake reloads the weights
                 self._set_state(BackendState.SLEEPING, "found asleep at gateway start")
                 return
             task = self._begin_start(adopt=True)
@@ -485,7 +494,7 @@ class Backend(Holding):
                 self._backoff.failed(time.monotonic())
                 self.holds_vram = holds_vram
                 if not holds_vram:
-                    self._asleep_mib = None
+                    self._asleep_mib = self._asleep_level = None
 
     def block(
         self,
@@ -508,7 +517,7 @@ class Backend(Holding):
         self._refused = False
         if target is BackendState.STOPPED:
             self.holds_vram = False
-            self._asleep_mib = None
+            self._asleep_mib = self._asleep_level = None
         elif target is BackendState.READY:
             self.ready_since = time.monotonic()
             self._grant()

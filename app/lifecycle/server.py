@@ -69,14 +69,14 @@ class Server:
         self.runtime_detail = status.detail
         return None if status.running else status
 
-    async def launch(self, *, wake: bool) -> None:
-        """Start the server, or wake it from sleep mode (`POST /wake_up`). Raises
-        `RuntimeFailure` or `StartFailed`."""
+    async def launch(self, *, wake: bool, level: int | None = None) -> None:
+        """Start the server, or wake it from sleep mode at `level` (None: not known; see
+        `VllmClient.wake_up`). Raises `RuntimeFailure` or `StartFailed`."""
         if not wake:
             await self.runtime.start()
             return
         try:
-            await self.vllm.wake_up()
+            await self.vllm.wake_up(level=level)
         except ControlError as exc:
             # Half awake is no state to serve from: stop it, the next start is a clean one.
             logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)

@@ -5,6 +5,11 @@ the rest wait; a sleeping (paused) engine accepts requests but does not schedule
 ``wake_up``; ``sleep`` with mode ``abort`` (vLLM's default) finishes in-flight requests with
 finish_reason ``abort``, ``wait`` drains them first, ``keep`` freezes them until wake-up
 (vLLM ``EngineCore.pause_scheduler``/``sleep``).
+
+Level 2 discards the weights (level 1 offloads them to host RAM): waking the ``weights``
+tag gives their memory back but not their contents, so ``weights_discarded`` stays set
+until ``reload_weights`` (vLLM's ``collective_rpc`` method) runs on awake weights. The
+server fails generation while it is set (see ``FakeState.track``).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class FakeEngine:
         self.pause: Literal["none", "new", "all"] = "none"
         self.sleep_level = 0
         self.sleeping_tags: set[str] = set()
+        self.weights_discarded = False  # a level-2 sleep, no reload_weights since
         self._jobs: set[Job] = set()
         self._queue: deque[Job] = deque()
         self._resumed = asyncio.Event()
@@ -151,6 +157,8 @@ class FakeEngine:
             await self._idle.wait()
         else:
             self._set_pause("all")
+        if level == 2 and "weights" not in self.sleeping_tags:
+            self.weights_discarded = True  # asleep already: sleeping a tag again is a no-op
         if level >= 1:
             self.sleep_level = level
             self.sleeping_tags = set(SLEEP_TAGS)
@@ -165,6 +173,13 @@ class FakeEngine:
         if tags is None or "scheduling" in tags or not self.sleeping_tags:
             self._set_pause("none")
             self._dispatch()
+
+    def reload_weights(self) -> None:
+        """``collective_rpc`` ``reload_weights``: load the weights from disk again. Raises
+        ValueError while the weights tag sleeps (there is no memory to load them into)."""
+        if "weights" in self.sleeping_tags:
+            raise ValueError("reload_weights while the weights sleep: wake_up tags=weights first")
+        self.weights_discarded = False
 
     def abort_all(self) -> None:
         """Used at shutdown."""

@@ -25,6 +25,15 @@ from app.sim.text import (
 )
 from app.sim.vram import FakeVram
 
+# After a level-2 sleep woken without `reload_weights`, a real vLLM generates from weight
+# memory that holds no weights: garbage, with a 200. The fake fails loudly instead, so a
+# test sees the bad wake at once.
+WEIGHTS_DISCARDED = (
+    "The model weights were discarded by a level-2 sleep and not reloaded: wake with "
+    'POST /wake_up?tags=weights, POST /collective_rpc {"method": "reload_weights"}, '
+    "POST /wake_up?tags=kv_cache (fake vLLM; a real one would answer garbage)"
+)
+
 
 @dataclass
 class Stats:
@@ -171,6 +180,9 @@ class FakeState:
             if self.faults.stall_before_headers:
                 await forever()
             admitted = await engine.admit(run.job)
+            if admitted and engine.weights_discarded:
+                run.outcome = "failed"
+                return error_response(ApiError(500, WEIGHTS_DISCARDED, "InternalServerError"))
             response: web.StreamResponse = await work()
             return response
         finally:
@@ -184,6 +196,8 @@ class FakeState:
             outcome = run.outcome
             if outcome == "dropped":
                 stats.dropped += 1
+            elif outcome == "failed":
+                stats.failed += 1
             elif outcome == "abort":
                 stats.aborted += 1
                 metrics.request_success["abort"].inc()

@@ -7,11 +7,14 @@ Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health
 ``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
 (``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
 (``app.sim.audio``) and ``/metrics`` in vLLM's shapes, plus ``/v1/audio/speech`` in OpenAI's
-(vLLM does not serve it; vLLM-Omni-like servers do); ``/sleep``, ``/wake_up`` and
-``/is_sleeping`` only with ``VLLM_SERVER_DEV_MODE=1``. Test controls: ``POST /_fake/faults``
-(same options as the fault flags, snake_case, null resets one), ``GET /_fake/faults``,
-``GET``/``DELETE /_fake/stats``. Like vLLM, the port refuses connections until
-``--startup-delay`` has passed. Client disconnects cancel the handler and count as aborts.
+(vLLM does not serve it; vLLM-Omni-like servers do); ``/sleep``, ``/wake_up`` (``tags``
+repeatable), ``/is_sleeping``, ``/collective_rpc`` (``reload_weights`` only) and
+``/reset_prefix_cache`` only with ``VLLM_SERVER_DEV_MODE=1``. After ``/sleep?level=2`` the
+weights are gone until ``reload_weights``: generation then answers 500 (a real vLLM answers
+garbage). Test controls: ``POST /_fake/faults`` (same options as the fault flags,
+snake_case, null resets one), ``GET /_fake/faults``, ``GET``/``DELETE /_fake/stats``. Like
+vLLM, the port refuses connections until ``--startup-delay`` has passed. Client disconnects
+cancel the handler and count as aborts.
 
 With ``--sim-gpu-dir DIR --vram-mib N`` it reports its GPU footprint to the simulated GPU's
 ledger (``app.gpu.ledger``) from the moment loading begins, like vLLM, which allocates
@@ -138,6 +141,29 @@ class FakeVllm(FakeState):
         self.record(request, None)
         return json_response(dumps({"is_sleeping": self.engine.is_sleeping}))
 
+    async def collective_rpc(self, request: web.Request) -> web.StreamResponse:
+        """``{"method": "reload_weights"}`` (the step of a level-2 wake between the tags);
+        vLLM runs any worker method, the fake knows this one only: others answer 400.
+        vLLM answers ``{"results": [...]}``, one result per worker."""
+        try:
+            body = await self.parse_body(request)
+        except ApiError as err:
+            return error_response(err)
+        method = body.get("method")
+        if method is None:
+            return error_response(ApiError(400, "Missing 'method' in request body"))
+        if method != "reload_weights":
+            return error_response(ApiError(400, f"fake vLLM: unsupported method {method!r}"))
+        try:
+            self.engine.reload_weights()
+        except ValueError as exc:
+            return error_response(ApiError(500, str(exc), "InternalServerError"))
+        return json_response(dumps({"results": [None]}))
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.StreamResponse:
+        self.record(request, None)
+        return web.Response(status=200)  # the fake keeps no prefix cache
+
     # --- test controls -----------------------------------------------------------------------
 
     async def get_faults(self, request: web.Request) -> web.StreamResponse:
@@ -226,6 +252,8 @@ def build_app(config: FakeConfig) -> web.Application:
         add("POST", "/sleep", fake.sleep)
         add("POST", "/wake_up", fake.wake_up)
         add("GET", "/is_sleeping", fake.is_sleeping)
+        add("POST", "/collective_rpc", fake.collective_rpc)
+        add("POST", "/reset_prefix_cache", fake.reset_prefix_cache)
     add("GET", "/_fake/faults", fake.get_faults)
     add("POST", "/_fake/faults", fake.set_faults)
     add("GET", "/_fake/stats", fake.get_stats)

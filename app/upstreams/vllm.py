@@ -1,12 +1,14 @@
 """What the control plane asks a local vLLM over HTTP (httpx): health, sleep mode, load.
 
 - `health()`: `GET <health_path>` (vLLM's `/health`), 200 or not; never raises.
-- `sleep(level)`, `wake_up()`, `is_sleeping()`: vLLM's sleep mode. `POST /sleep?level=N`
-  frees the weights (level 1 keeps them in host RAM, level 2 drops them) and the KV cache;
-  `POST /wake_up` brings them back; `GET /is_sleeping` confirms. The server registers
+- `sleep(level)`, `wake_up(level=)`, `is_sleeping()`: vLLM's sleep mode. `POST
+  /sleep?level=N` frees the weights (level 1 keeps them in host RAM, level 2 drops them)
+  and the KV cache; `POST /wake_up` brings back what level 1 kept, a level-2 wake reloads
+  the weights from disk (`wake_up`); `GET /is_sleeping` confirms. The server registers
   these routes only with `VLLM_SERVER_DEV_MODE=1` (and needs `--enable-sleep-mode`);
   otherwise they answer 404, reported as `SleepUnsupported` so the caller can stop the
-  server instead. Parameters are query parameters, not a JSON body.
+  server instead. Parameters are query parameters, not a JSON body (but
+  `/collective_rpc` takes one).
 - `load()`: `GET /metrics`, parsed by `app.upstreams.vllm_load`; raises only `ScrapeError`.
 
 Control calls and the scrape send the upstream's own key (vLLM `--api-key`); the health
@@ -79,8 +81,27 @@ class VllmClient:
         await self._request("POST", "/sleep", {"level": str(level)})
         await self._confirm(True)
 
-    async def wake_up(self) -> None:
-        await self._request("POST", "/wake_up", None)
+    async def wake_up(self, *, level: int | None) -> None:
+        """Wake a server put to sleep at `level` (None: not known, e.g. found asleep at
+        gateway start) and wait until `/is_sleeping` says awake.
+
+        Level 1 offloaded the weights to host RAM: a plain `POST /wake_up` brings them
+        back. Level 2 discarded them, and a plain wake leaves a server that answers
+        garbage, so the weights are reloaded from disk between the two tags. The same
+        sequence is safe after a level-1 sleep (it reloads what was offloaded), hence
+        for an unknown level too. Each step raises `ControlError` when it fails."""
+        if level == 1:
+            await self._request("POST", "/wake_up", None)
+        else:
+            # vLLM docs/features/sleep_mode.md, level 2 (reference/model_swap.md §5.1):
+            # memory for the weights, the weights from disk, then the KV cache...
+            await self._request("POST", "/wake_up", {"tags": "weights"})
+            reload = {"method": "reload_weights"}
+            await self._request("POST", "/collective_rpc", None, json=reload)
+            await self._request("POST", "/wake_up", {"tags": "kv_cache"})
+            # ...and (vLLM's sleep-mode blog, same §5.1) no prefix-cache entry computed
+            # with the old weights may be reused.
+            await self._request("POST", "/reset_prefix_cache", None)
         await self._confirm(False)
 
     async def is_sleeping(self) -> bool:
@@ -96,13 +117,19 @@ class VllmClient:
         return value
 
     async def _request(
-        self, method: str, path: str, params: dict[str, str] | None
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None,
+        *,
+        json: dict[str, str] | None = None,
     ) -> httpx.Response:
         try:
             response = await self._client.request(
                 method,
                 self._base + path,
                 params=params,
+                json=json,
                 headers=self._headers,
                 timeout=self._timeout_s,
             )

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gpu.ledger import LedgerWriter, read_ledger
@@ -417,6 +418,40 @@ async def test_an_idle_backend_is_put_to_sleep_and_woken_by_its_next_request(
         status = (await gw.client.get("/status")).json()
         (embed,) = [b for b in status["backends"] if b["name"] == "embed"]
         assert embed["asleep_mib"] is None
+
+
+async def test_a_backend_asleep_at_level_2_has_its_weights_reloaded_by_the_wake(
+    tmp_path: Path,
+) -> None:
+    """Level 2 discards the weights: a plain `POST /wake_up` leaves the server answering
+    garbage (the fake vLLM: a 500). The wake reloads them as vLLM's sleep-mode docs say."""
+    rig = Rig(tmp_path)
+    idle = {"idle_ttl_s": 0.2, "idle": {"method": "sleep", "level": 2}}
+    async with rig.gateway(embed=idle) as gw, httpx.AsyncClient() as direct:
+        await wake_all(gw)
+        view = await until_backend(gw, "embed", state="sleeping")
+        assert view["reason"].startswith("asleep (level 2, idle")
+        fake = f"http://127.0.0.1:{rig.ports['embed']}/_fake/stats"
+        assert (await direct.delete(fake)).status_code == 200
+
+        starts = rig.runtimes["embed"].starts
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"]
+        assert rig.runtimes["embed"].starts == starts  # woken, not started again
+        stats = (await direct.get(fake)).json()
+        assert stats["failed"] == 0
+        control = [
+            (r["method"], r["path"], r["query"], r["body"])
+            for r in stats["requests"]
+            if r["path"] not in ("/is_sleeping", "/v1/chat/completions")
+        ]
+        assert control == [
+            ("POST", "/wake_up", "tags=weights", None),
+            ("POST", "/collective_rpc", "", {"method": "reload_weights"}),
+            ("POST", "/wake_up", "tags=kv_cache", None),
+            ("POST", "/reset_prefix_cache", "", None),
+        ]
 
 
 async def test_an_idle_backend_without_sleep_mode_is_stopped_instead(tmp_path: Path) -> None:

@@ -70,23 +70,37 @@ class Server:
     """A backend's fake vLLM control endpoints: health, and sleep mode unless `dev_mode`
     is off (then 404, as vLLM without VLLM_SERVER_DEV_MODE=1)."""
 
+    DEV_MODE_PATHS = (
+        "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache",
+    )  # fmt: skip
+
     def __init__(self, awake_mib: int, asleep_mib: int, *, dev_mode: bool) -> None:
         self.awake_mib = awake_mib
         self.asleep_mib = asleep_mib
         self.dev_mode = dev_mode
-        self.sleeping = False
-        self.wakes = 0
+        self.asleep_tags: set[str] = set()
+        self.wakes = 0  # every tag awake again
+        self.calls: list[str] = []  # sleep mode's calls but /is_sleeping: "POST /wake_up?..."
+
+    @property
+    def sleeping(self) -> bool:
+        return bool(self.asleep_tags)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        if path in ("/sleep", "/wake_up", "/is_sleeping") and not self.dev_mode:
+        if path in self.DEV_MODE_PATHS and not self.dev_mode:
             return httpx.Response(404)
-        if path == "/sleep":
-            self.sleeping = True
-        elif path == "/wake_up":
-            self.sleeping, self.wakes = False, self.wakes + 1
-        elif path == "/is_sleeping":
+        if path == "/is_sleeping":
             return httpx.Response(200, json={"is_sleeping": self.sleeping})
+        if path in self.DEV_MODE_PATHS:
+            query = request.url.query.decode()
+            call = f"{request.method} {path}" + (f"?{query}" if query else "")
+            self.calls.append(call + request.content.decode())
+        if path == "/sleep":
+            self.asleep_tags = {"weights", "kv_cache"}
+        elif path == "/wake_up" and self.asleep_tags:
+            self.asleep_tags -= set(request.url.params.get_list("tags")) or self.asleep_tags
+            self.wakes += not self.asleep_tags
         return httpx.Response(200)
 
 
@@ -176,6 +190,10 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
 def state_of(backend: Backend) -> BackendState:
     return backend.state  # a fresh read: no narrowing carried over an await
+
+
+def level_of(backend: Backend) -> int | None:
+    return backend.asleep_level  # a fresh read, as `state_of`
 
 
 async def within(awaitable: Awaitable[T], seconds: float = 5.0) -> T:
@@ -302,6 +320,51 @@ async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) ->
     assert state_of(backend) is BackendState.READY
     assert rig.servers["b"].wakes == 1
     assert rig.arbiter.placed_mib() == {0: 16000}
+    # Level 2 discarded the weights: the wake reloads them (vLLM's sleep-mode docs).
+    assert rig.servers["b"].calls[-5:] == LEVEL_2_SLEEP_AND_WAKE
+    assert backend.asleep_level is None
+
+
+LEVEL_2_SLEEP_AND_WAKE = [
+    "POST /sleep?level=2",
+    "POST /wake_up?tags=weights",
+    'POST /collective_rpc{"method":"reload_weights"}',
+    "POST /wake_up?tags=kv_cache",
+    "POST /reset_prefix_cache",
+]
+
+
+async def test_the_wake_follows_the_level_slept_at(rig: Rig) -> None:
+    backend = await rig.ready("b", vram_mib=16000, asleep=2000)
+    await within(backend.sleep(StopReason.ADMIN, level=1))
+    assert backend.asleep_level == 1
+    await within(backend.start())
+    assert rig.servers["b"].calls[-2:] == ["POST /sleep?level=1", "POST /wake_up"]
+    await within(backend.sleep(StopReason.ADMIN, level=2))
+    assert backend.asleep_level == 2
+    await within(backend.start())
+    assert rig.servers["b"].calls[-5:] == LEVEL_2_SLEEP_AND_WAKE
+    # A stop forgets the level.
+    await within(backend.sleep(StopReason.ADMIN, level=1))
+    await within(backend.stop(StopReason.ADMIN))
+    assert (level_of(backend), state_of(backend)) == (None, BackendState.STOPPED)
+
+
+async def test_a_server_found_asleep_at_gateway_start_is_woken_with_the_reload(
+    rig: Rig,
+) -> None:
+    """The level it slept at is not known: the full sequence, safe after either level."""
+    backend = rig.add("b", vram_mib=16000, asleep=2000, **SLEEPS_WHEN_IDLE)
+    rig.runtimes["b"].running = True
+    rig.servers["b"].asleep_tags = {"weights", "kv_cache"}
+    await within(backend.adopt())
+    assert state_of(backend) is BackendState.SLEEPING
+    assert backend.asleep_level is None
+    lease = await within(backend.acquire())
+    lease.release()
+    assert state_of(backend) is BackendState.READY
+    assert rig.servers["b"].calls == LEVEL_2_SLEEP_AND_WAKE[1:]
+    assert rig.runtimes["b"].starts == 0
 
 
 async def test_an_idle_backend_without_sleep_mode_is_stopped_instead(rig: Rig) -> None:

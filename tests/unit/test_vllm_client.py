@@ -1,14 +1,17 @@
-"""The vLLM client: sleep mode against the fake vLLM (which offers it only in dev mode), and
-the health check."""
+"""The vLLM client: sleep mode against the fake vLLM (which offers it only in dev mode) and
+step by step through respx (the wake after each level), and the health check."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
+import respx
 
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
 from tests.fakes.processes import free_port
 from tests.fakes.servers import fake_vllm
+
+PROMPT = {"model": "fake-model", "prompt": "alpha beta", "max_tokens": 2}
 
 
 async def test_sleep_and_wake_are_confirmed_by_is_sleeping() -> None:
@@ -17,8 +20,91 @@ async def test_sleep_and_wake_are_confirmed_by_is_sleeping() -> None:
         assert await control.is_sleeping() is False
         await control.sleep(1)
         assert await control.is_sleeping() is True
-        await control.wake_up()
+        await control.wake_up(level=1)
         assert await control.is_sleeping() is False
+        assert (await server.client.post("/v1/completions", json=PROMPT)).status_code == 200
+
+
+@pytest.mark.parametrize("known", [2, None])
+async def test_a_level_2_wake_reloads_the_weights(known: int | None) -> None:
+    async with fake_vllm(dev_mode=True) as server, httpx.AsyncClient() as client:
+        control = VllmClient(client, server.url)
+        await control.sleep(2)
+        await control.wake_up(level=known)  # None: found asleep, the level is not known
+        assert await control.is_sleeping() is False
+        answer = await server.client.post("/v1/completions", json=PROMPT)
+        assert answer.status_code == 200, answer.text
+        assert (await server.stats())["failed"] == 0
+
+
+async def test_a_plain_wake_after_level_2_leaves_the_weights_discarded() -> None:
+    """What the gateway did before: the fake answers 500 (a real vLLM answers garbage)."""
+    async with fake_vllm(dev_mode=True) as server, httpx.AsyncClient() as client:
+        control = VllmClient(client, server.url)
+        await control.sleep(2)
+        await control.wake_up(level=1)  # the wrong level: a plain wake
+        answer = await server.client.post("/v1/completions", json=PROMPT)
+        assert answer.status_code == 500
+        assert "discarded by a level-2 sleep" in answer.json()["error"]["message"]
+
+
+BASE = "http://vllm:8000"
+LEVEL_2_WAKE = [
+    ("/wake_up", "tags=weights", b""),
+    ("/collective_rpc", "", b'{"method":"reload_weights"}'),
+    ("/wake_up", "tags=kv_cache", b""),
+    ("/reset_prefix_cache", "", b""),
+]
+
+
+def sleep_mode_routes(mock: respx.MockRouter, failing: str | None = None) -> respx.Route:
+    """The wake's routes, all 200 but `failing` (a path and query: 500); `/is_sleeping`
+    says awake."""
+    for path, query, _ in LEVEL_2_WAKE:
+        status = 500 if failing == f"{path}?{query}" else 200
+        mock.post(f"{BASE}{path}" + (f"?{query}" if query else "")).respond(status, text="boom")
+    mock.post(f"{BASE}/wake_up").respond(200)
+    return mock.get(f"{BASE}/is_sleeping").respond(200, json={"is_sleeping": False})
+
+
+@pytest.mark.parametrize("level", [1, 2, None])
+async def test_the_wake_sends_the_steps_of_its_level_in_order(level: int | None) -> None:
+    async with respx.mock(assert_all_called=False) as mock, httpx.AsyncClient() as client:
+        confirm = sleep_mode_routes(mock)
+        await VllmClient(client, BASE, headers={"Authorization": "Bearer k"}).wake_up(level=level)
+        calls = list(mock.calls)  # respx forgets them on leaving the context
+    sent = [
+        (call.request.url.path, call.request.url.query.decode(), call.request.content)
+        for call in calls
+        if call.request.url.path != "/is_sleeping"
+    ]
+    assert sent == ([("/wake_up", "", b"")] if level == 1 else LEVEL_2_WAKE)
+    assert all(call.request.headers["authorization"] == "Bearer k" for call in calls)
+    assert calls[-1].request.url.path == "/is_sleeping"  # confirmed awake after the last step
+    assert confirm.called
+
+
+@pytest.mark.parametrize("failing", [f"{path}?{query}" for path, query, _ in LEVEL_2_WAKE])
+async def test_a_failing_step_of_the_level_2_wake_raises_and_stops_there(failing: str) -> None:
+    async with respx.mock(assert_all_called=False) as mock, httpx.AsyncClient() as client:
+        confirm = sleep_mode_routes(mock, failing)
+        with pytest.raises(ControlError) as info:
+            await VllmClient(client, BASE).wake_up(level=2)
+        last = mock.calls.last.request.url.path
+    path = failing.split("?")[0]
+    assert f"POST {path} answered 500: boom" in str(info.value)
+    assert not isinstance(info.value, SleepUnsupported)
+    assert last == path  # no step after the failing one
+    assert not confirm.called
+
+
+async def test_a_wake_that_does_not_end_awake_raises() -> None:
+    async with respx.mock(assert_all_called=False) as mock, httpx.AsyncClient() as client:
+        sleep_mode_routes(mock)
+        mock.get(f"{BASE}/is_sleeping").respond(200, json={"is_sleeping": True})
+        with pytest.raises(ControlError) as info:
+            await VllmClient(client, BASE, timeout_s=0.2).wake_up(level=2)
+    assert "did not report awake" in str(info.value)
 
 
 async def test_a_server_without_dev_mode_says_how_to_enable_sleep_mode() -> None:
@@ -41,7 +127,7 @@ async def test_a_server_that_is_not_there_is_a_control_error() -> None:
     async with httpx.AsyncClient() as client:
         control = VllmClient(client, f"http://127.0.0.1:{free_port()}", timeout_s=1)
         with pytest.raises(ControlError) as info:
-            await control.wake_up()
+            await control.wake_up(level=None)
     assert "POST /wake_up: ConnectError" in str(info.value)
 
 
