@@ -114,7 +114,6 @@ class ClientKey:
         cloud = self.config.cloud
         if cloud and self._daily is not None and self._daily.exhausted(self._wall()):
             cloud = False
-            self._limited["daily_cloud_tokens"].inc()
         return KeyUse(self, cloud=cloud, budget_spent=cloud != self.config.cloud)
 
     def _refusal(self, now: float) -> Refusal | None:
@@ -244,6 +243,13 @@ class KeyUse:
     def count(self, entry: str, cloud: bool, prompt: int, completion: int) -> None:
         """Tokens of the answer from `entry` (a provider when `cloud`)."""
         self.key._count(entry, cloud, prompt, completion)
+
+    def kept_off_cloud(self) -> None:
+        """A chain passed over its providers because the key's daily cloud tokens are
+        spent (counted in `key_limited_total{limit="daily_cloud_tokens"}`)."""
+        if self.budget_spent:
+            self.key._limited["daily_cloud_tokens"].inc()
+            self.key._changed()
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """The key's `x-ratelimit-*` headers for a response (none without rpm/tpm)."""

@@ -107,7 +107,10 @@ class ChainCall:
             # The client's key may not reach the cloud (`cloud: false`), or not today
             # (`daily_cloud_tokens` spent): its providers are passed over.
             why = R.KEY_CLOUD_BUDGET if key.budget_spent else R.KEY_NO_CLOUD
-            excluded = {**{e: why for e in chain.entries if e in cloud.providers}, **excluded}
+            kept_off = {e: why for e in chain.entries if e in cloud.providers}
+            if kept_off:
+                key.kept_off_cloud()
+            excluded = {**kept_off, **excluded}
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)

@@ -206,3 +206,22 @@ def test_env_keys_and_no_keys() -> None:
     assert not second.rate_limited
     settings_fields = {"backends": {"m": {"url": "http://127.0.0.1:9", "models": ["m"]}}}
     assert not Settings(**settings_fields).has_client_keys  # type: ignore[arg-type]
+
+
+def test_a_spent_daily_budget_keeps_the_key_off_the_cloud_and_counts_when_it_mattered() -> None:
+    keys = ring(a={"key_env": "K", "daily_cloud_tokens": 10})
+    key = keys.identify(b"sk-k")
+    assert key is not None
+    use = key.admit()
+    assert use.cloud
+    use.count("cloud", True, 4, 8)  # 12 tokens from a provider: the budget is spent
+    use.count("local", False, 100, 100)  # local tokens do not count against it
+    use.finish("served")
+    assert key.view()["cloud_tokens_today"] == 12
+    later = key.admit()
+    assert not later.cloud
+    assert later.budget_spent
+    assert key.view()["limited"]["daily_cloud_tokens"] == 0  # a local-only request: no loss
+    later.kept_off_cloud()  # a chain passed its providers over
+    assert key.view()["limited"]["daily_cloud_tokens"] == 1
+    later.finish("served")
