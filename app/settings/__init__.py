@@ -33,6 +33,7 @@ from app.settings.root import (
     AutoYieldConfig,
     DockerConfig,
     GpuConfig,
+    PrometheusProbeConfig,
     Settings,
     SimGpuConfig,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "ExternalRuntimeConfig",
     "GpuConfig",
     "ProcessRuntimeConfig",
+    "PrometheusProbeConfig",
     "ReleaseConfig",
     "Settings",
     "SimGpuConfig",

@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -97,14 +98,86 @@ class AutoYieldConfig(StrictConfig):
     include_pinned: bool = False
 
 
+# One PromQL label matcher: a label name, an operator, a quoted value (PromQL accepts
+# double, single and back quotes; prometheus.io, "Querying basics", time series selectors).
+_MATCHER = (
+    r"""[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)"""
+)
+SELECTOR_RE: Final = re.compile(rf"\{{\s*(?:{_MATCHER}\s*(?:,\s*{_MATCHER}\s*)*,?\s*)?\}}")
+
+
+class PrometheusProbeConfig(StrictConfig):
+    """Where `gpu.probe: prometheus` reads another host's GPUs: a Prometheus (or any server
+    with its HTTP query API) that scrapes that host's dcgm-exporter.
+
+    - `selector`: PromQL label matchers that pick that host's series, e.g.
+      `{Hostname="node-c"}` (dcgm-exporter's `Hostname` label) or `{instance="node-c:9400"}`;
+      added to every DCGM metric queried. Empty: every DCGM series Prometheus has.
+    - `lookback_s`: how far back a sample is still taken (the query's range). A sample
+      older than `gpu.stale_after_s` shows as stale; none within `lookback_s` is a failed
+      probe.
+    - `query_interval_s`: at most one query this often; samples in between are the last
+      answer (Prometheus has nothing newer than its last scrape anyway).
+    - `bearer_token_env`: the variable holding a bearer token (never the token itself);
+      `headers`: other request headers (e.g. `X-Scope-OrgID` for Mimir or Cortex).
+    """
+
+    url: str
+    selector: str = ""
+    timeout_s: PositiveFloat = 2.0
+    query_interval_s: PositiveFloat = 5.0
+    lookback_s: PositiveInt = 120
+    bearer_token_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"must be the Prometheus base URL like http://prometheus:9090, got {value!r}"
+            )
+        return value.rstrip("/")
+
+    @field_validator("selector")
+    @classmethod
+    def _label_matchers(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            return value
+        if SELECTOR_RE.fullmatch(value) is None:
+            raise ValueError(
+                "must be PromQL label matchers in braces, like "
+                f'{{Hostname="node-c"}} or {{instance=~"node-c:.*"}}, got {value!r}'
+            )
+        if re.search(r"(?:^|[{,\s])__name__\s*[=!]", value):
+            raise ValueError(
+                f"must not match __name__ (the probe picks the DCGM metrics itself), got {value!r}"
+            )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _no_authorization(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(name.lower() == "authorization" for name in value):
+            raise ValueError(
+                "must not carry Authorization (a secret in the config file): name the "
+                "variable holding the token in bearer_token_env instead"
+            )
+        return value
+
+
 class GpuConfig(StrictConfig):
     """The GPU probe behind telemetry, VRAM admission and yield.
 
-    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `none` turns
-    admission off (every start is allowed) and reports no GPU.
+    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `prometheus`
+    reads another host's GPUs from the dcgm-exporter series in a Prometheus
+    (`gpu.prometheus`); `none` turns admission off (every start is allowed) and reports
+    no GPU.
     """
 
-    probe: Literal["nvml", "sim", "none"] = "sim"
+    probe: Literal["nvml", "sim", "prometheus", "none"] = "sim"
     poll_interval_s: PositiveFloat = 1.0
     sample_timeout_s: PositiveFloat = 2.0  # one sample of every GPU; NVML can hang
     # A snapshot older than this is reported stale in /status and the metrics.
@@ -112,6 +185,17 @@ class GpuConfig(StrictConfig):
     sim: SimGpuConfig = Field(default_factory=SimGpuConfig)
     reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
     auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
+    prometheus: PrometheusProbeConfig | None = None
+
+    @model_validator(mode="after")
+    def _prometheus_url(self) -> GpuConfig:
+        if self.probe == "prometheus" and self.prometheus is None:
+            raise ValueError(
+                "probe: prometheus needs gpu.prometheus.url (the Prometheus that scrapes the "
+                "GPU host's dcgm-exporter), e.g. prometheus: {url: http://prometheus:9090, "
+                "selector: '{Hostname=\"node-c\"}'}"
+            )
+        return self
 
 
 class ServerConfig(StrictConfig):
