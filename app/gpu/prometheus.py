@@ -240,8 +240,8 @@ class PrometheusSource:
                 except ProbeError as exc:
                     last = exc
                 self._last, self._last_at = last, time.monotonic()
-        if isinstance(last, ProbeError):
-            raise last
+        if isinstance(last, ProbeError):  # a new exception: no traceback piles up on it
+            raise ProbeError(str(last), reason=last.reason)
         return last
 
     async def close(self) -> None:

@@ -117,7 +117,8 @@ class PrometheusProbeConfig(StrictConfig):
       older than `gpu.stale_after_s` shows as stale; none within `lookback_s` is a failed
       probe.
     - `query_interval_s`: at most one query this often; samples in between are the last
-      answer (Prometheus has nothing newer than its last scrape anyway).
+      answer (Prometheus has nothing newer than its last scrape anyway); 0: a query on
+      every sample.
     - `bearer_token_env`: the variable holding a bearer token (never the token itself);
       `headers`: other request headers (e.g. `X-Scope-OrgID` for Mimir or Cortex).
     """
@@ -125,7 +126,7 @@ class PrometheusProbeConfig(StrictConfig):
     url: str
     selector: str = ""
     timeout_s: PositiveFloat = 2.0
-    query_interval_s: PositiveFloat = 5.0
+    query_interval_s: NonNegativeFloat = 5.0
     lookback_s: PositiveInt = 120
     bearer_token_env: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
