@@ -22,6 +22,7 @@ from app.gpu.collector import GpuCollector
 from app.gpu.ledger import read_ledger
 from app.gpu.nvml import NvmlSource
 from app.gpu.poller import GpuMonitor
+from app.gpu.prometheus import PrometheusSource
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSource
 from app.keys.metrics import KeyMetrics
@@ -188,6 +189,9 @@ class Services:
             source = seams.gpu_source_factory(placed)
         elif gpu.probe == "nvml":
             source = NvmlSource(timeout_s=gpu.sample_timeout_s)
+        elif gpu.probe == "prometheus":
+            assert gpu.prometheus is not None  # GpuConfig requires it
+            source = PrometheusSource(gpu.prometheus)
         elif gpu.probe == "sim":
             ledger = gpu.sim.ledger_dir
             used: Callable[[], dict[int, int]] = placed
