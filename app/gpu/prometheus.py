@@ -298,7 +298,9 @@ class PrometheusSource:
                 f"did not answer within {self._config.timeout_s:g} s", "timeout"
             ) from None
         except httpx.HTTPError as exc:
-            raise self._error(f"is unreachable: {_describe(exc)}", "unreachable") from None
+            raise self._error(
+                f"is unreachable ({type(exc).__name__}: {_describe(exc)})", "unreachable"
+            ) from None
         try:
             body = response.json()
         except ValueError:

@@ -188,6 +188,16 @@ class GpuConfig(StrictConfig):
     auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
     prometheus: PrometheusProbeConfig | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _prometheus_defaults(cls, data: object) -> object:
+        # A Prometheus sample is a scrape old (often 15 to 60 s, plus dcgm-exporter's own
+        # 30 s collection): NVML's 10 s would call every snapshot stale and refuse every
+        # start that waits for evicted memory to show. Explicit values are kept.
+        if isinstance(data, dict) and data.get("probe") == "prometheus":
+            data = {"stale_after_s": 90.0, "reclaim_timeout_s": 90.0, **data}
+        return data
+
     @model_validator(mode="after")
     def _prometheus_url(self) -> GpuConfig:
         if self.probe == "prometheus" and self.prometheus is None:

@@ -122,7 +122,9 @@ async def test_prometheus_going_away_shows_like_a_lost_probe_and_recovers(tmp_pa
         await prometheus.go_down()
         down = await until(lambda: gpu_status(gw, up=False))
         assert down["reason"] == "unreachable"
-        assert down["error"].startswith(f"Prometheus at {prometheus.url} is unreachable")
+        assert down["error"].startswith(
+            f"Prometheus at {prometheus.url} is unreachable (ConnectError: "
+        )
         assert down["gpus"], "the last good snapshot stays visible while the probe is down"
         assert await until(lambda: metric_line(gw, "microscheduler_gpu_probe_up 0.0"))
         await prometheus.come_back()

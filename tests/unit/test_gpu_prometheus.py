@@ -231,3 +231,13 @@ def test_the_prometheus_probe_needs_a_url_and_no_secret_in_headers() -> None:
     )
     assert config.prometheus is not None
     assert config.prometheus.bearer_token_env == "T"
+
+
+def test_the_prometheus_probe_defaults_allow_for_a_scrape_old_sample() -> None:
+    config = GpuConfig.model_validate({"probe": "prometheus", "prometheus": {"url": "http://p"}})
+    assert (config.stale_after_s, config.reclaim_timeout_s) == (90.0, 90.0)
+    kept = GpuConfig.model_validate(
+        {"probe": "prometheus", "prometheus": {"url": "http://p"}, "stale_after_s": 20}
+    )
+    assert (kept.stale_after_s, kept.reclaim_timeout_s) == (20.0, 90.0)
+    assert GpuConfig(probe="nvml").stale_after_s == 10.0

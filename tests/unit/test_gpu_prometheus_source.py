@@ -108,7 +108,9 @@ async def test_prometheus_down_fails_naming_the_url_and_recovers() -> None:
         await prometheus.go_down()
         error = await failure(src)
         assert error.reason == "unreachable"
-        assert str(error).startswith(f"Prometheus at {prometheus.url} is unreachable: ")
+        assert str(error).startswith(
+            f"Prometheus at {prometheus.url} is unreachable (ConnectError: "
+        )
         await prometheus.come_back()
         assert (await src.sample()).gpus
         await src.close()
@@ -180,7 +182,7 @@ async def test_a_failed_sample_logs_one_line_naming_the_url_and_no_traceback(
     assert record.exc_info is None
     assert record.getMessage().startswith(
         f"gpu probe down source=prometheus reason=unreachable error=Prometheus at "
-        f"{prometheus.url} is unreachable: "
+        f"{prometheus.url} is unreachable (ConnectError: "
     )
 
 
