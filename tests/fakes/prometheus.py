@@ -104,6 +104,20 @@ def dcgm_gpu(
     ]
 
 
+def exposition(series: list[Series]) -> str:
+    """`series` as a dcgm-exporter `/metrics` page (text format 0.0.4), without the `job`
+    and `instance` labels a Prometheus adds when it scrapes."""
+    by_name: dict[str, list[str]] = {}
+    for s in series:
+        name = s.labels["__name__"]
+        labels = ",".join(
+            f'{k}="{v}"' for k, v in s.labels.items() if k not in ("__name__", "job", "instance")
+        )
+        by_name.setdefault(name, []).append(f"{name}{{{labels}}} {_format(s.value)}")
+    lines = [line for name, rows in by_name.items() for line in (f"# TYPE {name} gauge", *rows)]
+    return "\n".join(lines) + "\n"
+
+
 def _format(value: float) -> str:
     # Prometheus renders sample values as strings (strconv.FormatFloat 'f', -1, and
     # "NaN", "+Inf", "-Inf").
