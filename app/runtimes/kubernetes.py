@@ -50,6 +50,7 @@ class EndpointWatch:
         self.listed = False
         self.error: str | None = None
         self.lists = 0  # how many times it listed (a relist after a 410 counts)
+        self.failures = 0  # lists or watches that failed (a 410 is no failure)
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
@@ -81,6 +82,7 @@ class EndpointWatch:
                     version = None
                     continue
                 self.error = str(exc)
+                self.failures += 1
                 version = None
                 logger.warning("endpointslice watch failed service=%s error=%s", self.service, exc)
                 await asyncio.sleep(WATCH_RETRY_S)
