@@ -177,21 +177,33 @@ class KubernetesRuntime:
             logger.warning("workload to stop is gone, treating it as stopped backend=%s "
                            "workload=%s", self._backend, self._what)  # fmt: skip
             return
-        if _replicas(scale) != 0:
-            await self._set_replicas(0)
         selector = _selector(scale)
         deadline = time.monotonic() + self._config.stop_timeout_s
         while True:
+            if _replicas(scale) != 0:
+                await self._set_replicas(0)
             pods = await self._pods(selector) if selector else []
-            if not pods:
+            scale = await self._scale()
+            if not pods and _replicas(scale) == 0:
                 break
             if time.monotonic() >= deadline:
-                names = ", ".join(_name(pod) for pod in pods)
+                names = ", ".join(_name(pod) for pod in pods) or "none"
                 raise RuntimeFailure(
-                    f"{self._what} still has pods ({names}) {self._config.stop_timeout_s:g}s "
-                    "after its scale to 0 (runtime.stop_timeout_s; check the pods' "
-                    "terminationGracePeriodSeconds and finalizers)"
+                    f"{self._what} has {_replicas(scale)} replica(s) and pods ({names}) "
+                    f"{self._config.stop_timeout_s:g}s after its scale to 0 "
+                    "(runtime.stop_timeout_s; check the pods' terminationGracePeriodSeconds "
+                    "and finalizers, and that no HPA or KEDA scales it)"
                 )
+            if _replicas(scale) != 0:
+                # A scale-up that landed after ours (a cancelled start's request still in
+                # flight), or another owner of its replicas: scale to 0 again.
+                logger.warning(
+                    "scaled up again while stopping backend=%s workload=%s replicas=%d",
+                    self._backend,
+                    self._what,
+                    _replicas(scale),
+                )
+                continue
             await asyncio.sleep(self.stop_poll_s)
         logger.info("kubernetes workload scaled to 0 backend=%s workload=%s",
                     self._backend, self._what)  # fmt: skip

@@ -25,7 +25,7 @@ EXPECTED_RULES = {
 
 
 def manifests() -> list[dict[str, Any]]:
-    docs = []
+    docs: list[dict[str, Any]] = []
     for path in sorted(DEPLOY.glob("*.yaml")):
         docs.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
     return docs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,7 +41,7 @@ class Env:
     api: KubeApi
     tmp_path: Path
 
-    def runtime(self, **fields: str) -> KubernetesRuntime:
+    def runtime(self, **fields: Any) -> KubernetesRuntime:
         config = KubernetesRuntimeConfig(
             kind="kubernetes", namespace="llm", **{"deployment": "vllm", **fields}
         )
@@ -91,6 +92,28 @@ async def test_stop_scales_to_zero_and_waits_for_the_pods(env: Env) -> None:
     await runtime.stop()  # stopping a stopped workload is no error
 
 
+async def test_a_late_scale_up_during_the_stop_is_undone(env: Env) -> None:
+    """A start cancelled by a stop may have its PATCH land after the stop's: the stop
+    checks again and scales to 0 once more, so the workload ends at 0."""
+    runtime = env.runtime(stop_timeout_s=2)
+    runtime.stop_poll_s = 0.05
+    await runtime.start()
+    workload = env.kube.workloads["deployments", "vllm"]
+    patch = runtime._set_replicas
+    late = [1]
+
+    async def racing(replicas: int) -> None:
+        await patch(replicas)
+        if replicas == 0 and late:
+            env.kube._scale_to(workload, late.pop())  # the earlier scale-up lands now
+
+    runtime._set_replicas = racing  # type: ignore[method-assign]
+    await runtime.stop()
+    assert workload.replicas == 0
+    assert not env.kube.pods
+    assert [c[0] for c in env.kube.calls].count("PATCH") == 3  # up, down, down again
+
+
 async def test_a_pending_pod_is_explained_by_its_scheduling_event(env: Env) -> None:
     env.kube.unschedulable(GPU_SHORT)
     runtime = env.runtime()
@@ -137,7 +160,7 @@ async def test_a_missing_workload_is_named(env: Env) -> None:
 
 async def test_a_statefulset_is_scaled_through_its_own_subresource(env: Env) -> None:
     env.kube.add_workload("statefulsets", "db", service="db-svc")
-    runtime = env.runtime(deployment=None, statefulset="db", service="db-svc")  # type: ignore[arg-type]
+    runtime = env.runtime(deployment=None, statefulset="db", service="db-svc")
     await runtime.start()
     assert env.kube.workloads["statefulsets", "db"].replicas == 1
     assert ("PATCH", "/apis/apps/v1/namespaces/llm/statefulsets/db/scale",
