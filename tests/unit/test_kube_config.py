@@ -196,3 +196,23 @@ async def test_unreachable_names_the_settings() -> None:
     finally:
         await api.aclose()
     assert caught.value.reason == "unreachable"
+
+
+async def test_a_watch_answered_410_is_expired() -> None:
+    """The API server may also refuse a watch outright with 410 Gone (not in the stream)."""
+    gone = {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410,
+            "message": "too old resource version: 5 (9)"}  # fmt: skip
+    api = KubeApi(KubernetesConfig(api_url="http://k8s"), env={})
+    call = Call("watch", "endpointslices", "llm", group="discovery.k8s.io")
+    try:
+        with respx.mock(base_url="http://k8s") as router:
+            router.get("/w").mock(return_value=httpx.Response(410, json=gone))
+            with pytest.raises(KubeError) as caught:
+                async for _ in api.watch("/w", call, {"resourceVersion": "5"}, 10):
+                    pass
+            params = router.calls.last.request.url.params
+            assert (params["watch"], params["resourceVersion"]) == ("1", "5")
+    finally:
+        await api.aclose()
+    assert caught.value.expired
+    assert "too old resource version" in str(caught.value)

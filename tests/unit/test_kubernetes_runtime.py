@@ -202,3 +202,18 @@ async def test_the_stand_in_refuses_other_patch_types(env: Env) -> None:
     assert response.status_code == 415
     assert response.json()["reason"] == "UnsupportedMediaType"
     assert env.kube.workloads["deployments", "vllm"].replicas == 0
+
+
+async def test_a_denied_endpointslice_list_is_the_status_detail(env: Env) -> None:
+    """Readiness cannot be known without EndpointSlices: the start waits, and says why."""
+    env.kube.deny("list", "endpointslices")
+    runtime = env.runtime()
+    await runtime.start()
+
+    async def explained() -> str | None:
+        status = await runtime.status()
+        return status.detail if "may not list endpointslices" in status.detail else None
+
+    detail = await until(explained, what="the 403 in the status detail")
+    assert "in API group 'discovery.k8s.io' in namespace 'llm'" in detail
+    assert (await runtime.status()).ready is False
