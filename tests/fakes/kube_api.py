@@ -8,9 +8,13 @@ note on where each behaviour comes from (written from the references, not from o
   label query string). Kubernetes API reference, "Scale [autoscaling/v1]".
 - PATCH takes `application/merge-patch+json` only here; any other content type gets 415
   `UnsupportedMediaType` as the real server answers an unknown one (kubernetes
-  `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go`: "the body of the request
-  was in an unknown format - accepted media types include: ..."). The real server also
-  takes json-patch, strategic-merge and apply patches; the stand-in does not need them.
+  `k8s.io/apiserver/pkg/endpoints/handlers/negotiation/errors.go`, errUnsupportedMediaType:
+  "the body of the request was in an unknown format - accepted media types include: ..."
+  with the accepted types joined by ", "; checked against that source in the code index).
+  The real server also takes json-patch, strategic-merge and apply patches for built-in
+  kinds; the stand-in refuses them too (a simplification: our client never sends them).
+- resourceVersions are numbers inside the stand-in only; clients must treat them as
+  opaque strings (kubernetes.io "API Concepts", "Resource versions").
 - `GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=
   kubernetes.io/service-name={svc}`: an `EndpointSliceList` with
   `metadata.resourceVersion`; with `watch=1`, newline-delimited watch events
