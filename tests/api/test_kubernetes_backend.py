@@ -37,10 +37,13 @@ def kubeconfig(tmp_path: Path, server: str) -> Path:
 
 @asynccontextmanager
 async def kube_gateway(
-    tmp_path: Path, ready_after_s: float | None, **fields: Any
+    tmp_path: Path, ready_after_s: float | None, *, running: bool = False, **fields: Any
 ) -> AsyncIterator[tuple[Gateway, FakeKube]]:
     async with fake_kube(ready_after_s=ready_after_s) as kube, fake_vllm(models=["m"]) as vllm:
-        kube.add_workload("deployments", "vllm-m")
+        workload = kube.add_workload("deployments", "vllm-m")
+        if running:  # left at 1 replica by an earlier gateway
+            kube._scale_to(workload, 1)
+            kube.make_ready()
         backend = {
             "url": vllm.url,
             "models": ["m"],
@@ -112,3 +115,12 @@ async def test_a_pending_pod_is_the_start_progress_and_a_stop_wins(tmp_path: Pat
         assert len(patches) == 2  # one scale-up, one scale-down, nothing after
         await asyncio.sleep(0.3)
         assert len([c for c in kube.calls if c[0] == "PATCH"]) == 2
+
+
+async def test_a_workload_left_running_is_adopted_without_a_patch(tmp_path: Path) -> None:
+    async with kube_gateway(tmp_path, ready_after_s=None, running=True) as (gw, kube):
+        view = await until_backend(gw, "m", state="ready")
+        assert view["runtime_detail"] == "1 replica(s), 1 ready endpoint(s) in Service vllm-m"
+        assert not [c for c in kube.calls if c[0] == "PATCH"]
+        response = await gw.client.post("/v1/chat/completions", json=chat("m"))
+        assert response.status_code == 200
