@@ -52,7 +52,6 @@ class EndpointWatch:
         self.lists = 0  # how many times it listed (a relist after a 410 counts)
         self.failures = 0  # lists or watches that failed (a 410 is no failure)
         self._task: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
 
     @property
     def ready(self) -> int:
@@ -75,16 +74,19 @@ class EndpointWatch:
                 async for event in self._api.watch(self._path, watch_call, params, WATCH_TIMEOUT_S):
                     version = self._apply(event) or version
                 self.error = None
-            except KubeError as exc:
-                if exc.expired:
+            except Exception as exc:  # the task must live on: every failure is retried
+                if isinstance(exc, KubeError) and exc.expired:
                     logger.info("endpointslice watch expired, listing again service=%s",
                                 self.service)  # fmt: skip
                     version = None
                     continue
-                self.error = str(exc)
+                # Not RuntimeFailure only: a malformed answer must not end the watch either.
+                self.error = str(exc) if isinstance(exc, RuntimeFailure) else repr(exc)
                 self.failures += 1
+                self.listed = False  # what it holds may be stale until the next list
                 version = None
-                logger.warning("endpointslice watch failed service=%s error=%s", self.service, exc)
+                logger.warning("endpointslice watch failed service=%s error=%s", self.service,
+                               self.error)  # fmt: skip
                 await asyncio.sleep(WATCH_RETRY_S)
 
     async def _list(self, call: Call) -> str:
@@ -95,7 +97,6 @@ class EndpointWatch:
         }
         self.listed = True
         self.error = None
-        self._changed.set()
         return str(answer.get("metadata", {}).get("resourceVersion", ""))
 
     def _apply(self, event: dict[str, Any]) -> str | None:
@@ -107,7 +108,6 @@ class EndpointWatch:
             self._slices[_name(obj)] = _ready_count(obj)
         elif kind == "DELETED":
             self._slices.pop(_name(obj), None)
-        self._changed.set()
         return str(version) if version else None
 
 
