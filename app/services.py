@@ -1,8 +1,8 @@
 """Services: the object graph, built once per app in the lifespan. No globals, no policy.
 
 Builds every long-lived object from the settings and the seams, wires them together, and
-closes what it opened (connection pools, the Docker client, the GPU source) in reverse
-order. What runs in the background (bring-up, health watch, reaper, scrape, GPU poll) is
+closes what it opened (connection pools, the Docker and Kubernetes clients, the GPU source)
+in reverse order. What runs in the background (bring-up, health watch, reaper, scrape, GPU poll) is
 the `Supervisor`'s.
 """
 
@@ -43,8 +43,16 @@ from app.runtimes.base import Runtime
 from app.runtimes.docker import DockerRuntime
 from app.runtimes.docker_api import DockerApi
 from app.runtimes.external import ExternalRuntime
+from app.runtimes.kube_api import KubeApi
+from app.runtimes.kubernetes import KubernetesRuntime
 from app.runtimes.process import ProcessRuntime
-from app.settings import BackendConfig, DockerRuntimeConfig, ProcessRuntimeConfig, Settings
+from app.settings import (
+    BackendConfig,
+    DockerRuntimeConfig,
+    KubernetesRuntimeConfig,
+    ProcessRuntimeConfig,
+    Settings,
+)
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
 from app.upstreams.vllm_load import VllmLoadMetrics
@@ -67,6 +75,7 @@ class Seams:
 
     control_transport: httpx.AsyncBaseTransport | None = None
     docker_transport: httpx.AsyncBaseTransport | None = None
+    kube_transport: httpx.AsyncBaseTransport | None = None
     runtime_factory: RuntimeFactory | None = None
     gpu_source_factory: GpuSourceFactory | None = None
 
@@ -93,6 +102,9 @@ class Services:
         self.docker: DockerApi | None = None
         if any(isinstance(c.runtime, DockerRuntimeConfig) for c in settings.backends.values()):
             self.docker = DockerApi(settings.docker, transport=seams.docker_transport)
+        self.kube: KubeApi | None = None
+        if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
+            self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
         self.gpu_monitor = self._build_monitor(seams)
         if self.gpu_monitor is not None:
             metrics.registry.register(GpuCollector(self.gpu_monitor))
@@ -213,6 +225,9 @@ class Services:
         if isinstance(config.runtime, DockerRuntimeConfig):
             assert self.docker is not None
             return DockerRuntime(name, config.runtime, self.docker)
+        if isinstance(config.runtime, KubernetesRuntimeConfig):
+            assert self.kube is not None
+            return KubernetesRuntime(name, config.runtime, self.kube)
         return ExternalRuntime(config.url)
 
     def _replan(self) -> None:
@@ -231,6 +246,8 @@ class Services:
         await self.control_client.aclose()
         if self.docker is not None:
             await self.docker.aclose()
+        if self.kube is not None:
+            await self.kube.aclose()  # and its EndpointSlice watches
         if self.gpu_monitor is not None:
             await self.gpu_monitor.close()
 

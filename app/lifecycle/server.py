@@ -93,6 +93,7 @@ class Server:
         deadline = began + start_timeout_s
         next_status = 0.0
         running = "the runtime has not answered yet"
+        runtime_ready: bool | None = None  # False: the runtime knows it is not ready yet
         try:
             while True:
                 if time.monotonic() >= next_status:
@@ -102,13 +103,19 @@ class Server:
                     except RuntimeFailure as exc:
                         logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
                         running = f"its runtime cannot be asked ({exc})"
+                        runtime_ready = None
                     else:
                         self.runtime_detail = status.detail
                         if not status.running:
                             code, more = exit_text(status)
                             raise StartFailed(f"exited with {code} before it was ready{more}")
-                        running = f"the {self._what_runs()} is running"
-                if await self.check_health():
+                        runtime_ready = status.ready
+                        running = (
+                            status.detail
+                            if status.ready is not None
+                            else f"the {self._what_runs()} is running"
+                        )
+                if await self.check_health() and runtime_ready is not False:
                     return
                 self._waiting = (began, running)
                 if time.monotonic() >= deadline:
@@ -133,6 +140,9 @@ class Server:
         if self._waiting is None:
             return None
         began, running = self._waiting
+        if self.healthy:  # the runtime says not ready yet (no ready endpoint)
+            waited = int(time.monotonic() - began)
+            return f"health check to {self.vllm.health_url} passes; waited {waited} s: {running}"
         error = self.health_error or "failing"
         if "refused" in error.lower() or "connecterror" in error.lower():
             error = "refused"

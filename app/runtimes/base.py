@@ -3,7 +3,8 @@
 A runtime only runs things; readiness (the server answering `/health`) is decided by the
 backend's lifecycle, which polls the server while `status()` says it is still running.
 `external` runs nothing; `process` runs a local command; `docker` starts and stops an
-existing container through the Docker Engine API (usually behind a socket proxy).
+existing container through the Docker Engine API (usually behind a socket proxy);
+`kubernetes` scales an existing Deployment or StatefulSet between 0 and 1 replica.
 
 Transport errors never escape a runtime: every failure is a `RuntimeFailure` whose message
 is written for the operator (what failed, and which config key or permission to fix).
@@ -26,11 +27,16 @@ class RuntimeStatus:
     `running` is False once the server has exited (or was never started); `exit_code`
     is set when it exited and the runtime knows the code. `detail` is one line for
     logs and `/backends` (for example "exited (137), OOM-killed" or "health: starting").
+    `ready` is None when the runtime cannot tell readiness (the health check alone
+    decides); False when it knows the server is not ready yet (kubernetes: no ready
+    endpoint), so a passing health check is not enough and `detail` says what it waits
+    for in the backend's start progress.
     """
 
     running: bool
     exit_code: int | None = None
     detail: str = ""
+    ready: bool | None = None
 
 
 class Runtime(Protocol):

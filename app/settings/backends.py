@@ -75,8 +75,47 @@ class DockerRuntimeConfig(StrictConfig):
     stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = 30
 
 
+class KubernetesRuntimeConfig(StrictConfig):
+    """An existing Deployment or StatefulSet (exactly one), scaled between 0 and 1 replica
+    through its `scale` subresource; ready once its Service has a ready endpoint.
+
+    `service` (default: the workload's name) is the Service whose EndpointSlices say
+    when a pod is ready. `stop_timeout_s` bounds the wait for its pods to go after the
+    scale to 0 (their terminationGracePeriodSeconds, 30 s by default, plus slack).
+    """
+
+    kind: Literal["kubernetes"]
+    namespace: str = Field(min_length=1)
+    deployment: str | None = Field(default=None, min_length=1)
+    statefulset: str | None = Field(default=None, min_length=1)
+    service: str | None = Field(default=None, min_length=1)
+    stop_timeout_s: PositiveFloat = 120.0
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> KubernetesRuntimeConfig:
+        if (self.deployment is None) == (self.statefulset is None):
+            raise ValueError("needs exactly one of deployment: NAME or statefulset: NAME")
+        return self
+
+    @property
+    def resource(self) -> str:
+        """The workload's resource name in the `apps` group: deployments or statefulsets."""
+        return "deployments" if self.deployment is not None else "statefulsets"
+
+    @property
+    def name(self) -> str:
+        name = self.deployment or self.statefulset
+        assert name is not None
+        return name
+
+    @property
+    def service_name(self) -> str:
+        return self.service or self.name
+
+
 RuntimeConfig = Annotated[
-    ExternalRuntimeConfig | ProcessRuntimeConfig | DockerRuntimeConfig, Field(discriminator="kind")
+    ExternalRuntimeConfig | ProcessRuntimeConfig | DockerRuntimeConfig | KubernetesRuntimeConfig,
+    Field(discriminator="kind"),
 ]
 
 
@@ -177,7 +216,8 @@ class BackendConfig(StrictConfig):
         if self.lifecycle == "lazy":
             if self.runtime.kind == "external":
                 raise ValueError(
-                    "lifecycle: lazy needs a runtime the gateway can start (docker or process), "
+                    "lifecycle: lazy needs a runtime the gateway can start (docker, process or "
+                    "kubernetes), "
                     "not external"
                 )
             if self.vram_mib is None and self.model_info is None and self.hf_config is None:

@@ -1,5 +1,6 @@
 """The root `Settings` (every top-level key of `models.yaml`, environment over YAML) and its
-gateway-wide sections: the HTTP server's limits, timeouts, the Docker proxy, the GPU.
+gateway-wide sections: the HTTP server's limits, timeouts, the Docker proxy, the Kubernetes
+API server, the GPU.
 """
 
 from __future__ import annotations
@@ -65,6 +66,32 @@ class DockerConfig(StrictConfig):
             raise ValueError(
                 "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
                 f"like unix:///var/run/docker.sock, got {value!r}"
+            )
+        return value.rstrip("/")
+
+
+class KubernetesConfig(StrictConfig):
+    """How to reach the Kubernetes API server, for `runtime: {kind: kubernetes}` backends.
+
+    `kubeconfig`: a kubeconfig file (its current context); without it `$KUBECONFIG`, then
+    the pod's ServiceAccount (in-cluster). `api_url` replaces the server of either, for
+    example `http://127.0.0.1:8001` behind `kubectl proxy` (no credentials needed then).
+    """
+
+    kubeconfig: Path | None = None
+    api_url: str | None = None
+    timeout_s: PositiveFloat = 10.0  # connect and read of each call, except watches
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"must be the API server's URL like https://10.0.0.1:6443 or "
+                f"http://127.0.0.1:8001 (kubectl proxy), got {value!r}"
             )
         return value.rstrip("/")
 
@@ -274,6 +301,7 @@ class Settings(BaseSettings):
     responses_ttl_s: PositiveFloat = 3600.0
     reaper_interval_s: PositiveFloat = 1.0
     docker: DockerConfig = Field(default_factory=DockerConfig)
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     backends: dict[str, BackendConfig] = Field(min_length=1)
     # Read from their own files when present.

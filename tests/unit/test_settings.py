@@ -156,8 +156,8 @@ def test_invalid_optional_file_is_named(tmp_path: Path) -> None:
             "models.yaml: backends.orchestrator.rol: unknown key",
         ),
         (
-            ISSUE_EXAMPLE.replace("{kind: external}", "{kind: kubernetes}"),
-            "models.yaml: backends.orchestrator.runtime: Input tag 'kubernetes' found",
+            ISSUE_EXAMPLE.replace("{kind: external}", "{kind: podman}"),
+            "models.yaml: backends.orchestrator.runtime: Input tag 'podman' found",
         ),
         (
             ISSUE_EXAMPLE.replace("{kind: external}", "{kind: process}"),

@@ -1,0 +1,126 @@
+"""A lazy kubernetes backend through the gateway in process: the stand-in API server scales
+the workload and flips its endpoint ready; the fake vLLM answers behind the "Service"."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.fakes.kube_api import FakeKube, fake_kube
+from tests.fakes.servers import Gateway, chat, fake_vllm, gateway, gateway_settings, until_backend
+from tests.fakes.waits import until
+
+
+def vllm_url(gw: Gateway) -> str:
+    return str(gw.app.state.services.settings.backends["m"].url)
+
+
+GPU_SHORT = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    doc = {
+        "current-context": "test",
+        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "gw"}}],
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "gw", "user": {"token": "token-1"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@asynccontextmanager
+async def kube_gateway(
+    tmp_path: Path, ready_after_s: float | None, *, running: bool = False, **fields: Any
+) -> AsyncIterator[tuple[Gateway, FakeKube]]:
+    async with fake_kube(ready_after_s=ready_after_s) as kube, fake_vllm(models=["m"]) as vllm:
+        workload = kube.add_workload("deployments", "vllm-m")
+        if running:  # left at 1 replica by an earlier gateway
+            kube._scale_to(workload, 1)
+            kube.make_ready()
+        backend = {
+            "url": vllm.url,
+            "models": ["m"],
+            "runtime": {"kind": "kubernetes", "namespace": "llm", "deployment": "vllm-m"},
+            "lifecycle": "lazy",
+            "vram_mib": 1000,
+            **fields,
+        }
+        settings = gateway_settings(
+            {"m": backend},
+            state_dir=tmp_path / "var",
+            reaper_interval_s=0.1,
+            kubernetes={"kubeconfig": kubeconfig(tmp_path, kube.url)},
+        )
+        async with gateway(settings) as gw:
+            yield gw, kube
+
+
+async def test_a_request_is_held_until_the_scale_up_is_ready(tmp_path: Path) -> None:
+    async with kube_gateway(tmp_path, ready_after_s=0.8, idle_ttl_s=0.5) as (gw, kube):
+        workload = kube.workloads["deployments", "vllm-m"]
+        assert workload.replicas == 0
+        request = asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat("m")))
+        view = await until_backend(gw, "m", waiting=1)
+        assert view["state"] == "starting"
+        # vLLM's health passes at once here; the gateway waits for the ready endpoint.
+        await until(lambda: workload.replicas == 1, what="the scale-up")
+
+        async def waits_for_the_endpoint() -> str | None:
+            view = (await gw.client.get("/backends")).json()["backends"][0]
+            starting: str | None = view.get("starting")
+            return starting if starting and "0 ready endpoint(s)" in starting else None
+
+        progress = await until(waits_for_the_endpoint, what="the endpoint wait as progress")
+        assert progress.startswith(f"health check to {vllm_url(gw)}/health passes; waited ")
+        response = await request
+        assert response.status_code == 200
+        assert response.json()["object"] == "chat.completion"
+        view = await until_backend(gw, "m", state="ready")
+        assert view["runtime_detail"] == "1 replica(s), 1 ready endpoint(s) in Service vllm-m"
+        assert view["last_start_s"] >= 0.7  # held for the endpoint, not just the health check
+        # Idle past idle_ttl_s: the lifecycle scales it back to zero.
+        await until_backend(gw, "m", state="stopped")
+        assert workload.replicas == 0
+        assert not kube.pods
+
+
+async def test_a_pending_pod_is_the_start_progress_and_a_stop_wins(tmp_path: Path) -> None:
+    async with kube_gateway(tmp_path, ready_after_s=None) as (gw, kube):
+        kube.unschedulable(GPU_SHORT)
+        request = asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat("m")))
+
+        async def explained() -> str | None:
+            view = (await gw.client.get("/backends")).json()["backends"][0]
+            starting: str | None = view.get("starting")
+            return starting if starting and GPU_SHORT in starting else None
+
+        progress = await until(explained, what="the FailedScheduling message as start progress")
+        assert "0 ready endpoint(s) in Service vllm-m: pod vllm-m-" in progress
+        # A stop during the start: the start task ends first, then the scale to 0 is the
+        # last write, so no scale-up is left to fight it.
+        stopped = await gw.client.post("/backends/m/stop")
+        assert stopped.status_code == 200, stopped.text
+        response = await request
+        assert response.status_code == 503
+        assert kube.workloads["deployments", "vllm-m"].replicas == 0
+        assert not kube.pods
+        patches = [c for c in kube.calls if c[0] == "PATCH"]
+        assert len(patches) == 2  # one scale-up, one scale-down, nothing after
+        await asyncio.sleep(0.3)
+        assert len([c for c in kube.calls if c[0] == "PATCH"]) == 2
+
+
+async def test_a_workload_left_running_is_adopted_without_a_patch(tmp_path: Path) -> None:
+    async with kube_gateway(tmp_path, ready_after_s=None, running=True) as (gw, kube):
+        view = await until_backend(gw, "m", state="ready")
+        assert view["runtime_detail"] == "1 replica(s), 1 ready endpoint(s) in Service vllm-m"
+        assert not [c for c in kube.calls if c[0] == "PATCH"]
+        response = await gw.client.post("/v1/chat/completions", json=chat("m"))
+        assert response.status_code == 200
