@@ -27,6 +27,7 @@ from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSource
 from app.keys.metrics import KeyMetrics
 from app.keys.ring import KeyRing
+from app.lifecycle.admission import Unchecked
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
@@ -184,7 +185,8 @@ class Services:
                 self.control_client, config.url, headers=headers, health_path=config.health_path
             ),
             self.metrics,
-            admission=self.arbiter,
+            # The cluster's scheduler places a kubernetes backend: no local admission.
+            admission=self.arbiter if config.on_local_gpus else Unchecked(),
             wake_notice_s=self.settings.wake_notice_s,
             events=self.events,
         )

@@ -92,7 +92,7 @@ class Supervisor:
                     cuda_graphs=None if chosen is None else chosen.cuda_graphs,
                 )
             )
-            if backend.footprint is None and backend.lazy:
+            if backend.footprint is None and backend.lazy and backend.config.on_local_gpus:
                 logger.warning("no VRAM footprint known, admission will not check it "
                                "backend=%s", name)  # fmt: skip
 

@@ -147,6 +147,7 @@ class VramYield:
             b
             for b in self._backends.values()
             if request.gpu in b.config.gpus
+            and b.config.on_local_gpus
             and b.runtime.managed
             and (b.lazy or request.include_pinned)
         ]

@@ -213,14 +213,26 @@ class BackendConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _lifecycle(self) -> BackendConfig:
+        if not self.on_local_gpus:
+            placed = sorted({"vram_mib", "gpus", "asleep_mib"} & self.model_fields_set)
+            if placed:
+                raise ValueError(
+                    f"{', '.join(placed)}: a kubernetes backend runs on the cluster's GPUs, "
+                    "which its scheduler places and the device plugin accounts: the gateway's "
+                    "admission does not count it (remove the key)"
+                )
         if self.lifecycle == "lazy":
             if self.runtime.kind == "external":
                 raise ValueError(
                     "lifecycle: lazy needs a runtime the gateway can start (docker, process or "
-                    "kubernetes), "
-                    "not external"
+                    "kubernetes), not external"
                 )
-            if self.vram_mib is None and self.model_info is None and self.hf_config is None:
+            if (
+                self.on_local_gpus
+                and self.vram_mib is None
+                and self.model_info is None
+                and self.hf_config is None
+            ):
                 raise ValueError(
                     "vram_mib: is required for lifecycle: lazy (used for admission), unless "
                     "model_info: or hf_config: describes the model to plan it from"
@@ -239,6 +251,12 @@ class BackendConfig(StrictConfig):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
         resolve(self.model_info, self.hf_config)  # a description must be usable
         return self
+
+    @property
+    def on_local_gpus(self) -> bool:
+        """Whether it runs on the GPUs of the gateway's host (admission, zones and the yield
+        count it); a kubernetes backend runs where the cluster's scheduler puts it."""
+        return self.runtime.kind != "kubernetes"
 
     @property
     def apis(self) -> frozenset[Api]:

@@ -49,7 +49,6 @@ async def kube_gateway(
             "models": ["m"],
             "runtime": {"kind": "kubernetes", "namespace": "llm", "deployment": "vllm-m"},
             "lifecycle": "lazy",
-            "vram_mib": 1000,
             **fields,
         }
         settings = gateway_settings(
@@ -124,3 +123,14 @@ async def test_a_workload_left_running_is_adopted_without_a_patch(tmp_path: Path
         assert not [c for c in kube.calls if c[0] == "PATCH"]
         response = await gw.client.post("/v1/chat/completions", json=chat("m"))
         assert response.status_code == 200
+
+
+async def test_the_gateways_own_gpu_yield_leaves_a_cluster_backend_alone(tmp_path: Path) -> None:
+    async with kube_gateway(tmp_path, ready_after_s=0.0, running=True) as (gw, kube):
+        await until_backend(gw, "m", state="ready")
+        body = (await gw.client.post("/vram/yield", json={"include_pinned": True})).json()
+        assert "m" not in body["blocked"] + body["stopped"] + body["slept"]
+        assert kube.workloads["deployments", "vllm-m"].replicas == 1
+        response = await gw.client.post("/v1/chat/completions", json=chat("m"))
+        assert response.status_code == 200  # not blocked by the yield
+        assert (await gw.client.post("/vram/restore")).status_code == 200

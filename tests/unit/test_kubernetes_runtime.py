@@ -217,3 +217,18 @@ async def test_a_denied_endpointslice_list_is_the_status_detail(env: Env) -> Non
     detail = await until(explained, what="the 403 in the status detail")
     assert "in API group 'discovery.k8s.io' in namespace 'llm'" in detail
     assert (await runtime.status()).ready is False
+
+
+def test_a_kubernetes_backend_is_not_counted_on_the_gateways_gpus() -> None:
+    from app.settings import BackendConfig
+
+    runtime = {"kind": "kubernetes", "namespace": "llm", "deployment": "vllm-m"}
+    config = BackendConfig.model_validate(
+        {"url": "http://vllm-m.llm:8000", "models": ["m"], "runtime": runtime, "lifecycle": "lazy"}
+    )
+    assert not config.on_local_gpus  # lazy without vram_mib: admission is the cluster's
+    for placed in ({"vram_mib": 24000}, {"gpus": [1]}):
+        with pytest.raises(ValueError, match="runs on the cluster's GPUs"):
+            BackendConfig.model_validate(
+                {"url": "http://vllm-m.llm:8000", "models": ["m"], "runtime": runtime, **placed}
+            )
