@@ -50,7 +50,7 @@ def test_runtime_config_needs_exactly_one_workload() -> None:
     for workload in ({}, {"deployment": "a", "statefulset": "b"}):
         with pytest.raises(ValidationError, match="exactly one of deployment"):
             BackendConfig(**base, runtime={"kind": "kubernetes", "namespace": "llm", **workload})
-    lazy = BackendConfig(**base, lifecycle="lazy", vram_mib=1000,
+    lazy = BackendConfig(**base, lifecycle="lazy",
                          runtime={"kind": "kubernetes", "namespace": "llm", "deployment": "d",
                                   "service": "svc"})  # fmt: skip
     assert lazy.runtime.kind == "kubernetes"
