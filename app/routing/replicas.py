@@ -140,7 +140,7 @@ class Replicas:
         chosen = pick_replica([self.state(m) for m in members if m not in skip], turn)
         if chosen is None:
             return None
-        if chosen.ready:
+        if chosen.ready and not skip:  # a retry does not move the turn
             self._turns[group] = turn + 1
         why = PickWhy.RETRY if skip else PickWhy.LEAST_LOADED if chosen.ready else PickWhy.WOKEN
         self.picks.labels(group, chosen.name, why).inc()
