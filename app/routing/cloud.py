@@ -305,11 +305,20 @@ def build_cloud(
         for key, cfg in config.chains.items()
     }
     chain_by_model: dict[str, Chain] = {}
+    grouped: set[tuple[str, str]] = set()  # (replica group, chain) pairs warned about
     for entry in registry.entries:
         role = settings.backends[entry.backend].role
         chain = chains.get(entry.id) or (chains.get(role) if role else None)
         if chain is not None:
             chain_by_model[entry.id] = chain
+            if entry.group is not None and (entry.group, chain.key) not in grouped:
+                grouped.add((entry.group, chain.key))
+                logger.warning(
+                    "chain used by a replica group: its names walk the chain's entries, "
+                    "with no replica pick chain=%s group=%s",
+                    chain.key,
+                    entry.group,
+                )
     for key in chains.keys() - {c.key for c in chain_by_model.values()}:
         logger.warning("chain unused: no model name resolves to it chain=%s", key)
     return Cloud(

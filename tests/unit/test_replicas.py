@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from app.lifecycle.state import BackendState as S
+from app.metrics import Metrics
+from app.routing.cloud import build_cloud
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberState, Pick, pick_replica
 from app.settings import BackendConfig, Settings
@@ -122,3 +126,30 @@ def test_replicas_must_send_the_same_upstream_id_and_serve_the_same_apis() -> No
         b=cfg("http://b:1", ["qwen"], aliases=["q"], replica_of="g"),
     )
     assert ok.backends["b"].replica_of == "g"
+
+
+def test_a_chain_over_a_group_s_names_is_walked_without_a_pick_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    member = {"models": ["qwen"], "aliases": ["chat"], "replica_of": "pool"}
+    configured = Settings(
+        backends={"a": {"url": "http://a:1", **member}, "b": {"url": "http://b:1", **member}},
+        cloud_providers={
+            "providers": {"cloud": {"kind": "openai", "base_url": "https://x/v1", "model": "m"}},
+            "chains": {"chat": {"entries": ["a", "cloud"]}},
+        },
+    )
+    with caplog.at_level(logging.WARNING):
+        cloud = build_cloud(
+            configured,
+            Registry.from_backends(configured.backends),
+            {},
+            Metrics(CollectorRegistry()),
+            environ={},
+        )
+    assert cloud.chain_by_model["chat"].entries == ("a", "cloud")
+    warned = [r.getMessage() for r in caplog.records if "replica group" in r.getMessage()]
+    assert warned == [
+        "chain used by a replica group: its names walk the chain's entries, with no replica "
+        "pick chain=chat group=pool"
+    ]
