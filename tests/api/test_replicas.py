@@ -13,7 +13,18 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from app.lifecycle.blocks import BlockKind
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings, sdk_http
+from app.services import Seams
+from tests.fakes.processes import free_port
+from tests.fakes.servers import (
+    FakeServer,
+    FakeVllmRuntime,
+    Gateway,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+    sdk_http,
+    until_backend,
+)
 from tests.fakes.waits import until
 
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -163,3 +174,39 @@ async def test_the_group_is_shown_once_in_models_and_on_each_backend() -> None:
             "qwen-a": "qwen-pool",
             "qwen-b": "qwen-pool",
         }
+
+
+async def test_none_ready_wakes_the_cheapest_member_once_and_later_requests_join_it() -> None:
+    ports = {"big": free_port(), "small": free_port()}
+    runtimes = {
+        name: FakeVllmRuntime(port, open_at_start=False, models=["qwen"], max_tokens=2)
+        for name, port in ports.items()
+    }
+    backends = {
+        name: {
+            "url": f"http://127.0.0.1:{port}", "models": ["qwen"], "replica_of": "qwen-pool",
+            "lifecycle": "lazy", "vram_mib": 8000 if name == "big" else 4000,
+            "runtime": {"kind": "process", "command": ["unused"]},
+        }
+        for name, port in ports.items()
+    }  # fmt: skip
+    seams = Seams(runtime_factory=lambda name, _cfg: runtimes[name])
+    async with gateway(gateway_settings(backends), seams=seams) as gw:
+
+        async def ask() -> int:
+            body = {"model": "qwen", "messages": HI}
+            return (await gw.client.post("/v1/chat/completions", json=body)).status_code
+
+        first = asyncio.create_task(ask())
+        await until_backend(gw, "small", state="starting")
+        second = asyncio.create_task(ask())  # none ready: joins the start under way
+        await until_backend(gw, "small", waiting=2)
+        runtimes["small"].listening.set()
+        assert [await first, await second] == [200, 200]
+        assert (runtimes["small"].starts, runtimes["big"].starts) == (1, 0)
+        woken = metric(gw, PICKS, group="qwen-pool", backend="small", why="woken")
+        assert woken == 2
+        assert await ask() == 200  # now ready: the least loaded (the only ready one)
+        assert metric(gw, PICKS, group="qwen-pool", backend="small", why="least_loaded") == 1
+        assert metric(gw, PICKS, group="qwen-pool", backend="big", why="woken") == 0
+        await until_backend(gw, "big", state="stopped")
