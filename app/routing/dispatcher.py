@@ -35,14 +35,11 @@ from app.routing.exchange import Call, Exchange, Notice
 from app.routing.fallback_metrics import TokenCounter
 from app.routing.local import open_local
 from app.routing.registry import Registry, Route
-from app.routing.replicas import Replicas
+from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
 from app.upstreams.vllm_load import BackendLoad
-
-# Attempts on a replica group's members per request: the picked one and one retry.
-_REPLICA_ATTEMPTS = 2
 
 
 class Dispatcher:
@@ -81,7 +78,7 @@ class Dispatcher:
         while the request is held for a start)."""
         chain = self._chains.get(call.route.name)
         if chain is not None and self._cloud is not None:
-            exchange = await ChainCall(self._cloud, chain, call).open(notice)
+            exchange = await ChainCall(self._cloud, chain, call, self.replicas).open(notice)
         elif call.route.group is not None:
             exchange = await self._open_group(call.route.group, call, notice)
         else:
@@ -136,7 +133,7 @@ class Dispatcher:
         while True:
             tried.append(name)
             on_wait = None if notice is None else notice.for_backend(name)
-            may_retry = len(tried) < _REPLICA_ATTEMPTS
+            may_retry = len(tried) < REPLICA_ATTEMPTS
             try:
                 exchange = await self._open_backend(name, call, on_wait)
             except WakeTimeout:  # waited its max_wait_s already: not once more elsewhere

@@ -31,6 +31,10 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
 from app.upstreams.vllm_load import BackendLoad
 
+# Members a request tries at most: the one picked, and one retry after a failure before
+# the first byte.
+REPLICA_ATTEMPTS = 2
+
 
 class PickWhy(enum.StrEnum):
     LEAST_LOADED = "least_loaded"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -15,6 +16,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from app.lifecycle.blocks import BlockKind
 from app.services import Seams
 from tests.fakes.processes import free_port
+from tests.fakes.provider import cloud_settings, fake_openai_provider
 from tests.fakes.servers import (
     FakeServer,
     FakeVllmRuntime,
@@ -29,6 +31,7 @@ from tests.fakes.waits import until
 
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 PICKS = "microscheduler_replica_picks_total"
+CLOUD_KEY = "sk-test-cloud-0123456789"
 UPSTREAM_ERRORS = "microscheduler_upstream_errors_total"
 
 
@@ -210,3 +213,55 @@ async def test_none_ready_wakes_the_cheapest_member_once_and_later_requests_join
         assert metric(gw, PICKS, group="qwen-pool", backend="small", why="least_loaded") == 1
         assert metric(gw, PICKS, group="qwen-pool", backend="big", why="woken") == 0
         await until_backend(gw, "big", state="stopped")
+
+
+@asynccontextmanager
+async def chained(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeServer, FakeServer]]:
+    """`qwen-pool` as the first entry of `chat`'s fallback chain, a provider after it."""
+    async with (
+        fake_vllm(models=["qwen"], max_tokens=4) as a,
+        fake_vllm(models=["qwen"], max_tokens=4) as b,
+        fake_openai_provider(CLOUD_KEY, model="cloud-model", max_tokens=3) as cloud,
+    ):
+        member = {"models": ["qwen"], "aliases": ["chat"], "replica_of": "qwen-pool"}
+        settings = cloud_settings(
+            {"qwen-a": {"url": a.url, **member}, "qwen-b": {"url": b.url, **member}},
+            {
+                "cloud": {
+                    "kind": "openai",
+                    "base_url": cloud.base_url,
+                    "model": "cloud-model",
+                    "api_key_env": "CLOUD_KEY",
+                }
+            },
+            {"chat": {"entries": ["qwen-pool", "cloud"]}},
+            state_dir=tmp_path,
+        )
+        async with gateway(settings) as gw:
+            for name in ("qwen-a", "qwen-b"):
+                await until_ready(gw, name)
+            yield gw, a, b
+
+
+async def test_a_chain_entry_that_is_a_group_retries_a_member_then_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CLOUD_KEY", CLOUD_KEY)
+    async with chained(tmp_path) as (gw, a, b):
+        body = {"model": "chat", "messages": HI}
+        await a.set_faults(fail_status=503)
+        first = await gw.client.post("/v1/chat/completions", json=body)
+        assert first.status_code == 200
+        assert first.headers["x-microscheduler-route"] == "qwen-b"
+        assert first.headers["x-microscheduler-fallbacks"] == "1; qwen-a=unavailable"
+        assert metric(gw, PICKS, group="qwen-pool", backend="qwen-b", why="retry") == 1
+
+        await b.set_faults(fail_status=503)
+        second = await gw.client.post("/v1/chat/completions", json=body)
+        assert second.status_code == 200
+        assert second.headers["x-microscheduler-route"] == "cloud"
+        assert second.headers["x-microscheduler-fallbacks"] in (
+            "2; qwen-a=unavailable; qwen-b=unavailable",
+            "2; qwen-b=unavailable; qwen-a=unavailable",
+        )
+        assert second.json()["model"] == "cloud-model"

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 
 from app.lifecycle.state import BackendState as S
 from app.metrics import Metrics
-from app.routing.cloud import build_cloud
+from app.routing.cloud import Cloud, build_cloud
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberState, Pick, pick_replica
 from app.settings import BackendConfig, Settings
+from app.settings.endpoints import Api
 
 
 def m(name: str, state: S = S.READY, **fields: Any) -> MemberState:
@@ -128,28 +129,44 @@ def test_replicas_must_send_the_same_upstream_id_and_serve_the_same_apis() -> No
     assert ok.backends["b"].replica_of == "g"
 
 
-def test_a_chain_over_a_group_s_names_is_walked_without_a_pick_and_says_so(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def chained(entries: list[str]) -> Settings:
     member = {"models": ["qwen"], "aliases": ["chat"], "replica_of": "pool"}
-    configured = Settings(
+    return Settings(
         backends={"a": {"url": "http://a:1", **member}, "b": {"url": "http://b:1", **member}},
         cloud_providers={
             "providers": {"cloud": {"kind": "openai", "base_url": "https://x/v1", "model": "m"}},
-            "chains": {"chat": {"entries": ["a", "cloud"]}},
+            "chains": {"chat": {"entries": entries}},
         },
     )
+
+
+def cloud_of(configured: Settings) -> Cloud:
+    registry = Registry.from_backends(configured.backends)
+    return build_cloud(configured, registry, {}, Metrics(CollectorRegistry()), environ={})
+
+
+def test_a_chain_entry_may_be_a_group_and_serves_what_its_members_serve(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING):
-        cloud = build_cloud(
-            configured,
-            Registry.from_backends(configured.backends),
-            {},
-            Metrics(CollectorRegistry()),
-            environ={},
-        )
+        cloud = cloud_of(chained(["pool", "cloud"]))
+    assert cloud.groups == {"pool": ("a", "b")}
+    assert cloud.chain_by_model["chat"].entries == ("pool", "cloud")
+    assert cloud.serves("pool", Api.CHAT)
+    assert not cloud.serves("pool", Api.EMBEDDINGS)
+    assert not [r for r in caplog.records if "replica group" in r.getMessage()]
+    with pytest.raises(ValidationError, match=r"'pool2' is neither .* a replica group \(pool\)"):
+        chained(["pool2", "cloud"])
+
+
+def test_a_chain_naming_a_member_instead_of_its_group_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        cloud = cloud_of(chained(["a", "cloud"]))
     assert cloud.chain_by_model["chat"].entries == ("a", "cloud")
     warned = [r.getMessage() for r in caplog.records if "replica group" in r.getMessage()]
     assert warned == [
-        "chain used by a replica group: its names walk the chain's entries, with no replica "
-        "pick chain=chat group=pool"
+        "chain lists a member of a replica group, not the group: that member is asked with "
+        "no replica pick chain=chat group=pool"
     ]
