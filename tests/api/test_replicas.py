@@ -172,6 +172,10 @@ async def test_the_group_is_shown_once_in_models_and_on_each_backend() -> None:
             ("qwen", "qwen-pool"),
             ("chat", "qwen-pool"),
         ]
+        for name in ("qwen-a", "qwen-b"):  # declared at zero before any pick
+            for why in ("least_loaded", "woken", "retry"):
+                labels = {"group": "qwen-pool", "backend": name, "why": why}
+                assert gw.registry.get_sample_value(PICKS, labels) == 0
         views = (await gw.client.get("/backends")).json()["backends"]
         assert {v["name"]: v["replica_of"] for v in views} == {
             "qwen-a": "qwen-pool",
