@@ -9,7 +9,7 @@ as is nor translated is refused 404 `endpoint_not_served` before anything is wok
 A name served by a replica group goes to the member `app.routing.replicas` picks; one
 that fails before the first byte (refused, unreachable, 5xx) is retried once on another
 member, and the second answer or error is the request's. A model with a fallback chain
-walks its chain instead, whose entries name backends (not groups).
+walks its chain instead, whose entry may be the group (`ChainCall` picks the same way).
 
 A `/v1/responses` answer's id is remembered with the entry that created it, so the
 follow-ups on that id (`open_at`) reach the same entry.
