@@ -165,6 +165,7 @@ class Services:
             metrics,
             self.cloud,
             ResponseIds(ttl_s=settings.responses_ttl_s),
+            load_of=vllm_load.load_of,
         )
 
     def _build_backend(self, name: str, config: BackendConfig, runtime: Runtime) -> Backend:

@@ -38,6 +38,7 @@ def backend_view(backend: Backend) -> Json:
         "reason": backend.reason,
         "starting": backend.start_progress(),  # while starting: what it waits for
         "lifecycle": cfg.lifecycle,
+        "replica_of": cfg.replica_of,  # its replica group (None: not a replica)
         "apis": sorted(cfg.apis),  # what requests may use it for (endpoints: / runner:)
         "runtime": backend.runtime.describe(),
         "runtime_detail": backend.runtime_detail,
@@ -256,7 +257,7 @@ def model_view(entry: ModelEntry, created: float) -> Json:
         "id": entry.id,
         "object": "model",
         "created": int(created),
-        "owned_by": entry.backend,
+        "owned_by": entry.group or entry.backend,  # a replica group, not one replica
         "root": entry.root,
         "parent": None,
     }

@@ -12,7 +12,10 @@ chains, providers and circuits it walks).
 2. A local backend is acquired (woken if needed), waiting at most the chain's
    `wake_timeout_s` when entries remain after it (the start goes on for later requests)
    and what is left of the deadline otherwise. A refusal (stopped, blocked, yielded,
-   disabled, no VRAM, queue full, failed) or a wake cut short moves on.
+   disabled, no VRAM, queue full, failed) or a wake cut short moves on. An entry that
+   is a replica group asks the member `app.routing.replicas` picks; one that fails
+   before the first byte is passed over under its own name and another member is tried
+   once (a new permit of the group's circuit, within the budget) before the walk goes on.
 3. The upstream is opened with the smaller of its own first-byte timeout and what is
    left of the chain's `deadline_s`. `app.routing.policy.classify` judges what comes
    back before anything reaches the client: `serve` and `relay` end the walk, `next`
@@ -59,6 +62,7 @@ from app.routing.policy import (
     classify_response,
     first_byte_timeout,
 )
+from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
 
@@ -67,6 +71,15 @@ ROUTE_HEADER: Final = b"x-microscheduler-route"
 FALLBACKS_HEADER: Final = b"x-microscheduler-fallbacks"
 # Passed over without being asked: not fallbacks from one entry to the next.
 _NOT_REACHED: Final = frozenset({R.MAX_ATTEMPTS, R.DEADLINE_UNREACHED})
+# Failures before the first byte that a replica group retries on another member.
+_REPLICA_RETRY: Final = frozenset(
+    {
+        R.OVERLOADED, R.UNAVAILABLE, R.HTTP_5XX, R.STREAM_ERROR, R.CONNECT, R.TIMEOUT,
+        R.DISCONNECTED, R.UPSTREAM_ERROR, R.LOCAL_STARTING, R.LOCAL_STOPPED, R.LOCAL_BLOCKED,
+        R.LOCAL_YIELDED, R.LOCAL_NO_VRAM, R.LOCAL_QUEUE_FULL, R.LOCAL_DISABLED, R.LOCAL_FAILED,
+        R.LOCAL_RUNTIME, R.LOCAL_UNAVAILABLE,
+    }
+)  # fmt: skip
 _STREAM_ERROR_STARTS: Final = (b'data: {"error"', b'data: {"object":"error"')
 
 
@@ -90,10 +103,13 @@ def fallbacks_header(passed: list[Passed]) -> bytes:
 class ChainCall:
     """One request's walk through its chain (see the module docstring)."""
 
-    def __init__(self, cloud: Cloud, chain: Chain, call: Call) -> None:
+    def __init__(
+        self, cloud: Cloud, chain: Chain, call: Call, replicas: Replicas | None = None
+    ) -> None:
         self._cloud = cloud
         self._chain = chain
         self._call = call
+        self._replicas = replicas
         self._passed: list[Passed] = []
         self._attempts = 0
 
@@ -133,6 +149,8 @@ class ChainCall:
             last = all(e in skips for e in entries[index + 1 :])
             if entry in cloud.providers:
                 outcome = await self._provider(entry, permit, budget)
+            elif entry in cloud.groups:
+                outcome = await self._group(entry, permit, budget, notice, last)
             else:
                 outcome = await self._local(entry, permit, budget, notice, last)
             if isinstance(outcome, Exchange):
@@ -147,9 +165,46 @@ class ChainCall:
 
     # -- one entry ----------------------------------------------------------------------
 
-    async def _local(
-        self, name: str, permit: Permit, budget: Budget, notice: Notice | None, last: bool
+    async def _group(
+        self, group: str, permit: Permit, budget: Budget, notice: Notice | None, last: bool
     ) -> Exchange | Passed:
+        """A replica group's member, picked (`app.routing.replicas`); one that fails before
+        the first byte is passed over (its own name in the header) for another, once,
+        with a new permit of the group's circuit and within the chain's budget."""
+        cloud = self._cloud
+        members = cloud.groups[group]
+        picked = None if self._replicas is None else self._replicas.pick(group, members)
+        tried = [picked or members[0]]
+        while True:
+            outcome = await self._local(tried[-1], permit, budget, notice, last, circuit=group)
+            if isinstance(outcome, Exchange) or outcome.reason not in _REPLICA_RETRY:
+                return outcome
+            now = cloud.clock()
+            if len(tried) >= REPLICA_ATTEMPTS or not budget.allows_attempt(now, self._attempts):
+                return outcome
+            retry = (
+                None if self._replicas is None else self._replicas.pick(group, members, skip=tried)
+            )
+            again = None if retry is None else cloud.circuits.get(group).acquire(now)
+            if retry is None or again is None:
+                return outcome
+            self._passed.append(outcome)
+            permit = again
+            tried.append(retry)
+
+    async def _local(
+        self,
+        name: str,
+        permit: Permit,
+        budget: Budget,
+        notice: Notice | None,
+        last: bool,
+        *,
+        circuit: str | None = None,
+    ) -> Exchange | Passed:
+        """Backend `name`; `circuit`: the entry whose circuit it reports to (its replica
+        group; default: itself)."""
+        entry = name if circuit is None else circuit
         cloud = self._cloud
         backend = cloud.backends[name]
         remaining = budget.remaining(cloud.clock())
@@ -163,12 +218,12 @@ class ChainCall:
                 # The chain's impatience, not the backend's failure: its start goes on.
                 verdict = Verdict("next", R.LOCAL_WAKE_TIMEOUT)
             if verdict.action == "relay":
-                cloud.release(name, permit)
+                cloud.release(entry, permit)
                 raise
-            cloud.record(name, permit, verdict)
+            cloud.record(entry, permit, verdict)
             return Passed(name, verdict.reason, err.message)
         except BaseException:
-            cloud.release(name, permit)
+            cloud.release(entry, permit)
             raise
         target = self._call.for_target(backend.config.apis.__contains__)
         assert target is not None  # excluded otherwise (Cloud.excluded)
@@ -185,12 +240,12 @@ class ChainCall:
                 backend, lease, sent, cloud.upstream_errors, body=body, first_byte_s=first_byte
             )
         except UpstreamError as err:  # counted, and the lease released, by open_local
-            return self._raised(name, permit, err, first_byte < own)
+            return self._raised(entry, permit, err, first_byte < own, name)
         except BaseException:
-            cloud.release(name, permit)
+            cloud.release(entry, permit)
             raise
         verdict = self._verdict(response)
-        cloud.record(name, permit, verdict)
+        cloud.record(entry, permit, verdict)
         if verdict.action == "next":
             response.release()
             lease.release()
@@ -203,7 +258,7 @@ class ChainCall:
                 response.release()
                 lease.release()
                 raise
-        hooks = _Hooks(cloud, name, permit, provider=False, served=verdict.action == "serve")
+        hooks = _Hooks(cloud, entry, permit, provider=False, served=verdict.action == "serve")
         return Exchange(
             self._call.route,
             name,
@@ -263,15 +318,19 @@ class ChainCall:
             tail_usage=not isinstance(response, AnthropicStream),
         )
 
-    def _raised(self, entry: str, permit: Permit, err: UpstreamError, cut: bool) -> Passed:
-        """A transport failure: a timeout the deadline caused is the chain's, not the entry's."""
+    def _raised(
+        self, entry: str, permit: Permit, err: UpstreamError, cut: bool, name: str | None = None
+    ) -> Passed:
+        """A transport failure: a timeout the deadline caused is the chain's, not the entry's.
+        `name`: the replica group's member that failed (passed over under its own name)."""
         cloud = self._cloud
+        passed = entry if name is None else name
         if cut and isinstance(err, UpstreamTimeout) and err.kind == "first_byte_timeout":
             cloud.release(entry, permit)
-            return Passed(entry, R.DEADLINE, err.message)
+            return Passed(passed, R.DEADLINE, err.message)
         verdict = classify_error(err)
         cloud.record(entry, permit, verdict)
-        return Passed(entry, verdict.reason, err.message)
+        return Passed(passed, verdict.reason, err.message)
 
     def _verdict(self, response: Relayable) -> Verdict:
         if response.status == 200 and response.is_event_stream and _early_error(response):

@@ -100,12 +100,14 @@ class Cloud:
         apis: Mapping[str, frozenset[Api]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: EventHook | None = None,
+        groups: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """`apis`: what each entry serves (default: each backend's configuration and
-        each provider's `supports`)."""
+        each provider's `supports`). `groups`: the replica groups, with their members."""
         self.config = config
         self.providers = dict(providers)
         self.backends = backends
+        self.groups = dict(groups or {})
         self.chain_by_model = dict(chain_by_model)
         self.chains = {c.key: c for c in self.chain_by_model.values()}
         self.missing_keys = missing_keys
@@ -115,6 +117,8 @@ class Cloud:
             else {name: b.config.apis for name, b in backends.items()}
             | {name: frozenset(a for a in Api if p.supports(a)) for name, p in providers.items()}
         )
+        for group, members in self.groups.items():  # its members serve the same APIs
+            self.apis.setdefault(group, self.apis.get(members[0], frozenset()))
         self.clock = clock  # monotonic seconds; tests move it to age circuits
         self.on_event = on_event  # on_event(kind, **fields); set it any time
         self.upstream_errors = metrics.upstream_errors
@@ -304,12 +308,29 @@ def build_cloud(
         )
         for key, cfg in config.chains.items()
     }
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, backend in settings.backends.items():
+        if backend.replica_of is not None:
+            groups[backend.replica_of] = (*groups.get(backend.replica_of, ()), name)
     chain_by_model: dict[str, Chain] = {}
     for entry in registry.entries:
         role = settings.backends[entry.backend].role
         chain = chains.get(entry.id) or (chains.get(role) if role else None)
         if chain is not None:
             chain_by_model[entry.id] = chain
+    warned = {
+        (c.key, group)
+        for c in chain_by_model.values()
+        for group, members in groups.items()
+        if group not in c.entries and any(m in c.entries for m in members)
+    }
+    for chain_key, group in sorted(warned):
+        logger.warning(
+            "chain lists a member of a replica group, not the group: that member is asked "
+            "with no replica pick chain=%s group=%s",
+            chain_key,
+            group,
+        )
     for key in chains.keys() - {c.key for c in chain_by_model.values()}:
         logger.warning("chain unused: no model name resolves to it chain=%s", key)
     return Cloud(
@@ -320,8 +341,10 @@ def build_cloud(
         metrics,
         missing_keys=frozenset(missing),
         apis={name: cfg.apis for name, cfg in settings.backends.items()}
-        | {name: cfg.apis for name, cfg in config.providers.items()},
+        | {name: cfg.apis for name, cfg in config.providers.items()}
+        | {group: settings.backends[members[0]].apis for group, members in groups.items()},
         on_event=on_event,
+        groups=groups,
     )
 
 

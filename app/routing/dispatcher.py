@@ -6,16 +6,28 @@ through `app.routing.local.open_local` and return the same `Exchange`.
 
 A backend takes only the APIs it serves (`BackendConfig.apis`): a call it cannot take
 as is nor translated is refused 404 `endpoint_not_served` before anything is woken.
+A name served by a replica group goes to the member `app.routing.replicas` picks; one
+that fails before the first byte (refused, unreachable, 5xx) is retried once on another
+member, and the second answer or error is the request's. A model with a fallback chain
+walks its chain instead, whose entry may be the group (`ChainCall` picks the same way).
+
 A `/v1/responses` answer's id is remembered with the entry that created it, so the
 follow-ups on that id (`open_at`) reach the same entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from app.errors import EndpointNotServed, ModelNotFound, ResponseNotFound, UpstreamError
+from app.errors import (
+    EndpointNotServed,
+    ModelNotFound,
+    ResponseNotFound,
+    UpstreamError,
+    WakeTimeout,
+)
 from app.lifecycle.backend import Backend
+from app.lifecycle.lease import WaitNotice
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
@@ -23,9 +35,11 @@ from app.routing.exchange import Call, Exchange, Notice
 from app.routing.fallback_metrics import TokenCounter
 from app.routing.local import open_local
 from app.routing.registry import Registry, Route
+from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
+from app.upstreams.vllm_load import BackendLoad
 
 
 class Dispatcher:
@@ -36,7 +50,9 @@ class Dispatcher:
         metrics: Metrics,
         cloud: Cloud | None = None,
         response_ids: ResponseIds | None = None,
+        load_of: Callable[[str], BackendLoad | None] | None = None,
     ) -> None:
+        """`load_of`: a backend's last scraped vLLM load (replica groups break ties on it)."""
         self._registry = registry
         self._backends = backends
         self._metrics = metrics
@@ -48,6 +64,7 @@ class Dispatcher:
             else {}
         )
         self.response_ids = response_ids if response_ids is not None else ResponseIds()
+        self.replicas = Replicas(backends, metrics.registry, load_of or (lambda _name: None))
 
     def route(self, model: str) -> Route:
         route = self._registry.resolve(model)
@@ -61,7 +78,9 @@ class Dispatcher:
         while the request is held for a start)."""
         chain = self._chains.get(call.route.name)
         if chain is not None and self._cloud is not None:
-            exchange = await ChainCall(self._cloud, chain, call).open(notice)
+            exchange = await ChainCall(self._cloud, chain, call, self.replicas).open(notice)
+        elif call.route.group is not None:
+            exchange = await self._open_group(call.route.group, call, notice)
         else:
             exchange = await self._open_backend(call.route.backend, call, notice)
         if call.api is Api.RESPONSES and exchange.response.status == 200:
@@ -103,7 +122,37 @@ class Dispatcher:
             self.response_ids.forget(response_id)
         return exchange
 
-    async def _open_backend(self, name: str, call: Call, notice: Notice | None) -> Exchange:
+    async def _open_group(self, group: str, call: Call, notice: Notice | None) -> Exchange:
+        """Open `call` on the member of `group` the pick chooses; on a failure before the
+        first byte (refused, unreachable, 5xx; not a wake that outlasted `max_wait_s`),
+        once more on another. The last attempt's answer or error is the request's."""
+        route = call.route
+        members = route.members
+        name = self.replicas.pick(group, members) or route.backend  # none: its refusal
+        tried: list[str] = []
+        while True:
+            tried.append(name)
+            on_wait = None if notice is None else notice.for_backend(name)
+            may_retry = len(tried) < REPLICA_ATTEMPTS
+            try:
+                exchange = await self._open_backend(name, call, on_wait)
+            except WakeTimeout:  # waited its max_wait_s already: not once more elsewhere
+                raise
+            except UpstreamError:
+                retry = self.replicas.pick(group, members, skip=tried) if may_retry else None
+                if retry is None:
+                    raise
+                name = retry
+                continue
+            if exchange.response.status < 500 or not may_retry:
+                return exchange
+            retry = self.replicas.pick(group, members, skip=tried)
+            if retry is None:
+                return exchange
+            exchange.finish()
+            name = retry
+
+    async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:
         backend = self._backends[name]
         target = call.for_target(backend.config.apis.__contains__)
         if target is None:

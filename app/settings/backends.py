@@ -138,6 +138,10 @@ class BackendConfig(StrictConfig):
     url: str
     models: list[str] = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
+    # A replica group: backends with the same `replica_of` may list the same model ids and
+    # aliases (they must send the same upstream id, `models[0]`, and serve the same APIs);
+    # a request for such a name goes to one of them (app/routing/replicas.py).
+    replica_of: str | None = Field(default=None, min_length=1)
     role: str | None = None
     # What it serves (app/settings/endpoints.py): vLLM's set for `runner`, unless listed.
     runner: Runner = "generate"

@@ -26,7 +26,9 @@ circuit: {failure_threshold: 3, cooldown_s: 30}
 A chain is keyed by a backend `role`, a model id or an alias of `models.yaml`; a request for
 a model id or alias uses the chain keyed by that name, else the chain keyed by its
 backend's role, else no chain (it is relayed exactly as without this file). Entries are
-backend names of `models.yaml` or provider names, tried in order.
+backend names of `models.yaml`, replica groups (`replica_of`: the member is picked per
+request, and one that fails before the first byte is retried once on another) or provider
+names, tried in order.
 
 Provider options:
 - `api_key_env`: the environment variable with the key (bearer for `openai`, `x-api-key`
@@ -224,6 +226,9 @@ class BackendNames(Protocol):
     def role(self) -> str | None: ...
 
     @property
+    def replica_of(self) -> str | None: ...
+
+    @property
     def models(self) -> list[str]: ...
 
     @property
@@ -233,13 +238,17 @@ class BackendNames(Protocol):
 def cross_check(cloud: CloudConfig, backends: Mapping[str, BackendNames]) -> list[str]:
     """Problems between `cloud_providers.yaml` and `models.yaml`, as `key: problem` lines.
 
-    A provider may not share a backend's name; a chain key must be a role, a model id or
-    an alias; a chain entry must be a backend or a provider.
+    A provider may not share a backend's (or a replica group's) name; a chain key must be
+    a role, a model id or an alias; a chain entry must be a backend, a replica group (its
+    member is picked per request) or a provider.
     """
+    groups = {cfg.replica_of for cfg in backends.values() if cfg.replica_of}
+    listed_groups = f", a replica group ({', '.join(sorted(groups))})" if groups else ""
     problems = [
-        f"providers.{name}: is also the name of a backend in models.yaml; names must differ"
+        f"providers.{name}: is also the name of a "
+        f"{'backend' if name in backends else 'replica group'} in models.yaml; names must differ"
         for name in cloud.providers
-        if name in backends
+        if name in backends or name in groups
     ]
     keys = {cfg.role for cfg in backends.values() if cfg.role} | {
         name for cfg in backends.values() for name in (*cfg.models, *cfg.aliases)
@@ -250,10 +259,10 @@ def cross_check(cloud: CloudConfig, backends: Mapping[str, BackendNames]) -> lis
                 f"chains.{key}: names no backend role, model id or alias in models.yaml"
             )
         for index, entry in enumerate(chain.entries):
-            if entry not in backends and entry not in cloud.providers:
+            if entry not in backends and entry not in groups and entry not in cloud.providers:
                 problems.append(
                     f"chains.{key}.entries.{index}: {entry!r} is neither a backend in "
-                    f"models.yaml ({', '.join(backends)}) nor a provider "
+                    f"models.yaml ({', '.join(backends)}){listed_groups} nor a provider "
                     f"({', '.join(cloud.providers) or 'none'})"
                 )
     return problems

@@ -327,12 +327,19 @@ class Settings(BaseSettings):
         for backend, cfg in self.backends.items():
             for kind, names in (("models", cfg.models), ("aliases", cfg.aliases)):
                 for name in names:
-                    if name in owner and owner[name] != backend:
-                        raise ValueError(
-                            f"backends.{backend}.{kind}: {name!r} is already served by backend "
-                            f"{owner[name]!r}; model ids and aliases must be unique"
-                        )
-                    owner[name] = backend
+                    first = owner.get(name)
+                    if first is not None and first != backend:
+                        group = self.backends[first].replica_of
+                        if group is None or cfg.replica_of != group:
+                            raise ValueError(
+                                f"backends.{backend}.{kind}: {name!r} is already served by "
+                                f"backend {first!r}; model ids and aliases must be unique, "
+                                "unless the backends are replicas of one group (the same "
+                                "`replica_of:` on each)"
+                            )
+                    else:
+                        owner[name] = backend
+        self._check_groups()
         if self.gpu_profiles is not None:
             unknown = self.gpu_profiles.unknown_backends(self.backends)
             if unknown:
@@ -349,6 +356,33 @@ class Settings(BaseSettings):
                         f"(gpu.sim.count is {self.gpu.sim.count})"
                     )
         return self
+
+    def _check_groups(self) -> None:
+        """The members of a replica group answer alike: the same upstream model id and
+        the same APIs, so a request routed to the group may go to any of them."""
+        first: dict[str, str] = {}
+        for backend, cfg in self.backends.items():
+            group = cfg.replica_of
+            if group is None:
+                continue
+            if group in self.backends and group != backend:
+                raise ValueError(
+                    f"backends.{backend}.replica_of: {group!r} is the name of a backend; "
+                    "a replica group needs a name of its own"
+                )
+            other = first.setdefault(group, backend)
+            ref = self.backends[other]
+            if cfg.served_model != ref.served_model:
+                raise ValueError(
+                    f"backends.{backend}.models: replicas of {group!r} must serve the same "
+                    f"upstream model id (models[0]): {cfg.served_model!r} here, "
+                    f"{ref.served_model!r} on {other!r}"
+                )
+            if cfg.apis != ref.apis:
+                raise ValueError(
+                    f"backends.{backend}: replicas of {group!r} must serve the same APIs "
+                    f"(runner/endpoints) as {other!r}"
+                )
 
     @model_validator(mode="after")
     def _cloud_names(self) -> Settings:

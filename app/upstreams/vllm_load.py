@@ -141,6 +141,12 @@ class VllmLoadMetrics:
             namespace=ns,
             registry=registry,
         )
+        self._latest: dict[str, BackendLoad] = {}
+
+    def load_of(self, backend: str) -> BackendLoad | None:
+        """What the last scrape of `backend` said; None when it failed or is not running
+        (replica groups read it to break ties: `app.routing.replicas`)."""
+        return self._latest.get(backend)
 
     def declare(self, backend: str) -> None:
         """Create the backend's `metrics_up` series (0 until a scrape works)."""
@@ -149,6 +155,10 @@ class VllmLoadMetrics:
     def update(self, backend: str, load: BackendLoad | None) -> None:
         """Record a scrape: None when it failed or the backend is not running."""
         self.metrics_up.labels(backend).set(0 if load is None else 1)
+        if load is None:
+            self._latest.pop(backend, None)
+        else:
+            self._latest[backend] = load
         values = (
             (self.kv_cache_usage, None if load is None else load.kv_cache_usage_ratio),
             (self.requests_running, None if load is None else load.requests_running),
