@@ -1,0 +1,166 @@
+"""More than one machine, end to end: the gateway as a real process, the stand-in
+Kubernetes API server and Prometheus (tests/fakes/kube_api.py, tests/fakes/prometheus.py,
+written from their API references) on an event loop of their own thread, fake vLLM
+processes, and the official `openai` SDK:
+
+- a lazy backend on a Kubernetes Deployment at 0 replicas: the request is held while the
+  gateway scales it up and waits for a ready endpoint, then answered;
+- the GPUs of another host read from Prometheus (dcgm-exporter's series) in /status;
+- 20 concurrent streams over a replica group of two fake vLLM processes: each gets 8-12.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fakes.kube_api import FakeKube, fake_kube
+from tests.fakes.processes import fake_vllm_process, gateway_process
+from tests.fakes.prometheus import FakePrometheus, dcgm_gpu, fake_prometheus
+
+T = TypeVar("T")
+HI = [{"role": "user", "content": "hi"}]
+
+
+class StandIns:
+    """The stand-in Kubernetes API and Prometheus, served from a thread's own loop (the
+    test's thread blocks on the gateway process and the SDK)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._exits: list[Any] = []
+        self.kube: FakeKube
+        self.prometheus: FakePrometheus
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    async def _open(self) -> None:
+        kube_cm = fake_kube(ready_after_s=1.0)
+        self.kube = await kube_cm.__aenter__()
+        prom_cm = fake_prometheus(*dcgm_gpu(0, host="node-c", used_mib=2048, free_mib=79000))
+        self.prometheus = await prom_cm.__aenter__()
+        self._exits = [prom_cm, kube_cm]
+
+    async def _close(self) -> None:
+        for cm in self._exits:
+            await cm.__aexit__(None, None, None)
+
+    def __enter__(self) -> StandIns:
+        self._thread.start()
+        self.run(self._open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.run(self._close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+
+@pytest.fixture
+def stand_ins() -> Iterator[StandIns]:
+    with StandIns() as running:
+        yield running
+
+
+def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) -> Path:
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "current-context": "test",
+        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "gw"}}],
+        "clusters": [{"name": "c", "cluster": {"server": stand_ins.kube.url}}],
+        "users": [{"name": "gw", "user": {"token": "token-1"}}],
+    }))  # fmt: skip
+    member = {"models": ["pool-model"], "replica_of": "pool", "runtime": {"kind": "external"}}
+    models = {
+        "kubernetes": {"kubeconfig": str(kubeconfig)},
+        "gpu": {"probe": "prometheus", "poll_interval_s": 0.5,
+                "prometheus": {"url": stand_ins.prometheus.url,
+                               "selector": '{Hostname="node-c"}', "query_interval_s": 0}},
+        "backends": {
+            "cluster": {"url": pod, "models": ["cluster-model"], "lifecycle": "lazy",
+                        "runtime": {"kind": "kubernetes", "namespace": "llm",
+                                    "deployment": "vllm-cluster"}},
+            "r1": {"url": replicas[0], **member},
+            "r2": {"url": replicas[1], **member},
+        },
+    }  # fmt: skip
+    directory = tmp / "config"
+    directory.mkdir()
+    (directory / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
+    return directory
+
+
+@pytest.mark.e2e
+def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
+    stand_ins: StandIns, tmp_path: Path
+) -> None:
+    workload = stand_ins.run(_add_workload(stand_ins.kube))
+    slow = ("--tokens-per-second", "20", "--max-tokens", "20")  # a stream lasts about 1 s
+    with (
+        fake_vllm_process("cluster-model") as pod,
+        fake_vllm_process("pool-model", *slow) as r1,
+        fake_vllm_process("pool-model", *slow) as r2,
+        gateway_process(config_dir=config(tmp_path, stand_ins, pod, (r1, r2))) as gw,
+    ):
+        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0,
+                            timeout=30)  # fmt: skip
+        # The Deployment is at 0: the request is held through the scale-up and the wait
+        # for a ready endpoint (the stand-in makes it ready 1 s after the pod appears).
+        assert workload.replicas == 0
+        answer = sdk.chat.completions.create(model="cluster-model", messages=HI)  # type: ignore[arg-type]
+        assert answer.choices[0].message.content
+        assert workload.replicas == 1
+        assert any(call[0] == "PATCH" for call in stand_ins.kube.calls)
+
+        status = httpx.get(gw.url + "/status", timeout=10).json()
+        gpu = status["gpu"]
+        assert gpu["source"] == "prometheus"
+        assert gpu["up"] is True
+        (remote,) = gpu["gpus"]
+        assert remote["name"] == "NVIDIA A100-SXM4-80GB"
+        assert remote["total_mib"] == 2048 + 79000 + 486  # used + free + reserved
+
+        def stream(_: int) -> int:
+            chunks = sdk.chat.completions.create(model="pool-model", messages=HI, stream=True)  # type: ignore[arg-type]
+            return sum(1 for _ in chunks)
+
+        with ThreadPoolExecutor(20) as pool:
+            counts = list(pool.map(stream, range(20)))
+        assert all(n > 0 for n in counts)
+        metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    served = _served_by(metrics, "pool-model")
+    print(f"streams per replica: {served}")
+    assert sum(served.values()) == 20
+    assert 8 <= served.get("r1", 0) <= 12, served
+    assert 8 <= served.get("r2", 0) <= 12, served
+
+
+async def _add_workload(kube: FakeKube) -> Any:
+    return kube.add_workload("deployments", "vllm-cluster")
+
+
+def _served_by(metrics: str, model: str) -> dict[str, int]:
+    served: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics):
+        if family.name != "microscheduler_requests":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels.get("model") == model:
+                backend = sample.labels["backend"]
+                served[backend] = served.get(backend, 0) + int(sample.value)
+    return served
