@@ -9,9 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tests.fakes.kube_api import FakeKube, fake_kube
+from tests.fakes.kube_api import FakeKube, fake_kube, write_kubeconfig
 from tests.fakes.servers import Gateway, chat, fake_vllm, gateway, gateway_settings, until_backend
 from tests.fakes.waits import until
 
@@ -21,18 +19,6 @@ def vllm_url(gw: Gateway) -> str:
 
 
 GPU_SHORT = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-
-
-def kubeconfig(tmp_path: Path, server: str) -> Path:
-    doc = {
-        "current-context": "test",
-        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "gw"}}],
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "gw", "user": {"token": "token-1"}}],
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 @asynccontextmanager
@@ -55,7 +41,7 @@ async def kube_gateway(
             {"m": backend},
             state_dir=tmp_path / "var",
             reaper_interval_s=0.1,
-            kubernetes={"kubeconfig": kubeconfig(tmp_path, kube.url)},
+            kubernetes={"kubeconfig": write_kubeconfig(tmp_path, kube.url)},
         )
         async with gateway(settings) as gw:
             yield gw, kube

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes.kube_api import FakeKube, fake_kube
+from tests.fakes.kube_api import FakeKube, fake_kube, write_kubeconfig
 from tests.fakes.processes import fake_vllm_process, gateway_process
 from tests.fakes.prometheus import FakePrometheus, dcgm_gpu, fake_prometheus
 
@@ -78,13 +78,7 @@ def stand_ins() -> Iterator[StandIns]:
 
 
 def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) -> Path:
-    kubeconfig = tmp / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "current-context": "test",
-        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "gw"}}],
-        "clusters": [{"name": "c", "cluster": {"server": stand_ins.kube.url}}],
-        "users": [{"name": "gw", "user": {"token": "token-1"}}],
-    }))  # fmt: skip
+    kubeconfig = write_kubeconfig(tmp, stand_ins.kube.url)
     member = {"models": ["pool-model"], "replica_of": "pool", "runtime": {"kind": "external"}}
     models = {
         "kubernetes": {"kubeconfig": str(kubeconfig)},

@@ -46,8 +46,10 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 from tests.fakes.servers import serve_app
@@ -446,3 +448,18 @@ async def fake_kube(**options: Any) -> AsyncIterator[FakeKube]:
             yield kube
     finally:
         kube.close()
+
+
+def write_kubeconfig(directory: Path, server: str, token: str = "token-1") -> Path:
+    """A kubeconfig whose current context reaches `server` with a bearer token read from
+    a `tokenFile` beside it (rewrite `directory/token` to rotate it)."""
+    (directory / "token").write_text(token)
+    doc = {
+        "current-context": "test",
+        "contexts": [{"name": "test", "context": {"cluster": "stand-in", "user": "gw"}}],
+        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "gw", "user": {"tokenFile": "token"}}],
+    }
+    path = directory / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path

@@ -9,30 +9,16 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from app.runtimes.base import RuntimeFailure
 from app.runtimes.kube_api import KubeApi
 from app.runtimes.kubernetes import KubernetesRuntime
 from app.settings import KubernetesConfig, KubernetesRuntimeConfig
-from tests.fakes.kube_api import SA_USER, FakeKube, fake_kube
+from tests.fakes.kube_api import SA_USER, FakeKube, fake_kube, write_kubeconfig
 from tests.fakes.waits import until
 
 GPU_SHORT = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
 SCALE = "/apis/apps/v1/namespaces/llm/deployments/vllm/scale"
-
-
-def write_kubeconfig(tmp_path: Path, server: str, token: str = "token-1") -> Path:
-    (tmp_path / "token").write_text(token)
-    doc = {
-        "current-context": "test",
-        "contexts": [{"name": "test", "context": {"cluster": "kind", "user": "gw"}}],
-        "clusters": [{"name": "kind", "cluster": {"server": server}}],
-        "users": [{"name": "gw", "user": {"tokenFile": "token"}}],
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 @dataclass
