@@ -65,19 +65,24 @@ class EndpointWatch:
         call = Call("list", "endpointslices", self._ns, group="discovery.k8s.io")
         watch_call = Call("watch", "endpointslices", self._ns, group="discovery.k8s.io")
         version: str | None = None
+        fresh = False  # watching from a version a list just gave
         while True:
             try:
                 if version is None:
                     version = await self._list(call)
+                    fresh = True
                 params = {**self._selector, "resourceVersion": version}
                 params["allowWatchBookmarks"] = "true"
                 async for event in self._api.watch(self._path, watch_call, params, WATCH_TIMEOUT_S):
                     version = self._apply(event) or version
+                    fresh = False
                 self.error = None
             except Exception as exc:  # the task must live on: every failure is retried
                 if isinstance(exc, KubeError) and exc.expired:
                     logger.info("endpointslice watch expired, listing again service=%s",
                                 self.service)  # fmt: skip
+                    if fresh:  # even a fresh list's version is too old: do not spin
+                        await asyncio.sleep(WATCH_RETRY_S)
                     version = None
                     continue
                 # Not RuntimeFailure only: a malformed answer must not end the watch either.

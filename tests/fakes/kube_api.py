@@ -163,8 +163,12 @@ class FakeKube:
     def expire_watches(self) -> None:
         """Compact the history (every version seen so far is now too old) and end the open
         watches, as an API server restart or a compaction would."""
+        # The store moved on meanwhile (other objects changed) and was compacted up to its
+        # current version: watches from any version seen so far get 410, while a fresh
+        # LIST's version is watchable again (etcd keeps the compaction revision itself).
+        self._next_rv()
         self._history.clear()
-        self._oldest = self.rv + 1
+        self._oldest = self.rv
         self._expired.set()
         self._expired = asyncio.Event()
 
