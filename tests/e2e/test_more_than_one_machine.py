@@ -11,10 +11,9 @@ processes, and the official `openai` SDK:
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,54 +26,31 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fakes.kube_api import FakeKube, fake_kube, write_kubeconfig
 from tests.fakes.processes import fake_vllm_process, gateway_process
 from tests.fakes.prometheus import FakePrometheus, dcgm_gpu, fake_prometheus
+from tests.fakes.threaded import LoopThread
 
 T = TypeVar("T")
 HI = [{"role": "user", "content": "hi"}]
 
 
+@dataclass
 class StandIns:
     """The stand-in Kubernetes API and Prometheus, served from a thread's own loop (the
     test's thread blocks on the gateway process and the SDK)."""
 
-    def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._exits: list[Any] = []
-        self.kube: FakeKube
-        self.prometheus: FakePrometheus
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
-
-    async def _open(self) -> None:
-        kube_cm = fake_kube(ready_after_s=1.0)
-        self.kube = await kube_cm.__aenter__()
-        prom_cm = fake_prometheus(*dcgm_gpu(0, host="node-c", used_mib=2048, free_mib=79000))
-        self.prometheus = await prom_cm.__aenter__()
-        self._exits = [prom_cm, kube_cm]
-
-    async def _close(self) -> None:
-        for cm in self._exits:
-            await cm.__aexit__(None, None, None)
-
-    def __enter__(self) -> StandIns:
-        self._thread.start()
-        self.run(self._open())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.run(self._close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+    loop: LoopThread
+    kube: FakeKube
+    prometheus: FakePrometheus
 
 
 @pytest.fixture
 def stand_ins() -> Iterator[StandIns]:
-    with StandIns() as running:
-        yield running
+    loop = LoopThread()
+    try:
+        kube = loop.enter(fake_kube(ready_after_s=1.0))
+        series = dcgm_gpu(0, host="node-c", used_mib=2048, free_mib=79000)
+        yield StandIns(loop, kube, loop.enter(fake_prometheus(*series)))
+    finally:
+        loop.close()
 
 
 def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) -> Path:
@@ -103,7 +79,7 @@ def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) 
 def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
     stand_ins: StandIns, tmp_path: Path
 ) -> None:
-    workload = stand_ins.run(_add_workload(stand_ins.kube))
+    workload = stand_ins.loop.run(_add_workload(stand_ins.kube))
     slow = ("--tokens-per-second", "20", "--max-tokens", "20")  # a stream lasts about 1 s
     with (
         fake_vllm_process("cluster-model") as pod,

@@ -17,6 +17,31 @@ from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway
 T = TypeVar("T")
 
 
+class LoopThread:
+    """An event loop running in a thread of its own: `run(coro)` from synchronous code,
+    `enter(cm)` for async context managers, all closed by `close()`."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._stack = contextlib.AsyncExitStack()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def enter(self, cm: contextlib.AbstractAsyncContextManager[T]) -> T:
+        return self.run(self._stack.enter_async_context(cm))
+
+    def close(self) -> None:
+        try:
+            self.run(self._stack.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+
 class ThreadedGateway:
     """`with ThreadedGateway(settings_for) as gw: gw.request(...)`; `settings_for` gets the
     fake vLLM's URL."""
@@ -24,32 +49,19 @@ class ThreadedGateway:
     def __init__(self, settings_for: Callable[[str], Settings], **fake_options: Any) -> None:
         self._settings_for = settings_for
         self._fake_options = fake_options
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._stack = contextlib.AsyncExitStack()
+        self._thread: LoopThread | None = None
         self.gw: Gateway | None = None
         self.upstream: FakeServer | None = None
 
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    async def _open(self) -> None:
-        self.upstream = await self._stack.enter_async_context(fake_vllm(**self._fake_options))
-        settings = self._settings_for(self.upstream.url)
-        self.gw = await self._stack.enter_async_context(gateway(settings))
-
     def __enter__(self) -> ThreadedGateway:
-        self._thread.start()
-        self._run(self._open())
+        self._thread = LoopThread()
+        self.upstream = self._thread.enter(fake_vllm(**self._fake_options))
+        self.gw = self._thread.enter(gateway(self._settings_for(self.upstream.url)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            self._run(self._stack.aclose())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+        if self._thread is not None:
+            self._thread.close()
 
     def request(
         self,
@@ -66,4 +78,5 @@ class ThreadedGateway:
         call = client.request(
             method, url, headers=headers, content=content, params=params, timeout=timeout
         )
-        return self._run(call, timeout + 5)
+        assert self._thread is not None
+        return self._thread.run(call, timeout + 5)
