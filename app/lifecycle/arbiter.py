@@ -103,9 +103,8 @@ class VramArbiter:
         still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            mib = backend.asleep_mib
-            if mib is None:
-                mib = (measured and backend.measured_mib) or backend.vram_mib
+            awake = backend.asleep_mib is None
+            mib = (measured and awake and backend.measured_mib) or backend.counted_mib
             if backend.holds_vram and mib:
                 for gpu in backend.config.gpus:
                     held[gpu] += mib

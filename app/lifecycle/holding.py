@@ -154,6 +154,8 @@ class Holding:
                 every_s=self._wake_notice_s,
                 detail=self._slot_detail if slot else self.start_progress,
             )  # fmt: skip
+            if not done and ticket is not None and ticket.lease is not None:
+                continue  # granted as the deadline passed: the loop hands the lease over
             if not done:
                 assert max_wait_s is not None
                 if slot:

@@ -201,14 +201,14 @@ class KubernetesRuntime:
                 )
             if _replicas(scale) != 0:
                 # A scale-up that landed after ours (a cancelled start's request still in
-                # flight), or another owner of its replicas: scale to 0 again.
+                # flight), or another owner of its replicas: scale to 0 again at the next
+                # pass (after the pause: another owner must not make this a busy loop).
                 logger.warning(
                     "scaled up again while stopping backend=%s workload=%s replicas=%d",
                     self._backend,
                     self._what,
                     _replicas(scale),
                 )
-                continue
             await asyncio.sleep(self.stop_poll_s)
         logger.info("kubernetes workload scaled to 0 backend=%s workload=%s",
                     self._backend, self._what)  # fmt: skip

@@ -109,6 +109,7 @@ class FakeKube:
     events: list[dict[str, Any]] = field(default_factory=list)
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[tuple[str, str, str]] = field(default_factory=list)
+    watches: int = 0  # watches that began streaming events (not those answered 410)
     denied: set[tuple[str, str]] = field(default_factory=set)
     rv: int = 100
     _history: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -400,6 +401,7 @@ class FakeKube:
                 }
             )
             return response
+        self.watches += 1
         expired = self._expired
         while not expired.is_set():
             for version, event in self._history:

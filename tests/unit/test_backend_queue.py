@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from app.errors import BackendUnavailable
+from app.lifecycle import holding
 from app.lifecycle.backend import Backend
-from app.lifecycle.lease import Lease
+from app.lifecycle.lease import Lease, wait_without_owning
 from app.lifecycle.queue import Ticket, next_ticket, serve_order
 from app.lifecycle.state import BackendState, StopReason
 from app.metrics import Metrics
@@ -192,6 +193,24 @@ async def test_a_slot_wait_longer_than_max_wait_s_is_a_503_naming_max_inflight()
     assert (backend.waiting, backend.in_flight) == (0, 1)
     assert waiting_gauge(metrics, "max_inflight") == 0
     held.release()
+
+
+async def test_a_slot_granted_as_the_deadline_passes_is_handed_over_not_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = await ready(GatedRuntime(), max_inflight=1, max_wait_s=0.05)
+    held = await backend.acquire()
+
+    async def deadline_then_grant(*args: Any, **kwargs: Any) -> bool:
+        done = await wait_without_owning(*args, **kwargs)
+        held.release()  # the slot frees (and is granted) just as the deadline passes
+        return done
+
+    monkeypatch.setattr(holding, "wait_without_owning", deadline_then_grant)
+    lease = await backend.acquire()
+    assert (backend.in_flight, backend.waiting) == (1, 0)
+    lease.release()
+    assert backend.in_flight == 0
 
 
 async def test_a_request_waiting_for_a_slot_is_told_why_every_wake_notice_interval() -> None:

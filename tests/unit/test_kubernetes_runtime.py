@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +100,27 @@ async def test_a_late_scale_up_during_the_stop_is_undone(env: Env) -> None:
     assert [c[0] for c in env.kube.calls].count("PATCH") == 3  # up, down, down again
 
 
+async def test_another_owner_scaling_it_up_is_not_fought_in_a_busy_loop(env: Env) -> None:
+    """An HPA or KEDA that keeps scaling the workload up: the stop scales to 0 once per
+    pass, pausing between passes, and gives up at stop_timeout_s naming the suspects."""
+    runtime = env.runtime(stop_timeout_s=0.5)
+    runtime.stop_poll_s = 0.1
+    await runtime.start()
+    workload = env.kube.workloads["deployments", "vllm"]
+    patch = runtime._set_replicas
+
+    async def fought(replicas: int) -> None:
+        await patch(replicas)
+        if replicas == 0:
+            env.kube._scale_to(workload, 1)  # the other owner scales it right back up
+
+    runtime._set_replicas = fought  # type: ignore[method-assign]
+    with pytest.raises(RuntimeFailure, match="no HPA or KEDA scales it"):
+        await runtime.stop()
+    # About one scale-down per 0.1 s pass within 0.5 s (plus the start's scale-up).
+    assert [c[0] for c in env.kube.calls].count("PATCH") <= 10
+
+
 async def test_a_pending_pod_is_explained_by_its_scheduling_event(env: Env) -> None:
     env.kube.unschedulable(GPU_SHORT)
     runtime = env.runtime()
@@ -159,9 +179,9 @@ async def test_an_expired_watch_lists_again_and_keeps_up(env: Env) -> None:
     await runtime.start()
     await until(lambda: runtime.endpoints.ready == 1, what="a ready endpoint")
     assert runtime.endpoints.lists == 1
+    await until(lambda: env.kube.watches == 1, what="the first watch open")
     env.kube.expire_watches()  # the open watch ends; watching from its version gets 410
-    await until(lambda: runtime.endpoints.lists >= 2, what="a relist after the 410")
-    await asyncio.sleep(0.3)
+    await until(lambda: env.kube.watches == 2, what="a watch open again after the relist")
     assert runtime.endpoints.lists == 2  # one relist, then watching again: no relist loop
     await runtime.stop()  # a change after the relist still arrives through the new watch
     await until(lambda: runtime.endpoints.ready == 0, what="the endpoint gone")
