@@ -17,6 +17,7 @@ and a restart starts the windows again.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,7 +35,7 @@ from app.keys.limits import (
 )
 from app.keys.metrics import LIMITS, OUTCOMES, KeyMetrics
 from app.routing.fallback_metrics import TokenCounter
-from app.settings.keys import KeyConfig, KeysConfig, Priority
+from app.settings.keys import KeyConfig, KeysConfig, Priority, secret_digest
 
 ANONYMOUS: Final = "anonymous"
 _NO_LIMITS: Final = KeyConfig(key_sha256="0" * 64)
@@ -44,10 +45,6 @@ Clock = Callable[[], float]
 def env_key_name(index: int) -> str:
     """The name of the `index`-th key of `MICROSCHEDULER_API_KEYS` (from 1)."""
     return f"api-key-{index}"
-
-
-def secret_digest(secret: str) -> bytes:
-    return hashlib.sha256(secret.strip().encode()).digest()
 
 
 class ClientKey:
@@ -90,7 +87,7 @@ class ClientKey:
 
     def check_model(self, model: str) -> None:
         """Raise 403 `model_not_allowed` (counted) for a model outside the key's scope."""
-        if self.models is not None and model not in self.models:
+        if not self.allows(model):
             self._outcomes["forbidden"].inc()
             self._changed()
             raise ModelNotAllowed(model, self.name)
@@ -105,7 +102,7 @@ class ClientKey:
             self._limited[refusal.limit].inc()
             self._outcomes["rate_limited"].inc()
             self._changed()
-            headers = {"retry-after": str(max(1, _ceil(refusal.retry_after_s)))}
+            headers = {"retry-after": str(max(1, math.ceil(refusal.retry_after_s)))}
             headers.update(self.rate_headers(now))
             raise RateLimited(refusal.message, headers=headers)
         if self._rpm is not None:
@@ -253,8 +250,6 @@ class KeyUse:
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """The key's `x-ratelimit-*` headers for a response (none without rpm/tpm)."""
-        if not self.key.rate_limited:
-            return []
         return [(k.encode(), v.encode()) for k, v in self.key.rate_headers().items()]
 
     def finish(self, outcome: str) -> None:
@@ -301,7 +296,7 @@ class KeyRing:
         for index, secret in enumerate(api_keys, start=1):
             add(env_key_name(index), secret_digest(secret), _NO_LIMITS)
         for name, config in (keys_file.keys if keys_file is not None else {}).items():
-            add(name, config_digest(config, environ), config)
+            add(name, config.digest(environ), config)
         if found:
             return cls(found, None)
         metrics.declare(ANONYMOUS, entries)
@@ -312,19 +307,3 @@ class KeyRing:
 
     def identify(self, token: bytes) -> ClientKey | None:
         return self._by_digest.get(hashlib.sha256(token).digest())
-
-
-def config_digest(config: KeyConfig, environ: Mapping[str, str]) -> bytes:
-    """The SHA-256 of a keys.yaml key's secret (read from its variable, or as written)."""
-    if config.key_sha256 is not None:
-        return bytes.fromhex(config.key_sha256)
-    assert config.key_env is not None
-    secret = environ.get(config.key_env, "")
-    if not secret.strip():  # also checked with the configuration (Settings)
-        raise ValueError(f"{config.key_env} is not set")
-    return secret_digest(secret)
-
-
-def _ceil(seconds: float) -> int:
-    whole = int(seconds)
-    return whole if whole == seconds else whole + 1

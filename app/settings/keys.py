@@ -18,8 +18,10 @@ A key's secret is never in the file itself: `key_env` names the variable that ho
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Final
 
@@ -72,10 +74,22 @@ class KeyConfig(StrictConfig):
             raise ValueError("key_sha256 must be 64 hex digits (sha256sum of the key)")
         return self
 
+    def digest(self, environ: Mapping[str, str]) -> bytes:
+        """The SHA-256 of the key's secret: as written (`key_sha256`) or of the value of
+        its variable (`key_env`, which the configuration checks is set)."""
+        if self.key_sha256 is not None:
+            return bytes.fromhex(self.key_sha256)
+        return secret_digest(environ.get(self.key_env or "", ""))
+
     @property
     def counts_tokens(self) -> bool:
         """Whether a limit needs every answer's token count (streams included)."""
         return self.tpm is not None or self.daily_cloud_tokens is not None
+
+
+def secret_digest(secret: str) -> bytes:
+    """The SHA-256 by which a client key is known (surrounding blanks are not part of it)."""
+    return hashlib.sha256(secret.strip().encode()).digest()
 
 
 class KeysConfig(StrictConfig):

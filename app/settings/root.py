@@ -5,7 +5,6 @@ API server, the GPU.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import os
 import re
@@ -27,7 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from app.settings.backends import BackendConfig, TimeoutsConfig
 from app.settings.base import StrictConfig
 from app.settings.cloud import CloudConfig, cross_check
-from app.settings.keys import KeysConfig
+from app.settings.keys import KeysConfig, secret_digest
 from app.settings.profiles import GpuProfilesConfig
 
 ENV_PREFIX = "MICROSCHEDULER_"
@@ -408,12 +407,12 @@ class Settings(BaseSettings):
         unset = self.client_keys.unset_variables(os.environ)
         if unset:
             raise ValueError(f"{KEYS_FILE}: {unset[0]}")
-        owners: dict[str, str] = {
-            _sha256(key.get_secret_value()): f"MICROSCHEDULER_API_KEYS #{i}"
+        owners: dict[bytes, str] = {
+            secret_digest(key.get_secret_value()): f"MICROSCHEDULER_API_KEYS #{i}"
             for i, key in enumerate(self.api_keys, start=1)
         }
         for name, key in self.client_keys.keys.items():
-            digest = (key.key_sha256 or "").lower() or _sha256(os.environ[key.key_env or ""])
+            digest = key.digest(os.environ)
             if digest in owners:
                 # Which key a request used must be unambiguous (limits, scope, metrics).
                 raise ValueError(
@@ -468,10 +467,6 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML arrives as init kwargs; the environment must win over it.
         return (env_settings, init_settings)
-
-
-def _sha256(secret: str) -> str:
-    return hashlib.sha256(secret.strip().encode()).hexdigest()
 
 
 def is_loopback(host: str | None) -> bool:
