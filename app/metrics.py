@@ -170,20 +170,23 @@ class Metrics:
         )
         self.yield_active = Gauge(
             "vram_yield_active",
-            "1 while a VRAM yield (POST /vram/yield) holds the GPU for an outside workload.",
+            "1 while a VRAM yield (POST /vram/yield) holds a host's GPU for an outside workload.",
+            ["host"],
             namespace=ns,
             registry=self.registry,
         )
         self.yields = Counter(
             "vram_yields",
-            "VRAM yield operations by outcome.",
-            ["outcome"],
+            "VRAM yield operations by host and outcome.",
+            ["host", "outcome"],
             namespace=ns,
             registry=self.registry,
         )
         self.yield_freed = Gauge(
             "vram_yield_freed_bytes",
-            "Free GPU memory after the last yield minus before it, as the probe measured it.",
+            "Free GPU memory after the host's last yield minus before it, as the probe "
+            "measured it.",
+            ["host"],
             namespace=ns,
             registry=self.registry,
         )
@@ -201,10 +204,15 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
-        for outcome in YIELD_OUTCOMES:
-            self.yields.labels(outcome)
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
+
+    def declare_host(self, host: str) -> None:
+        """Create a host's yield series at zero (`local`: the gateway's own machine)."""
+        self.yield_active.labels(host)
+        self.yield_freed.labels(host)
+        for outcome in YIELD_OUTCOMES:
+            self.yields.labels(host, outcome)
 
     def declare_backend(self, backend: str) -> None:
         """Create every per-backend series at zero so dashboards see them before traffic."""

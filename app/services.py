@@ -31,6 +31,7 @@ from app.lifecycle.admission import Unchecked
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
+from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.store import StateStore
 from app.lifecycle.supervisor import Supervisor
@@ -48,8 +49,10 @@ from app.runtimes.kube_api import KubeApi
 from app.runtimes.kubernetes import KubernetesRuntime
 from app.runtimes.process import ProcessRuntime
 from app.settings import (
+    LOCAL_HOST,
     BackendConfig,
     DockerRuntimeConfig,
+    GpuConfig,
     KubernetesRuntimeConfig,
     ProcessRuntimeConfig,
     Settings,
@@ -71,7 +74,7 @@ class Seams:
     `runtime_factory=None` builds the runtime each backend's config names;
     `gpu_source_factory=None` builds the source `gpu.probe` names (it receives the
     gateway's placed-memory callback, which the simulated GPU without a ledger reports
-    as used).
+    as used); it replaces the local host's source only (`hosts:` use their config).
     """
 
     control_transport: httpx.AsyncBaseTransport | None = None
@@ -100,40 +103,41 @@ class Services:
             on_change=self.events.changed,
         )
         self.auth = Authenticator(self.keys, settings.admin_key)
-        self.docker: DockerApi | None = None
-        if any(isinstance(c.runtime, DockerRuntimeConfig) for c in settings.backends.values()):
-            self.docker = DockerApi(settings.docker, transport=seams.docker_transport)
+        # One Docker client per host that runs docker backends (the local host's is
+        # `self.docker`).
+        self.dockers: dict[str, DockerApi] = {}
+        for cfg in settings.backends.values():
+            host = cfg.host_name
+            if isinstance(cfg.runtime, DockerRuntimeConfig) and host not in self.dockers:
+                docker = settings.docker if host == LOCAL_HOST else settings.hosts[host].docker
+                assert docker is not None  # settings.hosts.check_hosts refuses it
+                self.dockers[host] = DockerApi(docker, transport=seams.docker_transport)
+        self.docker = self.dockers.get(LOCAL_HOST)
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
             self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
-        self.gpu_monitor = self._build_monitor(seams)
-        if self.gpu_monitor is not None:
-            metrics.registry.register(GpuCollector(self.gpu_monitor))
-        store = StateStore(settings.state_dir)
-        self.arbiter = VramArbiter(
-            self.gpu_monitor,
-            store,
-            reclaim_timeout_s=settings.gpu.reclaim_timeout_s,
-            events=self.events,
-            metrics=metrics,
-        )
+        self._store = StateStore(settings.state_dir)
+        gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
+        arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
+        monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
+        if monitors:
+            metrics.registry.register(GpuCollector(monitors))
         runtime_factory = seams.runtime_factory or self._build_runtime
         self.backends = {
-            name: self._build_backend(name, cfg, runtime_factory(name, cfg))
+            name: self._build_backend(name, cfg, runtime_factory(name, cfg), arbiters)
             for name, cfg in settings.backends.items()
         }
-        self.arbiter.attach(self.backends)
-        self.vram_yield = VramYield(
-            self.arbiter,
-            self.backends,
-            metrics,
-            self.events,
-            settle_timeout_s=settings.gpu.reclaim_timeout_s,
+        self.hosts = Hosts(
+            {name: self._build_host(name, gpu, arbiters[name]) for name, gpu in gpus.items()}
         )
+        local = self.hosts.local
+        self.gpu_monitor = local.monitor
+        self.arbiter = local.arbiter
+        self.vram_yield = local.vram_yield
         self.profiles = ProfileSwitch(
             settings.gpu_profiles,
             self.backends,
-            store,
+            self._store,
             metrics,
             self.events,
             on_switch=self._replan,
@@ -141,21 +145,7 @@ class Services:
         vllm_load = VllmLoadMetrics(metrics.registry)
         for name in self.backends:
             vllm_load.declare(name)
-        self.auto_yield = (
-            AutoYield(settings.gpu.auto_yield, self.vram_yield, self.arbiter, self.events)
-            if settings.gpu.auto_yield.enabled
-            else None
-        )
-        self.supervisor = Supervisor(
-            settings,
-            self.backends,
-            self.arbiter,
-            self.vram_yield,
-            self.profiles,
-            self.gpu_monitor,
-            vllm_load,
-            self.auto_yield,
-        )
+        self.supervisor = Supervisor(settings, self.backends, self.hosts, self.profiles, vllm_load)
         self.cloud = build_cloud(
             settings, self.registry, self.backends, metrics, on_event=self.events.record
         )
@@ -168,7 +158,13 @@ class Services:
             load_of=vllm_load.load_of,
         )
 
-    def _build_backend(self, name: str, config: BackendConfig, runtime: Runtime) -> Backend:
+    def _build_backend(
+        self,
+        name: str,
+        config: BackendConfig,
+        runtime: Runtime,
+        arbiters: dict[str, VramArbiter],
+    ) -> Backend:
         headers = _upstream_auth(name, config)
         return Backend(
             name,
@@ -186,21 +182,37 @@ class Services:
                 self.control_client, config.url, headers=headers, health_path=config.health_path
             ),
             self.metrics,
-            # The cluster's scheduler places a kubernetes backend: no local admission.
-            admission=self.arbiter if config.on_local_gpus else Unchecked(),
+            # The cluster's scheduler places a kubernetes backend without `host:`.
+            admission=arbiters[config.host_name] if config.gpus_accounted else Unchecked(),
             wake_notice_s=self.settings.wake_notice_s,
             events=self.events,
         )
 
-    def _build_monitor(self, seams: Seams) -> GpuMonitor | None:
-        gpu = self.settings.gpu
+    def _build_arbiter(self, host: str, gpu: GpuConfig, seams: Seams) -> VramArbiter:
+        """A host's arbiter over its GPU monitor (none: no telemetry, admission off)."""
+        arbiter: VramArbiter | None = None
 
         # The source is built before the arbiter it reports for: read it when asked.
         def placed() -> dict[int, int]:
-            return self.arbiter.placed_mib()
+            assert arbiter is not None
+            return arbiter.placed_mib()
 
+        monitor = self._build_monitor(host, gpu, seams, placed)
+        arbiter = VramArbiter(
+            monitor,
+            self._store,
+            reclaim_timeout_s=gpu.reclaim_timeout_s,
+            events=self.events,
+            metrics=self.metrics,
+            host=host,
+        )
+        return arbiter
+
+    def _build_monitor(
+        self, host: str, gpu: GpuConfig, seams: Seams, placed: Callable[[], dict[int, int]]
+    ) -> GpuMonitor | None:
         source: GpuSource
-        if seams.gpu_source_factory is not None:
+        if seams.gpu_source_factory is not None and host == LOCAL_HOST:
             source = seams.gpu_source_factory(placed)
         elif gpu.probe == "nvml":
             source = NvmlSource(timeout_s=gpu.sample_timeout_s)
@@ -222,12 +234,32 @@ class Services:
             on_sample=self.events.changed,
         )
 
+    def _build_host(self, name: str, gpu: GpuConfig, arbiter: VramArbiter) -> Host:
+        backends = {
+            n: b
+            for n, b in self.backends.items()
+            if b.config.gpus_accounted and b.config.host_name == name
+        }
+        arbiter.attach(backends)
+        vram_yield = VramYield(
+            arbiter,
+            backends,
+            self.metrics,
+            self.events,
+            settle_timeout_s=gpu.reclaim_timeout_s,
+        )
+        auto_yield = (
+            AutoYield(gpu.auto_yield, vram_yield, arbiter, self.events)
+            if gpu.auto_yield.enabled
+            else None
+        )
+        return Host(name, gpu, arbiter.monitor, arbiter, vram_yield, auto_yield, backends)
+
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessRuntimeConfig):
             return ProcessRuntime(name, config.runtime)
         if isinstance(config.runtime, DockerRuntimeConfig):
-            assert self.docker is not None
-            return DockerRuntime(name, config.runtime, self.docker)
+            return DockerRuntime(name, config.runtime, self.dockers[config.host_name])
         if isinstance(config.runtime, KubernetesRuntimeConfig):
             assert self.kube is not None
             return KubernetesRuntime(name, config.runtime, self.kube)
@@ -247,12 +279,13 @@ class Services:
             await backend.upstream.close()
         await self.cloud.close()
         await self.control_client.aclose()
-        if self.docker is not None:
-            await self.docker.aclose()
+        for docker in self.dockers.values():
+            await docker.aclose()
         if self.kube is not None:
             await self.kube.aclose()  # and its EndpointSlice watches
-        if self.gpu_monitor is not None:
-            await self.gpu_monitor.close()
+        for host in self.hosts.values():
+            if host.monitor is not None:
+                await host.monitor.close()
 
 
 def _upstream_auth(name: str, config: BackendConfig) -> dict[str, str] | None:

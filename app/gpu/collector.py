@@ -3,7 +3,8 @@
 `GpuCollector` reads the monitor's last snapshot at scrape time: a scrape never calls
 NVML (a hung driver cannot hang `/metrics`). Names are Prometheus-style in base units
 (bytes, ratio 0-1, watts, celsius), with dcgm-exporter's label names (`gpu`, `UUID`,
-`modelName`) so series join with dcgm-exporter's when both run. Every family is always
+`modelName`) so series join with dcgm-exporter's when both run, and `host`: the machine
+(`local`, the gateway's own, or a name in `hosts:`). Every family is always
 exposed, with no samples when nothing is known, so HELP and TYPE are there from the
 first scrape.
 
@@ -16,52 +17,50 @@ first scrape.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.gpu.poller import GpuMonitor
-from app.gpu.telemetry import GpuSnapshot, GpuStats
+from app.gpu.telemetry import GpuStats
 
-GPU_LABELS = ("gpu", "UUID", "modelName")
+GPU_LABELS = ("host", "gpu", "UUID", "modelName")
 
 
-def _labels(stats: GpuStats) -> list[str]:
-    return [str(stats.index), stats.uuid, stats.name]
+def _labels(host: str, stats: GpuStats) -> list[str]:
+    return [host, str(stats.index), stats.uuid, stats.name]
 
 
 class GpuCollector(Collector):
-    """Registered on `registry` when one is given (else call `registry.register`)."""
+    """The GPUs of every host with a probe (`monitors`: host name -> its monitor).
+    Registered on `registry` when one is given (else call `registry.register`)."""
 
-    def __init__(self, monitor: GpuMonitor, registry: CollectorRegistry | None = None) -> None:
-        self._monitor = monitor
+    def __init__(
+        self, monitors: Mapping[str, GpuMonitor], registry: CollectorRegistry | None = None
+    ) -> None:
+        self._monitors = dict(monitors)
         if registry is not None:
             registry.register(self)
 
     def describe(self) -> Iterable[Metric]:
-        return self._families(None, up=False, age=None)
+        return self._families(())
 
     def collect(self) -> Iterable[Metric]:
-        monitor = self._monitor
-        return self._families(monitor.snapshot, up=monitor.up, age=monitor.age_s())
+        return self._families(self._monitors.items())
 
-    def _families(
-        self, snapshot: GpuSnapshot | None, *, up: bool, age: float | None
-    ) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
+    def _families(self, monitors: Iterable[tuple[str, GpuMonitor]]) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
             "microscheduler_gpu_probe_up",
-            "1 when the last GPU sample succeeded, else 0.",
-            value=1.0 if up else 0.0,
+            "1 when the host's last GPU sample succeeded, else 0.",
+            labels=["host"],
         )
-        age_family = GaugeMetricFamily(
+        age = GaugeMetricFamily(
             "microscheduler_gpu_snapshot_age_seconds",
-            "Age of the last good GPU sample (no sample until there is one).",
+            "Age of the host's last good GPU sample (no sample until there is one).",
+            labels=["host"],
         )
-        if age is not None:
-            age_family.add_metric([], age)
-        yield age_family
 
         def family(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"microscheduler_gpu_{name}", doc, labels=GPU_LABELS)
@@ -82,22 +81,29 @@ class GpuCollector(Collector):
         temperature = family("temperature_celsius", "GPU core temperature.")
         power = family("power_watts", "GPU power draw.")
         lost = family("lost", "1 when the GPU fell off the bus or cannot be read, else 0.")
-        for stats in () if snapshot is None else snapshot.gpus:
-            labels = _labels(stats)
-            lost.add_metric(labels, 1.0 if stats.lost else 0.0)
-            if stats.lost:
-                continue
-            used.add_metric(labels, float(stats.used_bytes))
-            free.add_metric(labels, float(stats.free_bytes))
-            total.add_metric(labels, float(stats.total_bytes))
-            if stats.reserved_bytes is not None:
-                reserved.add_metric(labels, float(stats.reserved_bytes))
-            if stats.utilization_gpu_pct is not None:
-                util.add_metric(labels, stats.utilization_gpu_pct / 100.0)
-            if stats.utilization_memory_pct is not None:
-                mem_util.add_metric(labels, stats.utilization_memory_pct / 100.0)
-            if stats.temperature_c is not None:
-                temperature.add_metric(labels, stats.temperature_c)
-            if stats.power_w is not None:
-                power.add_metric(labels, stats.power_w)
+        for host, monitor in monitors:
+            up.add_metric([host], 1.0 if monitor.up else 0.0)
+            age_s = monitor.age_s()
+            if age_s is not None:
+                age.add_metric([host], age_s)
+            snapshot = monitor.snapshot
+            for stats in () if snapshot is None else snapshot.gpus:
+                labels = _labels(host, stats)
+                lost.add_metric(labels, 1.0 if stats.lost else 0.0)
+                if stats.lost:
+                    continue
+                used.add_metric(labels, float(stats.used_bytes))
+                free.add_metric(labels, float(stats.free_bytes))
+                total.add_metric(labels, float(stats.total_bytes))
+                if stats.reserved_bytes is not None:
+                    reserved.add_metric(labels, float(stats.reserved_bytes))
+                if stats.utilization_gpu_pct is not None:
+                    util.add_metric(labels, stats.utilization_gpu_pct / 100.0)
+                if stats.utilization_memory_pct is not None:
+                    mem_util.add_metric(labels, stats.utilization_memory_pct / 100.0)
+                if stats.temperature_c is not None:
+                    temperature.add_metric(labels, stats.temperature_c)
+                if stats.power_w is not None:
+                    power.add_metric(labels, stats.power_w)
+        yield from (up, age)
         yield from (used, free, total, reserved, util, mem_util, temperature, power, lost)

@@ -45,8 +45,9 @@ from app.lifecycle.placement import Holder, Placement, Resident, describe_holder
 from app.lifecycle.residency import may_evict, wait_out
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore, StateWriteError
-from app.lifecycle.zones import Zone
+from app.lifecycle.zones import Zone, gpu_name
 from app.metrics import Metrics
+from app.settings.base import LOCAL_HOST
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,15 @@ class VramArbiter:
         reclaim_timeout_s: float,
         events: EventLog | None = None,
         metrics: Metrics | None = None,
+        host: str = LOCAL_HOST,
     ) -> None:
-        """`gpus` None: no GPU telemetry, so admission is off (every start is allowed)."""
+        """`gpus` None: no GPU telemetry, so admission is off (every start is allowed).
+        `host`: the machine whose GPUs these are (its zones are saved in their own section
+        of the state file, and refusals name it)."""
+        self.host = host
+        self._section = "zones" if host == LOCAL_HOST else f"zones@{host}"
         self._gpus = gpus
+        self.monitor = gpus
         self._events = events
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
@@ -82,6 +89,9 @@ class VramArbiter:
         self.zones: dict[str, Zone] = {}
         # Sleeps are measured one at a time, so one's window does not see another's.
         self._measuring = asyncio.Lock()
+
+    def _gpu(self, gpu: int) -> str:
+        return gpu_name(self.host, gpu)
 
     def attach(self, backends: Mapping[str, Backend]) -> None:
         self._backends = backends
@@ -246,7 +256,7 @@ class VramArbiter:
         unknown = [g for g in need if reading.usable(g) is None]
         if unknown:
             raise _NoRoom(
-                f"GPU {unknown[0]} is not present (the probe sees {reading.usable_indices})"
+                f"{self._gpu(unknown[0])} is not present (the probe sees {reading.usable_indices})"
             )
         plan = self._plan(need, reading, requester, below_priority, force)
         if not plan.fits:
@@ -376,7 +386,7 @@ class VramArbiter:
                 return reading
             if time.monotonic() >= deadline:
                 short = ", ".join(
-                    f"GPU {g}: {free.get(g, 0)} of {mib} MiB free" for g, mib in need.items()
+                    f"{self._gpu(g)}: {free.get(g, 0)} of {mib} MiB free" for g, mib in need.items()
                 )
                 raise _NoRoom(
                     f"stopped {', '.join(evicted)} but the memory did not come back within "
@@ -398,9 +408,10 @@ class VramArbiter:
             assert mem is not None  # `_make_room` refused GPUs that are not present
             used = max(mem.used_mib, self.placed_mib().get(gpu, 0))
             lines.append(
-                f"needs {need[gpu]} MiB on GPU {gpu}, {short} MiB more than eviction can free; "
+                f"needs {need[gpu]} MiB on {self._gpu(gpu)}, {short} MiB more than eviction "
+                "can free; "
                 + describe_holders(
-                    gpu, mem.total_mib, used, self._holders(gpu, below_priority, force)
+                    self._gpu(gpu), mem.total_mib, used, self._holders(gpu, below_priority, force)
                 )
             )
         return "; ".join(lines)
@@ -425,7 +436,7 @@ class VramArbiter:
                 if current.holder != holder or current.gpu != gpu or current.mib != mib:
                     raise Conflict(
                         f"{current.describe()} is already held; release it first "
-                        f"(asked: {mib} MiB on GPU {gpu} for {holder!r})"
+                        f"(asked: {mib} MiB on {self._gpu(gpu)} for {holder!r})"
                     )
                 renewed = replace(current, expires_at=expires)
                 self.set_zone(renewed)
@@ -433,11 +444,11 @@ class VramArbiter:
             reading = await self.read_gpus()
             if reading is not None and reading.usable(gpu) is None:
                 raise InvalidRequest(
-                    f"GPU {gpu} is not present (the probe sees {reading.usable_indices})",
+                    f"{self._gpu(gpu)} is not present (the probe sees {reading.usable_indices})",
                     param="gpu",
                 )
             before = free_mib(reading, gpu)
-            draft = Zone(name, holder, gpu, mib, now, expires, ())
+            draft = Zone(name, holder, gpu, mib, now, expires, (), host=self.host)
             # A zone that cannot be saved is refused before anything is stopped for it.
             self._store.check_writable()
             try:
@@ -519,7 +530,7 @@ class VramArbiter:
     def restore(self) -> list[Zone]:
         """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
         now = time.time()
-        saved = self._store.section("zones", [])
+        saved = self._store.section(self._section, [])
         for raw in saved:
             try:
                 zone = Zone.from_json(raw)
@@ -537,6 +548,7 @@ class VramArbiter:
                 zone,
                 stopped=tuple(b for b in zone.stopped if b in self._backends),
                 slept=tuple(b for b in zone.slept if b in self._backends),
+                host=self.host,
             )
             self.zones[zone.name] = zone
             for backend in zone.blocks:
@@ -571,7 +583,7 @@ class VramArbiter:
 
     def _save(self, zones: Mapping[str, Zone] | None = None, *, notify: bool = True) -> None:
         held = self.zones if zones is None else zones
-        self._store.update("zones", [z.to_json() for z in held.values()])
+        self._store.update(self._section, [z.to_json() for z in held.values()])
         if notify and self._events is not None:
             self._events.changed()  # zones and the yield are part of the live status
 

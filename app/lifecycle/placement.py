@@ -132,8 +132,9 @@ class Holder:
     note: str = ""  # why it was not evicted: "pinned", "priority 60", "busy", ...
 
 
-def describe_holders(gpu: int, total_mib: int, used_mib: int, holders: Sequence[Holder]) -> str:
-    """One line saying what holds a GPU's memory, for refusals (503/409) and logs."""
+def describe_holders(gpu: str, total_mib: int, used_mib: int, holders: Sequence[Holder]) -> str:
+    """One line saying what holds a GPU's memory (`gpu`: its name, `node-c GPU 0`), for
+    refusals (503/409) and logs."""
     known = sum(h.mib for h in holders)
     parts = [
         f"{h.label} {h.mib} MiB" + (f" ({h.note})" if h.note else "")
@@ -143,4 +144,4 @@ def describe_holders(gpu: int, total_mib: int, used_mib: int, holders: Sequence[
     if other > 0:
         parts.append(f"other processes {other} MiB")
     held = ", ".join(parts) if parts else "nothing the gateway knows of"
-    return f"GPU {gpu}: {used_mib} of {total_mib} MiB in use: {held}"
+    return f"{gpu}: {used_mib} of {total_mib} MiB in use: {held}"

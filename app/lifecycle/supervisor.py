@@ -2,14 +2,15 @@
 gateway starts, the loops that keep them honest, and stopping what the gateway runs when
 it stops.
 
-- Bring-up (`start`): zones and the yield saved by an earlier run are re-applied first,
+- Bring-up (`start`): zones and the yields saved by an earlier run (every host's) are
+  re-applied first,
   then the saved GPU profile; footprints are planned from the GPU's size. Servers that
   already run (they outlived an earlier gateway) are adopted without an admission check,
   or stopped when a hold or the profile blocks them (a server the yield put to sleep stays
   asleep); pinned ones that do not run are started; lazy ones wait for their first request.
 - Loops, each a named task: the health watch (every `health_interval_s`), the reaper (idle
   lazy backends, expired zones and yield, every `reaper_interval_s`), the vLLM `/metrics`
-  scrape and the GPU poll (every `gpu.poll_interval_s`).
+  scrape and the GPU poll of each host (every `gpu.poll_interval_s`).
 - `close()`: cancels the loops and bring-ups, stops the backends the gateway runs itself
   (containers outlive it and are adopted next time), stops waiting for starts and stops.
 """
@@ -24,13 +25,12 @@ from collections.abc import Mapping
 from typing import Final
 
 from app.gpu.poller import GpuMonitor
-from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
+from app.lifecycle.hosts import Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState, StopReason
-from app.lifecycle.vram_yield import VramYield
 from app.planner.footprint import planned_footprint_mib
 from app.settings import Settings
 from app.tasks import cancel_and_wait, spawn
@@ -47,38 +47,34 @@ class Supervisor:
         self,
         settings: Settings,
         backends: Mapping[str, Backend],
-        arbiter: VramArbiter,
-        vram_yield: VramYield,
+        hosts: Hosts,
         profiles: ProfileSwitch,
-        gpu_monitor: GpuMonitor | None,
         vllm_load: VllmLoadMetrics,
-        auto_yield: AutoYield | None = None,
     ) -> None:
         self._settings = settings
         self._backends = backends
-        self._arbiter = arbiter
-        self._yield = vram_yield
+        self._hosts = hosts
         self._profiles = profiles
-        self._gpu_monitor = gpu_monitor
         self._vllm_load = vllm_load
-        self._auto_yield = auto_yield
         self._start_tasks: list[asyncio.Task[None]] = []
         self._loops: list[asyncio.Task[None]] = []
         # Set at shutdown: the loops end after the step in progress instead of being
         # cancelled in the middle of a request (asyncio leaks a socket whose connect is
         # cancelled), within LOOP_STOP_S; stragglers are cancelled.
         self._stopping = asyncio.Event()
-        self._gpu_poll: asyncio.Task[None] | None = None
+        self._gpu_polls: list[asyncio.Task[None]] = []
 
     # -- footprints ---------------------------------------------------------------------
 
     def plan_footprints(self) -> None:
         """Each backend's admission footprint: `vram_mib`, else the active profile's share
         of its GPU, else the planner's estimate from its model description. Re-planned when
-        the profile changes; the GPU's size comes from the last snapshot."""
+        the profile changes; the GPU's size comes from the last snapshot of its host."""
         profile = self._profiles.profile
-        snapshot = None if self._gpu_monitor is None else self._gpu_monitor.snapshot
         for name, backend in self._backends.items():
+            host = self._hosts.get(backend.config.host_name)
+            monitor = None if host is None else host.monitor
+            snapshot = None if monitor is None else monitor.snapshot
             stats = None if snapshot is None else snapshot.gpu(backend.config.gpus[0])
             total = None if stats is None else stats.total_mib
             chosen = None if profile is None else profile.models.get(name)
@@ -92,7 +88,7 @@ class Supervisor:
                     cuda_graphs=None if chosen is None else chosen.cuda_graphs,
                 )
             )
-            if backend.footprint is None and backend.lazy and backend.config.on_local_gpus:
+            if backend.footprint is None and backend.lazy and backend.config.gpus_accounted:
                 logger.warning("no VRAM footprint known, admission will not check it "
                                "backend=%s", name)  # fmt: skip
 
@@ -101,14 +97,17 @@ class Supervisor:
     async def start(self) -> None:
         """Re-apply what was saved, plan, then bring backends up in the background (the
         gateway serves while they load) and start the loops."""
-        for zone in self._arbiter.restore():
-            logger.info("zone restored zone=%s holder=%s blocks=%s",
-                        zone.name, zone.holder, ",".join(zone.blocks) or "-")  # fmt: skip
+        for host in self._hosts.values():
+            for zone in host.arbiter.restore():
+                logger.info("zone restored host=%s zone=%s holder=%s blocks=%s", host.name,
+                            zone.name, zone.holder, ",".join(zone.blocks) or "-")  # fmt: skip
         self._profiles.restore()
-        if self._gpu_monitor is not None:
-            await self._gpu_monitor.poll_once()  # the GPU's size, for planned footprints
+        monitors = [h.monitor for h in self._hosts.values() if h.monitor is not None]
+        # The GPUs' sizes, for planned footprints.
+        await asyncio.gather(*(monitor.poll_once() for monitor in monitors))
         self.plan_footprints()
-        self._yield.sync_metrics()
+        for host in self._hosts.values():
+            host.vram_yield.sync_metrics()
         for name, backend in self._backends.items():
             self._start_tasks.append(spawn(self._bring_up(backend), name=f"startup:{name}"))
         self._loops = [
@@ -116,12 +115,17 @@ class Supervisor:
             spawn(self._reaper_loop(), name="reaper"),
             spawn(self._scrape_loop(), name="vllm-scrape"),
         ]
-        if self._gpu_monitor is not None:
-            # No socket in a GPU sample: this one is simply cancelled at shutdown.
-            self._gpu_poll = spawn(self._gpu_monitor.run(), name="gpu-poll")
-            if self._auto_yield is not None:
-                loop = self._auto_yield_loop(self._gpu_monitor, self._auto_yield)
-                self._loops.append(spawn(loop, name="auto-yield"))
+        for host in self._hosts.values():
+            if host.monitor is None:
+                continue
+            # A sample's socket (Prometheus) is the source's own: the poll is cancelled at
+            # shutdown and the source closed after it.
+            self._gpu_polls.append(spawn(host.monitor.run(), name=f"gpu-poll:{host.name}"))
+            if host.auto_yield is not None:
+                loop = self._auto_yield_loop(
+                    host.monitor, host.auto_yield, host.gpu.poll_interval_s
+                )
+                self._loops.append(spawn(loop, name=f"auto-yield:{host.name}"))
 
     async def _bring_up(self, backend: Backend) -> None:
         if not backend.runtime.managed:
@@ -180,16 +184,19 @@ class Supervisor:
         """Stops (or puts to sleep, per `idle.method`) lazy backends idle past
         `idle_ttl_s`, releases expired zones and ends an expired yield."""
         while await self._pause(self._settings.reaper_interval_s):
-            self._arbiter.expire_zones(time.time())
-            await self._yield.expire(time.time())
+            for host in self._hosts.values():
+                host.arbiter.expire_zones(time.time())
+                await host.vram_yield.expire(time.time())
             now = time.monotonic()
             idle = [b for b in self._backends.values() if b.lazy and b.config.idle_ttl_s > 0]
             if idle:
                 await asyncio.gather(*(b.stop_if_idle(now) for b in idle), return_exceptions=True)
 
-    async def _auto_yield_loop(self, monitor: GpuMonitor, auto: AutoYield) -> None:
+    async def _auto_yield_loop(
+        self, monitor: GpuMonitor, auto: AutoYield, interval_s: float
+    ) -> None:
         """Reads the GPU monitor's last snapshot at its poll rate (no extra samples)."""
-        while await self._pause(self._settings.gpu.poll_interval_s):
+        while await self._pause(interval_s):
             await auto.step(monitor.snapshot, time.monotonic())
 
     # -- shutdown -----------------------------------------------------------------------
@@ -201,11 +208,12 @@ class Supervisor:
             await asyncio.wait(self._loops, timeout=LOOP_STOP_S)
         for loop in self._loops:
             await cancel_and_wait(loop)
-        if self._gpu_poll is not None:
-            await cancel_and_wait(self._gpu_poll)
+        for poll in self._gpu_polls:
+            await cancel_and_wait(poll)
         for task in self._start_tasks:
             await cancel_and_wait(task)
-        await self._yield.close()
+        for host in self._hosts.values():
+            await host.vram_yield.close()
         await self._profiles.close()
         owned = [b for b in self._backends.values() if b.runtime.stop_on_shutdown]
         results = await asyncio.gather(

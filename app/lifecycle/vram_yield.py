@@ -31,7 +31,7 @@ from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
-from app.lifecycle.zones import YIELD_ZONE, YieldReport, Zone
+from app.lifecycle.zones import YIELD_ZONE, YieldReport, Zone, gpu_name
 from app.metrics import Metrics
 from app.tasks import OwnedTasks
 
@@ -88,12 +88,14 @@ class VramYield:
         settle_timeout_s: float,
     ) -> None:
         self._arbiter = arbiter
+        self.host = arbiter.host
         self._backends = backends
         self._metrics = metrics
         self._events = events
         self._settle_timeout_s = settle_timeout_s
         self._lock = asyncio.Lock()  # one yield or restore at a time
         self._tasks = OwnedTasks()  # starts begun by a restore
+        metrics.declare_host(self.host)
 
     @property
     def current(self) -> Zone | None:
@@ -101,10 +103,10 @@ class VramYield:
 
     def sync_metrics(self) -> None:
         zone = self.current
-        self._metrics.yield_active.set(1 if zone is not None else 0)
+        self._metrics.yield_active.labels(self.host).set(1 if zone is not None else 0)
         freed = None if zone is None or zone.report is None else zone.report.freed_mib
         if freed is not None:
-            self._metrics.yield_freed.set(freed * 1024 * 1024)
+            self._metrics.yield_freed.labels(self.host).set(freed * 1024 * 1024)
 
     # -- yield -------------------------------------------------------------------------
 
@@ -112,14 +114,14 @@ class VramYield:
         async with self._lock:
             current = self.current
             if current is not None:
-                self._metrics.yields.labels("already").inc()
+                self._metrics.yields.labels(self.host, "already").inc()
                 return YieldOutcome(current, already=True)
             try:
                 zone = await self._yield(request)
             except BaseException:
-                self._metrics.yields.labels("failed").inc()
+                self._metrics.yields.labels(self.host, "failed").inc()
                 raise
-            self._metrics.yields.labels("yielded").inc()
+            self._metrics.yields.labels(self.host, "yielded").inc()
             self.sync_metrics()
             return YieldOutcome(zone, already=False)
 
@@ -128,7 +130,8 @@ class VramYield:
         reading = await self._arbiter.read_gpus()
         if reading is not None and reading.usable(request.gpu) is None:
             raise InvalidRequest(
-                f"GPU {request.gpu} is not present (the probe sees {reading.usable_indices})",
+                f"{gpu_name(self.host, request.gpu)} is not present (the probe sees "
+                f"{reading.usable_indices})",
                 param="gpu",
             )
         free_before = free_mib(reading, request.gpu)
@@ -142,12 +145,13 @@ class VramYield:
             expires_at=None if request.ttl_s is None else now + request.ttl_s,
             stopped=(),
             kind="yield",
+            host=self.host,
         )
         scope = [
             b
             for b in self._backends.values()
             if request.gpu in b.config.gpus
-            and b.config.on_local_gpus
+            and b.config.gpus_accounted
             and b.runtime.managed
             and (b.lazy or request.include_pinned)
         ]
@@ -156,8 +160,8 @@ class VramYield:
         # Block first: from here on, nothing in scope starts or wakes.
         for backend in scope:
             backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
-        logger.info("vram yield reason=%s min_free_mib=%s gpu=%d scope=%s free_mib=%s",
-                    request.reason, request.min_free_mib, request.gpu,
+        logger.info("vram yield host=%s reason=%s min_free_mib=%s gpu=%d scope=%s free_mib=%s",
+                    self.host, request.reason, request.min_free_mib, request.gpu,
                     ",".join(b.name for b in scope) or "-", free_before)  # fmt: skip
         stopped: list[str] = []
         slept: list[str] = []
@@ -220,17 +224,19 @@ class VramYield:
                     kind="yield",
                     slept=tuple(slept),
                     report=report,
+                    host=self.host,
                 )
                 self._arbiter.set_zone(zone)
         except BaseException:
             for backend in scope:
                 backend.unblock(draft.block_key)
             raise
-        logger.info("vram yielded reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s",
-                    request.reason, report.freed_mib, report.free_mib,
+        logger.info("vram yielded host=%s reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s",
+                    self.host, request.reason, report.freed_mib, report.free_mib,
                     ",".join(stopped) or "-", ",".join(slept) or "-")  # fmt: skip
         self._events.record(
             "vram_yield",
+            host=self.host,
             reason=report.reason,
             freed_mib=report.freed_mib,
             free_mib=report.free_mib,
@@ -308,7 +314,7 @@ class VramYield:
             zone = self._arbiter.drop_zone(YIELD_ZONE, why)
             if zone is None:
                 return None
-            self._metrics.yields.labels(why if why == "expired" else "restored").inc()
+            self._metrics.yields.labels(self.host, why if why == "expired" else "restored").inc()
             self.sync_metrics()
             pinned: list[Backend] = []
             on_demand: list[Backend] = []
@@ -339,9 +345,9 @@ class VramYield:
                 yielded_for_s=round(time.time() - zone.granted_at, 1),
             )
         lazy = [b.name for b in on_demand]
-        logger.info("vram restored why=%s back=%s on_demand=%s",
-                    why, ",".join(back) or "-", ",".join(lazy) or "-")  # fmt: skip
-        self._events.record("vram_restore", why=why, back=back, on_demand=lazy)
+        logger.info("vram restored host=%s why=%s back=%s on_demand=%s",
+                    self.host, why, ",".join(back) or "-", ",".join(lazy) or "-")  # fmt: skip
+        self._events.record("vram_restore", host=self.host, why=why, back=back, on_demand=lazy)
         return answer
 
     async def expire(self, now: float) -> RestoreReport | None:

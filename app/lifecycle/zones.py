@@ -13,8 +13,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from app.lifecycle.blocks import BlockKind
+from app.settings.base import LOCAL_HOST
 
 YIELD_ZONE = "yield"  # the name of the zone a VRAM yield holds
+
+
+def gpu_name(host: str, gpu: int) -> str:
+    """`GPU 0` on the gateway's own machine, `node-c GPU 0` on another host."""
+    return f"GPU {gpu}" if host == LOCAL_HOST else f"{host} GPU {gpu}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,7 @@ class Zone:
     kind: Literal["zone", "yield"] = "zone"
     slept: tuple[str, ...] = ()  # backends put to sleep for it (yield), blocked too
     report: YieldReport | None = None  # a yield's measurements
+    host: str = LOCAL_HOST  # the machine whose GPU it holds
 
     @property
     def blocks(self) -> tuple[str, ...]:
@@ -108,9 +115,10 @@ class Zone:
 
     def describe(self) -> str:
         if self.kind == "yield":
-            return f"the VRAM yield for {self.holder!r} on GPU {self.gpu}"
+            return f"the VRAM yield for {self.holder!r} on {gpu_name(self.host, self.gpu)}"
         return (
-            f"VRAM zone {self.name!r} (held by {self.holder!r}, {self.mib} MiB on GPU {self.gpu})"
+            f"VRAM zone {self.name!r} (held by {self.holder!r}, {self.mib} MiB on "
+            f"{gpu_name(self.host, self.gpu)})"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +133,7 @@ class Zone:
             "kind": self.kind,
             "slept": list(self.slept),
             "report": None if self.report is None else self.report.to_json(),
+            "host": self.host,
         }
 
     @classmethod
@@ -142,4 +151,5 @@ class Zone:
             kind="yield" if data.get("kind") == "yield" else "zone",
             slept=tuple(str(b) for b in data.get("slept", ())),
             report=None if not data.get("report") else YieldReport.from_json(data["report"]),
+            host=str(data.get("host", LOCAL_HOST)),
         )

@@ -10,8 +10,9 @@ over the YAML value of the same key (`MICROSCHEDULER_TIMEOUTS__CONNECT_S=2`). Se
 environment variable), the key and the problem.
 
 The schema is split by concern: `backends` (one backend), `root` (`Settings` and the
-gateway-wide sections), `cloud` (`cloud_providers.yaml`), `profiles` (`gpu_profiles.yaml`),
-`model_info` and `hf_config` (a backend's model description), `loader` (`load_settings`).
+gateway-wide sections), `hosts` (the Docker proxy, the GPU, other machines), `cloud`
+(`cloud_providers.yaml`), `profiles` (`gpu_profiles.yaml`), `model_info` and `hf_config`
+(a backend's model description), `loader` (`load_settings`).
 This package re-exports the names callers use.
 """
 
@@ -25,24 +26,29 @@ from app.settings.backends import (
     TimeoutOverridesConfig,
     TimeoutsConfig,
 )
+from app.settings.base import LOCAL_HOST
+from app.settings.hosts import (
+    AutoYieldConfig,
+    DockerConfig,
+    GpuConfig,
+    HostConfig,
+    KubernetesConfig,
+    PrometheusProbeConfig,
+    SimGpuConfig,
+)
 from app.settings.loader import ConfigError, load_settings
 from app.settings.root import (
     CLOUD_FILE,
     ENV_PREFIX,
     MODELS_FILE,
     PROFILES_FILE,
-    AutoYieldConfig,
-    DockerConfig,
-    GpuConfig,
-    KubernetesConfig,
-    PrometheusProbeConfig,
     Settings,
-    SimGpuConfig,
 )
 
 __all__ = [
     "CLOUD_FILE",
     "ENV_PREFIX",
+    "LOCAL_HOST",
     "MODELS_FILE",
     "PROFILES_FILE",
     "AutoYieldConfig",
@@ -52,6 +58,7 @@ __all__ = [
     "DockerRuntimeConfig",
     "ExternalRuntimeConfig",
     "GpuConfig",
+    "HostConfig",
     "KubernetesConfig",
     "KubernetesRuntimeConfig",
     "ProcessRuntimeConfig",

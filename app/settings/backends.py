@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from app.planner.description import resolve
-from app.settings.base import StrictConfig
+from app.settings.base import LOCAL_HOST, StrictConfig
 from app.settings.endpoints import RUNNER_APIS, Api, Runner
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
@@ -169,6 +169,10 @@ class BackendConfig(StrictConfig):
     # stops it. 0: no protection.
     min_resident_s: NonNegativeFloat = 0.0
     priority: int = 50
+    # The machine whose GPUs it uses: a name in `hosts:`; none: the gateway's own (the
+    # top-level docker: and gpu:). A kubernetes backend with a host is admitted on that
+    # host's GPUs; without one, the cluster's scheduler places it.
+    host: str | None = Field(default=None, min_length=1)
     vram_mib: PositiveInt | None = None
     gpus: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
     start_timeout_s: PositiveFloat = 300.0
@@ -217,13 +221,14 @@ class BackendConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _lifecycle(self) -> BackendConfig:
-        if not self.on_local_gpus:
+        if not self.gpus_accounted:
             placed = sorted({"vram_mib", "gpus", "asleep_mib"} & self.model_fields_set)
             if placed:
                 raise ValueError(
-                    f"{', '.join(placed)}: a kubernetes backend runs on the cluster's GPUs, "
-                    "which its scheduler places and the device plugin accounts: the gateway's "
-                    "admission does not count it (remove the key)"
+                    f"{', '.join(placed)}: a kubernetes backend without host: runs on the "
+                    "cluster's GPUs, which its scheduler places and the device plugin "
+                    "accounts: the gateway's admission does not count it (remove the key, "
+                    "or name the node in host: to admit it on that host's GPUs)"
                 )
         if self.lifecycle == "lazy":
             if self.runtime.kind == "external":
@@ -232,7 +237,7 @@ class BackendConfig(StrictConfig):
                     "kubernetes), not external"
                 )
             if (
-                self.on_local_gpus
+                self.gpus_accounted
                 and self.vram_mib is None
                 and self.model_info is None
                 and self.hf_config is None
@@ -257,10 +262,16 @@ class BackendConfig(StrictConfig):
         return self
 
     @property
-    def on_local_gpus(self) -> bool:
-        """Whether it runs on the GPUs of the gateway's host (admission, zones and the yield
-        count it); a kubernetes backend runs where the cluster's scheduler puts it."""
-        return self.runtime.kind != "kubernetes"
+    def host_name(self) -> str:
+        """The host whose GPUs it uses (`local`: the gateway's own machine)."""
+        return self.host or LOCAL_HOST
+
+    @property
+    def gpus_accounted(self) -> bool:
+        """Whether the gateway accounts its GPUs (admission, zones and the yield of its
+        host count it): not a kubernetes backend without `host:`, which runs where the
+        cluster's scheduler puts it."""
+        return self.runtime.kind != "kubernetes" or self.host is not None
 
     @property
     def apis(self) -> frozenset[Api]:

@@ -1,20 +1,17 @@
 """The root `Settings` (every top-level key of `models.yaml`, environment over YAML) and its
-gateway-wide sections: the HTTP server's limits, timeouts, the Docker proxy, the Kubernetes
-API server, the GPU.
+gateway-wide sections: the HTTP server's limits and timeouts (where backends run, the
+Docker proxy, the GPU and other hosts, is `app.settings.hosts`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Final, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
-    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -26,6 +23,13 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from app.settings.backends import BackendConfig, TimeoutsConfig
 from app.settings.base import StrictConfig
 from app.settings.cloud import CloudConfig, cross_check
+from app.settings.hosts import (
+    DockerConfig,
+    GpuConfig,
+    HostConfig,
+    KubernetesConfig,
+    check_hosts,
+)
 from app.settings.keys import KeysConfig, secret_digest
 from app.settings.profiles import GpuProfilesConfig
 
@@ -46,193 +50,6 @@ KEYS_FILE = "keys.yaml"
 
 # Settings fields that only the environment may set.
 _ENV_ONLY = frozenset({"config_dir", "api_keys", "admin_key"})
-
-
-class DockerConfig(StrictConfig):
-    """How to reach the Docker Engine API: a socket proxy URL or a Unix socket."""
-
-    url: str = "unix:///var/run/docker.sock"
-    timeout_s: PositiveFloat = 10.0  # connect and read, except stop (which waits `t` more)
-
-    @field_validator("url")
-    @classmethod
-    def _docker_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme == "unix":
-            if not parts.path:
-                raise ValueError(f"a unix URL needs a socket path, got {value!r}")
-        elif parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
-                f"like unix:///var/run/docker.sock, got {value!r}"
-            )
-        return value.rstrip("/")
-
-
-class KubernetesConfig(StrictConfig):
-    """How to reach the Kubernetes API server, for `runtime: {kind: kubernetes}` backends.
-
-    `kubeconfig`: a kubeconfig file (its current context); without it `$KUBECONFIG`, then
-    the pod's ServiceAccount (in-cluster). `api_url` replaces the server of either, for
-    example `http://127.0.0.1:8001` behind `kubectl proxy` (no credentials needed then).
-    """
-
-    kubeconfig: Path | None = None
-    api_url: str | None = None
-    timeout_s: PositiveFloat = 10.0  # connect and read of each call, except watches
-
-    @field_validator("api_url")
-    @classmethod
-    def _api_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"must be the API server's URL like https://10.0.0.1:6443 or "
-                f"http://127.0.0.1:8001 (kubectl proxy), got {value!r}"
-            )
-        return value.rstrip("/")
-
-
-class SimGpuConfig(StrictConfig):
-    """The simulated GPU of the demo and the tests.
-
-    With `ledger_dir`, its used memory is what the fake vLLM servers report there
-    (`--sim-gpu-dir`; a sleeping one reports less), measured like NVML would. Without
-    it, used memory is what the gateway placed (the `vram_mib` of running backends plus
-    zone holds).
-    """
-
-    total_mib: PositiveInt = 32768
-    count: PositiveInt = 1
-    ledger_dir: Path | None = None
-
-
-class AutoYieldConfig(StrictConfig):
-    """Yield by itself when something the gateway does not manage (a game) uses the GPU.
-
-    Foreign memory is what the probe sees used minus what the gateway's backends hold
-    (measured, else placed). Above `foreign_mib` for `settle_s`: yield (`include_pinned`
-    as for POST /vram/yield). Below it again for `restore_after_s`: restore, but only a
-    yield it took itself, never one a person asked for. Off by default."""
-
-    enabled: bool = False
-    foreign_mib: PositiveInt = 2048
-    settle_s: NonNegativeFloat = 10.0
-    restore_after_s: NonNegativeFloat = 60.0
-    include_pinned: bool = False
-
-
-# One PromQL label matcher: a label name, an operator, a quoted value (PromQL accepts
-# double, single and back quotes; prometheus.io, "Querying basics", time series selectors).
-_MATCHER = (
-    r"""[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)"""
-)
-SELECTOR_RE: Final = re.compile(rf"\{{\s*(?:{_MATCHER}\s*(?:,\s*{_MATCHER}\s*)*,?\s*)?\}}")
-
-
-class PrometheusProbeConfig(StrictConfig):
-    """Where `gpu.probe: prometheus` reads another host's GPUs: a Prometheus (or any server
-    with its HTTP query API) that scrapes that host's dcgm-exporter.
-
-    - `selector`: PromQL label matchers that pick that host's series, e.g.
-      `{Hostname="node-c"}` (dcgm-exporter's `Hostname` label) or `{instance="node-c:9400"}`;
-      added to every DCGM metric queried. Empty: every DCGM series Prometheus has.
-    - `lookback_s`: how far back a sample is still taken (the query's range). A sample
-      older than `gpu.stale_after_s` shows as stale; none within `lookback_s` is a failed
-      probe.
-    - `query_interval_s`: at most one query this often; samples in between are the last
-      answer (Prometheus has nothing newer than its last scrape anyway); 0: a query on
-      every sample.
-    - `bearer_token_env`: the variable holding a bearer token (never the token itself);
-      `headers`: other request headers (e.g. `X-Scope-OrgID` for Mimir or Cortex).
-    """
-
-    url: str
-    selector: str = ""
-    timeout_s: PositiveFloat = 2.0
-    query_interval_s: NonNegativeFloat = 5.0
-    lookback_s: PositiveInt = 120
-    bearer_token_env: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"must be the Prometheus base URL like http://prometheus:9090, got {value!r}"
-            )
-        return value.rstrip("/")
-
-    @field_validator("selector")
-    @classmethod
-    def _label_matchers(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            return value
-        if SELECTOR_RE.fullmatch(value) is None:
-            raise ValueError(
-                "must be PromQL label matchers in braces, like "
-                f'{{Hostname="node-c"}} or {{instance=~"node-c:.*"}}, got {value!r}'
-            )
-        if re.search(r"(?:^|[{,\s])__name__\s*[=!]", value):
-            raise ValueError(
-                f"must not match __name__ (the probe picks the DCGM metrics itself), got {value!r}"
-            )
-        return value
-
-    @field_validator("headers")
-    @classmethod
-    def _no_authorization(cls, value: dict[str, str]) -> dict[str, str]:
-        if any(name.lower() == "authorization" for name in value):
-            raise ValueError(
-                "must not carry Authorization (a secret in the config file): name the "
-                "variable holding the token in bearer_token_env instead"
-            )
-        return value
-
-
-class GpuConfig(StrictConfig):
-    """The GPU probe behind telemetry, VRAM admission and yield.
-
-    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `prometheus`
-    reads another host's GPUs from the dcgm-exporter series in a Prometheus
-    (`gpu.prometheus`); `none` turns admission off (every start is allowed) and reports
-    no GPU.
-    """
-
-    probe: Literal["nvml", "sim", "prometheus", "none"] = "sim"
-    poll_interval_s: PositiveFloat = 1.0
-    sample_timeout_s: PositiveFloat = 2.0  # one sample of every GPU; NVML can hang
-    # A snapshot older than this is reported stale in /status and the metrics.
-    stale_after_s: PositiveFloat = 10.0
-    sim: SimGpuConfig = Field(default_factory=SimGpuConfig)
-    reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
-    auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
-    prometheus: PrometheusProbeConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _prometheus_defaults(cls, data: object) -> object:
-        # A Prometheus sample is a scrape old (often 15 to 60 s, plus dcgm-exporter's own
-        # 30 s collection): NVML's 10 s would call every snapshot stale and refuse every
-        # start that waits for evicted memory to show. Explicit values are kept.
-        if isinstance(data, dict) and data.get("probe") == "prometheus":
-            data = {"stale_after_s": 90.0, "reclaim_timeout_s": 90.0, **data}
-        return data
-
-    @model_validator(mode="after")
-    def _prometheus_url(self) -> GpuConfig:
-        if self.probe == "prometheus" and self.prometheus is None:
-            raise ValueError(
-                "probe: prometheus needs gpu.prometheus.url (the Prometheus that scrapes the "
-                "GPU host's dcgm-exporter), e.g. prometheus: {url: http://prometheus:9090, "
-                "selector: '{Hostname=\"node-c\"}'}"
-            )
-        return self
 
 
 class ServerConfig(StrictConfig):
@@ -302,6 +119,8 @@ class Settings(BaseSettings):
     docker: DockerConfig = Field(default_factory=DockerConfig)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    # Other machines: each with its Docker proxy and GPU probe (`app.settings.hosts`).
+    hosts: dict[str, HostConfig] = Field(default_factory=dict)
     backends: dict[str, BackendConfig] = Field(min_length=1)
     # Read from their own files when present.
     cloud_providers: CloudConfig | None = None
@@ -346,14 +165,9 @@ class Settings(BaseSettings):
                     f"{PROFILES_FILE}: {unknown[0]}: no backend of that name in {MODELS_FILE} "
                     f"(backends: {', '.join(self.backends)})"
                 )
-        if self.gpu.probe == "sim":
-            for backend, cfg in self.backends.items():
-                missing = [g for g in cfg.gpus if g >= self.gpu.sim.count]
-                if missing:
-                    raise ValueError(
-                        f"backends.{backend}.gpus: GPU {missing[0]} does not exist "
-                        f"(gpu.sim.count is {self.gpu.sim.count})"
-                    )
+        problem = check_hosts(self.hosts, self.gpu, self.backends)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     def _check_groups(self) -> None:

@@ -190,7 +190,7 @@ async def test_a_yield_that_cannot_be_saved_is_refused_and_changes_nothing(
         assert runtimes["lazy"].stops == 0
         assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
         metrics = (await gw.client.get("/metrics")).text
-        assert 'microscheduler_vram_yields_total{outcome="failed"} 1.0' in metrics
+        assert 'microscheduler_vram_yields_total{host="local",outcome="failed"} 1.0' in metrics
         if state_dir.is_dir():
             assert leftovers(state_dir) == []
 
@@ -238,7 +238,7 @@ async def test_a_flapping_gpu_probe_shows_in_status_and_metrics_and_recovers(
 
         async def probe_up_metric(value: str) -> bool:
             text = (await gw.client.get("/metrics")).text
-            return f"microscheduler_gpu_probe_up {value}" in text
+            return f'microscheduler_gpu_probe_up{{host="local"}} {value}' in text
 
         first = await until(lambda: gpu_status(True))
         assert first["gpus"][0]["total_mib"] == 32768

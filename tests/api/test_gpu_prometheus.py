@@ -41,11 +41,13 @@ async def gpu_status(gw: Gateway, *, up: bool) -> dict[str, Any] | None:
 
 
 def gpu_samples(text: str) -> dict[tuple[str, tuple[str, ...]], float]:
-    """The GPU samples of a scrape: (name, (gpu, UUID, modelName)) -> value."""
+    """The GPU samples of a scrape: (name, (host, gpu, UUID, modelName)) -> value."""
     return {
         (
             sample.name,
-            tuple(sample.labels[k] for k in ("gpu", "UUID", "modelName") if sample.labels),
+            tuple(
+                sample.labels[k] for k in ("host", "gpu", "UUID", "modelName") if k in sample.labels
+            ),
         ): sample.value
         for family in text_string_to_metric_families(text)
         if family.name.startswith("microscheduler_gpu_")
@@ -83,9 +85,11 @@ async def test_status_and_metrics_show_the_remote_gpus_and_their_age(tmp_path: P
     assert (one["total_mib"], one["reserved_mib"], one["power_w"]) == (80000, None, None)
     samples = gpu_samples(text)
     mib = 1024 * 1024
-    zero_labels = ("0", "GPU-node-c-0000", "NVIDIA A100-SXM4-80GB")
-    assert samples[("microscheduler_gpu_probe_up", ())] == 1.0
-    assert samples[("microscheduler_gpu_snapshot_age_seconds", ())] == pytest.approx(20, abs=3)
+    zero_labels = ("local", "0", "GPU-node-c-0000", "NVIDIA A100-SXM4-80GB")
+    assert samples[("microscheduler_gpu_probe_up", ("local",))] == 1.0
+    assert samples[("microscheduler_gpu_snapshot_age_seconds", ("local",))] == pytest.approx(
+        20, abs=3
+    )
     for name, value in (
         ("memory_used_bytes", 1500 * mib),
         ("memory_free_bytes", 79000 * mib),
@@ -98,7 +102,7 @@ async def test_status_and_metrics_show_the_remote_gpus_and_their_age(tmp_path: P
         ("lost", 0.0),
     ):
         assert samples[(f"microscheduler_gpu_{name}", zero_labels)] == value, name
-    one_labels = ("1", "GPU-node-c-0001", "NVIDIA A100-SXM4-80GB")
+    one_labels = ("local", "1", "GPU-node-c-0001", "NVIDIA A100-SXM4-80GB")
     assert ("microscheduler_gpu_memory_used_bytes", one_labels) in samples
     assert ("microscheduler_gpu_power_watts", one_labels) not in samples  # not exported
     assert not any("node-d" in "".join(labels) for _, labels in samples)
@@ -126,11 +130,11 @@ async def test_prometheus_going_away_shows_like_a_lost_probe_and_recovers(tmp_pa
             f"Prometheus at {prometheus.url} is unreachable (ConnectError: "
         )
         assert down["gpus"], "the last good snapshot stays visible while the probe is down"
-        assert await until(lambda: metric_line(gw, "microscheduler_gpu_probe_up 0.0"))
+        assert await until(lambda: metric_line(gw, 'microscheduler_gpu_probe_up{host="local"} 0.0'))
         await prometheus.come_back()
         up = await until(lambda: gpu_status(gw, up=True))
         assert up["error"] is None
-        assert await until(lambda: metric_line(gw, "microscheduler_gpu_probe_up 1.0"))
+        assert await until(lambda: metric_line(gw, 'microscheduler_gpu_probe_up{host="local"} 1.0'))
         prometheus.unavailable = True
         busy = await until(lambda: gpu_status(gw, up=False))
         assert busy["reason"] == "bad_response"

@@ -179,10 +179,10 @@ async def test_a_yield_frees_what_the_stopped_and_slept_backends_held(tmp_path: 
         assert state["state"] == "yielded"
         assert state["held_mib"] == body["free_mib"]
         metrics = (await gw.client.get("/metrics")).text
-        assert "microscheduler_vram_yield_active 1.0" in metrics
+        assert 'microscheduler_vram_yield_active{host="local"} 1.0' in metrics
         freed = metric_value(metrics, "microscheduler_vram_yield_freed_bytes")
         assert freed == body["freed_mib"] * 1024 * 1024
-        assert 'microscheduler_vram_yields_total{outcome="already"} 1.0' in metrics
+        assert 'microscheduler_vram_yields_total{host="local",outcome="already"} 1.0' in metrics
 
         restored = (await gw.client.post("/vram/restore")).json()
         assert restored["state"] == "restored"
@@ -315,7 +315,7 @@ async def test_a_yield_ends_by_itself_after_its_ttl(tmp_path: Path) -> None:
         await until_backend(gw, "orchestrator", state="ready")  # restarted by the expiry
         assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
         metrics = (await gw.client.get("/metrics")).text
-        assert 'microscheduler_vram_yields_total{outcome="expired"} 1.0' in metrics
+        assert 'microscheduler_vram_yields_total{host="local",outcome="expired"} 1.0' in metrics
         events = (await gw.client.get("/status")).json()["events"]
         assert any(e["kind"] == "vram_restore" and e["why"] == "expired" for e in events)
 

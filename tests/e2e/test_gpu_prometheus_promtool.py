@@ -45,7 +45,7 @@ async def test_the_prometheus_probes_gpu_families_pass_promtool(tmp_path: Path) 
 
             async def scraped() -> str | None:
                 text = (await gw.client.get("/metrics")).text
-                return text if "microscheduler_gpu_probe_up 1.0" in text else None
+                return text if 'microscheduler_gpu_probe_up{host="local"} 1.0' in text else None
 
             text = await until(scraped, what="a first good sample from the stand-in Prometheus")
     assert 'microscheduler_gpu_power_watts{UUID="GPU-node-c-0001"' in text

@@ -85,8 +85,13 @@ def exposition(registry: CollectorRegistry) -> tuple[set[str], Series]:
     return names, series
 
 
-def gpu_labels(stats: GpuStats) -> frozenset[tuple[str, str]]:
-    return frozenset({("gpu", str(stats.index)), ("UUID", stats.uuid), ("modelName", stats.name)})
+LOCAL = frozenset({("host", "local")})
+
+
+def gpu_labels(stats: GpuStats, host: str = "local") -> frozenset[tuple[str, str]]:
+    return frozenset(
+        {("host", host), ("gpu", str(stats.index)), ("UUID", stats.uuid), ("modelName", stats.name)}
+    )
 
 
 def names_for(series: Series, uuid: str) -> set[str]:
@@ -97,15 +102,15 @@ async def test_gpu_series_in_base_units_with_dcgm_labels() -> None:
     source = Source(FULL, BARE, LOST)
     monitor = GpuMonitor(source, poll_interval_s=1, stale_after_s=10)
     registry = CollectorRegistry()
-    GpuCollector(monitor, registry)
+    GpuCollector({"local": monitor}, registry)
     await monitor.read()
 
     names, series = exposition(registry)
 
     assert set(GPU_FAMILIES) <= names
     full = gpu_labels(FULL)
-    assert series[("microscheduler_gpu_probe_up", frozenset())] == 1.0
-    assert 2.0 <= series[("microscheduler_gpu_snapshot_age_seconds", frozenset())] < 10.0
+    assert series[("microscheduler_gpu_probe_up", LOCAL)] == 1.0
+    assert 2.0 <= series[("microscheduler_gpu_snapshot_age_seconds", LOCAL)] < 10.0
     assert series[("microscheduler_gpu_memory_used_bytes", full)] == 10 * GIB
     assert series[("microscheduler_gpu_memory_free_bytes", full)] == 14 * GIB
     assert series[("microscheduler_gpu_memory_total_bytes", full)] == 24 * GIB
@@ -130,7 +135,7 @@ async def test_gpu_series_in_base_units_with_dcgm_labels() -> None:
 async def test_every_family_is_present_before_any_sample() -> None:
     monitor = GpuMonitor(Source(FULL), poll_interval_s=1, stale_after_s=10)
     registry = CollectorRegistry()
-    GpuCollector(monitor, registry)
+    GpuCollector({"local": monitor}, registry)
 
     names, series = exposition(registry)
 
@@ -139,21 +144,21 @@ async def test_every_family_is_present_before_any_sample() -> None:
         "microscheduler_gpu_snapshot_age_seconds",
         *GPU_FAMILIES,
     } <= names
-    assert series == {("microscheduler_gpu_probe_up", frozenset()): 0.0}
+    assert series == {("microscheduler_gpu_probe_up", LOCAL): 0.0}
 
 
 async def test_probe_down_keeps_the_last_snapshot_and_says_down() -> None:
     source = Source(FULL)
     monitor = GpuMonitor(source, poll_interval_s=1, stale_after_s=10)
     registry = CollectorRegistry()
-    GpuCollector(monitor, registry)
+    GpuCollector({"local": monitor}, registry)
     await monitor.read()
     source.fail = ProbeError("NVML did not answer", reason="timeout")
     await monitor.read()
 
     _, series = exposition(registry)
 
-    assert series[("microscheduler_gpu_probe_up", frozenset())] == 0.0
+    assert series[("microscheduler_gpu_probe_up", LOCAL)] == 0.0
     assert series[("microscheduler_gpu_memory_used_bytes", gpu_labels(FULL))] == 10 * GIB
 
 
@@ -161,7 +166,7 @@ async def test_a_scrape_never_samples_the_source() -> None:
     source = Source(FULL)
     monitor = GpuMonitor(source, poll_interval_s=1, stale_after_s=10)
     registry = CollectorRegistry()
-    GpuCollector(monitor, registry)
+    GpuCollector({"local": monitor}, registry)
     await monitor.read()
 
     for _ in range(3):
@@ -173,10 +178,10 @@ async def test_a_scrape_never_samples_the_source() -> None:
 def test_collector_declares_its_names() -> None:
     monitor = GpuMonitor(Source(FULL), poll_interval_s=1, stale_after_s=10)
     registry = CollectorRegistry()
-    GpuCollector(monitor, registry)
+    GpuCollector({"local": monitor}, registry)
 
     with pytest.raises(ValueError, match="Duplicated timeseries"):
-        GpuCollector(monitor, registry)
+        GpuCollector({"local": monitor}, registry)
 
 
 # -- vLLM load -----------------------------------------------------------------------

@@ -235,7 +235,7 @@ def test_a_kubernetes_backend_is_not_counted_on_the_gateways_gpus() -> None:
     config = BackendConfig.model_validate(
         {"url": "http://vllm-m.llm:8000", "models": ["m"], "runtime": runtime, "lifecycle": "lazy"}
     )
-    assert not config.on_local_gpus  # lazy without vram_mib: admission is the cluster's
+    assert not config.gpus_accounted  # lazy without vram_mib: admission is the cluster's
     for placed in ({"vram_mib": 24000}, {"gpus": [1]}):
         with pytest.raises(ValueError, match="runs on the cluster's GPUs"):
             BackendConfig.model_validate(

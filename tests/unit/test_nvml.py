@@ -523,7 +523,7 @@ async def test_real_nvml_missing_through_the_monitor_and_metrics() -> None:
     _require_no_nvml()
     monitor = GpuMonitor(NvmlSource(timeout_s=5), poll_interval_s=1, stale_after_s=10)
     registry = CollectorRegistry()
-    GpuCollector(monitor, registry)
+    GpuCollector({"local": monitor}, registry)
     try:
         reading = await monitor.read()
     finally:

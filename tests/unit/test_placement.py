@@ -235,10 +235,10 @@ def test_a_forced_plan_evicts_protected_residents_at_once() -> None:
     ],
 )
 def test_describe_holders(holders: list[Holder], used: int, expected: str) -> None:
-    assert describe_holders(0, 24000, used, holders) == expected
+    assert describe_holders("GPU 0", 24000, used, holders) == expected
 
 
 def test_describe_holders_mentions_no_other_processes_when_holders_account_for_all() -> None:
-    line = describe_holders(1, 24000, 8000, [Holder("backend a", 8000)])
+    line = describe_holders("GPU 1", 24000, 8000, [Holder("backend a", 8000)])
     assert line == "GPU 1: 8000 of 24000 MiB in use: backend a 8000 MiB"
     assert "other processes" not in line

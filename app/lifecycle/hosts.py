@@ -1,0 +1,93 @@
+"""The machines whose GPUs the gateway schedules: the local one (the top-level `docker:` and
+`gpu:`) and each of `hosts:`.
+
+A `Host` bundles what is per machine: its GPU monitor (none: no telemetry, admission off
+there), its `VramArbiter` (admission, eviction and zones on its GPUs, which never see
+another host's backends), its `VramYield` and, when configured, its automatic yield. A
+backend belongs to the host its `host:` names; a kubernetes backend without one belongs to
+none (the cluster's scheduler places it).
+
+Zone names are unique across hosts (`POST /vram/zones/{zone}/release` finds the zone on
+whichever host holds it); every host may hold a yield of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
+from app.gpu.poller import GpuMonitor
+from app.lifecycle.arbiter import VramArbiter
+from app.lifecycle.auto_yield import AutoYield
+from app.lifecycle.backend import Backend
+from app.lifecycle.vram_yield import VramYield
+from app.lifecycle.zones import Zone
+from app.settings import LOCAL_HOST, GpuConfig
+
+
+@dataclass(frozen=True, eq=False)
+class Host:
+    name: str
+    gpu: GpuConfig
+    monitor: GpuMonitor | None
+    arbiter: VramArbiter
+    vram_yield: VramYield
+    auto_yield: AutoYield | None
+    backends: Mapping[str, Backend]  # those whose GPUs it accounts
+
+    @property
+    def local(self) -> bool:
+        return self.name == LOCAL_HOST
+
+
+class Hosts(Mapping[str, Host]):
+    """Every host by name, the local one first."""
+
+    def __init__(self, hosts: Mapping[str, Host]) -> None:
+        self._hosts = dict(hosts)
+        assert LOCAL_HOST in self._hosts
+
+    def __getitem__(self, name: str) -> Host:
+        return self._hosts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hosts)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    @property
+    def local(self) -> Host:
+        return self._hosts[LOCAL_HOST]
+
+    def named(self, name: str | None) -> Host:
+        """The host a request names (None: the local one); 400 naming the known ones."""
+        if name is None:
+            return self.local
+        host = self._hosts.get(name)
+        if host is None:
+            raise InvalidRequest(
+                f"no host {name!r} (hosts: {', '.join(self._hosts)})", param="host"
+            )
+        return host
+
+    def holding_zone(self, zone: str) -> Host:
+        """The host holding zone `zone`; 404 `zone_not_found` when none does."""
+        for host in self._hosts.values():
+            if zone in host.arbiter.zones:
+                return host
+        raise NotFound(f"no VRAM zone {zone!r} is held", code=ErrorCode.ZONE_NOT_FOUND)
+
+    def check_zone_name(self, zone: str, on: Host) -> None:
+        """A zone name is held on one host at a time: 409 when another holds it."""
+        for host in self._hosts.values():
+            held = host.arbiter.zones.get(zone)
+            if host is not on and held is not None:
+                raise Conflict(
+                    f"{held.describe()} is already held on host {host.name!r}; zone names "
+                    "are unique across hosts: release it first or pick another name"
+                )
+
+    def zones(self) -> list[Zone]:
+        return [zone for host in self._hosts.values() for zone in host.arbiter.zones.values()]

@@ -1,0 +1,286 @@
+"""Where the gateway's backends run: the Docker Engine and the GPUs of a host, the
+Kubernetes API server, and `hosts:` (other machines, each with its own Docker proxy and
+GPU probe; the local host is the top-level `docker:` and `gpu:`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from app.settings.backends import BackendConfig
+from app.settings.base import LOCAL_HOST, StrictConfig
+
+
+class DockerConfig(StrictConfig):
+    """How to reach the Docker Engine API: a socket proxy URL or a Unix socket."""
+
+    url: str = "unix:///var/run/docker.sock"
+    timeout_s: PositiveFloat = 10.0  # connect and read, except stop (which waits `t` more)
+
+    @field_validator("url")
+    @classmethod
+    def _docker_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError(f"a unix URL needs a socket path, got {value!r}")
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
+                f"like unix:///var/run/docker.sock, got {value!r}"
+            )
+        return value.rstrip("/")
+
+
+class KubernetesConfig(StrictConfig):
+    """How to reach the Kubernetes API server, for `runtime: {kind: kubernetes}` backends.
+
+    `kubeconfig`: a kubeconfig file (its current context); without it `$KUBECONFIG`, then
+    the pod's ServiceAccount (in-cluster). `api_url` replaces the server of either, for
+    example `http://127.0.0.1:8001` behind `kubectl proxy` (no credentials needed then).
+    """
+
+    kubeconfig: Path | None = None
+    api_url: str | None = None
+    timeout_s: PositiveFloat = 10.0  # connect and read of each call, except watches
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"must be the API server's URL like https://10.0.0.1:6443 or "
+                f"http://127.0.0.1:8001 (kubectl proxy), got {value!r}"
+            )
+        return value.rstrip("/")
+
+
+class SimGpuConfig(StrictConfig):
+    """The simulated GPU of the demo and the tests.
+
+    With `ledger_dir`, its used memory is what the fake vLLM servers report there
+    (`--sim-gpu-dir`; a sleeping one reports less), measured like NVML would. Without
+    it, used memory is what the gateway placed (the `vram_mib` of running backends plus
+    zone holds).
+    """
+
+    total_mib: PositiveInt = 32768
+    count: PositiveInt = 1
+    ledger_dir: Path | None = None
+
+
+class AutoYieldConfig(StrictConfig):
+    """Yield by itself when something the gateway does not manage (a game) uses the GPU.
+
+    Foreign memory is what the probe sees used minus what the gateway's backends hold
+    (measured, else placed). Above `foreign_mib` for `settle_s`: yield (`include_pinned`
+    as for POST /vram/yield). Below it again for `restore_after_s`: restore, but only a
+    yield it took itself, never one a person asked for. Off by default."""
+
+    enabled: bool = False
+    foreign_mib: PositiveInt = 2048
+    settle_s: NonNegativeFloat = 10.0
+    restore_after_s: NonNegativeFloat = 60.0
+    include_pinned: bool = False
+
+
+# One PromQL label matcher: a label name, an operator, a quoted value (PromQL accepts
+# double, single and back quotes; prometheus.io, "Querying basics", time series selectors).
+_MATCHER = (
+    r"""[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)"""
+)
+SELECTOR_RE: Final = re.compile(rf"\{{\s*(?:{_MATCHER}\s*(?:,\s*{_MATCHER}\s*)*,?\s*)?\}}")
+
+
+class PrometheusProbeConfig(StrictConfig):
+    """Where `gpu.probe: prometheus` reads another host's GPUs: a Prometheus (or any server
+    with its HTTP query API) that scrapes that host's dcgm-exporter.
+
+    - `selector`: PromQL label matchers that pick that host's series, e.g.
+      `{Hostname="node-c"}` (dcgm-exporter's `Hostname` label) or `{instance="node-c:9400"}`;
+      added to every DCGM metric queried. Empty: every DCGM series Prometheus has.
+    - `lookback_s`: how far back a sample is still taken (the query's range). A sample
+      older than `gpu.stale_after_s` shows as stale; none within `lookback_s` is a failed
+      probe.
+    - `query_interval_s`: at most one query this often; samples in between are the last
+      answer (Prometheus has nothing newer than its last scrape anyway); 0: a query on
+      every sample.
+    - `bearer_token_env`: the variable holding a bearer token (never the token itself);
+      `headers`: other request headers (e.g. `X-Scope-OrgID` for Mimir or Cortex).
+    """
+
+    url: str
+    selector: str = ""
+    timeout_s: PositiveFloat = 2.0
+    query_interval_s: NonNegativeFloat = 5.0
+    lookback_s: PositiveInt = 120
+    bearer_token_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"must be the Prometheus base URL like http://prometheus:9090, got {value!r}"
+            )
+        return value.rstrip("/")
+
+    @field_validator("selector")
+    @classmethod
+    def _label_matchers(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            return value
+        if SELECTOR_RE.fullmatch(value) is None:
+            raise ValueError(
+                "must be PromQL label matchers in braces, like "
+                f'{{Hostname="node-c"}} or {{instance=~"node-c:.*"}}, got {value!r}'
+            )
+        if re.search(r"(?:^|[{,\s])__name__\s*[=!]", value):
+            raise ValueError(
+                f"must not match __name__ (the probe picks the DCGM metrics itself), got {value!r}"
+            )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _no_authorization(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(name.lower() == "authorization" for name in value):
+            raise ValueError(
+                "must not carry Authorization (a secret in the config file): name the "
+                "variable holding the token in bearer_token_env instead"
+            )
+        return value
+
+
+class GpuConfig(StrictConfig):
+    """The GPU probe behind telemetry, VRAM admission and yield.
+
+    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `prometheus`
+    reads another host's GPUs from the dcgm-exporter series in a Prometheus
+    (`gpu.prometheus`); `none` turns admission off (every start is allowed) and reports
+    no GPU.
+    """
+
+    probe: Literal["nvml", "sim", "prometheus", "none"] = "sim"
+    poll_interval_s: PositiveFloat = 1.0
+    sample_timeout_s: PositiveFloat = 2.0  # one sample of every GPU; NVML can hang
+    # A snapshot older than this is reported stale in /status and the metrics.
+    stale_after_s: PositiveFloat = 10.0
+    sim: SimGpuConfig = Field(default_factory=SimGpuConfig)
+    reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
+    auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
+    prometheus: PrometheusProbeConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prometheus_defaults(cls, data: object) -> object:
+        # A Prometheus sample is a scrape old (often 15 to 60 s, plus dcgm-exporter's own
+        # 30 s collection): NVML's 10 s would call every snapshot stale and refuse every
+        # start that waits for evicted memory to show. Explicit values are kept.
+        if isinstance(data, dict) and data.get("probe") == "prometheus":
+            data = {"stale_after_s": 90.0, "reclaim_timeout_s": 90.0, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _prometheus_url(self) -> GpuConfig:
+        if self.probe == "prometheus" and self.prometheus is None:
+            raise ValueError(
+                "probe: prometheus needs gpu.prometheus.url (the Prometheus that scrapes the "
+                "GPU host's dcgm-exporter), e.g. prometheus: {url: http://prometheus:9090, "
+                "selector: '{Hostname=\"node-c\"}'}"
+            )
+        return self
+
+
+HOST_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class HostConfig(StrictConfig):
+    """Another machine whose GPUs the gateway schedules: `hosts: {node-c: {docker: {url},
+    gpu: {probe: prometheus, prometheus: {...}}}}`, named by a backend's `host: node-c`.
+
+    - `docker`: the socket proxy of that machine's Docker Engine, for its `runtime: docker`
+      backends (none: the host runs only kubernetes or external backends).
+    - `gpu`: how the gateway sees that machine's GPUs, as the top-level `gpu:` (probe,
+      staleness, reclaim wait, auto yield); required. `nvml` reads the GPUs of the
+      gateway's own machine, so it is refused here: use `prometheus` (dcgm-exporter on
+      that machine), `sim`, or `none` (admission off on that host).
+    """
+
+    docker: DockerConfig | None = None
+    gpu: GpuConfig
+
+    @field_validator("gpu")
+    @classmethod
+    def _not_this_machine(cls, gpu: GpuConfig) -> GpuConfig:
+        if gpu.probe == "nvml":
+            raise ValueError(
+                "probe: nvml reads the GPUs of the machine the gateway runs on, not this "
+                "host's: use probe: prometheus (dcgm-exporter on that host), sim or none"
+            )
+        return gpu
+
+
+def check_hosts(
+    hosts: Mapping[str, HostConfig], local_gpu: GpuConfig, backends: Mapping[str, BackendConfig]
+) -> str | None:
+    """The first problem with `hosts:` and the backends' `host:`, or None."""
+    for name in hosts:
+        if name == LOCAL_HOST:
+            return (
+                f"hosts.{LOCAL_HOST}: {LOCAL_HOST!r} is the gateway's own machine (the top-level "
+                "docker: and gpu:); give the other machine another name"
+            )
+        if HOST_NAME_RE.fullmatch(name) is None:
+            return (
+                f"hosts.{name}: a host name is 1 to 64 letters, digits, '_', '.' or '-', "
+                "starting with a letter or digit"
+            )
+    for backend, cfg in backends.items():
+        host = cfg.host_name
+        if host != LOCAL_HOST and host not in hosts:
+            known = ", ".join([LOCAL_HOST, *hosts])
+            return f"backends.{backend}.host: no host {host!r} in hosts: (known: {known})"
+        if host == LOCAL_HOST:
+            gpu = local_gpu
+        else:
+            if cfg.runtime.kind == "process":
+                return (
+                    f"backends.{backend}.host: {host}: a process runtime runs on the gateway's "
+                    "own machine; a backend on another host needs runtime docker (through "
+                    "that host's docker:), kubernetes or external"
+                )
+            if cfg.runtime.kind == "docker" and hosts[host].docker is None:
+                return (
+                    f"backends.{backend}.runtime: docker on host {host!r}, which has no "
+                    f"docker: (add hosts.{host}.docker.url, its Docker socket proxy)"
+                )
+            gpu = hosts[host].gpu
+        if gpu.probe == "sim" and cfg.gpus_accounted:
+            missing = [g for g in cfg.gpus if g >= gpu.sim.count]
+            if missing:
+                where = "gpu.sim.count" if host == LOCAL_HOST else f"hosts.{host}.gpu.sim.count"
+                return (
+                    f"backends.{backend}.gpus: GPU {missing[0]} does not exist on host "
+                    f"{host!r} ({where} is {gpu.sim.count})"
+                )
+    return None
