@@ -14,6 +14,7 @@ from typing import Any
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
+from app.lifecycle.hosts import Host
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState
@@ -58,6 +59,8 @@ def backend_view(backend: Backend) -> Json:
         "health_error": backend.health_error,
         "vram_mib": backend.vram_mib,
         "gpus": cfg.gpus,
+        # The machine whose GPUs it uses; None: a kubernetes backend the cluster places.
+        "host": cfg.host_name if cfg.gpus_accounted else None,
         "holds_vram": backend.holds_vram,
         "blocked_by": sorted(backend.blocks.values()),
         "yield_method": backend.yield_method,
@@ -100,6 +103,7 @@ def zone_view(zone: Zone) -> Json:
     return {
         "zone": zone.name,
         "holder": zone.holder,
+        "host": zone.host,
         "gpu": zone.gpu,
         "mib": zone.mib,
         "granted_at": zone.granted_at,
@@ -116,6 +120,7 @@ def yield_view(zone: Zone | None) -> Json:
     report = {} if zone.report is None else zone.report.to_json()
     return {
         "state": "yielded",
+        "host": zone.host,
         **report,
         "held_mib": zone.mib,
         "granted_at": zone.granted_at,
@@ -128,12 +133,13 @@ def yield_outcome_view(outcome: YieldOutcome) -> Json:
     return {**yield_view(outcome.zone), "already": outcome.already}
 
 
-def restore_view(report: RestoreReport | None) -> Json:
+def restore_view(report: RestoreReport | None, host: str) -> Json:
     if report is None:
-        return {"state": "none", "restored": False}
+        return {"state": "none", "restored": False, "host": host}
     return {
         "state": "restored",
         "restored": True,
+        "host": host,
         "reason": report.reason,
         "why": report.why,
         "back": list(report.back),
@@ -332,31 +338,49 @@ def fallback_view(status: CloudStatus) -> Json:
     }
 
 
+def host_view(host: Host, status: GpuStatus | None) -> Json:
+    """One machine in `/status` `hosts`: its probe and GPUs, what holds them, its backends."""
+    return {
+        "name": host.name,
+        "probe": host.arbiter.probe_name,
+        "gpu": gpu_status_view(status),
+        "holds": {
+            "yield": yield_view(host.vram_yield.current),
+            "zones": [zone_view(z) for z in host.arbiter.zones.values() if z.kind == "zone"],
+            "placed_mib": host.arbiter.placed_mib(),
+        },
+        "backends": list(host.backends),
+    }
+
+
 def status_view(services: Services) -> Json:
     """`GET /status`, and the snapshot `/status/stream` starts with. Reads state only:
-    never NVML or a backend."""
+    never NVML or a backend. `gpu` and `holds` are the local host's; `hosts` has every
+    host (the local one first)."""
     profile = services.profiles.profile
-    monitor = services.gpu_monitor
-    gpu = gpu_status_view(None if monitor is None else monitor.status())
-    totals = {g["index"]: g["total_mib"] for g in gpu["gpus"]}
+    gpu_status = {
+        name: None if host.monitor is None else host.monitor.status()
+        for name, host in services.hosts.items()
+    }
+    hosts = [host_view(host, gpu_status[name]) for name, host in services.hosts.items()]
+    totals = {(h["name"], g["index"]): g["total_mib"] for h in hosts for g in h["gpu"]["gpus"]}
     backends = []
     for name, backend in services.backends.items():
         planned = None
         if profile is not None:
-            planned = profile.planned_mib(name, totals.get(backend.config.gpus[0]))
+            key = (backend.config.host_name, backend.config.gpus[0])
+            planned = profile.planned_mib(name, totals.get(key))
         backends.append({**backend_view(backend), "vram": backend_vram_view(backend, planned)})
+    local = hosts[0]
     return {
         "gateway": {
             "started_at": services.started_at,
             "uptime_s": round(time.time() - services.started_at, 1),
         },
-        "gpu": gpu,
+        "gpu": local["gpu"],
         "backends": backends,
-        "holds": {
-            "yield": yield_view(services.vram_yield.current),
-            "zones": [zone_view(z) for z in services.arbiter.zones.values() if z.kind == "zone"],
-            "placed_mib": services.arbiter.placed_mib(),
-        },
+        "holds": local["holds"],
+        "hosts": hosts,
         "profile": {"active": services.profiles.active},
         "fallback": fallback_view(services.cloud.status()),
         # Client keys: scope, limits and use in this process (names only, never secrets).

@@ -6,13 +6,17 @@ POST /vram/zones/{zone}/release     give it back; blocked backends wake on deman
 GET  /vram/yield                    the VRAM yield held, as measured when it was taken
 POST /vram/yield                    free the GPU for a game (drain, stop or sleep)
 POST /vram/restore                  give it back: pinned backends now, lazy on demand
+
+Each works on one host's GPUs: the local one unless the request names another of
+`hosts:` (`"host"` in a body, `?host=` on a GET, `{"host": ...}` on the restore). A
+release finds the zone on whichever host holds it (zone names are unique across hosts).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from app.api.deps import AdminDep, ServicesDep, json_body
@@ -27,9 +31,13 @@ router = APIRouter(tags=["admin"], dependencies=[AdminDep])
 ZoneName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
+HostName = Annotated[str | None, Field(min_length=1, max_length=64)]
+
+
 class ZoneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    host: HostName = None  # none: the local host
     mib: PositiveInt
     holder: str = Field(min_length=1, max_length=128)
     ttl_s: PositiveFloat | None = None  # none: held until released
@@ -47,12 +55,23 @@ class YieldBody(BaseModel):
     ttl_s: PositiveFloat | None = None  # none: until POST /vram/restore
     include_pinned: bool = False
     gpu: NonNegativeInt = 0
+    host: HostName = None  # none: the local host
+
+
+class RestoreBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: HostName = None  # none: the local host
+
+
+HostQuery = Annotated[str | None, Query(min_length=1, max_length=64)]
 
 
 @router.get("/vram/zones")
-async def list_zones(services: ServicesDep) -> dict[str, Any]:
-    reading = await services.arbiter.read_gpus()
-    placed = services.arbiter.placed_mib()
+async def list_zones(services: ServicesDep, host: HostQuery = None) -> dict[str, Any]:
+    arbiter = services.hosts.named(host).arbiter
+    reading = await arbiter.read_gpus()
+    placed = arbiter.placed_mib()
     gpus = (
         None
         if reading is None
@@ -69,9 +88,10 @@ async def list_zones(services: ServicesDep) -> dict[str, Any]:
         ]
     )
     return {
-        "probe": services.arbiter.probe_name,
+        "host": arbiter.host,
+        "probe": arbiter.probe_name,
         "gpus": gpus,
-        "zones": [zone_view(z) for z in services.arbiter.zones.values()],
+        "zones": [zone_view(z) for z in arbiter.zones.values()],
     }
 
 
@@ -81,23 +101,27 @@ async def acquire_zone(
     request: Annotated[ZoneRequest | None, Depends(json_body(ZoneRequest))],
     services: ServicesDep,
 ) -> dict[str, Any]:
-    """Evicts lazy backends until `mib` is free on the GPU, then holds it for `holder`.
+    """Evicts lazy backends until `mib` is free on the GPU of `host` (default: the local
+    one), then holds it for `holder`.
 
     Acquiring a zone already held by the same holder renews its expiry; 409 when it is
-    held by someone else or the memory cannot be freed (the message says what holds it).
+    held by someone else (on any host) or the memory cannot be freed (the message says
+    what holds it).
     """
     _not_the_yield(zone)
     if request is None:
         raise InvalidRequest("The request body must be a JSON object with mib and holder.")
-    grant = await services.arbiter.acquire_zone(
-        zone,
-        holder=request.holder,
-        mib=request.mib,
-        gpu=request.gpu,
-        ttl_s=request.ttl_s,
-        below_priority=request.priority,
-    )
-    reading = await services.arbiter.read_gpus()
+    host = services.hosts.named(request.host)
+    with services.hosts.zone_name(zone, host):
+        grant = await host.arbiter.acquire_zone(
+            zone,
+            holder=request.holder,
+            mib=request.mib,
+            gpu=request.gpu,
+            ttl_s=request.ttl_s,
+            below_priority=request.priority,
+        )
+    reading = await host.arbiter.read_gpus()
     free = None
     if reading is not None and reading.usable(grant.zone.gpu) is not None:
         free = free_mib(reading, grant.zone.gpu)
@@ -115,7 +139,7 @@ async def acquire_zone(
 @router.post("/vram/zones/{zone}/release")
 async def release_zone(zone: ZoneName, services: ServicesDep) -> dict[str, Any]:
     _not_the_yield(zone)
-    released = services.arbiter.release_zone(zone)
+    released = services.hosts.holding_zone(zone).arbiter.release_zone(zone)
     return {**zone_view(released), "released": True, "unblocked": list(released.stopped)}
 
 
@@ -127,8 +151,9 @@ def _not_the_yield(zone: str) -> None:
 
 
 @router.get("/vram/yield")
-async def yield_state(services: ServicesDep) -> dict[str, Any]:
-    return yield_view(services.vram_yield.current)
+async def yield_state(services: ServicesDep, host: HostQuery = None) -> dict[str, Any]:
+    named = services.hosts.named(host)
+    return {**yield_view(named.vram_yield.current), "host": named.name}
 
 
 @router.post("/vram/yield")
@@ -140,13 +165,18 @@ async def take_yield(
     until `min_free_mib` is free, and holds the memory. `freed_mib` is measured. A second
     call answers the yield already held (`"already": true`)."""
     body = request or YieldBody()
-    return yield_outcome_view(
-        await services.vram_yield.yield_vram(YieldRequest(**body.model_dump()))
-    )
+    host = services.hosts.named(body.host)
+    ask = YieldRequest(**body.model_dump(exclude={"host"}))
+    return yield_outcome_view(await host.vram_yield.yield_vram(ask))
 
 
 @router.post("/vram/restore")
-async def restore_yield(services: ServicesDep) -> dict[str, Any]:
-    """Ends the yield: pinned backends are woken or started now, lazy ones on demand.
-    Without a yield it answers `{"state": "none", "restored": false}`."""
-    return restore_view(await services.vram_yield.restore())
+async def restore_yield(
+    services: ServicesDep,
+    request: Annotated[RestoreBody | None, Depends(json_body(RestoreBody))],
+) -> dict[str, Any]:
+    """Ends the yield of the local host (or the body's `host`): pinned backends are woken
+    or started now, lazy ones on demand. Without a yield it answers `{"state": "none",
+    "restored": false}`."""
+    host = services.hosts.named(None if request is None else request.host)
+    return restore_view(await host.vram_yield.restore(), host.name)

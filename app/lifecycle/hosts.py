@@ -13,6 +13,7 @@ whichever host holds it); every host may hold a yield of its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ class Hosts(Mapping[str, Host]):
     def __init__(self, hosts: Mapping[str, Host]) -> None:
         self._hosts = dict(hosts)
         assert LOCAL_HOST in self._hosts
+        self._acquiring: dict[str, Host] = {}  # zone name -> the host granting it now
 
     def __getitem__(self, name: str) -> Host:
         return self._hosts[name]
@@ -79,8 +81,10 @@ class Hosts(Mapping[str, Host]):
                 return host
         raise NotFound(f"no VRAM zone {zone!r} is held", code=ErrorCode.ZONE_NOT_FOUND)
 
-    def check_zone_name(self, zone: str, on: Host) -> None:
-        """A zone name is held on one host at a time: 409 when another holds it."""
+    @contextlib.contextmanager
+    def zone_name(self, zone: str, on: Host) -> Iterator[None]:
+        """Around a zone's acquire on host `on`: a zone name is held on one host at a time,
+        so 409 when another host holds it or is granting it right now."""
         for host in self._hosts.values():
             held = host.arbiter.zones.get(zone)
             if host is not on and held is not None:
@@ -88,6 +92,19 @@ class Hosts(Mapping[str, Host]):
                     f"{held.describe()} is already held on host {host.name!r}; zone names "
                     "are unique across hosts: release it first or pick another name"
                 )
+        granting = self._acquiring.get(zone)
+        if granting is not None and granting is not on:
+            raise Conflict(
+                f"VRAM zone {zone!r} is being granted on host {granting.name!r}; zone names "
+                "are unique across hosts"
+            )
+        first = granting is None
+        self._acquiring[zone] = on
+        try:
+            yield
+        finally:
+            if first:
+                del self._acquiring[zone]
 
     def zones(self) -> list[Zone]:
         return [zone for host in self._hosts.values() for zone in host.arbiter.zones.values()]
