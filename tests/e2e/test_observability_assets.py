@@ -166,16 +166,16 @@ tests:
   - interval: 1m
     input_series:
       - series: >-
-          microscheduler_gpu_memory_used_bytes{{gpu="0",UUID="GPU-a",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_used_bytes{{host="local",gpu="0",UUID="GPU-a",modelName="RTX 5090"}}
         values: '33822867456x15'
       - series: >-
-          microscheduler_gpu_memory_total_bytes{{gpu="0",UUID="GPU-a",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_total_bytes{{host="local",gpu="0",UUID="GPU-a",modelName="RTX 5090"}}
         values: '34190917632x15'
       - series: >-
-          microscheduler_gpu_memory_used_bytes{{gpu="1",UUID="GPU-b",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_used_bytes{{host="local",gpu="1",UUID="GPU-b",modelName="RTX 5090"}}
         values: '30000000000x15'
       - series: >-
-          microscheduler_gpu_memory_total_bytes{{gpu="1",UUID="GPU-b",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_total_bytes{{host="local",gpu="1",UUID="GPU-b",modelName="RTX 5090"}}
         values: '34190917632x15'
       - series: 'microscheduler_circuit_open{{entry="openai"}}'
         values: '0 1x5 0'
@@ -186,9 +186,10 @@ tests:
       - eval_time: 12m
         alertname: MicroschedulerVramNearlyFull
         exp_alerts:
-          - exp_labels: {{severity: warning, gpu: "0", UUID: GPU-a, modelName: RTX 5090}}
+          - exp_labels:
+              {{severity: warning, host: local, gpu: "0", UUID: GPU-a, modelName: RTX 5090}}
             exp_annotations:
-              summary: GPU 0 VRAM is 98.92% used
+              summary: local GPU 0 VRAM is 98.92% used
               description: >-
                 Lazy backends will be refused or evict others; check for memory not
                 placed by the gateway.
