@@ -6,11 +6,16 @@ processes, and the official `openai` SDK:
 - a lazy backend on a Kubernetes Deployment at 0 replicas: the request is held while the
   gateway scales it up and waits for a ready endpoint, then answered;
 - the GPUs of another host read from Prometheus (dcgm-exporter's series) in /status;
-- 20 concurrent streams over a replica group of two fake vLLM processes: each gets 8-12.
+- 20 concurrent streams over a replica group of two fake vLLM processes: each gets 8-12;
+- `hosts:` a kubernetes backend with `host: node-c` is admitted on node-c's GPU as
+  Prometheus reports it: refused while the GPU is full (the error names node-c), started
+  once the memory is free.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,6 +123,94 @@ def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
     assert sum(served.values()) == 20
     assert 8 <= served.get("r1", 0) <= 12, served
     assert 8 <= served.get("r2", 0) <= 12, served
+
+
+def hosts_config(tmp: Path, stand_ins: StandIns, pod: str) -> Path:
+    kubeconfig = write_kubeconfig(tmp, stand_ins.kube.url)
+    models = {
+        "kubernetes": {"kubeconfig": str(kubeconfig)},
+        "gpu": {"probe": "sim"},  # the gateway's own machine
+        "hosts": {
+            "node-c": {"gpu": {"probe": "prometheus", "poll_interval_s": 0.5,
+                               "reclaim_timeout_s": 2,
+                               "prometheus": {"url": stand_ins.prometheus.url,
+                                              "selector": '{Hostname="node-c"}',
+                                              "query_interval_s": 0}}},
+        },
+        "backends": {
+            "cluster": {"url": pod, "models": ["cluster-model"], "lifecycle": "lazy",
+                        "host": "node-c", "vram_mib": 60000,
+                        "runtime": {"kind": "kubernetes", "namespace": "llm",
+                                    "deployment": "vllm-cluster"}},
+        },
+    }  # fmt: skip
+    directory = tmp / "config"
+    directory.mkdir()
+    (directory / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
+    return directory
+
+
+@pytest.mark.e2e
+def test_a_cluster_backend_with_a_host_is_admitted_on_that_hosts_gpu(
+    stand_ins: StandIns, tmp_path: Path
+) -> None:
+    workload = stand_ins.loop.run(_add_workload(stand_ins.kube))
+    stand_ins.prometheus.series = dcgm_gpu(0, host="node-c", used_mib=30000, free_mib=51048)
+    with (
+        contextlib.ExitStack() as closing,
+        fake_vllm_process("cluster-model") as pod,
+        gateway_process(config_dir=hosts_config(tmp_path, stand_ins, pod)) as gw,
+    ):
+        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0,
+                            timeout=30)  # fmt: skip
+        closing.callback(sdk.close)
+        # 30000 of node-c's 81534 MiB are used by something else (plus the 486 the driver
+        # reserves, counted as used as NVML does): 60000 do not fit.
+        with pytest.raises(openai.APIStatusError) as refused:
+            sdk.chat.completions.create(model="cluster-model", messages=HI)  # type: ignore[arg-type]
+        assert refused.value.status_code == 503
+        message = str(refused.value)
+        assert "needs 60000 MiB on node-c GPU 0" in message, message
+        assert "node-c GPU 0: 30486 of 81534 MiB in use: other processes 30486 MiB" in message, (
+            message
+        )
+        assert workload.replicas == 0  # refused before anything was scaled
+        assert not any(call[0] == "PATCH" for call in stand_ins.kube.calls)
+
+        # The other workload is gone: once Prometheus says so, the start is admitted.
+        stand_ins.prometheus.series = dcgm_gpu(0, host="node-c", used_mib=2048, free_mib=79000)
+        _until_used(gw.url, "node-c", 2048 + 486)
+        answer = sdk.chat.completions.create(model="cluster-model", messages=HI)  # type: ignore[arg-type]
+        assert answer.choices[0].message.content
+        assert workload.replicas == 1
+
+        status = httpx.get(gw.url + "/status", timeout=10).json()
+        hosts = {host["name"]: host for host in status["hosts"]}
+        assert hosts["node-c"]["probe"] == "prometheus"
+        assert hosts["node-c"]["holds"]["placed_mib"] == {"0": 60000}
+        assert hosts["node-c"]["backends"] == ["cluster"]
+        assert hosts["local"]["holds"]["placed_mib"] == {}
+        (cluster,) = status["backends"]
+        assert cluster["host"] == "node-c"
+        metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+        assert 'microscheduler_gpu_probe_up{host="node-c"} 1.0' in metrics
+        assert (
+            'microscheduler_gpu_memory_used_bytes{UUID="GPU-node-c-0000",gpu="0",host="node-c"'
+            in metrics
+        )
+
+
+def _until_used(url: str, host: str, used_mib: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        status = httpx.get(url + "/status", timeout=10).json()
+        gpus = next(h["gpu"]["gpus"] for h in status["hosts"] if h["name"] == host)
+        seen = gpus[0]["used_mib"] if gpus else None
+        if seen == used_mib:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{host} GPU 0 still shows {seen} MiB used, not {used_mib}")
 
 
 async def _add_workload(kube: FakeKube) -> Any:
