@@ -166,16 +166,20 @@ tests:
   - interval: 1m
     input_series:
       - series: >-
-          microscheduler_gpu_memory_used_bytes{{host="local",gpu="0",UUID="GPU-a",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_used_bytes{{host="local",gpu="0",
+          UUID="GPU-a",modelName="RTX 5090"}}
         values: '33822867456x15'
       - series: >-
-          microscheduler_gpu_memory_total_bytes{{host="local",gpu="0",UUID="GPU-a",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_total_bytes{{host="local",gpu="0",
+          UUID="GPU-a",modelName="RTX 5090"}}
         values: '34190917632x15'
       - series: >-
-          microscheduler_gpu_memory_used_bytes{{host="local",gpu="1",UUID="GPU-b",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_used_bytes{{host="local",gpu="1",
+          UUID="GPU-b",modelName="RTX 5090"}}
         values: '30000000000x15'
       - series: >-
-          microscheduler_gpu_memory_total_bytes{{host="local",gpu="1",UUID="GPU-b",modelName="RTX 5090"}}
+          microscheduler_gpu_memory_total_bytes{{host="local",gpu="1",
+          UUID="GPU-b",modelName="RTX 5090"}}
         values: '34190917632x15'
       - series: 'microscheduler_circuit_open{{entry="openai"}}'
         values: '0 1x5 0'
