@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from app.gpu.ledger import LedgerWriter
 from tests.api.test_lifecycle_api import backend_state, lazy, lifecycle_gateway, pinned
 from tests.fakes.processes import free_port
 from tests.fakes.servers import FakeVllmRuntime, until_backend
+from tests.fakes.waits import until
 
 NODE_C = {"node-c": {"docker": {"url": "http://node-c:2375"}, "gpu": {"probe": "sim"}}}
 
@@ -321,3 +324,58 @@ async def test_one_zone_name_acquired_on_two_hosts_at_once_is_granted_once(
         # The refused host stopped nothing for it.
         loser = "a" if other == "local" else "c"
         assert (await backend_state(gw, loser))["state"] == "ready"
+
+
+async def test_a_game_on_node_c_makes_node_c_yield_by_itself_and_not_local(
+    tmp_path: Path,
+) -> None:
+    port_a, port_c = free_port(), free_port()
+    runtimes = runtimes_for(a=port_a, c=port_c)
+    auto = {"enabled": True, "foreign_mib": 2000, "settle_s": 0.1, "restore_after_s": 0.3}
+
+    def gpu(ledger: str) -> dict[str, Any]:
+        ledger_dir = tmp_path / ledger
+        ledger_dir.mkdir()
+        return {
+            "probe": "sim",
+            "poll_interval_s": 0.05,
+            "sim": {"ledger_dir": str(ledger_dir)},
+            "auto_yield": auto,
+        }
+
+    hosts = {"node-c": {**NODE_C["node-c"], "gpu": gpu("ledger-c")}}
+    backends = {
+        "a": lazy(port_a, models=["model-a"]),
+        "c": on_node_c(port_c, models=["model-c"]),
+    }
+    async with lifecycle_gateway(
+        backends, runtimes, tmp_path, hosts=hosts, gpu=gpu("ledger-local")
+    ) as gw:
+
+        async def node_c_yield() -> dict[str, Any] | None:
+            state: dict[str, Any] = (await gw.client.get("/vram/yield?host=node-c")).json()
+            return state if state["state"] == "yielded" else None
+
+        async def node_c_restored() -> bool:
+            state = (await gw.client.get("/vram/yield?host=node-c")).json()
+            return bool(state["state"] == "none")
+
+        game = LedgerWriter(tmp_path / "ledger-c", pid=os.getpid(), gpus=[0], model="g", port=None)
+        game.set_mib(4000)  # on node-c, not managed by the gateway
+        held = await until(node_c_yield, timeout_s=10, what="node-c's automatic yield")
+        assert held["reason"] == "auto: foreign GPU memory"
+        assert held["host"] == "node-c"
+        assert held["blocked"] == ["c"]
+        events = (await gw.client.get("/status")).json()["events"]
+        auto_yields = [e for e in events if e["kind"] == "auto_yield"]
+        assert [(e["host"], e["foreign_mib"]) for e in auto_yields] == [("node-c", 4000)]
+        game.remove()
+        await until(node_c_restored, timeout_s=10, what="node-c's automatic restore")
+        # The local host, polled as often with the same settings, saw no foreign memory.
+        assert (await gw.client.get("/vram/yield")).json()["state"] == "none"
+        kinds = [
+            (e["kind"], e.get("host")) for e in (await gw.client.get("/status")).json()["events"]
+        ]
+        assert ("auto_yield", "local") not in kinds
+        assert ("auto_restore", "node-c") in kinds
+        assert (await gw.client.post("/v1/chat/completions", json=chat("model-c"))).is_success
