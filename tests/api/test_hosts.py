@@ -257,6 +257,11 @@ async def test_the_zones_listing_of_node_c_shows_its_gpu_and_zones(tmp_path: Pat
         unknown = await gw.client.get("/vram/zones?host=node-x")
         assert unknown.status_code == 400
         assert "node-x" in unknown.json()["error"]["message"]
+        assert (await gw.client.post("/vram/zones/z/release")).status_code == 200
+        events = (await gw.client.get("/status")).json()["events"]
+        zone_events = [(e["kind"], e["host"], e.get("gpu"))
+                       for e in events if e["kind"].startswith("zone_")]  # fmt: skip
+        assert zone_events == [("zone_granted", "node-c", 0), ("zone_released", "node-c", None)]
 
 
 async def test_a_host_without_a_probe_admits_anything(tmp_path: Path) -> None:
