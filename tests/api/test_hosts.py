@@ -384,3 +384,40 @@ async def test_a_game_on_node_c_makes_node_c_yield_by_itself_and_not_local(
         assert ("auto_yield", "local") not in kinds
         assert ("auto_restore", "node-c") in kinds
         assert (await gw.client.post("/v1/chat/completions", json=chat("model-c"))).is_success
+
+
+async def test_a_yield_on_node_c_survives_a_restart_and_keeps_only_its_pinned_down(
+    tmp_path: Path,
+) -> None:
+    port_p, port_pc = free_port(), free_port()
+    backends = {
+        "p": pinned(port_p, models=["model-p"]),
+        "pc": pinned(
+            port_pc,
+            models=["model-pc"],
+            host="node-c",
+            runtime={"kind": "docker", "container": "vllm-pc"},
+        ),
+    }
+    first = runtimes_for(p=port_p, pc=port_pc)
+    async with lifecycle_gateway(backends, first, tmp_path, hosts=NODE_C) as gw:
+        await until_backend(gw, "pc", state="ready")
+        body = {"host": "node-c", "include_pinned": True, "reason": "game"}
+        assert (await gw.client.post("/vram/yield", json=body)).json()["stopped"] == ["pc"]
+    saved = json.loads((tmp_path / "var" / "state.json").read_text())
+    assert [z["name"] for z in saved["zones@node-c"]] == ["yield"]
+    assert saved.get("zones", []) == []
+
+    second = runtimes_for(p=port_p, pc=port_pc)
+    async with lifecycle_gateway(backends, second, tmp_path, hosts=NODE_C) as gw:
+        await until_backend(gw, "p", state="ready")  # the local pinned one comes up
+        bring_up = gw.app.state.services.supervisor._start_tasks
+        await until(lambda: all(t.done() for t in bring_up), what="the bring-up of both")
+        held = (await gw.client.get("/vram/yield?host=node-c")).json()
+        assert (held["state"], held["reason"]) == ("yielded", "game")
+        assert (await gw.client.get("/vram/yield")).json()["state"] == "none"
+        assert second["pc"].starts == 0  # bring-up left it down for the yield
+        assert (await backend_state(gw, "pc"))["state"] == "stopped"
+        restored = await gw.client.post("/vram/restore", json={"host": "node-c"})
+        assert restored.json()["back"] == ["pc"]
+        await until_backend(gw, "pc", state="ready")
