@@ -471,18 +471,11 @@ class VramArbiter:
                     backend.unblock(draft.block_key)  # what it stopped wakes on demand
                 raise
             after = free_mib(last, gpu) if stopped else before
-            logger.info(
-                "zone granted zone=%s holder=%s mib=%d gpu=%d stopped=%s",
-                name,
-                holder,
-                mib,
-                gpu,
-                ",".join(stopped) or "-",
-            )
+            logger.info("zone granted host=%s zone=%s holder=%s mib=%d gpu=%d stopped=%s",
+                        self.host, name, holder, mib, gpu, ",".join(stopped) or "-")  # fmt: skip
             if self._events is not None:
-                self._events.record(
-                    "zone_granted", zone=name, holder=holder, mib=mib, gpu=gpu, stopped=stopped
-                )
+                self._events.record("zone_granted", host=self.host, zone=name, holder=holder,
+                                    mib=mib, gpu=gpu, stopped=stopped)  # fmt: skip
             return ZoneGrant(zone, after - before, renewed=False)
 
     def release_zone(self, name: str) -> Zone:
@@ -521,9 +514,10 @@ class VramArbiter:
                 backend = self._backends.get(name)
                 if backend is not None:
                     backend.unblock(zone.block_key)
-            logger.info("zone %s zone=%s holder=%s", why, zone.name, zone.holder)
+            logger.info("zone %s host=%s zone=%s holder=%s", why, self.host, zone.name, zone.holder)
             if self._events is not None and zone.kind == "zone":
-                self._events.record(f"zone_{why}", zone=zone.name, holder=zone.holder)
+                self._events.record(f"zone_{why}", host=self.host, zone=zone.name,
+                                    holder=zone.holder)  # fmt: skip
         if self._events is not None:
             self._events.changed()
 

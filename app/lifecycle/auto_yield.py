@@ -109,10 +109,11 @@ class AutoYield:
         decision = self.policy.decide(now, foreign, self._yield.current)
         if decision is None:
             return None
-        self._events.record(f"auto_{decision.action}", gpu=decision.gpu,
+        host = self._arbiter.host
+        self._events.record(f"auto_{decision.action}", host=host, gpu=decision.gpu,
                             foreign_mib=decision.foreign_mib)  # fmt: skip
-        logger.info("auto %s gpu=%d foreign_mib=%d", decision.action, decision.gpu,
-                    decision.foreign_mib)  # fmt: skip
+        logger.info("auto %s host=%s gpu=%d foreign_mib=%d", decision.action, host,
+                    decision.gpu, decision.foreign_mib)  # fmt: skip
         try:
             if decision.action == "yield":
                 request = YieldRequest(

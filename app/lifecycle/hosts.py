@@ -48,7 +48,8 @@ class Hosts(Mapping[str, Host]):
     def __init__(self, hosts: Mapping[str, Host]) -> None:
         self._hosts = dict(hosts)
         assert LOCAL_HOST in self._hosts
-        self._acquiring: dict[str, Host] = {}  # zone name -> the host granting it now
+        # zone name -> the host granting it now, and how many grants of it are running
+        self._acquiring: dict[str, tuple[Host, int]] = {}
 
     def __getitem__(self, name: str) -> Host:
         return self._hosts[name]
@@ -92,19 +93,23 @@ class Hosts(Mapping[str, Host]):
                     f"{held.describe()} is already held on host {host.name!r}; zone names "
                     "are unique across hosts: release it first or pick another name"
                 )
-        granting = self._acquiring.get(zone)
-        if granting is not None and granting is not on:
+        granting, running = self._acquiring.get(zone, (on, 0))
+        if granting is not on:
             raise Conflict(
                 f"VRAM zone {zone!r} is being granted on host {granting.name!r}; zone names "
                 "are unique across hosts"
             )
-        first = granting is None
-        self._acquiring[zone] = on
+        # Counted: two grants on one host may overlap, and the name stays theirs until
+        # the last one ends (not the first, which may end first by being refused).
+        self._acquiring[zone] = (on, running + 1)
         try:
             yield
         finally:
-            if first:
+            host, running = self._acquiring[zone]
+            if running == 1:
                 del self._acquiring[zone]
+            else:
+                self._acquiring[zone] = (host, running - 1)
 
     def zones(self) -> list[Zone]:
         return [zone for host in self._hosts.values() for zone in host.arbiter.zones.values()]

@@ -37,4 +37,4 @@ async def test_bad_admin_bodies_get_a_clear_400() -> None:
         missing = await gw.client.post("/vram/zones/img/acquire", content=b"")
         assert missing.status_code == 400
         assert "mib and holder" in missing.json()["error"]["message"]
-        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}

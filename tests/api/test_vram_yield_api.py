@@ -188,7 +188,7 @@ async def test_a_yield_frees_what_the_stopped_and_slept_backends_held(tmp_path: 
         assert restored["state"] == "restored"
         assert restored["back"] == []
         assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
-        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}
         # Lazy ones come back on their next request: the sleeping one is woken, not started.
         embed_starts = rig.runtimes["embed"].starts
         await wake_all(gw)
@@ -313,7 +313,7 @@ async def test_a_yield_ends_by_itself_after_its_ttl(tmp_path: Path) -> None:
         ).json()
         assert body["stopped"] == ["orchestrator"]
         await until_backend(gw, "orchestrator", state="ready")  # restarted by the expiry
-        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}
         metrics = (await gw.client.get("/metrics")).text
         assert 'microscheduler_vram_yields_total{host="local",outcome="expired"} 1.0' in metrics
         events = (await gw.client.get("/status")).json()["events"]
@@ -340,7 +340,7 @@ async def test_bad_yield_requests_are_refused_in_openais_error_shape(tmp_path: P
             response = await gw.client.post("/vram/yield", json=body)
             assert response.status_code in (400, 422), body
             assert response.json()["error"]["message"], body
-        assert (await gw.client.get("/vram/yield")).json() == {"state": "none"}
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}
         conflict = await gw.client.post("/vram/zones/yield/release")
         assert conflict.status_code == 409
 
