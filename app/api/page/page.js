@@ -232,7 +232,7 @@ function renderGpus() {
 function hostHead(host) {
   const gpu = host.gpu;
   const age = gpu.age_s === null || gpu.age_s === undefined ? "" : `, ${Math.round(gpu.age_s)} s old`;
-  const probe = host.probe === "none" ? ["off", "no GPU telemetry"]
+  const probe = host.probe === "none" ? ["off", "off"]
     : !gpu.up ? ["down", `down: ${gpu.error || "no sample yet"}`]
     : gpu.stale ? ["stale", `stale${age}`] : ["up", "up"];
   const y = host.holds.yield;
