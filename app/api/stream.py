@@ -2,7 +2,8 @@
 
 First a `snapshot` event (the whole `/status` document), then on every change an event
 named for what changed: `backends`, `gpu`, `holds`, `profile`, `fallback`, `keys` (the section,
-whole), and `event` (one new entry of the event log, with its `seq`). A comment
+whole), `hosts` when models.yaml has `hosts:` (every host's GPUs and holds, the local one's
+also in `gpu` and `holds`), and `event` (one new entry of the event log, with its `seq`). A comment
 `: keep-alive` comes every 15 s of quiet. State sections are pushed at most every
 `MIN_INTERVAL_S`: a burst of changes (requests starting and ending) becomes one push.
 
@@ -57,7 +58,9 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
     try:
         status = status_view(services)
         sub.take()  # the snapshot holds every event so far: send only later ones
-        sent = {section: status[section] for section in SECTIONS}
+        # `hosts` only when there is another host: the local one is `gpu` and `holds` already.
+        sections = SECTIONS if len(services.hosts) == 1 else (*SECTIONS, "hosts")
+        sent = {section: status[section] for section in sections}
         yield sse("snapshot", status)
         while True:
             try:
@@ -75,7 +78,7 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
             for event in sub.take():
                 yield sse("event", event)
             status = status_view(services)
-            for section in SECTIONS:
+            for section in sections:
                 if status[section] != sent[section]:
                     sent[section] = status[section]
                     yield sse(section, status[section])

@@ -2,6 +2,7 @@
 
     microscheduler yield                      # free the GPU; restore later by hand
     microscheduler yield -- %command%         # Steam launch option: free, play, restore
+    microscheduler yield --host node-c        # the GPU of another machine of `hosts:`
 
 `yield` asks the gateway (`POST /vram/yield`), which drains and stops (or puts to sleep)
 the yieldable backends and answers once the probe shows the memory free. With
@@ -12,6 +13,9 @@ With a command, it runs the command once the memory is free and restores when th
 command ends, whatever the end: its own exit, a crash, Ctrl-C (the command gets it too,
 as the terminal sends it to both), or SIGTERM to this process (passed on to the command).
 The exit code is the command's (128 + N for a signal N), 127 when it cannot be started.
+
+`--host NAME` (both commands) acts on the GPU of that machine of models.yaml `hosts:`
+instead of the gateway's own (`local`); the output names it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from app.cli.gateway import (
     reported,
     url_of,
 )
+from app.settings import LOCAL_HOST
 
 # The gateway drains requests in flight before it stops a backend: give it time.
 YIELD_TIMEOUT_S = 900.0
@@ -61,6 +66,7 @@ def add_gaming_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         help="restore by itself after S seconds (default: when restored)",
     )  # fmt: skip
     take.add_argument("--reason", default="gaming", help="shown in /status (default gaming)")
+    _add_host_option(take)
     take.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
         help="run it once the memory is free, restore when it ends (exit code: its own)",
@@ -69,7 +75,20 @@ def add_gaming_commands(subparsers: argparse._SubParsersAction[argparse.Argument
 
     restore = subparsers.add_parser("restore", help="end the yield: bring the models back")
     add_url_option(restore)
+    _add_host_option(restore)
     restore.set_defaults(func=run_restore)
+
+
+def _add_host_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default=None, metavar="NAME",
+        help="the machine of models.yaml hosts: whose GPU (default: the gateway's own, local)",
+    )  # fmt: skip
+
+
+def _on(host: Any) -> str:
+    """' on node-c' for another host, '' for the local one (the output as without hosts:)."""
+    return "" if host in (None, LOCAL_HOST) else f" on {host}"
 
 
 # -- output --------------------------------------------------------------------------------
@@ -81,9 +100,12 @@ def _names(items: Any) -> str:
 
 def yield_summary(body: JsonDict) -> str:
     freed, free = body.get("freed_mib"), body.get("free_mib")
+    gpu = f"GPU {body.get('gpu', 0)}"
+    if _on(body.get("host")):
+        gpu = f"{body['host']} {gpu}"  # as the gateway names it: "node-c GPU 0"
     lines = [
         "yielded" + (" (already held)" if body.get("already") else "")
-        + f" for {body.get('reason')!r} on GPU {body.get('gpu', 0)}: "
+        + f" for {body.get('reason')!r} on {gpu}: "
         + (f"freed {freed:,} MiB, " if freed is not None else "")
         + (f"{free:,} MiB free" if free is not None else "free memory unknown (no GPU probe)"),
         f"stopped: {_names(body.get('stopped'))}; slept: {_names(body.get('slept'))}",
@@ -96,27 +118,32 @@ def yield_summary(body: JsonDict) -> str:
 
 
 def restore_summary(body: JsonDict) -> str:
+    where = _on(body.get("host"))
     if not body.get("restored"):
-        return "no yield was held: nothing to restore"
+        return f"no yield was held{where}: nothing to restore"
     return (
-        f"restored: back {_names(body.get('back'))}; starting {_names(body.get('starting'))}; "
+        f"restored{where}: back {_names(body.get('back'))}; "
+        f"starting {_names(body.get('starting'))}; "
         f"on demand {_names(body.get('on_demand'))}"
         + ("; failed " + "; ".join(f"{k}: {v}" for k, v in body["failed"].items())
            if body.get("failed") else "")
     )  # fmt: skip
 
 
-def _holders(url: str) -> str:
-    """What still uses the GPU, from /status: backends holding memory and other processes."""
+def _holders(url: str, host: str | None) -> str:
+    """What still uses the host's GPU, from /status: backends holding memory and other
+    processes."""
     try:
         status = call("GET", url, "/status", timeout=10)
     except (Unreachable, GatewayRefused):
         return "(the status could not be read)"
+    name = host or LOCAL_HOST
+    gpu = next((h["gpu"] for h in status.get("hosts", []) if h.get("name") == name), None)
     lines = []
-    for gpu in status.get("gpu", {}).get("gpus", []):
-        lines.append(f"GPU {gpu['index']}: {gpu['used_mib']:,} of {gpu['total_mib']:,} MiB used")
+    for g in (status.get("gpu", {}) if gpu is None else gpu).get("gpus", []):
+        lines.append(f"GPU {g['index']}: {g['used_mib']:,} of {g['total_mib']:,} MiB used")
     for backend in status.get("backends", []):
-        if backend.get("holds_vram"):
+        if backend.get("holds_vram") and backend.get("host", LOCAL_HOST) == name:
             why = "; ".join(backend.get("blocked_by") or []) or backend.get("state")
             lines.append(f"  {backend['name']} still holds memory ({why})")
     return "\n".join(lines)
@@ -128,7 +155,7 @@ def _holders(url: str) -> str:
 def run_restore(args: argparse.Namespace) -> int:
     url = url_of(args)
     try:
-        body = call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S)
+        body = call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(args.host))
     except (Unreachable, GatewayRefused) as exc:
         return reported("restore", exc)
     print(restore_summary(body))
@@ -145,6 +172,7 @@ def run_yield(args: argparse.Namespace) -> int:
         request["min_free_mib"] = args.min_free_mib
     if args.ttl is not None:
         request["ttl_s"] = args.ttl
+    request.update(_host(args.host) or {})
     try:
         body = call("POST", url, "/vram/yield", timeout=YIELD_TIMEOUT_S, body=request)
     except (Unreachable, GatewayRefused) as exc:
@@ -153,27 +181,37 @@ def run_yield(args: argparse.Namespace) -> int:
     if body.get("met") is False:
         error(
             "yield",
-            f"only {body.get('free_mib'):,} MiB free, not the {args.min_free_mib:,} MiB asked "
+            f"only {body.get('free_mib'):,} MiB free{_on(body.get('host'))}, not the "
+            f"{args.min_free_mib:,} MiB asked "
             "for; what holds it:",
         )
-        print(_holders(url), file=sys.stderr)
-        _restore_quietly(url)
+        print(_holders(url, args.host), file=sys.stderr)
+        _restore_quietly(url, args.host)
         return FAILED
     if not command:
-        print("restore with: microscheduler restore")
+        print(f"restore with: {_restore_command(args.host)}")
         return OK
     try:
-        return _run_then_restore(command, url)
+        return _run_then_restore(command, url, args.host)
     finally:
         sys.stdout.flush()
 
 
-def _run_then_restore(command: Sequence[str], url: str) -> int:
+def _host(host: str | None) -> JsonDict | None:
+    """The body naming the host (none: the gateway's default, the local one)."""
+    return None if host is None else {"host": host}
+
+
+def _restore_command(host: str | None) -> str:
+    return "microscheduler restore" + ("" if host is None else f" --host {host}")
+
+
+def _run_then_restore(command: Sequence[str], url: str, host: str | None) -> int:
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
         error("yield", f"cannot run {command[0]!r}: {exc.strerror or exc}")
-        _restore_quietly(url)
+        _restore_quietly(url, host)
         return 127
 
     def pass_on(signum: int, frame: FrameType | None) -> None:
@@ -189,14 +227,15 @@ def _run_then_restore(command: Sequence[str], url: str) -> int:
                 continue  # the terminal sent Ctrl-C to the command too: wait for its end
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _restore_quietly(url)
+        _restore_quietly(url, host)
     return 128 - code if code < 0 else code
 
 
-def _restore_quietly(url: str) -> None:
+def _restore_quietly(url: str, host: str | None) -> None:
     """Restore, saying what happened; a failure is printed, never raised (the command's
     exit code is what the caller returns)."""
     try:
-        print(restore_summary(call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S)))
+        body = call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(host))
+        print(restore_summary(body))
     except (Unreachable, GatewayRefused) as exc:
-        error("yield", f"the restore failed: {exc}; run: microscheduler restore")
+        error("yield", f"the restore failed: {exc}; run: {_restore_command(host)}")

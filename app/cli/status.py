@@ -1,5 +1,8 @@
 """`microscheduler status [--watch]`: the gateway's GPUs and backends as a compact table.
 
+With models.yaml `hosts:`, the GPUs, the yields and the zones of every host, and a host
+column for the backends.
+
 `--watch` follows `GET /status/stream` and prints the table again on every change (in
 place on a terminal) until Ctrl-C.
 """
@@ -46,6 +49,9 @@ def _mib(value: Any) -> str:
 
 
 def render(status: JsonDict, url: str) -> str:
+    hosts = status.get("hosts") or []
+    if len(hosts) > 1:
+        return _render_hosts(status, hosts, url)
     lines = [f"gateway {url}"]
     gpu = status.get("gpu", {})
     if gpu.get("gpus"):
@@ -71,6 +77,59 @@ def render(status: JsonDict, url: str) -> str:
         why = "; ".join(x for x in reasons if x)
         rows.append([b["name"], b["state"], b["lifecycle"], str(b["in_flight"]),
                      str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
+    lines.append("")
+    lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _probe_state(host: JsonDict) -> str:
+    gpu = host.get("gpu", {})
+    if host.get("probe") == "none":
+        return "none"
+    if not gpu.get("up"):
+        return f"{host.get('probe')} (down)"
+    return f"{host.get('probe')} (stale)" if gpu.get("stale") else str(host.get("probe"))
+
+
+def _render_hosts(status: JsonDict, hosts: list[JsonDict], url: str) -> str:
+    """`render` with more than one host: a GPU table with a host column (each host's probe,
+    down or stale), each host's yield and zones, the host of each backend."""
+    lines = [f"gateway {url}"]
+    rows = [["host", "probe", "GPU", "name", "used MiB", "total MiB", "free MiB"]]
+    blind = []
+    for host in hosts:
+        gpus = host.get("gpu", {}).get("gpus") or []
+        for g in gpus:
+            used, total, free = (_mib(g[k]) for k in ("used_mib", "total_mib", "free_mib"))
+            rows.append(
+                [host["name"], _probe_state(host), str(g["index"]), g["name"], used, total, free]
+            )
+        if not gpus:
+            why = host.get("gpu", {}).get("error") or "no telemetry (gpu.probe: none)"
+            blind.append(f"host {host['name']}: GPU: {why}")
+    if len(rows) > 1:
+        lines += _table(rows)
+    lines += blind
+    for host in hosts:
+        held = host.get("holds", {}).get("yield", {})
+        if held.get("state") == "yielded":
+            lines.append(
+                f"yield on {host['name']}: held for {held.get('reason')!r}, "
+                f"{_mib(held.get('free_mib'))} MiB free"
+            )
+        for zone in host.get("holds", {}).get("zones", []):
+            lines.append(
+                f"zone {zone['zone']} on {host['name']}: {_mib(zone['mib'])} MiB "
+                f"for {zone['holder']}"
+            )
+    rows = [["backend", "host", "state", "lifecycle", "in flight", "waiting", "VRAM MiB", "why"]]
+    for b in status.get("backends", []):
+        vram = b.get("vram", {})
+        mib = vram.get("measured_mib") or vram.get("admission_mib")
+        reasons = [b.get("starting"), b.get("reason"), *(b.get("blocked_by") or [])]
+        why = "; ".join(x for x in reasons if x)
+        rows.append([b["name"], b.get("host") or "cluster", b["state"], b["lifecycle"],
+                     str(b["in_flight"]), str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
     lines.append("")
     lines += _table(rows)
     return "\n".join(lines)

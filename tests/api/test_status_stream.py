@@ -7,8 +7,10 @@ through a real server and a browser.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -185,3 +187,50 @@ async def test_the_page_is_served_and_the_root_leads_there() -> None:
         assert script.headers["content-type"].startswith("text/javascript")
         assert "/status/stream" in script.text
         assert (await gw.client.get("/favicon.ico")).status_code == 204
+
+
+async def test_with_hosts_a_yield_on_another_host_pushes_the_hosts_section(
+    fast_stream: None, tmp_path: Path
+) -> None:
+    hosts = {"node-c": {"docker": {"url": "http://node-c:2375"}, "gpu": {"probe": "sim"}}}
+    port = free_port()
+    backends = {"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"], "host": "node-c",
+                      "runtime": {"kind": "external"}}}  # fmt: skip
+    settings = gateway_settings(backends, hosts=hosts, state_dir=tmp_path / "var")
+    async with gateway(settings) as gw:
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        name, snapshot = await next_event(messages)
+        assert [h["name"] for h in snapshot["hosts"]] == ["local", "node-c"]
+        yielded = await gw.client.post("/vram/yield", json={"host": "node-c", "reason": "x"})
+        assert yielded.status_code == 200, yielded.text
+        async with asyncio.timeout(10):  # node-c's yield is in no other section
+            while True:
+                name, data = await next_event(messages, skip=("event", "backends", "gpu", "holds"))
+                assert name == "hosts"
+                if data[1]["holds"]["yield"]["state"] == "yielded":
+                    break
+        assert data[0]["holds"]["yield"]["state"] == "none"
+        await messages.aclose()
+
+
+async def test_with_the_local_host_only_no_hosts_section_is_pushed(fast_stream: None) -> None:
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["m"])
+    backends = {
+        "b": {"url": f"http://127.0.0.1:{port}", "models": ["m"], "lifecycle": "lazy",
+              "vram_mib": 1000, "runtime": {"kind": "process", "command": ["unused"]}}
+    }  # fmt: skip
+    async with gateway(
+        gateway_settings(backends), seams=Seams(runtime_factory=lambda n, c: runtime)
+    ) as gw:
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        assert (await next_event(messages))[0] == "snapshot"
+        assert (await gw.client.post("/vram/yield", json={"reason": "x"})).status_code == 200
+        name, holds = await next_event(messages, skip=("event", "backends", "gpu"))
+        assert (name, holds["yield"]["state"]) == ("holds", "yielded")
+        await gw.client.post("/vram/restore")
+        name, holds = await next_event(messages, skip=("event", "backends", "gpu"))
+        assert (name, holds["yield"]["state"]) == ("holds", "none")
+        await messages.aclose()

@@ -19,7 +19,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.fakes.processes import ROOT, GatewayProcess, gateway_process, sim_gpu_models
+from tests.fakes.processes import (
+    ROOT,
+    GatewayProcess,
+    fake_vllm_process,
+    gateway_process,
+    sim_gpu_models,
+    two_host_models,
+)
 
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 
@@ -82,6 +89,10 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
         )
         expect(gpu.locator('[data-segment="pinned"]')).to_have_count(1)
         expect(gpu.locator('[data-segment="lazy"]')).to_have_count(0)
+        # One machine: no host headings, no host column.
+        expect(page.locator('[data-testid^="host-"]')).to_have_count(0)
+        expect(page.locator('th[data-column="host"]')).to_be_hidden()
+        expect(pinned.locator('[data-field="host"]')).to_have_count(0)
 
         # A request from outside wakes the lazy backend: the page follows, no reload.
         answer: dict[str, Any] = {}
@@ -208,3 +219,67 @@ def test_the_page_shows_each_client_key_and_what_its_limits_refused(tmp_path: Pa
         assert "sk-agents-page" not in text
         assert "sk-family-page" not in text
         browser.close()
+
+
+def test_with_two_hosts_the_page_shows_each_hosts_gpus_and_yields_one(tmp_path: Path) -> None:
+    sync_api, chromium = _require_browser()
+    problems: list[str] = []
+    with (
+        fake_vllm_process("remote-model") as remote_url,
+        gateway_process(two_host_models(tmp_path / "ledger", remote_url), wait_ready=True) as gw,
+        sync_api.sync_playwright() as playwright,
+    ):
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+        page.on(
+            "console",
+            lambda msg: (
+                problems.append(f"console {msg.type}: {msg.text}")
+                if msg.type in ("error", "warning")
+                else None
+            ),
+        )
+        expect = sync_api.expect
+        page.goto(gw.url + "/ui")
+        local = page.locator('[data-testid="host-local"]')
+        node_c = page.locator('[data-testid="host-node-c"]')
+        expect(node_c.locator(".host-head")).to_contain_text("node-c")
+        expect(node_c.locator(".host-head")).to_contain_text("probe sim")
+        expect(node_c.locator('[data-field="probe-state"]')).to_have_text("up")
+        expect(local.locator('[data-field="probe-state"]')).to_have_text("up")
+        # Each host's GPU 0 shows its own backends only.
+        remote_gpu = node_c.locator('[data-testid="gpu-0"]')
+        expect(remote_gpu).to_contain_text("12,000 MiB (placed)")  # of 32 GiB
+        expect(remote_gpu).to_contain_text("11.7 GiB used of 32.0 GiB")
+        expect(remote_gpu.locator('[data-segment="remote"]')).to_have_count(1)
+        expect(remote_gpu.locator('[data-segment="pinned"]')).to_have_count(0)
+        local_gpu = local.locator('[data-testid="gpu-0"]')
+        expect(local_gpu).to_contain_text("of 24.0 GiB")
+        expect(local_gpu.locator('[data-segment="pinned"]')).to_have_count(1)
+        expect(local_gpu.locator('[data-segment="remote"]')).to_have_count(0)
+        # The host column.
+        expect(page.locator('th[data-column="host"]')).to_be_visible()
+        backend = page.locator('[data-testid="backend-remote"]')
+        expect(backend.locator('[data-field="host"]')).to_have_text("node-c")
+        expect(page.locator('[data-testid="backend-pinned"] [data-field="host"]')).to_have_text(
+            "local"
+        )
+        expect(page.locator("#gaming-host")).to_be_visible()
+
+        # Yield node-c's GPU from its heading: the stream pushes node-c's holds; the local
+        # host keeps its models.
+        node_c.locator('[data-action="yield-host"]').click()
+        expect(node_c.locator('[data-field="yield"]')).to_contain_text("yielded (control page)")
+        expect(local.locator('[data-field="yield"]')).to_have_text("no yield")
+        expect(page.locator('[data-testid="yield-state"]')).not_to_contain_text("yielded")
+        assert httpx.get(gw.url + "/vram/yield?host=node-c").json()["state"] == "yielded"
+        assert httpx.get(gw.url + "/vram/yield").json()["state"] == "none"
+        page.screenshot(path="/tmp/hosts-page.png", full_page=True)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "control-page-hosts.png"), full_page=True)
+        node_c.locator('[data-action="restore-host"]').click()
+        expect(node_c.locator('[data-field="yield"]')).to_have_text("no yield")
+        assert httpx.get(gw.url + "/vram/yield?host=node-c").json()["state"] == "none"
+        browser.close()
+    assert problems == [], "\n".join(problems)

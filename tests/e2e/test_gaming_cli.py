@@ -17,9 +17,11 @@ import pytest
 from tests.fakes.processes import (
     ROOT,
     GatewayProcess,
+    fake_vllm_process,
     free_port,
     gateway_process,
     sim_gpu_models,
+    two_host_models,
 )
 from tests.fakes.waits import until_sync
 
@@ -186,3 +188,102 @@ def test_ctrl_c_ends_the_game_and_the_gpu_is_restored(
     assert proc.returncode == 130, err
     assert "restored" in out
     assert yield_state(gateway) == "none"
+
+
+# -- hosts: the local machine and node-c -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Local: pinned (8,000 MiB) and lazy on 24 GiB; node-c: remote (12,000 MiB) on 32 GiB."""
+    ledger = tmp_path_factory.mktemp("hosts") / "ledger"
+    with (
+        fake_vllm_process("remote-model") as remote_url,
+        gateway_process(two_host_models(ledger, remote_url), wait_ready=True) as gw,
+    ):
+        yield gw
+
+
+def held_on(gw: GatewayProcess, host: str) -> str:
+    state: str = httpx.get(gw.url + "/vram/yield", params={"host": host}).json()["state"]
+    return state
+
+
+def test_yield_and_restore_another_host_and_status_shows_each_host(
+    two_hosts: GatewayProcess,
+) -> None:
+    status = cli("status", url=two_hosts.url)
+    assert status.returncode == 0, status.stderr
+    rows = [line.split() for line in status.stdout.splitlines()]
+    assert ["host", "probe", "GPU", "name", "used", "MiB", "total", "MiB", "free", "MiB"] in rows
+    assert ["local", "sim", "0", "Simulated", "GPU", "8,000", "24,576", "16,576"] in rows
+    assert ["node-c", "sim", "0", "Simulated", "GPU", "12,000", "32,768", "20,768"] in rows
+    remote = next(r for r in rows if r[:1] == ["remote"])
+    assert remote[:7] == ["remote", "node-c", "ready", "pinned", "0", "0", "12,000"]
+    assert next(r for r in rows if r[:1] == ["pinned"])[:3] == ["pinned", "local", "ready"]
+    assert "yield" not in status.stdout
+
+    done = cli("yield", "--host", "node-c", "--reason", "render", url=two_hosts.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "yielded for 'render' on node-c GPU 0: freed 0 MiB, 20,768 MiB free",
+        "stopped: -; slept: -",
+        "restore with: microscheduler restore --host node-c",
+    ]
+    assert (held_on(two_hosts, "node-c"), yield_state(two_hosts)) == ("yielded", "none")
+    assert backend_state(two_hosts, "pinned") == "ready"  # the local host's models stay
+    status = cli("status", url=two_hosts.url)
+    assert "yield on node-c: held for 'render', 20,768 MiB free" in status.stdout
+
+    restored = cli("restore", "--host", "node-c", url=two_hosts.url)
+    assert (restored.returncode, restored.stdout.strip()) == (
+        0,
+        "restored on node-c: back -; starting -; on demand -",
+    )
+    again = cli("restore", "--host", "node-c", url=two_hosts.url)
+    assert again.stdout.strip() == "no yield was held on node-c: nothing to restore"
+    assert held_on(two_hosts, "node-c") == "none"
+
+
+def test_yield_on_another_host_runs_the_game_and_restores_that_host(
+    two_hosts: GatewayProcess, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen.json"
+    game = (
+        "import json, sys, urllib.request\n"
+        "with urllib.request.urlopen(sys.argv[1]) as answer:\n"
+        "    open(sys.argv[2], 'w').write(answer.read().decode())\n"
+    )
+    done = cli(
+        "yield", "--host", "node-c", "--",
+        sys.executable, "-c", game, two_hosts.url + "/vram/yield?host=node-c", str(seen),
+        url=two_hosts.url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    held = json.loads(seen.read_text())
+    assert (held["state"], held["host"], held["reason"]) == ("yielded", "node-c", "gaming")
+    assert "restored on node-c: back -" in done.stdout
+    assert held_on(two_hosts, "node-c") == "none"
+
+
+def test_a_yield_on_another_host_that_cannot_free_enough_names_that_hosts_holders(
+    two_hosts: GatewayProcess,
+) -> None:
+    done = cli("yield", "--host", "node-c", "--min-free-mib", "30000", "--", "true",
+               url=two_hosts.url)  # fmt: skip
+    assert done.returncode == 1
+    assert "only 20,768 MiB free on node-c, not the 30,000 MiB asked for" in done.stderr
+    assert "GPU 0: 12,000 of 32,768 MiB used" in done.stderr
+    assert "remote still holds memory" in done.stderr
+    assert "pinned" not in done.stderr  # the local host's backend holds nothing there
+    assert "no yield was held on node-c" not in done.stdout
+    assert "restored on node-c" in done.stdout
+    assert held_on(two_hosts, "node-c") == "none"
+
+
+def test_an_unknown_host_is_refused_naming_the_known_ones(two_hosts: GatewayProcess) -> None:
+    for command in (["yield", "--host", "node-x"], ["restore", "--host", "node-x"]):
+        done = cli(*command, url=two_hosts.url)
+        assert done.returncode == 1, done.stderr
+        assert f"error: {command[0]}: " in done.stderr
+        assert "no host 'node-x' (hosts: local, node-c)" in done.stderr

@@ -154,3 +154,16 @@ def sim_gpu_models(ledger: Path, *, pinned_mib: int = 8000, lazy_mib: int = 6000
                      "runtime": fake(lazy, "lazy-model", lazy_mib)},
         },
     }  # fmt: skip
+
+
+def two_host_models(ledger: Path, remote_url: str, *, remote_mib: int = 12000) -> dict[str, Any]:
+    """`sim_gpu_models` and a second machine, `node-c`, with a simulated 32 GiB GPU of its
+    own, where the backend `remote` (an external fake vLLM at `remote_url`, serving
+    remote-model) holds `remote_mib`, as placed (node-c's GPU has no ledger)."""
+    models = sim_gpu_models(ledger)
+    models["hosts"] = {"node-c": {"gpu": {"probe": "sim", "poll_interval_s": 0.5}}}
+    models["backends"]["remote"] = {
+        "url": remote_url, "models": ["remote-model"], "host": "node-c",
+        "vram_mib": remote_mib, "runtime": {"kind": "external"},
+    }  # fmt: skip
+    return models

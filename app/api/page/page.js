@@ -86,7 +86,8 @@ async function act(label, method, path, body) {
   }
 }
 
-function yieldNow() {
+function yieldNow(host) {
+  // The local host's GPU unless `host` names another; the options are the yield section's.
   const body = {
     reason: "control page",
     include_pinned: $('[data-field="include-pinned"]').checked,
@@ -95,7 +96,12 @@ function yieldNow() {
   if (ttl > 0) body.ttl_s = ttl;
   const minFree = $('[data-field="min-free"]').value;
   if (minFree !== "") body.min_free_mib = Number(minFree);
-  return act("Yield", "POST", "/vram/yield", body);
+  if (host) body.host = host;
+  return act(host ? `Yield ${host}` : "Yield", "POST", "/vram/yield", body);
+}
+
+function restore(host) {
+  return host ? act(`Restore ${host}`, "POST", "/vram/restore", { host }) : act("Restore", "POST", "/vram/restore");
 }
 
 // -- the stream ---------------------------------------------------------------------------
@@ -198,29 +204,68 @@ function render() {
   renderEvents();
 }
 
-function holdingOn(gpu) {
-  // Backends holding memory on this GPU: measured by the probe where it measured, else placed.
+// More than one machine (models.yaml `hosts:`): the GPUs and the backends say which.
+const manyHosts = () => (state.status.hosts || []).length > 1;
+
+function holdingOn(host, gpu) {
+  // Backends holding memory on this host's GPU: measured by the probe where it measured, else placed.
   return state.status.backends
-    .filter((b) => b.holds_vram && b.gpus.includes(gpu))
+    .filter((b) => b.holds_vram && b.host === host && b.gpus.includes(gpu))
     .map((b) => ({ name: b.name, mib: b.vram.measured_mib ?? b.vram.admission_mib ?? 0,
                    measured: b.vram.measured_mib !== null && b.vram.measured_mib !== undefined }));
 }
 
 function renderGpus() {
+  // One machine: its GPUs. More: each host under a heading (probe, state, yield, zones).
   const box = $("#gpus");
-  const gpu = state.status.gpu;
   box.replaceChildren();
-  if (!gpu.gpus.length) {
-    const why = gpu.source === "none" ? "no GPU telemetry (gpu.probe: none)" : (gpu.error || "no GPU sample yet");
-    box.append(el("p", { class: "muted", text: why }));
+  if (!manyHosts()) {
+    box.append(...gpuBars("local", state.status.gpu, state.status.holds));
     return;
   }
+  for (const host of state.status.hosts) {
+    box.append(el("div", { class: "host", "data-testid": `host-${host.name}` },
+      hostHead(host), ...gpuBars(host.name, host.gpu, host.holds)));
+  }
+}
+
+function hostHead(host) {
+  const gpu = host.gpu;
+  const age = gpu.age_s === null || gpu.age_s === undefined ? "" : `, ${Math.round(gpu.age_s)} s old`;
+  const probe = host.probe === "none" ? ["off", "off"]
+    : !gpu.up ? ["down", `down: ${gpu.error || "no sample yet"}`]
+    : gpu.stale ? ["stale", `stale${age}`] : ["up", "up"];
+  const y = host.holds.yield;
+  const yielded = y.state === "yielded";
+  const zones = host.holds.zones.map((z) => el("span", { class: "zone", "data-zone": z.zone },
+    `zone ${z.zone}: ${mib(z.mib)} on GPU ${z.gpu} for ${z.holder} `,
+    el("button", { "data-action": "release-zone", "data-zone": z.zone, text: "release",
+      onclick: () => act(`Release zone ${z.zone}`, "POST", `/vram/zones/${encodeURIComponent(z.zone)}/release`) })));
+  return el("div", { class: "host-head" },
+    el("b", { text: host.name }),
+    el("span", { class: "muted", text: `probe ${host.probe}` }),
+    el("span", { class: `pill probe-${probe[0]}`, "data-field": "probe-state", text: probe[1] }),
+    el("span", { class: yielded ? "held" : "muted", "data-field": "yield", text: yielded ? yieldText(y) : "no yield" }),
+    ...zones,
+    yielded
+      ? el("button", { "data-action": "restore-host", "data-host": host.name, text: "restore",
+        onclick: () => restore(host.name) })
+      : el("button", { "data-action": "yield-host", "data-host": host.name, text: "yield",
+        title: "with the options of the VRAM yield section", onclick: () => yieldNow(host.name) }));
+}
+
+function gpuBars(host, gpu, holds) {
+  // A bar per GPU of `host`: its backends, other processes, zones and the yield, free memory.
+  if (!gpu.gpus.length) {
+    const why = gpu.source === "none" ? "no GPU telemetry (gpu.probe: none)" : (gpu.error || "no GPU sample yet");
+    return [el("p", { class: "muted", text: why })];
+  }
+  const bars = [];
   for (const g of gpu.gpus) {
     const total = g.total_mib || 1;
-    const holders = holdingOn(g.index);
+    const holders = holdingOn(host, g.index);
     const mine = holders.reduce((sum, h) => sum + h.mib, 0);
     const others = Math.max(0, g.used_mib - mine);
-    const holds = state.status.holds;
     const held = [...holds.zones.filter((z) => z.gpu === g.index)
       .map((z) => ({ label: `zone ${z.zone} (${z.holder})`, mib: z.mib }))];
     if (holds.yield.state === "yielded" && holds.yield.gpu === g.index) {
@@ -251,21 +296,27 @@ function renderGpus() {
       el("span", {}, el("i", { style: "background:var(--other)" }), `other ${mib(others)}`),
       held.length ? el("span", {}, el("i", { class: "seg hold" }), `held ${mib(held.reduce((a, h) => a + h.mib, 0))}`) : null,
       el("span", {}, el("i", { style: "background:var(--free)" }), `free ${mib(g.free_mib)}`));
-    box.append(el("div", { class: "gpu", "data-testid": `gpu-${g.index}` },
+    bars.push(el("div", { class: "gpu", "data-testid": `gpu-${g.index}` },
       el("div", { class: "gpu-head" },
         el("b", { text: `GPU ${g.index}: ${g.name}` }),
         el("span", { text: `${gib(g.used_mib)} used of ${gib(g.total_mib)}${gpu.stale ? " (stale)" : ""}` })),
       bar, legend));
   }
+  return bars;
+}
+
+function yieldText(y) {
+  const until = y.expires_at ? ` until ${clock(y.expires_at)}` : "";
+  const freed = y.freed_mib === null || y.freed_mib === undefined ? "" : `, freed ${mib(y.freed_mib)}`;
+  return `yielded (${y.reason})${freed}, ${mib(y.free_mib)} free${until}`;
 }
 
 function renderHolds() {
   const y = state.status.holds.yield;
   const label = $("#yield-state");
+  $("#gaming-host").hidden = !manyHosts();
   if (y.state === "yielded") {
-    const until = y.expires_at ? ` until ${clock(y.expires_at)}` : "";
-    const freed = y.freed_mib === null || y.freed_mib === undefined ? "" : `, freed ${mib(y.freed_mib)}`;
-    label.textContent = `yielded (${y.reason})${freed}, ${mib(y.free_mib)} free${until}`;
+    label.textContent = yieldText(y);
     label.className = "held";
   } else {
     label.textContent = "no yield: the models may use the GPU";
@@ -287,6 +338,8 @@ function renderHolds() {
 function renderBackends() {
   const body = $("#backends");
   body.replaceChildren();
+  const many = manyHosts();
+  $('th[data-column="host"]').hidden = !many;
   for (const b of state.status.backends) {
     const planned = b.vram.footprint ? b.vram.footprint.mib : b.vram.admission_mib;
     const resident = b.protected_for_s ? `resident ${Math.ceil(b.protected_for_s)}s more (min_resident_s)` : null;
@@ -307,6 +360,8 @@ function renderBackends() {
       el("td", {}, el("b", { text: b.name }),
         el("div", { class: "muted apis", "data-field": "apis", title: "the APIs it serves",
           text: b.apis.join(" · ") })),
+      many ? el("td", { "data-field": "host", text: b.host ?? "cluster",
+        title: b.host ? "the machine whose GPUs it uses" : "a kubernetes backend the cluster places" }) : null,
       el("td", {}, el("span", { class: `state state-${b.state}`, "data-field": "state", text: b.state })),
       el("td", { text: b.lifecycle }),
       el("td", { class: "num", text: String(b.priority) }),
@@ -414,8 +469,8 @@ async function loadProfiles() {
 
 // -- wiring -------------------------------------------------------------------------------
 
-$('[data-action="yield"]').addEventListener("click", yieldNow);
-$('[data-action="restore"]').addEventListener("click", () => act("Restore", "POST", "/vram/restore"));
+$('[data-action="yield"]').addEventListener("click", () => yieldNow());
+$('[data-action="restore"]').addEventListener("click", () => restore());
 $('[data-action="activate-profile"]').addEventListener("click", () => {
   const name = $("#profile-select").value;
   if (name) act(`Activate profile ${name}`, "POST", `/profiles/${encodeURIComponent(name)}/activate`);
