@@ -60,5 +60,6 @@ def run_check_config(args: argparse.Namespace) -> int:
     )
     for name, backend in settings.backends.items():
         served = ", ".join([*backend.models, *backend.aliases])
-        print(f"  {name}: {backend.url} [{backend.runtime.kind}] serves {served}")
+        where = "" if backend.host is None else f" on {backend.host}"
+        print(f"  {name}: {backend.url} [{backend.runtime.kind}{where}] serves {served}")
     return OK

@@ -74,3 +74,20 @@ def test_values_a_command_cannot_use_are_usage_errors(
         build_parser().parse_args(argv)
     assert info.value.code == USAGE
     assert said in capsys.readouterr().err
+
+
+def test_check_config_says_the_host_of_a_backend_on_another_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "models.yaml").write_text(
+        "hosts:\n"
+        "  node-c: {gpu: {probe: sim}}\n"
+        "backends:\n"
+        "  here: {url: 'http://127.0.0.1:9001', models: [a]}\n"
+        "  there: {url: 'http://127.0.0.1:9002', models: [b], host: node-c}\n"
+    )
+    args = build_parser().parse_args(["check-config", "--config", str(tmp_path)])
+    assert args.func(args) == OK
+    out = capsys.readouterr().out
+    assert "  here: http://127.0.0.1:9001 [external] serves a\n" in out
+    assert "  there: http://127.0.0.1:9002 [external on node-c] serves b\n" in out
