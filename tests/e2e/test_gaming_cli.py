@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -273,7 +274,9 @@ def test_a_yield_on_another_host_that_cannot_free_enough_names_that_hosts_holder
                url=two_hosts.url)  # fmt: skip
     assert done.returncode == 1
     assert "only 20,768 MiB free on node-c, not the 30,000 MiB asked for" in done.stderr
-    assert "GPU 0: 12,000 of 32,768 MiB used" in done.stderr
+    # node-c's GPU line (its simulated GPU without a ledger counts what the gateway
+    # placed as used: 12,000 for remote, plus the yield's hold once a poll has seen it).
+    assert re.search(r"\nGPU 0: (12,000|32,768) of 32,768 MiB used\n", done.stderr), done.stderr
     assert "remote still holds memory" in done.stderr
     assert "pinned" not in done.stderr  # the local host's backend holds nothing there
     assert "no yield was held on node-c" not in done.stdout
