@@ -111,7 +111,11 @@ class Services:
             if isinstance(cfg.runtime, DockerRuntimeConfig) and host not in self.dockers:
                 docker = settings.docker if host == LOCAL_HOST else settings.hosts[host].docker
                 assert docker is not None  # settings.hosts.check_hosts refuses it
-                self.dockers[host] = DockerApi(docker, transport=seams.docker_transport)
+                self.dockers[host] = DockerApi(
+                    docker,
+                    transport=seams.docker_transport,
+                    url_key="docker.url" if host == LOCAL_HOST else f"hosts.{host}.docker.url",
+                )
         self.docker = self.dockers.get(LOCAL_HOST)
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
@@ -218,7 +222,8 @@ class Services:
             source = NvmlSource(timeout_s=gpu.sample_timeout_s)
         elif gpu.probe == "prometheus":
             assert gpu.prometheus is not None  # GpuConfig requires it
-            source = PrometheusSource(gpu.prometheus)
+            where = "gpu" if host == LOCAL_HOST else f"hosts.{host}.gpu"
+            source = PrometheusSource(gpu.prometheus, key=f"{where}.prometheus")
         elif gpu.probe == "sim":
             ledger = gpu.sim.ledger_dir
             used: Callable[[], dict[int, int]] = placed
@@ -232,6 +237,7 @@ class Services:
             poll_interval_s=gpu.poll_interval_s,
             stale_after_s=gpu.stale_after_s,
             on_sample=self.events.changed,
+            host=host,
         )
 
     def _build_host(self, name: str, gpu: GpuConfig, arbiter: VramArbiter) -> Host:

@@ -49,9 +49,11 @@ class GpuMonitor:
         poll_interval_s: float,
         stale_after_s: float,
         on_sample: Callable[[], None] | None = None,
+        host: str = "local",
     ) -> None:
         self.source = source
         self.name = source.name
+        self.host = host  # whose GPUs (named in its log lines)
         self._poll_interval_s = poll_interval_s
         self._on_sample = on_sample
         self._stale_after_s = stale_after_s
@@ -109,7 +111,9 @@ class GpuMonitor:
             self._failed(str(exc), exc.reason)
             return None
         except Exception as exc:  # a source must raise ProbeError only: do not die of it
-            logger.exception("gpu source raised unexpectedly source=%s", self.name)
+            logger.exception(
+                "gpu source raised unexpectedly host=%s source=%s", self.host, self.name
+            )
             self._failed(f"unexpected error from the {self.name} source: {exc!r}", "error")
             return None
         self._succeeded(snapshot)
@@ -133,12 +137,14 @@ class GpuMonitor:
         if not self.up:
             if self._sampled:
                 logger.info(
-                    "gpu probe up source=%s after_failures=%d",
+                    "gpu probe up host=%s source=%s after_failures=%d",
+                    self.host,
                     self.name,
                     self.consecutive_failures,
                 )
             else:
-                logger.info("gpu probe up source=%s gpus=%d", self.name, len(snapshot.gpus))
+                logger.info("gpu probe up host=%s source=%s gpus=%d",
+                            self.host, self.name, len(snapshot.gpus))  # fmt: skip
         self.up = True
         self._sampled = True
         self.error = None
@@ -147,16 +153,16 @@ class GpuMonitor:
         lost = frozenset(g.index for g in snapshot.gpus if g.lost)
         for stats in snapshot.gpus:
             if stats.index in lost - self._lost:
-                logger.error(
-                    "gpu lost gpu=%d uuid=%s error=%s", stats.index, stats.uuid, stats.error
-                )
+                logger.error("gpu lost host=%s gpu=%d uuid=%s error=%s",
+                             self.host, stats.index, stats.uuid, stats.error)  # fmt: skip
         for index in sorted(self._lost - lost):
-            logger.info("gpu back gpu=%d", index)
+            logger.info("gpu back host=%s gpu=%d", self.host, index)
         self._lost = lost
 
     def _failed(self, error: str, reason: str) -> None:
         if self.up or not self._sampled or reason != self.reason:
-            logger.warning("gpu probe down source=%s reason=%s error=%s", self.name, reason, error)
+            logger.warning("gpu probe down host=%s source=%s reason=%s error=%s",
+                           self.host, self.name, reason, error)  # fmt: skip
         self.up = False
         self._sampled = True
         self.error = error

@@ -209,8 +209,10 @@ class PrometheusSource:
         config: PrometheusProbeConfig,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
+        key: str = "gpu.prometheus",
     ) -> None:
         self._config = config
+        self._key = key  # where it is configured (hosts.node-c.gpu.prometheus), for hints
         self._endpoint = f"{config.url}/api/v1/query"
         self._query = build_query(config.selector, config.lookback_s)
         self._client = httpx.AsyncClient(
@@ -263,7 +265,7 @@ class PrometheusSource:
             raise self._error(
                 f"has no {FB_USED}/{FB_FREE} sample for {self._config.selector or 'any host'} "
                 f"in the last {self._config.lookback_s} s (is dcgm-exporter scraped, and does "
-                "gpu.prometheus.selector match its labels?)",
+                f"{self._key}.selector match its labels?)",
                 "no_data",
             )
         wall, mono = time.time(), time.monotonic()
@@ -284,7 +286,7 @@ class PrometheusSource:
             token = os.environ.get(token_env)
             if not token:
                 raise self._error(
-                    f"needs a bearer token, but {token_env} (gpu.prometheus.bearer_token_env) "
+                    f"needs a bearer token, but {token_env} ({self._key}.bearer_token_env) "
                     "is unset or empty",
                     "no_permission",
                 )
@@ -326,7 +328,7 @@ class PrometheusSource:
             hint = (
                 "check the token in " + self._config.bearer_token_env
                 if self._config.bearer_token_env
-                else "set gpu.prometheus.bearer_token_env to the variable holding a token"
+                else f"set {self._key}.bearer_token_env to the variable holding a token"
             )
             return self._error(f"refused the query ({status}: {detail}): {hint}", "no_permission")
         return self._error(f"answered {status}: {detail}", "bad_response")

@@ -82,7 +82,7 @@ class VramArbiter:
         self._events = events
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
-        self._store = store
+        self.store = store  # the state file (shared by every host's arbiter)
         self._reclaim_timeout_s = reclaim_timeout_s
         self._backends: Mapping[str, Backend] = {}
         self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -450,7 +450,7 @@ class VramArbiter:
             before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, (), host=self.host)
             # A zone that cannot be saved is refused before anything is stopped for it.
-            self._store.check_writable()
+            self.store.check_writable()
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
@@ -524,7 +524,7 @@ class VramArbiter:
     def restore(self) -> list[Zone]:
         """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
         now = time.time()
-        saved = self._store.section(self._section, [])
+        saved = self.store.section(self._section, [])
         for raw in saved:
             try:
                 zone = Zone.from_json(raw)
@@ -566,7 +566,7 @@ class VramArbiter:
 
     def check_state_writable(self) -> None:
         """Raises `StateWriteError` when a zone could not be saved now."""
-        self._store.check_writable()
+        self.store.check_writable()
 
     def drop_zone(self, name: str, why: str) -> Zone | None:
         """Forget zone `name` and unblock what it blocked; None when it is not held."""
@@ -577,7 +577,7 @@ class VramArbiter:
 
     def _save(self, zones: Mapping[str, Zone] | None = None, *, notify: bool = True) -> None:
         held = self.zones if zones is None else zones
-        self._store.update(self._section, [z.to_json() for z in held.values()])
+        self.store.update(self._section, [z.to_json() for z in held.values()])
         if notify and self._events is not None:
             self._events.changed()  # zones and the yield are part of the live status
 

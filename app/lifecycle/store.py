@@ -53,6 +53,12 @@ class StateStore:
         self.path = directory / STATE_FILE
         self._data: dict[str, Any] | None = None
 
+    def names(self) -> list[str]:
+        """The sections the file holds."""
+        if self._data is None:
+            self._data = self.load()
+        return sorted(self._data)
+
     def section(self, name: str, default: Any = None) -> Any:
         if self._data is None:
             self._data = self.load()

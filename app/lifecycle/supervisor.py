@@ -88,15 +88,18 @@ class Supervisor:
                     cuda_graphs=None if chosen is None else chosen.cuda_graphs,
                 )
             )
-            if backend.footprint is None and backend.lazy and backend.config.gpus_accounted:
+            # A lazy one, or one that names its host only to be counted there.
+            named = backend.lazy or backend.config.host is not None
+            if backend.footprint is None and named and backend.config.gpus_accounted:
                 logger.warning("no VRAM footprint known, admission will not check it "
-                               "backend=%s", name)  # fmt: skip
+                               "backend=%s host=%s", name, backend.config.host_name)  # fmt: skip
 
     # -- bring-up -----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Re-apply what was saved, plan, then bring backends up in the background (the
         gateway serves while they load) and start the loops."""
+        self._forgotten_hosts()
         for host in self._hosts.values():
             for zone in host.arbiter.restore():
                 logger.info("zone restored host=%s zone=%s holder=%s blocks=%s", host.name,
@@ -126,6 +129,16 @@ class Supervisor:
                     host.monitor, host.auto_yield, host.gpu.poll_interval_s
                 )
                 self._loops.append(spawn(loop, name=f"auto-yield:{host.name}"))
+
+    def _forgotten_hosts(self) -> None:
+        """Zones saved for a host no longer configured are left in the state file (they
+        come back if the host does), and said at start rather than dropped silently."""
+        store = self._hosts.local.arbiter.store
+        for section in store.names():
+            host = section.removeprefix("zones@")
+            if section != host and host not in self._hosts and store.section(section):
+                logger.warning("saved zones of a host not in hosts: left as they are "
+                               "host=%s zones=%d", host, len(store.section(section)))  # fmt: skip
 
     async def _bring_up(self, backend: Backend) -> None:
         if not backend.runtime.managed:

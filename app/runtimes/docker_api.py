@@ -130,9 +130,14 @@ class DockerApi:
     """
 
     def __init__(
-        self, settings: DockerConfig, *, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        settings: DockerConfig,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        url_key: str = _URL_KEY,
     ) -> None:
         self._url = settings.url
+        self._url_key = url_key  # where its URL is configured, for hints
         self._timeout_s = settings.timeout_s
         self._timeout = httpx.Timeout(settings.timeout_s)
         parts = urlsplit(settings.url)
@@ -332,9 +337,9 @@ class DockerApi:
         if self._unix:
             return (
                 "is Docker running, and the socket mounted and readable by this user? "
-                f"see {_URL_KEY}"
+                f"see {self._url_key}"
             )
-        return f"is the socket proxy running? see {_URL_KEY}"
+        return f"is the socket proxy running? see {self._url_key}"
 
     def _status_error(
         self,

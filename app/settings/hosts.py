@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import (
     Field,
@@ -42,7 +42,17 @@ class DockerConfig(StrictConfig):
                 "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
                 f"like unix:///var/run/docker.sock, got {value!r}"
             )
+        no_credentials(parts)
         return value.rstrip("/")
+
+
+def no_credentials(parts: SplitResult, *, instead: str = "") -> None:
+    """URLs are named in errors, logs and /status: a user:password in one would leak."""
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "must not carry credentials (user:password@): the URL shows in errors, logs "
+            "and /status" + (f"; {instead}" if instead else "")
+        )
 
 
 class KubernetesConfig(StrictConfig):
@@ -141,6 +151,7 @@ class PrometheusProbeConfig(StrictConfig):
             raise ValueError(
                 f"must be the Prometheus base URL like http://prometheus:9090, got {value!r}"
             )
+        no_credentials(parts, instead="name the variable holding a token in bearer_token_env")
         return value.rstrip("/")
 
     @field_validator("selector")
@@ -211,7 +222,9 @@ class GpuConfig(StrictConfig):
         return self
 
 
-HOST_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Lowercase only: an environment override (MICROSCHEDULER_HOSTS__NODE_C__...) arrives
+# lowercased, and must name the same host as the YAML, not make a second one.
+HOST_NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
 class HostConfig(StrictConfig):
@@ -252,8 +265,8 @@ def check_hosts(
             )
         if HOST_NAME_RE.fullmatch(name) is None:
             return (
-                f"hosts.{name}: a host name is 1 to 64 letters, digits, '_', '.' or '-', "
-                "starting with a letter or digit"
+                f"hosts.{name}: a host name is 1 to 64 lowercase letters, digits, '_', '.' "
+                "or '-', starting with a letter or digit"
             )
     for backend, cfg in backends.items():
         host = cfg.host_name

@@ -421,3 +421,31 @@ async def test_a_yield_on_node_c_survives_a_restart_and_keeps_only_its_pinned_do
         restored = await gw.client.post("/vram/restore", json={"host": "node-c"})
         assert restored.json()["back"] == ["pc"]
         await until_backend(gw, "pc", state="ready")
+
+
+async def test_zones_of_a_host_no_longer_configured_are_kept_and_said(
+    tmp_path: Path, caplog: Any
+) -> None:
+    port_a, port_c = free_port(), free_port()
+    backends = {
+        "a": lazy(port_a, models=["model-a"], vram_mib=20000),
+        "c": on_node_c(port_c, models=["model-c"], vram_mib=20000),
+    }
+    runtimes = {
+        "a": FakeVllmRuntime(port_a, models=["model-a"]),
+        "c": FakeVllmRuntime(port_c, models=["model-c"]),
+    }
+    async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
+        acquired = await gw.client.post(
+            "/vram/zones/img/acquire", json={"mib": 1000, "holder": "comfyui", "host": "node-c"}
+        )
+        assert acquired.status_code == 200, acquired.text
+    # node-c leaves the configuration: its zone stays in the file, and the start says so.
+    del backends["c"]
+    with caplog.at_level("WARNING"):
+        async with lifecycle_gateway(backends, {"a": runtimes["a"]}, tmp_path) as gw:
+            assert (await gw.client.get("/vram/zones")).json()["zones"] == []
+    said = [r.getMessage() for r in caplog.records if "saved zones of a host" in r.getMessage()]
+    assert said == ["saved zones of a host not in hosts: left as they are host=node-c zones=1"]
+    state = json.loads((tmp_path / "var" / "state.json").read_text())
+    assert [zone["name"] for zone in state["zones@node-c"]] == ["img"]

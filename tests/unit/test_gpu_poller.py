@@ -223,7 +223,7 @@ async def test_a_lost_gpu_is_left_out_of_admission_and_logged_once(
     assert len(lost_logs) == 1
     assert lost_logs[0].levelno == logging.ERROR
     assert "gpu=1" in lost_logs[0].getMessage()
-    assert sum(r.getMessage().startswith("gpu back gpu=1") for r in caplog.records) == 1
+    assert sum(r.getMessage().startswith("gpu back host=local gpu=1") for r in caplog.records) == 1
 
 
 async def test_lost_gpu_in_status() -> None:
@@ -258,7 +258,7 @@ async def test_transitions_are_logged_once_not_every_poll(
             await monitor.read()
 
     messages = [r.getMessage() for r in caplog.records]
-    assert [m.split(" source=")[0] for m in messages] == [
+    assert [m.split(" host=local source=")[0] for m in messages] == [
         "gpu probe up",
         "gpu probe down",  # driver_not_loaded
         "gpu probe down",  # a different reason

@@ -181,7 +181,7 @@ async def test_a_failed_sample_logs_one_line_naming_the_url_and_no_traceback(
     (record,) = caplog.records
     assert record.exc_info is None
     assert record.getMessage().startswith(
-        f"gpu probe down source=prometheus reason=unreachable error=Prometheus at "
+        f"gpu probe down host=local source=prometheus reason=unreachable error=Prometheus at "
         f"{prometheus.url} is unreachable (ConnectError: "
     )
 

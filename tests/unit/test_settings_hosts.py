@@ -85,12 +85,12 @@ def test_local_is_not_a_name_for_another_host() -> None:
     assert "give the other machine another name" in found
 
 
-@pytest.mark.parametrize("name", ["-node", "node c", "a" * 65, "node/c", ""])
+@pytest.mark.parametrize("name", ["-node", "node c", "a" * 65, "node/c", "", "Node-C"])
 def test_a_bad_host_name_is_refused(name: str) -> None:
     found = problem({name: NODE_C}, {})
     assert found == (
-        f"hosts.{name}: a host name is 1 to 64 letters, digits, '_', '.' or '-', "
-        "starting with a letter or digit"
+        f"hosts.{name}: a host name is 1 to 64 lowercase letters, digits, '_', '.' "
+        "or '-', starting with a letter or digit"
     )
 
 
@@ -195,7 +195,7 @@ def load_problems(tmp_path: Path, data: dict[str, Any]) -> list[str]:
         ),
         (
             {"hosts": {"node c": NODE_C}, "backends": {"a": docker()}},
-            "hosts.node c: a host name is 1 to 64 letters",
+            "hosts.node c: a host name is 1 to 64 lowercase letters",
         ),
         (
             {"hosts": {"node-c": {"gpu": {"probe": "sim"}}}, "backends": {"c": docker("node-c")}},
@@ -242,3 +242,24 @@ def test_load_settings_accepts_a_kubernetes_backend_on_a_host(tmp_path: Path) ->
     settings = load_settings(write_models(tmp_path, data))
     assert settings.backends["k"].host_name == "node-c"
     assert settings.backends["k"].vram_mib == 20000
+
+
+@pytest.mark.parametrize(
+    ("section", "url"),
+    [
+        ("docker", "http://admin:secret@node-c:2375"),
+        ("prometheus", "http://admin:secret@prometheus:9090"),
+    ],
+)
+def test_a_url_with_credentials_is_refused(section: str, url: str) -> None:
+    gpu: dict[str, Any] = {"probe": "sim"}
+    host: dict[str, Any] = {"docker": {"url": "http://node-c:2375"}, "gpu": gpu}
+    if section == "docker":
+        host["docker"] = {"url": url}
+    else:
+        host["gpu"] = {"probe": "prometheus", "prometheus": {"url": url}}
+    with pytest.raises(ValidationError) as refused:
+        Settings(hosts={"node-c": host}, backends={"c": docker("node-c")})
+    message = str(refused.value)
+    assert "must not carry credentials (user:password@)" in message
+    assert "secret" not in message.replace(url, "")  # only pydantic's echo of the input
