@@ -111,11 +111,8 @@ class Services:
             if isinstance(cfg.runtime, DockerRuntimeConfig) and host not in self.dockers:
                 docker = settings.docker if host == LOCAL_HOST else settings.hosts[host].docker
                 assert docker is not None  # settings.hosts.check_hosts refuses it
-                self.dockers[host] = DockerApi(
-                    docker,
-                    transport=seams.docker_transport,
-                    url_key="docker.url" if host == LOCAL_HOST else f"hosts.{host}.docker.url",
-                )
+                where = {} if host == LOCAL_HOST else {"url_key": f"hosts.{host}.docker.url"}
+                self.dockers[host] = DockerApi(docker, transport=seams.docker_transport, **where)
         self.docker = self.dockers.get(LOCAL_HOST)
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
