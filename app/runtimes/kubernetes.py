@@ -168,6 +168,8 @@ class KubernetesRuntime:
         return answer
 
     async def _set_replicas(self, replicas: int) -> None:
+        # The one write of the runtime; `scale: external` must never reach it.
+        assert not self._external, "scale: external: the gateway never writes its replicas"
         body = {"spec": {"replicas": replicas}}
         await self._api.merge_patch(self._scale_path, body, self._scale_call("patch"))
 
