@@ -480,12 +480,28 @@ class Backend(Holding):
             return
         if self.state in (BackendState.READY, BackendState.SLEEPING) and self.runtime.managed:
             exited = await self.server.exited()
+            if exited is not None and exited.stopped_by_owner:
+                await self._stopped_by_owner()
+                return
             if exited is not None:
                 code, more = exit_text(exited)
                 await self._fail(f"its server exited with {code}{more}")
                 return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
             await self.server.check_health()
+
+    async def _stopped_by_owner(self) -> None:
+        """Its owner stopped it (kubernetes `scale: external`: KEDA or an HPA scaled it to 0):
+        stopped, not failed, releasing what it held as a stop does; the next request starts
+        it again, held until the owner runs it. Not counted in `backend_stops_total`,
+        which counts the gateway's stops."""
+        async with self._lock:
+            if self.state not in (BackendState.READY, BackendState.SLEEPING):
+                return
+            why = "scaled to 0 by its owner"
+            self._set_state(BackendState.STOPPING, why)
+            self._set_state(BackendState.STOPPED, f"{why}; the next request waits for it to "
+                            "scale up")  # fmt: skip
 
     async def _fail(self, reason: str, *, holds_vram: bool = False) -> None:
         async with self._lock:

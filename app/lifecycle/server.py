@@ -94,6 +94,7 @@ class Server:
         next_status = 0.0
         running = "the runtime has not answered yet"
         runtime_ready: bool | None = None  # False: the runtime knows it is not ready yet
+        owner_stopped = False  # its owner keeps it stopped (running = what it waits for)
         try:
             while True:
                 if time.monotonic() >= next_status:
@@ -103,16 +104,18 @@ class Server:
                     except RuntimeFailure as exc:
                         logger.warning("runtime status unknown backend=%s error=%s", self.name, exc)
                         running = f"its runtime cannot be asked ({exc})"
-                        runtime_ready = None
+                        runtime_ready, owner_stopped = None, False
                     else:
                         self.runtime_detail = status.detail
-                        if not status.running:
+                        if not status.running and not status.stopped_by_owner:
                             code, more = exit_text(status)
                             raise StartFailed(f"exited with {code} before it was ready{more}")
-                        runtime_ready = status.ready
+                        # Stopped by its owner: wait for the owner to run it again.
+                        owner_stopped = not status.running
+                        runtime_ready = False if owner_stopped else status.ready
                         running = (
                             status.detail
-                            if status.ready is not None
+                            if status.ready is not None or owner_stopped
                             else f"the {self._what_runs()} is running"
                         )
                 if await self.check_health() and runtime_ready is not False:
@@ -120,6 +123,11 @@ class Server:
                 self._waiting = (began, running)
                 if time.monotonic() >= deadline:
                     await self.runtime.stop()
+                    if owner_stopped:  # nothing of its own to stop: say what it waited for
+                        raise StartFailed(
+                            f"not ready {start_timeout_s:g}s after start (start_timeout_s), "
+                            f"still {running}"
+                        )
                     raise StartFailed(
                         f"not healthy {start_timeout_s:g}s after start (start_timeout_s); "
                         "stopped it"

@@ -31,12 +31,17 @@ class RuntimeStatus:
     decides); False when it knows the server is not ready yet (kubernetes: no ready
     endpoint), so a passing health check is not enough and `detail` says what it waits
     for in the backend's start progress.
+    `stopped_by_owner`: not running because its owner, not the gateway, stopped it
+    (kubernetes `scale: external`: KEDA or an HPA scaled it to 0). It did not fail: a
+    ready backend goes stopped, and a start waits (up to start_timeout_s) for the owner to
+    run it again, with `detail` as its progress.
     """
 
     running: bool
     exit_code: int | None = None
     detail: str = ""
     ready: bool | None = None
+    stopped_by_owner: bool = False
 
 
 class Runtime(Protocol):

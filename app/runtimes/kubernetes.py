@@ -1,8 +1,9 @@
 """A backend run as an existing Deployment or StatefulSet, scaled between 0 and 1 replica.
 
 The workload and its Service are created outside the gateway (kubectl, Helm); the gateway
-only reads and patches the `scale` subresource (the gateway must be its one owner of
-replicas: no HPA or KEDA on it). Workloads outlive the gateway and are adopted.
+only reads and patches the `scale` subresource (with `scale: gateway`, the default, the
+gateway must be its one owner of replicas: no HPA or KEDA on it; `scale: external` below
+is the other way round). Workloads outlive the gateway and are adopted.
 
 - start: GET `.../{deployments|statefulsets}/{name}/scale`; when `spec.replicas` is 0,
   PATCH it to 1 (`application/merge-patch+json`). Sent once: nothing retries a scale-up
@@ -15,6 +16,15 @@ replicas: no HPA or KEDA on it). Workloads outlive the gateway and are adopted.
   start progress (`/status`, wake notices). The backend's own health check still decides
   readiness as for any runtime; the endpoint is required on top of it.
 - stop: PATCH replicas to 0, then wait (up to `stop_timeout_s`) until its pods are gone.
+
+`scale: external`: another owner (KEDA, an HPA) writes its replicas, and the gateway never
+does: no PATCH at all, so its Role needs no `patch` on `deployments/scale` or
+`statefulsets/scale` (get is still read). start only reads the scale and starts the
+endpoint watch; the backend's start then waits (up to start_timeout_s) for the owner to
+scale it up and for a ready endpoint, its requests held meanwhile, which is what
+`microscheduler_requests_waiting{reason="wake"}` shows for KEDA to scale on. status at 0
+replicas says `stopped_by_owner` (a ready backend goes stopped, not failed); stop does
+nothing (the backend only stops taking requests; the pods are the owner's).
 """
 
 from __future__ import annotations
@@ -158,12 +168,23 @@ class KubernetesRuntime:
         return answer
 
     async def _set_replicas(self, replicas: int) -> None:
+        # The one write of the runtime; `scale: external` must never reach it.
+        assert not self._external, "scale: external: the gateway never writes its replicas"
         body = {"spec": {"replicas": replicas}}
         await self._api.merge_patch(self._scale_path, body, self._scale_call("patch"))
+
+    @property
+    def _external(self) -> bool:
+        return self._config.scale == "external"
 
     async def start(self) -> None:
         self.endpoints.ensure_running()
         replicas = _replicas(await self._scale())
+        if self._external:
+            logger.info("kubernetes workload scaled by its owner, waiting for it backend=%s "
+                        "workload=%s replicas=%d", self._backend, self._what,
+                        replicas)  # fmt: skip
+            return
         if replicas == 0:
             await self._set_replicas(1)
         logger.info(
@@ -174,6 +195,10 @@ class KubernetesRuntime:
         )
 
     async def stop(self) -> None:
+        if self._external:
+            logger.info("not scaling down a workload its owner scales backend=%s workload=%s",
+                        self._backend, self._what)  # fmt: skip
+            return
         try:
             scale = await self._scale()
         except KubeError as exc:
@@ -219,6 +244,13 @@ class KubernetesRuntime:
         replicas = _replicas(scale)
         if replicas == 0:
             self._why = None
+            if self._external:
+                return RuntimeStatus(
+                    running=False,
+                    detail=f"waiting for its owner (KEDA/HPA) to scale {self._what} up: 0 replicas",
+                    ready=False,
+                    stopped_by_owner=True,
+                )
             return RuntimeStatus(running=False, detail=f"{self._what} scaled to 0")
         svc = self.endpoints.service
         if not self.endpoints.listed:
@@ -292,7 +324,8 @@ class KubernetesRuntime:
         return str(newest.get("message", reason))
 
     def describe(self) -> str:
-        return f"kubernetes {self._what} via {self._api.url}"
+        owner = ", scaled by its owner" if self._external else ""
+        return f"kubernetes {self._what} via {self._api.url}{owner}"
 
 
 def _replicas(scale: dict[str, Any]) -> int:

@@ -82,6 +82,12 @@ class KubernetesRuntimeConfig(StrictConfig):
     `service` (default: the workload's name) is the Service whose EndpointSlices say
     when a pod is ready. `stop_timeout_s` bounds the wait for its pods to go after the
     scale to 0 (their terminationGracePeriodSeconds, 30 s by default, plus slack).
+
+    `scale`: who writes its replica count. `gateway` (default): the gateway scales it
+    0 <-> 1. `external`: another owner does (KEDA, an HPA); the gateway never patches it
+    (its Role needs no `patch` on `*/scale`), holds requests until the owner has scaled it
+    up and it is ready (`requests_waiting{reason="wake"}` is what KEDA scales on), and a
+    stop only stops sending it requests. See app/runtimes/kubernetes.py.
     """
 
     kind: Literal["kubernetes"]
@@ -90,6 +96,7 @@ class KubernetesRuntimeConfig(StrictConfig):
     statefulset: str | None = Field(default=None, min_length=1)
     service: str | None = Field(default=None, min_length=1)
     stop_timeout_s: PositiveFloat = 120.0
+    scale: Literal["gateway", "external"] = "gateway"
 
     @model_validator(mode="after")
     def _one_workload(self) -> KubernetesRuntimeConfig:
@@ -221,6 +228,8 @@ class BackendConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _lifecycle(self) -> BackendConfig:
+        if isinstance(self.runtime, KubernetesRuntimeConfig):
+            self._scaled_externally(self.runtime)
         if not self.gpus_accounted:
             placed = sorted({"vram_mib", "gpus", "asleep_mib"} & self.model_fields_set)
             if placed:
@@ -260,6 +269,23 @@ class BackendConfig(StrictConfig):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
         resolve(self.model_info, self.hf_config)  # a description must be usable
         return self
+
+    def _scaled_externally(self, runtime: KubernetesRuntimeConfig) -> None:
+        """`scale: external`: what the gateway cannot do to a workload it does not scale."""
+        if runtime.scale != "external":
+            return
+        if self.idle_ttl_s > 0:
+            raise ValueError(
+                f"idle_ttl_s: {self.idle_ttl_s:g} with runtime.scale: external: the gateway "
+                "does not scale it down, its owner (KEDA/HPA) does when it is idle (its "
+                "cooldown); remove idle_ttl_s"
+            )
+        if self.host is not None:
+            raise ValueError(
+                f"host: {self.host} with runtime.scale: external: admission on that host's "
+                "GPUs could not evict it or free its memory, since the gateway does not scale "
+                "it (remove host:, so the cluster's scheduler places it, or use scale: gateway)"
+            )
 
     @property
     def host_name(self) -> str:

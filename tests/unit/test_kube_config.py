@@ -57,6 +57,31 @@ def test_runtime_config_needs_exactly_one_workload() -> None:
     assert lazy.runtime.service_name == "svc"
 
 
+def test_scale_external_refuses_what_only_a_gateway_that_scales_could_do() -> None:
+    runtime = {"kind": "kubernetes", "namespace": "llm", "deployment": "d", "scale": "external"}
+    base = {"url": "http://vllm.llm:8000", "models": ["m"], "runtime": runtime}
+    assert BackendConfig(**base).runtime.scale == "external"  # type: ignore[union-attr]
+    pinned = BackendConfig(**base, lifecycle="pinned")  # started or adopted once it is ready
+    assert not pinned.gpus_accounted  # the cluster's scheduler places it: not admitted
+    gateway = {**runtime, "scale": "gateway"}
+    assert BackendConfig(**{**base, "runtime": gateway}, idle_ttl_s=900).idle_ttl_s == 900
+    with pytest.raises(ValidationError) as info:
+        BackendConfig(**base, lifecycle="lazy", idle_ttl_s=900)
+    assert (
+        "idle_ttl_s: 900 with runtime.scale: external: the gateway does not scale it down, "
+        "its owner (KEDA/HPA) does when it is idle (its cooldown); remove idle_ttl_s"
+    ) in str(info.value)
+    with pytest.raises(ValidationError) as info:
+        BackendConfig(**base, host="node-c", vram_mib=20000)
+    assert (
+        "host: node-c with runtime.scale: external: admission on that host's GPUs could not "
+        "evict it or free its memory, since the gateway does not scale it (remove host:, so "
+        "the cluster's scheduler places it, or use scale: gateway)"
+    ) in str(info.value)
+    with pytest.raises(ValidationError, match="scale"):
+        BackendConfig(**{**base, "runtime": {**runtime, "scale": "keda"}})
+
+
 def test_kubernetes_section_validates_the_api_url() -> None:
     backends = {"a": {"url": "http://a:8000", "models": ["a"]}}
     assert Settings(backends=backends).kubernetes.kubeconfig is None

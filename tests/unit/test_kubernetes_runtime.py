@@ -241,3 +241,44 @@ def test_a_kubernetes_backend_is_not_counted_on_the_gateways_gpus() -> None:
             BackendConfig.model_validate(
                 {"url": "http://vllm-m.llm:8000", "models": ["m"], "runtime": runtime, **placed}
             )
+
+
+async def test_scale_external_never_patches_and_says_it_waits_for_the_owner(env: Env) -> None:
+    runtime = env.runtime(scale="external")
+    workload = env.kube.workloads["deployments", "vllm"]
+    await runtime.start()  # reads the scale, starts the endpoint watch, writes nothing
+    assert workload.replicas == 0
+    status = await runtime.status()
+    owner_wait = "waiting for its owner (KEDA/HPA) to scale deployment llm/vllm up: 0 replicas"
+    assert (status.running, status.ready, status.stopped_by_owner) == (False, False, True)
+    assert status.detail == owner_wait
+    env.kube._scale_to(workload, 1)  # the owner (KEDA) scales it up
+
+    async def ready() -> str | None:
+        status = await runtime.status()
+        return status.detail if status.ready else None
+
+    assert await until(ready, what="a ready endpoint") == (
+        "1 replica(s), 1 ready endpoint(s) in Service vllm"
+    )
+    assert (await runtime.status()).stopped_by_owner is False
+    await runtime.stop()  # the pods are the owner's: left alone
+    assert workload.replicas == 1
+    assert env.kube.pods
+    assert [c for c in env.kube.calls if c[0] == "PATCH"] == []
+    assert runtime.describe().endswith(", scaled by its owner")
+
+
+async def test_scale_external_needs_no_patch_permission(env: Env) -> None:
+    """Its Role may lack `patch` on deployments/scale: nothing the runtime does needs it."""
+    env.kube.deny("patch", "deployments/scale")
+    runtime = env.runtime(scale="external")
+    await runtime.start()
+    workload = env.kube.workloads["deployments", "vllm"]
+    env.kube._scale_to(workload, 1)
+    assert (await runtime.status()).running
+    await runtime.stop()
+    assert [c for c in env.kube.calls if c[0] == "PATCH"] == []
+    env.kube._scale_to(workload, 0)
+    with pytest.raises(RuntimeFailure, match="may not patch"):  # scale: gateway needs it
+        await env.runtime().start()
