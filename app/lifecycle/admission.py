@@ -64,6 +64,10 @@ class Admission(Protocol):
     def measure_sleep(self, backend: Claimant) -> AbstractAsyncContextManager[Freed]:
         """Entered around `POST /sleep`: what the GPU showed freed meanwhile."""
 
+    def fits_now(self, backend: Claimant) -> bool | None:
+        """Whether its start would fit without evicting anything, by the last GPU sample
+        (no I/O); None: unknown (no telemetry, no sample or no footprint)."""
+
 
 class Unchecked:
     """Admission when there is no GPU to check: every start is allowed."""
@@ -73,6 +77,9 @@ class Unchecked:
 
     def measure_sleep(self, backend: Claimant) -> AbstractAsyncContextManager[Freed]:
         return _unmeasured()
+
+    def fits_now(self, backend: Claimant) -> bool | None:
+        return None
 
 
 @contextlib.asynccontextmanager

@@ -190,6 +190,15 @@ class VramArbiter:
             # fit, zones and the yield need not wait for this one.
             await wait_out(backend, wait.plan, str(wait), deadline)
 
+    def fits_now(self, backend: Claimant) -> bool | None:
+        """Whether its start would fit without evicting, by the monitor's last snapshot
+        (no sample taken); None: no telemetry, no snapshot yet or no footprint."""
+        snapshot = None if self._gpus is None else self._gpus.snapshot
+        need = backend.vram_mib
+        if snapshot is None or need is None:
+            return None
+        return self._fits(dict.fromkeys(backend.config.gpus, need), snapshot)
+
     def _fits(self, need: dict[int, int], reading: GpuSnapshot) -> bool:
         """Whether `need` is free now, without evicting or waiting for anything."""
         free = self._admissible_free(reading)

@@ -9,7 +9,9 @@
    (`turn`) so equal members take turns.
 2. None ready: wake one. A member already starting is joined (its start is under way),
    else a sleeping one (vLLM's sleep mode wakes in seconds), else the stopped (or
-   failed, stopping) one that is cheapest to admit: the smallest VRAM footprint.
+   failed, stopping) one that is cheapest to admit: one whose GPUs have room for it now
+   without evicting anything (by its host's last GPU sample: replicas on two machines
+   start where there is room), then the smallest VRAM footprint.
 3. Members blocked (yielded, in a zone, disabled) are skipped; when every one is,
    there is no pick and the request gets the error a single backend gives.
 
@@ -53,6 +55,7 @@ class MemberState:
     vllm_waiting: int | None = None  # vLLM's num_requests_waiting, last scrape
     kv_usage: float | None = None  # vLLM's kv_cache_usage_perc (0-1), last scrape
     footprint_mib: int | None = None  # what admission counts to start it
+    fits: bool | None = None  # room for it now without evicting (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,10 @@ _WAKE_ORDER = {
 }
 
 
+# Among those: room now first, unknown next, then those that would have to evict.
+_ROOM_ORDER = {True: 0, None: 1, False: 2}
+
+
 def pick_replica(members: Sequence[MemberState], turn: int = 0) -> Pick | None:
     """The member to send a request to (see the module docstring); None when every
     member is blocked. `turn` rotates among equally loaded ready members."""
@@ -87,6 +94,7 @@ def pick_replica(members: Sequence[MemberState], turn: int = 0) -> Pick | None:
         open_,
         key=lambda m: (
             _WAKE_ORDER.get(m.state, 5),
+            _ROOM_ORDER[m.fits],
             math.inf if m.footprint_mib is None else m.footprint_mib,
             index[m.name],
         ),
@@ -135,6 +143,7 @@ class Replicas:
             vllm_waiting=load.requests_waiting if load is not None and ready else None,
             kv_usage=load.kv_cache_usage_ratio if load is not None and ready else None,
             footprint_mib=backend.vram_mib,
+            fits=None if ready else backend.admission.fits_now(backend),
         )
 
     def pick(self, group: str, members: Sequence[str], *, skip: Collection[str] = ()) -> str | None:

@@ -449,3 +449,37 @@ async def test_zones_of_a_host_no_longer_configured_are_kept_and_said(
     assert said == ["saved zones of a host not in hosts: left as they are host=node-c zones=1"]
     state = json.loads((tmp_path / "var" / "state.json").read_text())
     assert [zone["name"] for zone in state["zones@node-c"]] == ["img"]
+
+
+async def test_a_replica_group_over_two_hosts_starts_the_member_whose_host_has_room(
+    tmp_path: Path,
+) -> None:
+    port_p, port_a, port_c = free_port(), free_port(), free_port()
+    pool = {"models": ["pool-model"], "replica_of": "pool"}
+    backends = {
+        # The local GPU is nearly full with a pinned model: the small local member would
+        # have to evict (and may not); node-c has room for the bigger one.
+        "p": pinned(port_p, vram_mib=30000),
+        "r-local": lazy(port_a, vram_mib=9000, **pool),
+        "r-node-c": on_node_c(port_c, vram_mib=20000, **pool),
+    }
+    runtimes = {
+        "p": FakeVllmRuntime(port_p, models=["pinned-model"]),
+        "r-local": FakeVllmRuntime(port_a, models=["pool-model"]),
+        "r-node-c": FakeVllmRuntime(port_c, models=["pool-model"]),
+    }
+    async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
+        await until_backend(gw, "p", state="ready")
+        answer = await gw.client.post("/v1/chat/completions", json=chat("pool-model"))
+        assert answer.status_code == 200, answer.text
+        assert runtimes["r-node-c"].starts == 1
+        assert runtimes["r-local"].starts == 0
+        # Not tried and refused first (the pick without room in mind did that, then
+        # retried on node-c): it was never asked to start.
+        assert (await backend_state(gw, "r-local"))["reason"] is None
+        assert (await backend_state(gw, "p"))["state"] == "ready"
+        metrics = (await gw.client.get("/metrics")).text
+        assert (
+            'microscheduler_replica_picks_total{backend="r-node-c",group="pool",why="woken"} 1.0'
+            in metrics
+        )

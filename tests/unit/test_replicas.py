@@ -63,6 +63,20 @@ def test_none_ready_joins_a_start_then_wakes_a_sleeper_then_the_cheapest_stopped
     assert pick_replica([m("x", S.STOPPED), m("y", S.STOPPED, footprint_mib=1)]).name == "y"  # type: ignore[union-attr]
 
 
+def test_a_stopped_member_with_room_now_is_started_before_a_smaller_one_that_must_evict() -> None:
+    # Replicas on two hosts: local's GPU is full (the small one would evict), node-c's
+    # has room for the big one.
+    full = m("local-small", S.STOPPED, footprint_mib=9000, fits=False)
+    room = m("node-c-big", S.STOPPED, footprint_mib=20000, fits=True)
+    unknown = m("cluster", S.STOPPED, footprint_mib=1000)
+    assert pick_replica([full, room]) == Pick("node-c-big", ready=False)
+    assert pick_replica([full, unknown, room]).name == "node-c-big"  # type: ignore[union-attr]
+    # Unknown (no telemetry) comes before one known to need an eviction.
+    assert pick_replica([full, unknown]).name == "cluster"  # type: ignore[union-attr]
+    # Room does not beat joining a start or waking a sleeper.
+    assert pick_replica([room, m("zz", S.SLEEPING, fits=False)]).name == "zz"  # type: ignore[union-attr]
+
+
 def test_blocked_members_are_skipped_and_all_blocked_is_no_pick() -> None:
     members = [m("a", blocked=True), m("b", S.STOPPED, footprint_mib=1), m("c", S.SLEEPING)]
     assert pick_replica(members) == Pick("c", ready=False)
