@@ -104,7 +104,7 @@ class Holding:
         if len(self._queue) >= self.config.max_waiting:
             raise queue_full(self.name, self.state, len(self._queue))
         wait_s = min(self.config.max_wait_s, math.inf if max_wait_s is None else max_wait_s)
-        ticket = self._queue.enter(priority)
+        ticket = self._queue.enter(priority, wait_s)
         try:
             lease = await self._until_ready(
                 ticket, backoff=True, max_wait_s=wait_s, on_wait=on_wait
@@ -188,7 +188,6 @@ class Holding:
             self._queue.grant(
                 self._leases,
                 self.config.max_inflight,
-                self.config.max_wait_s / 2,  # the starvation bound (queue.serve_order)
                 collated_only=state is BackendState.STOPPING,
             )
 

@@ -2,9 +2,10 @@
 
 A request is held (holds a `Ticket`) while its backend is not ready (reason `wake`), and
 while it is ready but `max_inflight` requests are in flight already (reason
-`max_inflight`). The order is `serve_order`: a ticket older than half the backend's
-`max_wait_s` goes first (oldest first), so a stream of high-priority requests cannot
-starve a low one past its own deadline; the rest go by key priority, then arrival.
+`max_inflight`). The order is `serve_order`: a ticket past half its own wait (the
+backend's `max_wait_s`, or a fallback chain's shorter one) goes first (oldest first), so a
+stream of high-priority requests cannot starve a low one past its own deadline; the rest
+go by key priority, then arrival.
 
 The ordering is pure (`serve_order`, `next_ticket`); `TicketQueue` keeps the tickets and
 their counts (the `requests_waiting` gauges). No locks: every change is synchronous. The
@@ -15,6 +16,7 @@ backend grants (takes a lease on a ticket's behalf and wakes its holder); see
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ class Ticket:
     rank: int  # Priority.rank: lower is served first
     seq: int  # arrival order within its backend
     arrived: float  # time.monotonic()
+    aged_at: float = math.inf  # from then on it goes first: half its wait after arrival
     reason: WaitReason = WaitReason.WAKE
     collated: bool = False
     lease: Lease | None = None  # granted: taken on its behalf, not yet handed over
@@ -56,18 +59,18 @@ class Ticket:
             self._signal.set_result(None)
 
 
-def serve_order(ticket: Ticket, now: float, aged_after_s: float) -> tuple[int, int, int]:
-    """The sort key of `ticket` at `now` (lower is served first): aged tickets (waiting
-    `aged_after_s` or longer) by arrival, ahead of the rest by (priority, arrival)."""
-    if now - ticket.arrived >= aged_after_s:
+def serve_order(ticket: Ticket, now: float) -> tuple[int, int, int]:
+    """The sort key of `ticket` at `now` (lower is served first): aged tickets (at or past
+    their `aged_at`) by arrival, ahead of the rest by (priority, arrival)."""
+    if now >= ticket.aged_at:
         return (0, 0, ticket.seq)
     return (1, ticket.rank, ticket.seq)
 
 
-def next_ticket(tickets: Iterable[Ticket], now: float, aged_after_s: float) -> Ticket | None:
+def next_ticket(tickets: Iterable[Ticket], now: float) -> Ticket | None:
     """The ticket to serve first, or None when there is none. A linear scan: the keys
     change with time (aging), and a queue is bounded by `max_waiting` (64 by default)."""
-    return min(tickets, key=lambda t: serve_order(t, now, aged_after_s), default=None)
+    return min(tickets, key=lambda t: serve_order(t, now), default=None)
 
 
 class TicketQueue:
@@ -88,10 +91,11 @@ class TicketQueue:
     def count(self, reason: WaitReason) -> int:
         return self._counts[reason]
 
-    def enter(self, priority: Priority, now: float | None = None) -> Ticket:
+    def enter(self, priority: Priority, wait_s: float, now: float | None = None) -> Ticket:
+        """A ticket for a request that waits at most `wait_s` (it ages at half of it)."""
         self._seq += 1
         arrived = time.monotonic() if now is None else now
-        ticket = Ticket(priority.rank, self._seq, arrived)
+        ticket = Ticket(priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2)
         self._tickets[ticket.seq] = ticket
         self._count(ticket.reason, 1)
         return ticket
@@ -110,25 +114,18 @@ class TicketQueue:
             self._count(reason, 1)
         ticket.reason = reason
 
-    def first(self, now: float, aged_after_s: float, *, collated_only: bool) -> Ticket | None:
+    def first(self, now: float, *, collated_only: bool) -> Ticket | None:
         tickets = self._tickets.values()
         if collated_only:
-            return next_ticket((t for t in tickets if t.collated), now, aged_after_s)
-        return next_ticket(tickets, now, aged_after_s)
+            return next_ticket((t for t in tickets if t.collated), now)
+        return next_ticket(tickets, now)
 
-    def grant(
-        self,
-        leases: Leases,
-        max_inflight: int | None,
-        aged_after_s: float,
-        *,
-        collated_only: bool,
-    ) -> None:
+    def grant(self, leases: Leases, max_inflight: int | None, *, collated_only: bool) -> None:
         """While fewer than `max_inflight` (None: no limit) leases are held, take one for
         the first ticket (`serve_order`) and wake its holder."""
         now = time.monotonic()
         while max_inflight is None or leases.in_flight < max_inflight:
-            ticket = self.first(now, aged_after_s, collated_only=collated_only)
+            ticket = self.first(now, collated_only=collated_only)
             if ticket is None:
                 return
             self.leave(ticket)

@@ -26,8 +26,8 @@ HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
 # -- the order (pure) ----------------------------------------------------------------------
 
 
-def ticket(priority: Priority, seq: int, arrived: float) -> Ticket:
-    return Ticket(priority.rank, seq, arrived)
+def ticket(priority: Priority, seq: int, arrived: float, wait_s: float = 120) -> Ticket:
+    return Ticket(priority.rank, seq, arrived, aged_at=arrived + wait_s / 2)
 
 
 def test_tickets_go_by_priority_then_arrival() -> None:
@@ -37,22 +37,31 @@ def test_tickets_go_by_priority_then_arrival() -> None:
         ticket(HIGH, 3, 0.2),
         ticket(HIGH, 4, 0.3),
     ]
-    order = sorted(tickets, key=lambda t: serve_order(t, 1.0, aged_after_s=60))
+    order = sorted(tickets, key=lambda t: serve_order(t, 1.0))
     assert [t.seq for t in order] == [3, 4, 2, 1]
 
 
 def test_a_ticket_older_than_the_bound_goes_before_newer_higher_ones() -> None:
     low = ticket(LOW, 1, 0.0)
     high = ticket(HIGH, 2, 50.0)
-    assert next_ticket([low, high], now=59.9, aged_after_s=60) is high
-    assert next_ticket([low, high], now=60.0, aged_after_s=60) is low
+    assert next_ticket([low, high], now=59.9) is high
+    assert next_ticket([low, high], now=60.0) is low
 
 
 def test_aged_tickets_go_oldest_first_whatever_their_priority() -> None:
     low = ticket(LOW, 1, 0.0)
     high = ticket(HIGH, 2, 1.0)
-    assert next_ticket([high, low], now=100.0, aged_after_s=60) is low
-    assert next_ticket([], now=100.0, aged_after_s=60) is None
+    assert next_ticket([high, low], now=100.0) is low
+    assert next_ticket([], now=100.0) is None
+
+
+def test_a_ticket_ages_at_half_its_own_wait_a_chains_shorter_one_sooner() -> None:
+    # A fallback chain waits 10 s for the backend, its max_wait_s is 120: the low ticket
+    # must go first after 5 s, not 60, or it times out before it ever ages.
+    low = ticket(LOW, 1, 0.0, wait_s=10)
+    high = ticket(HIGH, 2, 4.0)
+    assert next_ticket([low, high], now=4.9) is high
+    assert next_ticket([low, high], now=5.0) is low
 
 
 # -- on a backend -----------------------------------------------------------------------------
