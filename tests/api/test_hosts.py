@@ -483,3 +483,32 @@ async def test_a_replica_group_over_two_hosts_starts_the_member_whose_host_has_r
             'microscheduler_replica_picks_total{backend="r-node-c",group="pool",why="woken"} 1.0'
             in metrics
         )
+
+
+async def test_starts_on_two_hosts_gpu_0_run_at_once(tmp_path: Path) -> None:
+    # One lock per GPU per host: node-c's GPU 0 is not the local GPU 0, so a start there
+    # does not wait for a local start to finish (two vLLM servers loading at once on one
+    # GPU is what the lock prevents, and these are two GPUs).
+    port_a, port_c = free_port(), free_port()
+    runtimes = {
+        "a": FakeVllmRuntime(port_a, open_at_start=False, models=["model-a"]),
+        "c": FakeVllmRuntime(port_c, open_at_start=False, models=["model-c"]),
+    }
+    backends = {
+        "a": lazy(port_a, models=["model-a"], vram_mib=8000),
+        "c": on_node_c(port_c, models=["model-c"], vram_mib=8000),
+    }
+    async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
+        requests = [
+            asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat(model)))
+            for model in ("model-a", "model-c")
+        ]
+        # Both launched while neither listens yet: neither start waited for the other.
+        await until(
+            lambda: runtimes["a"].starts == 1 and runtimes["c"].starts == 1,
+            what="both starts launched",
+        )
+        for runtime in runtimes.values():
+            runtime.listening.set()
+        answers = await asyncio.gather(*requests)
+        assert [answer.status_code for answer in answers] == [200, 200]
