@@ -31,7 +31,7 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from app.sim.generation import GenerationApi
 from app.sim.state import FakeState, RequestRun, error_response, json_response
@@ -55,6 +55,14 @@ def wav_header(data_bytes: int, rate: int = _SPEECH_RATE) -> bytes:
     return b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE" + b"fmt " + struct.pack(
         "<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16
     ) + b"data" + struct.pack("<I", data_bytes)  # fmt: skip
+
+
+def _text(raw: bytes) -> str:
+    """A form field's text: UTF-8, else latin-1 (Starlette's `_user_safe_decode`)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def _bool_field(form: dict[str, Any], key: str) -> bool:
@@ -86,16 +94,23 @@ class AudioApi:
         """Form fields (strings) and the uploaded file; records the request."""
         form: dict[str, Any] = {}
         data: bytes | None = None
-        if request.content_type.startswith("multipart/") or request.content_type.endswith(
-            "x-www-form-urlencoded"
-        ):
-            for key, value in (await request.post()).items():
-                if isinstance(value, web.FileField):
-                    if key == "file":
-                        data = value.file.read()
-                        form[key] = {"filename": value.filename, "size": len(data)}
+        if request.content_type.startswith("multipart/"):
+            # Part by part, so a text field that is not UTF-8 is read as Starlette (vLLM's
+            # server) reads it, latin-1, rather than failing in aiohttp's `post()`.
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, BodyPartReader) or part.name is None:
+                    continue
+                raw = await part.read(decode=False)
+                if part.filename is not None:
+                    if part.name == "file":
+                        data = bytes(raw)
+                        form["file"] = {"filename": part.filename, "size": len(data)}
                 else:
-                    form[key] = str(value)
+                    form[part.name] = _text(bytes(raw))
+        elif request.content_type.endswith("x-www-form-urlencoded"):
+            for key, value in (await request.post()).items():
+                form[key] = str(value)
         self.state.record(request, form)
         if data is None:
             if isinstance(form.get("file"), str):

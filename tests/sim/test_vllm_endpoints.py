@@ -420,3 +420,36 @@ async def test_existing_routes_still_404_unknown(client: httpx.AsyncClient) -> N
     resp = await client.get("/v1/nothing")
     assert resp.status_code == 404
     assert resp.json() == {"detail": "Not Found"}
+
+
+async def test_a_form_field_that_is_not_utf8_is_read_as_latin1_not_a_crash(
+    client: httpx.AsyncClient,
+) -> None:
+    # Starlette (vLLM's server) decodes such a field as latin-1 (its `_user_safe_decode`);
+    # the fake answered 500 with a UnicodeDecodeError.
+    boundary = "b0undary"
+    body = (
+        (
+            f"--{boundary}\r\n"
+            'Content-Disposition: form-data; name="model"\r\n\r\nm1\r\n'
+            f"--{boundary}\r\n"
+            'Content-Disposition: form-data; name="prompt"\r\n\r\n'
+        ).encode()
+        + b"caf\xe9 \xff\r\n"
+        + (
+            f"--{boundary}\r\n"
+            'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            "Content-Type: audio/wav\r\n\r\nabc\r\n"
+            f"--{boundary}--\r\n"
+        ).encode()
+    )
+    answer = await client.post(
+        "/v1/audio/transcriptions",
+        content=body,
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["text"] == transcript(b"abc")
+    recorded = (await stats(client))["requests"][-1]
+    assert recorded["body"]["prompt"] == "caf\xe9 \xff"
+    assert recorded["body"]["file"] == {"filename": "a.wav", "size": 3}
