@@ -9,7 +9,9 @@
   (out of the GPUs' locks, up to its own `start_timeout_s`), then evicts it.
 - Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
   what it stopped until `release_zone()` or expiry. Zones are saved in the state file
-  and re-applied when the gateway starts again.
+  and re-applied when the gateway starts again (`app.lifecycle.zone_book`, its base).
+- One arbiter per host (`app.lifecycle.hosts`): it sees only that host's backends and
+  GPUs, and its refusals name the host's GPUs (`node-c GPU 0`).
 
 Free memory for admission is `total - max(measured used, placed)`, where *placed* is
 what the gateway put there (the `vram_mib` of admitted backends plus zone holds). With
@@ -33,7 +35,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
+from app.errors import Conflict, InvalidRequest
 from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
@@ -44,7 +46,8 @@ from app.lifecycle.holdings import holders, residents
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.residency import may_evict, wait_out
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
-from app.lifecycle.store import StateStore, StateWriteError
+from app.lifecycle.store import StateStore
+from app.lifecycle.zone_book import ZoneBook
 from app.lifecycle.zones import Zone, gpu_name
 from app.metrics import Metrics
 from app.settings.base import LOCAL_HOST
@@ -61,7 +64,7 @@ class ZoneGrant:
     renewed: bool
 
 
-class VramArbiter:
+class VramArbiter(ZoneBook):
     def __init__(
         self,
         gpus: GpuMonitor | None,
@@ -75,18 +78,13 @@ class VramArbiter:
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed).
         `host`: the machine whose GPUs these are (its zones are saved in their own section
         of the state file, and refusals name it)."""
-        self.host = host
-        self._section = "zones" if host == LOCAL_HOST else f"zones@{host}"
+        super().__init__(store, host=host, events=events)
         self._gpus = gpus
         self.monitor = gpus
-        self._events = events
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
-        self.store = store  # the state file (shared by every host's arbiter)
         self._reclaim_timeout_s = reclaim_timeout_s
-        self._backends: Mapping[str, Backend] = {}
         self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self.zones: dict[str, Zone] = {}
         # Sleeps are measured one at a time, so one's window does not see another's.
         self._measuring = asyncio.Lock()
 
@@ -486,109 +484,6 @@ class VramArbiter:
                 self._events.record("zone_granted", host=self.host, zone=name, holder=holder,
                                     mib=mib, gpu=gpu, stopped=stopped)  # fmt: skip
             return ZoneGrant(zone, after - before, renewed=False)
-
-    def release_zone(self, name: str) -> Zone:
-        zone = self.zones.get(name)
-        if zone is None:
-            raise NotFound(f"no VRAM zone {name!r} is held", code=ErrorCode.ZONE_NOT_FOUND)
-        self._drop([zone], "released")
-        return zone
-
-    def expire_zones(self, now: float) -> list[Zone]:
-        """Drop expired zones. A yield is not among them: its expiry is a restore, which
-        `VramYield` does (it wakes what the yield took)."""
-        expired = [z for z in self.zones.values() if z.expired(now) and z.kind == "zone"]
-        if expired:
-            self._drop(expired, "expired")
-        return expired
-
-    def _drop(self, zones: list[Zone], why: str) -> None:
-        """Forget `zones`, unblock what they stopped (it wakes on demand), save once.
-
-        Saved first: a release or a restore that cannot be saved raises
-        `StateWriteError` and changes nothing. An expiry goes ahead in memory all the
-        same (the hold's time is up, and the reaper must not die of a full disk); the
-        next save corrects the file, and a start drops expired zones anyway."""
-        names = {zone.name for zone in zones}
-        try:
-            self._save({n: z for n, z in self.zones.items() if n not in names}, notify=False)
-        except StateWriteError as exc:
-            if why != "expired":
-                raise
-            logger.error("zones expired but the state file was not updated zones=%s error=%s",
-                         ",".join(sorted(names)), exc.message)  # fmt: skip
-        for zone in zones:
-            del self.zones[zone.name]
-            for name in zone.blocks:
-                backend = self._backends.get(name)
-                if backend is not None:
-                    backend.unblock(zone.block_key)
-            logger.info("zone %s host=%s zone=%s holder=%s", why, self.host, zone.name, zone.holder)
-            if self._events is not None and zone.kind == "zone":
-                self._events.record(f"zone_{why}", host=self.host, zone=zone.name,
-                                    holder=zone.holder)  # fmt: skip
-        if self._events is not None:
-            self._events.changed()
-
-    def restore(self) -> list[Zone]:
-        """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
-        now = time.time()
-        saved = self.store.section(self._section, [])
-        for raw in saved:
-            try:
-                zone = Zone.from_json(raw)
-            except (KeyError, TypeError, ValueError) as exc:
-                logger.error("ignoring malformed saved zone entry=%r error=%s", raw, exc)
-                continue
-            if zone.expired(now):
-                logger.info("saved zone expired while the gateway was down zone=%s", zone.name)
-                continue
-            missing = [b for b in zone.stopped if b not in self._backends]
-            if missing:
-                logger.warning("saved zone names unknown backends zone=%s backends=%s",
-                               zone.name, ",".join(missing))  # fmt: skip
-            zone = replace(
-                zone,
-                stopped=tuple(b for b in zone.stopped if b in self._backends),
-                slept=tuple(b for b in zone.slept if b in self._backends),
-                host=self.host,
-            )
-            self.zones[zone.name] = zone
-            for backend in zone.blocks:
-                self._backends[backend].block(
-                    zone.block_key, zone.describe(), zone.block_kind, zone.expires_at
-                )
-        if len(self.zones) != len(saved):
-            try:
-                self._save()  # drop what expired or was malformed
-            except StateWriteError as exc:  # start anyway: the next save corrects the file
-                logger.error("cannot drop expired zones from the state file error=%s",
-                             exc.message)  # fmt: skip
-        return list(self.zones.values())
-
-    def set_zone(self, zone: Zone) -> None:
-        """Hold `zone` (replacing one of the same name) and save. Its blocks are the
-        caller's to place. Saved first: when that fails (`StateWriteError`), nothing
-        changes."""
-        self._save({**self.zones, zone.name: zone})
-        self.zones[zone.name] = zone
-
-    def check_state_writable(self) -> None:
-        """Raises `StateWriteError` when a zone could not be saved now."""
-        self.store.check_writable()
-
-    def drop_zone(self, name: str, why: str) -> Zone | None:
-        """Forget zone `name` and unblock what it blocked; None when it is not held."""
-        zone = self.zones.get(name)
-        if zone is not None:
-            self._drop([zone], why)
-        return zone
-
-    def _save(self, zones: Mapping[str, Zone] | None = None, *, notify: bool = True) -> None:
-        held = self.zones if zones is None else zones
-        self.store.update(self._section, [z.to_json() for z in held.values()])
-        if notify and self._events is not None:
-            self._events.changed()  # zones and the yield are part of the live status
 
 
 class _NoRoom(Exception):

@@ -1,0 +1,138 @@
+"""The zones one host's arbiter holds, as data kept in the state file: holding, releasing,
+expiring and re-applying them at start, and what they block. `VramArbiter` (which grants
+zones after making room) builds on it; the yield is a zone too (`app.lifecycle.vram_yield`).
+
+Every host saves its zones in its own section of the one state file: `zones` for the
+gateway's own machine, `zones@NAME` for another host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from app.errors import ErrorCode, NotFound
+from app.events import EventLog
+from app.lifecycle.backend import Backend
+from app.lifecycle.store import StateStore, StateWriteError
+from app.lifecycle.zones import Zone
+from app.settings.base import LOCAL_HOST
+
+logger = logging.getLogger(__name__)
+
+
+class ZoneBook:
+    def __init__(
+        self, store: StateStore, *, host: str = LOCAL_HOST, events: EventLog | None = None
+    ) -> None:
+        self.host = host
+        self._section = "zones" if host == LOCAL_HOST else f"zones@{host}"
+        self.store = store  # the state file (shared by every host's arbiter)
+        self._events = events
+        self._backends: Mapping[str, Backend] = {}  # this host's (the arbiter attaches them)
+        self.zones: dict[str, Zone] = {}
+
+    def release_zone(self, name: str) -> Zone:
+        zone = self.zones.get(name)
+        if zone is None:
+            raise NotFound(f"no VRAM zone {name!r} is held", code=ErrorCode.ZONE_NOT_FOUND)
+        self._drop([zone], "released")
+        return zone
+
+    def expire_zones(self, now: float) -> list[Zone]:
+        """Drop expired zones. A yield is not among them: its expiry is a restore, which
+        `VramYield` does (it wakes what the yield took)."""
+        expired = [z for z in self.zones.values() if z.expired(now) and z.kind == "zone"]
+        if expired:
+            self._drop(expired, "expired")
+        return expired
+
+    def _drop(self, zones: list[Zone], why: str) -> None:
+        """Forget `zones`, unblock what they stopped (it wakes on demand), save once.
+
+        Saved first: a release or a restore that cannot be saved raises
+        `StateWriteError` and changes nothing. An expiry goes ahead in memory all the
+        same (the hold's time is up, and the reaper must not die of a full disk); the
+        next save corrects the file, and a start drops expired zones anyway."""
+        names = {zone.name for zone in zones}
+        try:
+            self._save({n: z for n, z in self.zones.items() if n not in names}, notify=False)
+        except StateWriteError as exc:
+            if why != "expired":
+                raise
+            logger.error("zones expired but the state file was not updated zones=%s error=%s",
+                         ",".join(sorted(names)), exc.message)  # fmt: skip
+        for zone in zones:
+            del self.zones[zone.name]
+            for name in zone.blocks:
+                backend = self._backends.get(name)
+                if backend is not None:
+                    backend.unblock(zone.block_key)
+            logger.info("zone %s host=%s zone=%s holder=%s", why, self.host, zone.name, zone.holder)
+            if self._events is not None and zone.kind == "zone":
+                self._events.record(f"zone_{why}", host=self.host, zone=zone.name,
+                                    holder=zone.holder)  # fmt: skip
+        if self._events is not None:
+            self._events.changed()
+
+    def restore(self) -> list[Zone]:
+        """Re-apply the zones saved by an earlier run (expired ones are dropped)."""
+        now = time.time()
+        saved = self.store.section(self._section, [])
+        for raw in saved:
+            try:
+                zone = Zone.from_json(raw)
+            except (KeyError, TypeError, ValueError) as exc:
+                logger.error("ignoring malformed saved zone entry=%r error=%s", raw, exc)
+                continue
+            if zone.expired(now):
+                logger.info("saved zone expired while the gateway was down zone=%s", zone.name)
+                continue
+            missing = [b for b in zone.stopped if b not in self._backends]
+            if missing:
+                logger.warning("saved zone names unknown backends zone=%s backends=%s",
+                               zone.name, ",".join(missing))  # fmt: skip
+            zone = replace(
+                zone,
+                stopped=tuple(b for b in zone.stopped if b in self._backends),
+                slept=tuple(b for b in zone.slept if b in self._backends),
+                host=self.host,
+            )
+            self.zones[zone.name] = zone
+            for backend in zone.blocks:
+                self._backends[backend].block(
+                    zone.block_key, zone.describe(), zone.block_kind, zone.expires_at
+                )
+        if len(self.zones) != len(saved):
+            try:
+                self._save()  # drop what expired or was malformed
+            except StateWriteError as exc:  # start anyway: the next save corrects the file
+                logger.error("cannot drop expired zones from the state file error=%s",
+                             exc.message)  # fmt: skip
+        return list(self.zones.values())
+
+    def set_zone(self, zone: Zone) -> None:
+        """Hold `zone` (replacing one of the same name) and save. Its blocks are the
+        caller's to place. Saved first: when that fails (`StateWriteError`), nothing
+        changes."""
+        self._save({**self.zones, zone.name: zone})
+        self.zones[zone.name] = zone
+
+    def check_state_writable(self) -> None:
+        """Raises `StateWriteError` when a zone could not be saved now."""
+        self.store.check_writable()
+
+    def drop_zone(self, name: str, why: str) -> Zone | None:
+        """Forget zone `name` and unblock what it blocked; None when it is not held."""
+        zone = self.zones.get(name)
+        if zone is not None:
+            self._drop([zone], why)
+        return zone
+
+    def _save(self, zones: Mapping[str, Zone] | None = None, *, notify: bool = True) -> None:
+        held = self.zones if zones is None else zones
+        self.store.update(self._section, [z.to_json() for z in held.values()])
+        if notify and self._events is not None:
+            self._events.changed()  # zones and the yield are part of the live status
