@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -19,7 +18,7 @@ from pydantic import (
 )
 
 from app.planner.description import resolve
-from app.settings.base import LOCAL_HOST, StrictConfig
+from app.settings.base import LOCAL_HOST, StrictConfig, http_url
 from app.settings.endpoints import RUNNER_APIS, Api, Runner
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
@@ -200,11 +199,12 @@ class BackendConfig(StrictConfig):
     @field_validator("url")
     @classmethod
     def _base_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http(s) base URL like http://host:8000, got {value!r}")
-        if parts.query or parts.fragment:
-            raise ValueError("must not carry a query or fragment")
+        parts = http_url(
+            value,
+            like="an http(s) base URL like http://host:8000",
+            plain=True,
+            credentials="name the variable holding the server's key in api_key_env",
+        )
         path = parts.path.rstrip("/")
         if path.endswith("/v1"):
             raise ValueError("is the server's base URL without /v1 (the gateway adds /v1/...)")

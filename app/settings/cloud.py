@@ -72,7 +72,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.settings.base import StrictConfig
+from app.settings.base import StrictConfig, http_url
 from app.settings.endpoints import ANTHROPIC_PROVIDER_APIS, OPENAI_PROVIDER_APIS, Api
 
 DEFAULT_FALLBACK_ON_STATUS = (429, 500, 502, 503, 504, 529)
@@ -108,13 +108,12 @@ class ProviderConfig(StrictConfig):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"must be an http(s) URL like https://api.example.com/v1, got {value!r}"
-            )
-        if parts.query or parts.fragment:
-            raise ValueError("must not carry a query or fragment")
+        http_url(
+            value,
+            like="an http(s) URL like https://api.example.com/v1",
+            plain=True,
+            credentials="name the variable holding the key in api_key_env",
+        )
         return value.rstrip("/")
 
     @field_validator("api_key_env")

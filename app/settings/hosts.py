@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from app.settings.backends import BackendConfig
-from app.settings.base import LOCAL_HOST, StrictConfig
+from app.settings.base import LOCAL_HOST, StrictConfig, http_url, no_credentials
 
 
 class DockerConfig(StrictConfig):
@@ -46,15 +46,6 @@ class DockerConfig(StrictConfig):
         return value.rstrip("/")
 
 
-def no_credentials(parts: SplitResult, *, instead: str = "") -> None:
-    """URLs are named in errors, logs and /status: a user:password in one would leak."""
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(
-            "must not carry credentials (user:password@): the URL shows in errors, logs "
-            "and /status" + (f"; {instead}" if instead else "")
-        )
-
-
 class KubernetesConfig(StrictConfig):
     """How to reach the Kubernetes API server, for `runtime: {kind: kubernetes}` backends.
 
@@ -72,12 +63,8 @@ class KubernetesConfig(StrictConfig):
     def _api_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"must be the API server's URL like https://10.0.0.1:6443 or "
-                f"http://127.0.0.1:8001 (kubectl proxy), got {value!r}"
-            )
+        like = "the API server's URL like https://10.0.0.1:6443 or http://127.0.0.1:8001 "
+        http_url(value, like=like + "(kubectl proxy)", credentials="use a kubeconfig token")
         return value.rstrip("/")
 
 
@@ -146,12 +133,11 @@ class PrometheusProbeConfig(StrictConfig):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"must be the Prometheus base URL like http://prometheus:9090, got {value!r}"
-            )
-        no_credentials(parts, instead="name the variable holding a token in bearer_token_env")
+        http_url(
+            value,
+            like="the Prometheus base URL like http://prometheus:9090",
+            credentials="name the variable holding a token in bearer_token_env",
+        )
         return value.rstrip("/")
 
     @field_validator("selector")

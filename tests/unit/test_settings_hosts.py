@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.settings import BackendConfig, ConfigError, GpuConfig, Settings, load_settings
+from app.settings.cloud import ProviderConfig
 from app.settings.hosts import HostConfig, check_hosts
 
 NODE_C: dict[str, Any] = {"docker": {"url": "http://node-c:2375"}, "gpu": {"probe": "sim"}}
@@ -263,3 +264,15 @@ def test_a_url_with_credentials_is_refused(section: str, url: str) -> None:
     message = str(refused.value)
     assert "must not carry credentials (user:password@)" in message
     assert "secret" not in message.replace(url, "")  # only pydantic's echo of the input
+
+
+def test_a_backend_or_provider_url_with_credentials_is_refused_too() -> None:
+    with pytest.raises(ValidationError) as refused:
+        BackendConfig.model_validate({"url": "http://me:pw@127.0.0.1:8000", "models": ["m"]})
+    assert "must not carry credentials (user:password@)" in str(refused.value)
+    assert "api_key_env" in str(refused.value)
+    with pytest.raises(ValidationError) as refused:
+        ProviderConfig.model_validate(
+            {"kind": "openai", "base_url": "https://me:pw@api.example.com/v1", "models": ["x"]}
+        )
+    assert "must not carry credentials (user:password@)" in str(refused.value)
