@@ -42,7 +42,7 @@ class DockerConfig(StrictConfig):
                 "must be a socket proxy URL like http://docker-proxy:2375 or a Unix socket "
                 f"like unix:///var/run/docker.sock, got {value!r}"
             )
-        no_credentials(parts)
+        no_credentials(parts, instead="reach the proxy over a private link (see Hosts)")
         return value.rstrip("/")
 
 
@@ -64,7 +64,11 @@ class KubernetesConfig(StrictConfig):
         if value is None:
             return None
         like = "the API server's URL like https://10.0.0.1:6443 or http://127.0.0.1:8001 "
-        http_url(value, like=like + "(kubectl proxy)", credentials="use a kubeconfig token")
+        http_url(
+            value,
+            like=like + "(kubectl proxy)",
+            credentials="give a token in the kubeconfig (kubernetes.kubeconfig)",
+        )
         return value.rstrip("/")
 
 
@@ -240,9 +244,26 @@ class HostConfig(StrictConfig):
 
 
 def check_hosts(
-    hosts: Mapping[str, HostConfig], local_gpu: GpuConfig, backends: Mapping[str, BackendConfig]
+    hosts: Mapping[str, HostConfig],
+    local_gpu: GpuConfig,
+    backends: Mapping[str, BackendConfig],
+    local_docker: DockerConfig | None = None,
 ) -> str | None:
     """The first problem with `hosts:` and the backends' `host:`, or None."""
+    local_url = (local_docker or DockerConfig()).url
+    for name, machine in hosts.items():
+        docker = machine.docker
+        if docker is not None and "url" not in docker.model_fields_set:
+            return (
+                f"hosts.{name}.docker.url: required (the default is this machine's own "
+                "socket): the URL of that host's Docker socket proxy, e.g. "
+                f"http://{name}:2375"
+            )
+        if docker is not None and docker.url == local_url:
+            return (
+                f"hosts.{name}.docker.url: {docker.url} is the gateway's own Docker (the "
+                "top-level docker.url); give that host's socket proxy"
+            )
     for name in hosts:
         if name == LOCAL_HOST:
             return (

@@ -165,7 +165,7 @@ class Settings(BaseSettings):
                     f"{PROFILES_FILE}: {unknown[0]}: no backend of that name in {MODELS_FILE} "
                     f"(backends: {', '.join(self.backends)})"
                 )
-        problem = check_hosts(self.hosts, self.gpu, self.backends)
+        problem = check_hosts(self.hosts, self.gpu, self.backends, self.docker)
         if problem is not None:
             raise ValueError(problem)
         return self

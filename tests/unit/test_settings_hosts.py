@@ -276,3 +276,29 @@ def test_a_backend_or_provider_url_with_credentials_is_refused_too() -> None:
             {"kind": "openai", "base_url": "https://me:pw@api.example.com/v1", "models": ["x"]}
         )
     assert "must not carry credentials (user:password@)" in str(refused.value)
+
+
+def test_a_hosts_docker_needs_its_own_url() -> None:
+    implicit = {"docker": {}, "gpu": {"probe": "sim"}}
+    found = problem({"node-c": implicit}, {"c": docker("node-c")})
+    assert found is not None
+    assert found.startswith("hosts.node-c.docker.url: required (the default is this machine's")
+    same = {"docker": {"url": "unix:///var/run/docker.sock"}, "gpu": {"probe": "sim"}}
+    found = problem({"node-c": same}, {"c": docker("node-c")})
+    assert found == (
+        "hosts.node-c.docker.url: unix:///var/run/docker.sock is the gateway's own Docker "
+        "(the top-level docker.url); give that host's socket proxy"
+    )
+    # A socket forwarded from node-c (ssh -L /tmp/node-c.sock:/var/run/docker.sock) is fine.
+    forwarded = {"docker": {"url": "unix:///tmp/node-c.sock"}, "gpu": {"probe": "sim"}}
+    assert problem({"node-c": forwarded}, {"c": docker("node-c")}) is None
+
+
+def test_the_kubernetes_api_url_may_not_carry_credentials() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(
+            kubernetes={"api_url": "https://admin:pw@10.0.0.1:6443"},
+            backends={"a": {"url": "http://127.0.0.1:9000", "models": ["a"]}},
+        )
+    assert "must not carry credentials (user:password@)" in str(refused.value)
+    assert "give a token in the kubeconfig" in str(refused.value)
