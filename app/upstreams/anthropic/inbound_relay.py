@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -27,7 +27,6 @@ from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.upstreams.anthropic.bodies import (
     MAX_ANSWER_BODY,
     MAX_ERROR_BODY,
-    SSE_TYPE,
     read_body,
     retry_headers,
 )
@@ -38,8 +37,8 @@ from app.upstreams.anthropic.inbound import (
     to_anthropic_message,
 )
 from app.upstreams.anthropic.inbound_stream import MessagesStreamTranslator
+from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.anthropic.response import dump_json
-from app.upstreams.anthropic.stream import SseParser
 from app.upstreams.http import BufferedResponse, Relayable
 
 Json = dict[str, Any]
@@ -95,27 +94,14 @@ async def _whole(
     return BufferedResponse(200, dump_json(translated).encode())
 
 
-class MessagesStream:
+class MessagesStream(TranslatedStream):
     """An OpenAI chunk stream relayed as Anthropic's Messages events."""
 
-    status = 200
-    is_event_stream = True
+    _translator: MessagesStreamTranslator
 
     def __init__(self, response: Relayable, model: str) -> None:
-        self._response = response
-        self._translator = MessagesStreamTranslator(model, message_id(uuid.uuid4().hex))
-        self._parser = SseParser()
-        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", SSE_TYPE)]
+        super().__init__(response, MessagesStreamTranslator(model, message_id(uuid.uuid4().hex)))
         self.first_chunk = self._translate(response.first_chunk)
-
-    @property
-    def complete(self) -> bool:
-        return self._translator.done
-
-    @property
-    def failed(self) -> bool:
-        """The client got (or will get) an error event instead of a whole message."""
-        return self._translator.failed
 
     def usage(self) -> tuple[int, int]:
         """(input tokens, output tokens) so far."""
@@ -129,19 +115,3 @@ class MessagesStream:
             if self._translator.done:
                 break
         return b"".join(out)
-
-    async def rest(self) -> AsyncIterator[bytes]:
-        if self._translator.done:
-            return
-        async for chunk in self._response.rest():
-            out = self._translate(chunk)
-            if out:
-                yield out
-            if self._translator.done:
-                return
-        tail = b"".join(self._translator.finish())
-        if tail:
-            yield tail
-
-    def release(self) -> None:
-        self._response.release()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
@@ -35,7 +34,6 @@ from app.settings import TimeoutsConfig
 from app.settings.cloud import ProviderConfig
 from app.settings.endpoints import Api
 from app.upstreams.anthropic import (
-    SseParser,
     StreamTranslator,
     anthropic_headers,
     openai_error_from_anthropic,
@@ -46,10 +44,10 @@ from app.upstreams.anthropic.bodies import (
     KEPT_ON_ERROR,
     MAX_ANSWER_BODY,
     MAX_ERROR_BODY,
-    SSE_TYPE,
     read_body,
     retry_headers,
 )
+from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.anthropic.response import dump_json
 from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
 from app.upstreams.provider import ProviderRequest
@@ -172,31 +170,16 @@ class AnthropicProvider:
         await self.upstream.close()
 
 
-class AnthropicStream:
+class AnthropicStream(TranslatedStream):
     """A Messages stream as OpenAI chunks; `prime()` reads up to the first content."""
 
-    status = 200
-    is_event_stream = True
+    _translator: StreamTranslator
 
     def __init__(self, response: UpstreamResponse, translator: StreamTranslator, name: str) -> None:
-        self._response = response
-        self._translator = translator
+        super().__init__(response, translator)
         self._name = name
-        self._parser = SseParser()
-        self._chunks = response.rest()
         self._committed = False
         self.early_error = False  # an error event (or the end) came before any content
-        self.headers: list[tuple[bytes, bytes]] = [(b"content-type", SSE_TYPE)]
-        self.first_chunk = b""
-
-    @property
-    def complete(self) -> bool:
-        return self._translator.done
-
-    @property
-    def failed(self) -> bool:
-        """The client got (or will get) an in-band error instead of a whole answer."""
-        return self._translator.failed
 
     def usage(self) -> tuple[int, int]:
         usage = self._translator.usage
@@ -238,19 +221,3 @@ class AnthropicStream:
             if self._translator.done:
                 break
         return b"".join(out)
-
-    async def rest(self) -> AsyncIterator[bytes]:
-        if self._translator.done:
-            return
-        async for chunk in self._chunks:
-            out = self._translate(chunk)
-            if out:
-                yield out
-            if self._translator.done:
-                return
-        tail = b"".join(self._translator.finish())
-        if tail:
-            yield tail
-
-    def release(self) -> None:
-        self._response.release()
