@@ -33,6 +33,7 @@ import httpx
 from app.runtimes.base import RuntimeFailure
 from app.runtimes.kube_config import Connection, load_connection
 from app.settings import KubernetesConfig
+from app.tasks import OwnedTasks
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class KubeApi:
         self._env = env
         self._connection: Connection | None = None
         self._client: httpx.AsyncClient | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = OwnedTasks()  # the EndpointSlice watches
 
     @property
     def url(self) -> str:
@@ -94,17 +95,11 @@ class KubeApi:
         return self._config.api_url or "the Kubernetes API server"
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """A background task (a watch) that `aclose` cancels."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        """A background task (a watch) that `aclose` cancels; a failure is logged."""
+        return self._tasks.spawn(coro, name)
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks)
+        await self._tasks.close()
         if self._client is not None:
             await self._client.aclose()
 
