@@ -113,7 +113,6 @@ class Services:
                 assert docker is not None  # settings.hosts.check_hosts refuses it
                 where = {} if host == LOCAL_HOST else {"url_key": f"hosts.{host}.docker.url"}
                 self.dockers[host] = DockerApi(docker, transport=seams.docker_transport, **where)
-        self.docker = self.dockers.get(LOCAL_HOST)
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
             self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
@@ -131,10 +130,6 @@ class Services:
         self.hosts = Hosts(
             {name: self._build_host(name, gpu, arbiters[name]) for name, gpu in gpus.items()}
         )
-        local = self.hosts.local
-        self.gpu_monitor = local.monitor
-        self.arbiter = local.arbiter
-        self.vram_yield = local.vram_yield
         self.profiles = ProfileSwitch(
             settings.gpu_profiles,
             self.backends,
@@ -256,7 +251,7 @@ class Services:
             if gpu.auto_yield.enabled
             else None
         )
-        return Host(name, gpu, arbiter.monitor, arbiter, vram_yield, auto_yield, backends)
+        return Host(name, gpu, arbiter, vram_yield, auto_yield, backends)
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessRuntimeConfig):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.gpu.telemetry import GpuSnapshot, GpuSource, ProbeError
+from app.settings.base import LOCAL_HOST
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class GpuMonitor:
         poll_interval_s: float,
         stale_after_s: float,
         on_sample: Callable[[], None] | None = None,
-        host: str = "local",
+        host: str = LOCAL_HOST,
     ) -> None:
         self.source = source
         self.name = source.name

@@ -79,7 +79,6 @@ class VramArbiter(ZoneBook):
         `host`: the machine whose GPUs these are (its zones are saved in their own section
         of the state file, and refusals name it)."""
         super().__init__(store, host=host, events=events)
-        self._gpus = gpus
         self.monitor = gpus
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
@@ -101,7 +100,7 @@ class VramArbiter(ZoneBook):
 
     async def read_gpus(self) -> GpuSnapshot | None:
         """A fresh GPU sample (else the last good one); None: no telemetry, admission off."""
-        return None if self._gpus is None else await self._gpus.read()
+        return None if self.monitor is None else await self.monitor.read()
 
     # -- accounting -------------------------------------------------------------------
 
@@ -191,7 +190,7 @@ class VramArbiter(ZoneBook):
     def fits_now(self, backend: Claimant) -> bool | None:
         """Whether its start would fit without evicting, by the monitor's last snapshot
         (no sample taken); None: no telemetry, no snapshot yet or no footprint."""
-        snapshot = None if self._gpus is None else self._gpus.snapshot
+        snapshot = None if self.monitor is None else self.monitor.snapshot
         need = backend.vram_mib
         if snapshot is None or need is None:
             return None

@@ -23,7 +23,6 @@ from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.vram_yield import VramYield
-from app.lifecycle.zones import Zone
 from app.settings import LOCAL_HOST, GpuConfig
 
 
@@ -31,15 +30,15 @@ from app.settings import LOCAL_HOST, GpuConfig
 class Host:
     name: str
     gpu: GpuConfig
-    monitor: GpuMonitor | None
     arbiter: VramArbiter
     vram_yield: VramYield
     auto_yield: AutoYield | None
     backends: Mapping[str, Backend]  # those whose GPUs it accounts
 
     @property
-    def local(self) -> bool:
-        return self.name == LOCAL_HOST
+    def monitor(self) -> GpuMonitor | None:
+        """Its GPU telemetry (the arbiter's); None: admission is off there."""
+        return self.arbiter.monitor
 
 
 class Hosts(Mapping[str, Host]):
@@ -110,6 +109,3 @@ class Hosts(Mapping[str, Host]):
                 del self._acquiring[zone]
             else:
                 self._acquiring[zone] = (host, running - 1)
-
-    def zones(self) -> list[Zone]:
-        return [zone for host in self._hosts.values() for zone in host.arbiter.zones.values()]

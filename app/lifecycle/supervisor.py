@@ -31,6 +31,7 @@ from app.lifecycle.blocks import BlockKind
 from app.lifecycle.hosts import Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState, StopReason
+from app.lifecycle.zone_book import section_host
 from app.planner.footprint import planned_footprint_mib
 from app.settings import Settings
 from app.tasks import cancel_and_wait, spawn
@@ -135,8 +136,8 @@ class Supervisor:
         come back if the host does), and said at start rather than dropped silently."""
         store = self._hosts.local.arbiter.store
         for section in store.names():
-            host = section.removeprefix("zones@")
-            if section != host and host not in self._hosts and store.section(section):
+            host = section_host(section)
+            if host is not None and host not in self._hosts and store.section(section):
                 logger.warning("saved zones of a host not in hosts: left as they are "
                                "host=%s zones=%d", host, len(store.section(section)))  # fmt: skip
 

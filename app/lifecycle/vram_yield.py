@@ -151,7 +151,6 @@ class VramYield:
             b
             for b in self._backends.values()
             if request.gpu in b.config.gpus
-            and b.config.gpus_accounted
             and b.runtime.managed
             and (b.lazy or request.include_pinned)
         ]

@@ -23,12 +23,25 @@ from app.settings.base import LOCAL_HOST
 logger = logging.getLogger(__name__)
 
 
+def zone_section(host: str) -> str:
+    """The state file's section holding `host`'s zones: `zones`, or `zones@NAME`."""
+    return "zones" if host == LOCAL_HOST else f"zones@{host}"
+
+
+def section_host(section: str) -> str | None:
+    """The host whose zones `section` holds; None: not a zones section."""
+    if section == "zones":
+        return LOCAL_HOST
+    host = section.removeprefix("zones@")
+    return None if host == section else host
+
+
 class ZoneBook:
     def __init__(
         self, store: StateStore, *, host: str = LOCAL_HOST, events: EventLog | None = None
     ) -> None:
         self.host = host
-        self._section = "zones" if host == LOCAL_HOST else f"zones@{host}"
+        self._section = zone_section(host)
         self.store = store  # the state file (shared by every host's arbiter)
         self._events = events
         self._backends: Mapping[str, Backend] = {}  # this host's (the arbiter attaches them)

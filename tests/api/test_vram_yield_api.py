@@ -518,7 +518,7 @@ async def test_a_yield_takes_an_idle_sleeper_as_it_is(tmp_path: Path) -> None:
         # The yield holds what is free; the sleeper counts its residue, not its footprint:
         # together they fill the GPU exactly, nothing counted twice.
         services: Services = gw.app.state.services
-        assert services.arbiter.placed_mib() == {0: TOTAL}
+        assert services.hosts.local.arbiter.placed_mib() == {0: TOTAL}
         restored = (await gw.client.post("/vram/restore")).json()
         assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
         await wake_all(gw)
