@@ -189,7 +189,10 @@ class RelayResponse(Response):
         upstream = exchange.response
         cut_short = sse and self._call.api in DONE_TERMINATED
         # The usage event the gateway asked for on the key's behalf is not the client's.
-        strip = UsageStripper(exchange.count) if sse and self._call.usage_added else None
+        # It is counted here, unless the stream is a translation that counts its own
+        # usage (`tail_usage` False: the Anthropic provider's, counted by the chain).
+        count = exchange.count if exchange.tail_usage else _uncounted
+        strip = UsageStripper(count) if sse and self._call.usage_added else None
         first = upstream.first_chunk if strip is None else strip.feed(upstream.first_chunk)
         if upstream.complete:
             watch.stop()
@@ -360,3 +363,7 @@ class _DisconnectWatch:
     def absorb_cancel(self) -> None:
         """The cancellation came from us: undo it so the task can finish cleanly."""
         self._task.uncancel()
+
+
+def _uncounted(prompt: int, completion: int) -> None:
+    """A usage event already counted elsewhere (`Exchange.tail_usage` False)."""

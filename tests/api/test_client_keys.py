@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from app.lifecycle.blocks import BlockKind
 from app.services import Services
 from app.settings import Settings
-from tests.fakes.provider import cloud_settings, fake_openai_provider
+from tests.fakes.provider import cloud_settings, fake_anthropic, fake_openai_provider
 from tests.fakes.servers import Gateway, fake_vllm, gateway, gateway_settings, sdk_http
 from tests.fakes.waits import until
 
@@ -411,3 +411,47 @@ async def test_the_access_line_names_the_key_never_its_secret(
     assert any("status=200" in line and "key=agents" in line for line in lines), lines
     assert any("status=404" in line and "key=agents" in line for line in lines), lines
     assert AGENTS not in caplog.text
+
+
+async def test_a_stream_translated_from_anthropic_counts_the_keys_tokens_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The key counts tokens (tpm), so the gateway asks for include_usage; the Anthropic
+    # provider's stream is translated and counted by the chain's hooks: the usage chunk
+    # the gateway strips must not be counted a second time.
+    monkeypatch.setenv("ANTHROPIC_TEST_KEY", "sk-ant")
+    keys = {"batch": {"key_env": "BATCH_KEY", "tpm": 100000}}
+    async with (
+        fake_vllm(models=["reasoning"], max_tokens=4) as local,
+        fake_anthropic("sk-ant") as claude,
+    ):
+        settings = cloud_settings(
+            {"reasoning": {"url": local.url, "models": ["reasoning"]}},
+            {"claude": {"kind": "anthropic", "base_url": claude.url,
+                        "api_key_env": "ANTHROPIC_TEST_KEY", "model": "claude-test",
+                        "max_tokens": 64}},
+            {"reasoning": ["reasoning", "claude"]},
+            client_keys={"keys": keys},
+        )  # fmt: skip
+        async with keyed(settings) as (gw, client):
+            services: Services = gw.app.state.services
+            services.backends["reasoning"].block("game", "a game", kind=BlockKind.YIELDED)
+            sdk = client(BATCH)
+
+            def completion_tokens() -> float:
+                return metric(gw, "microscheduler_key_tokens_total", key="batch",
+                              route="claude", type="completion")  # fmt: skip
+
+            # Asked by the client: its usage chunk says what one answer costs.
+            asked = await sdk.chat.completions.create(
+                model="reasoning", messages=HI, stream=True, stream_options={"include_usage": True}
+            )
+            usage = [chunk.usage async for chunk in asked if chunk.usage is not None]
+            assert len(usage) == 1
+            one = usage[0].completion_tokens
+            assert one > 0
+            assert completion_tokens() == one
+            # Not asked: the gateway adds it, strips it, and counts the answer once.
+            plain = await sdk.chat.completions.create(model="reasoning", messages=HI, stream=True)
+            assert all([chunk.usage is None async for chunk in plain])
+            assert completion_tokens() == 2 * one
