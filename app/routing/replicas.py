@@ -131,7 +131,9 @@ class Replicas:
                 for why in PickWhy:
                     self.picks.labels(group, name, why)
 
-    def state(self, name: str) -> MemberState:
+    def state(self, name: str, *, room: bool = False) -> MemberState:
+        """What the pick reads of member `name`; `room`: also whether it fits now (asked
+        only when no member is ready, the one case the pick reads it)."""
         backend = self._backends[name]
         load = self._load_of(name)
         ready = backend.state is BackendState.READY
@@ -143,14 +145,17 @@ class Replicas:
             vllm_waiting=load.requests_waiting if load is not None and ready else None,
             kv_usage=load.kv_cache_usage_ratio if load is not None and ready else None,
             footprint_mib=backend.vram_mib,
-            fits=None if ready else backend.admission.fits_now(backend),
+            fits=backend.admission.fits_now(backend) if room and not ready else None,
         )
 
     def pick(self, group: str, members: Sequence[str], *, skip: Collection[str] = ()) -> str | None:
         """The member of `group` to try (not one of `skip`), counted; None: every one left
         is blocked (or skipped)."""
         turn = self._turns.get(group, 0)
-        chosen = pick_replica([self.state(m) for m in members if m not in skip], turn)
+        states = [self.state(m) for m in members if m not in skip]
+        if not any(s.state is BackendState.READY and not s.blocked for s in states):
+            states = [self.state(s.name, room=True) for s in states]  # one to wake: where
+        chosen = pick_replica(states, turn)
         if chosen is None:
             return None
         if chosen.ready and not skip:  # a retry does not move the turn
