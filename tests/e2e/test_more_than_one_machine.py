@@ -15,7 +15,6 @@ processes, and the official `openai` SDK:
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,15 +24,16 @@ from typing import Any, TypeVar
 import httpx
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.kube_api import FakeKube, fake_kube, write_kubeconfig
 from tests.fakes.processes import fake_vllm_process, gateway_process
 from tests.fakes.prometheus import FakePrometheus, dcgm_gpu, fake_prometheus
 from tests.fakes.threaded import LoopThread
+from tests.fakes.waits import until_sync
 
 T = TypeVar("T")
+Models = dict[str, Any]  # a models.yaml
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -58,7 +58,7 @@ def stand_ins() -> Iterator[StandIns]:
         loop.close()
 
 
-def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) -> Path:
+def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) -> Models:
     kubeconfig = write_kubeconfig(tmp, stand_ins.kube.url)
     member = {"models": ["pool-model"], "replica_of": "pool", "runtime": {"kind": "external"}}
     models = {
@@ -74,10 +74,7 @@ def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) 
             "r2": {"url": replicas[1], **member},
         },
     }  # fmt: skip
-    directory = tmp / "config"
-    directory.mkdir()
-    (directory / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
-    return directory
+    return models
 
 
 @pytest.mark.e2e
@@ -90,7 +87,7 @@ def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
         fake_vllm_process("cluster-model") as pod,
         fake_vllm_process("pool-model", *slow) as r1,
         fake_vllm_process("pool-model", *slow) as r2,
-        gateway_process(config_dir=config(tmp_path, stand_ins, pod, (r1, r2))) as gw,
+        gateway_process(config(tmp_path, stand_ins, pod, (r1, r2))) as gw,
     ):
         sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0,
                             timeout=30)  # fmt: skip
@@ -125,7 +122,7 @@ def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
     assert 8 <= served.get("r2", 0) <= 12, served
 
 
-def hosts_config(tmp: Path, stand_ins: StandIns, pod: str) -> Path:
+def hosts_config(tmp: Path, stand_ins: StandIns, pod: str) -> Models:
     kubeconfig = write_kubeconfig(tmp, stand_ins.kube.url)
     models = {
         "kubernetes": {"kubeconfig": str(kubeconfig)},
@@ -144,10 +141,7 @@ def hosts_config(tmp: Path, stand_ins: StandIns, pod: str) -> Path:
                                     "deployment": "vllm-cluster"}},
         },
     }  # fmt: skip
-    directory = tmp / "config"
-    directory.mkdir()
-    (directory / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
-    return directory
+    return models
 
 
 @pytest.mark.e2e
@@ -159,7 +153,7 @@ def test_a_cluster_backend_with_a_host_is_admitted_on_that_hosts_gpu(
     with (
         contextlib.ExitStack() as closing,
         fake_vllm_process("cluster-model") as pod,
-        gateway_process(config_dir=hosts_config(tmp_path, stand_ins, pod)) as gw,
+        gateway_process(hosts_config(tmp_path, stand_ins, pod)) as gw,
     ):
         sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0,
                             timeout=30)  # fmt: skip
@@ -179,7 +173,10 @@ def test_a_cluster_backend_with_a_host_is_admitted_on_that_hosts_gpu(
 
         # The other workload is gone: once Prometheus says so, the start is admitted.
         stand_ins.prometheus.series = dcgm_gpu(0, host="node-c", used_mib=2048, free_mib=79000)
-        _until_used(gw.url, "node-c", 2048 + 486)
+        until_sync(
+            lambda: _used_mib(gw.url, "node-c") == 2048 + 486,
+            what="node-c GPU 0 to show 2534 MiB used",
+        )
         answer = sdk.chat.completions.create(model="cluster-model", messages=HI)  # type: ignore[arg-type]
         assert answer.choices[0].message.content
         assert workload.replicas == 1
@@ -200,17 +197,11 @@ def test_a_cluster_backend_with_a_host_is_admitted_on_that_hosts_gpu(
         )
 
 
-def _until_used(url: str, host: str, used_mib: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    seen = None
-    while time.monotonic() < deadline:
-        status = httpx.get(url + "/status", timeout=10).json()
-        gpus = next(h["gpu"]["gpus"] for h in status["hosts"] if h["name"] == host)
-        seen = gpus[0]["used_mib"] if gpus else None
-        if seen == used_mib:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{host} GPU 0 still shows {seen} MiB used, not {used_mib}")
+def _used_mib(url: str, host: str) -> int | None:
+    """GPU 0's used MiB on `host`, as /status shows it."""
+    status = httpx.get(url + "/status", timeout=10).json()
+    gpus = next(h["gpu"]["gpus"] for h in status["hosts"] if h["name"] == host)
+    return gpus[0]["used_mib"] if gpus else None
 
 
 async def _add_workload(kube: FakeKube) -> Any:
