@@ -28,20 +28,30 @@ def on_node_c(port: int, **fields: Any) -> dict[str, Any]:
     )
 
 
+def local_and_node_c(
+    *, a_mib: int, c_mib: int, **runtime: Any
+) -> tuple[dict[str, dict[str, Any]], dict[str, FakeVllmRuntime]]:
+    """Lazy `a` (model-a) on the local host and `c` (model-c) on node-c, and their fake
+    servers (`runtime`: FakeVllmRuntime options, e.g. open_at_start=False)."""
+    port_a, port_c = free_port(), free_port()
+    backends = {
+        "a": lazy(port_a, models=["model-a"], vram_mib=a_mib),
+        "c": on_node_c(port_c, models=["model-c"], vram_mib=c_mib),
+    }
+    runtimes = {
+        name: FakeVllmRuntime(port, models=[f"model-{name}"], **runtime)
+        for name, port in (("a", port_a), ("c", port_c))
+    }
+    return backends, runtimes
+
+
 def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 async def test_each_host_admits_on_its_own_gpu(tmp_path: Path) -> None:
-    port_a, port_c = free_port(), free_port()
-    runtimes = {
-        "a": FakeVllmRuntime(port_a, models=["model-a"]),
-        "c": FakeVllmRuntime(port_c, models=["model-c"]),
-    }
-    backends = {  # 20000 + 20000 MiB would not fit on one simulated 32768 MiB GPU
-        "a": lazy(port_a, models=["model-a"], vram_mib=20000),
-        "c": on_node_c(port_c, models=["model-c"], vram_mib=20000),
-    }
+    # 20000 + 20000 MiB would not fit on one simulated 32768 MiB GPU
+    backends, runtimes = local_and_node_c(a_mib=20000, c_mib=20000)
     async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
         for model in ("model-a", "model-c"):
             answer = await gw.client.post("/v1/chat/completions", json=chat(model))
@@ -127,12 +137,7 @@ async def test_a_start_on_node_c_evicts_only_node_cs_lazy_backend(tmp_path: Path
 
 
 async def test_a_start_too_big_for_node_c_is_refused_naming_node_c(tmp_path: Path) -> None:
-    port_a, port_c = free_port(), free_port()
-    runtimes = runtimes_for(a=port_a, c=port_c)
-    backends = {
-        "a": lazy(port_a, models=["model-a"], vram_mib=1000),
-        "c": on_node_c(port_c, models=["model-c"], vram_mib=40000),
-    }
+    backends, runtimes = local_and_node_c(a_mib=1000, c_mib=40000)
     async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
         refused = await gw.client.post("/v1/chat/completions", json=chat("model-c"))
         assert refused.status_code == 503
@@ -227,12 +232,7 @@ async def test_a_yield_with_pinned_on_node_c_leaves_the_local_pinned_serving(
 
 
 async def test_the_zones_listing_of_node_c_shows_its_gpu_and_zones(tmp_path: Path) -> None:
-    port_a, port_c = free_port(), free_port()
-    runtimes = runtimes_for(a=port_a, c=port_c)
-    backends = {
-        "a": lazy(port_a, models=["model-a"], vram_mib=3000),
-        "c": on_node_c(port_c, models=["model-c"], vram_mib=20000),
-    }
+    backends, runtimes = local_and_node_c(a_mib=3000, c_mib=20000)
     async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
         assert (await gw.client.post("/v1/chat/completions", json=chat("model-c"))).is_success
         body = {"mib": 5000, "holder": "comfyui", "host": "node-c"}
@@ -299,12 +299,7 @@ async def test_a_host_without_a_probe_admits_anything(tmp_path: Path) -> None:
 async def test_one_zone_name_acquired_on_two_hosts_at_once_is_granted_once(
     tmp_path: Path,
 ) -> None:
-    port_a, port_c = free_port(), free_port()
-    runtimes = runtimes_for(a=port_a, c=port_c)
-    backends = {
-        "a": lazy(port_a, models=["model-a"], vram_mib=20000),
-        "c": on_node_c(port_c, models=["model-c"], vram_mib=20000),
-    }
+    backends, runtimes = local_and_node_c(a_mib=20000, c_mib=20000)
     async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
         for model in ("model-a", "model-c"):  # each grant has to evict: it takes a while
             assert (await gw.client.post("/v1/chat/completions", json=chat(model))).is_success
@@ -426,15 +421,7 @@ async def test_a_yield_on_node_c_survives_a_restart_and_keeps_only_its_pinned_do
 async def test_zones_of_a_host_no_longer_configured_are_kept_and_said(
     tmp_path: Path, caplog: Any
 ) -> None:
-    port_a, port_c = free_port(), free_port()
-    backends = {
-        "a": lazy(port_a, models=["model-a"], vram_mib=20000),
-        "c": on_node_c(port_c, models=["model-c"], vram_mib=20000),
-    }
-    runtimes = {
-        "a": FakeVllmRuntime(port_a, models=["model-a"]),
-        "c": FakeVllmRuntime(port_c, models=["model-c"]),
-    }
+    backends, runtimes = local_and_node_c(a_mib=20000, c_mib=20000)
     async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
         acquired = await gw.client.post(
             "/vram/zones/img/acquire", json={"mib": 1000, "holder": "comfyui", "host": "node-c"}
@@ -489,15 +476,7 @@ async def test_starts_on_two_hosts_gpu_0_run_at_once(tmp_path: Path) -> None:
     # One lock per GPU per host: node-c's GPU 0 is not the local GPU 0, so a start there
     # does not wait for a local start to finish (two vLLM servers loading at once on one
     # GPU is what the lock prevents, and these are two GPUs).
-    port_a, port_c = free_port(), free_port()
-    runtimes = {
-        "a": FakeVllmRuntime(port_a, open_at_start=False, models=["model-a"]),
-        "c": FakeVllmRuntime(port_c, open_at_start=False, models=["model-c"]),
-    }
-    backends = {
-        "a": lazy(port_a, models=["model-a"], vram_mib=8000),
-        "c": on_node_c(port_c, models=["model-c"], vram_mib=8000),
-    }
+    backends, runtimes = local_and_node_c(a_mib=8000, c_mib=8000, open_at_start=False)
     async with lifecycle_gateway(backends, runtimes, tmp_path, hosts=NODE_C) as gw:
         requests = [
             asyncio.create_task(gw.client.post("/v1/chat/completions", json=chat(model)))
