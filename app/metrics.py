@@ -39,6 +39,7 @@ UPSTREAM_ERROR_KINDS: Final = (
 )
 WAIT_REASONS: Final = ("wake", "max_inflight", "connection_pool")
 YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
+TOKEN_TYPES: Final = ("prompt", "completion")  # the `type` of the token counters
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 

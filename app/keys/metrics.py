@@ -21,9 +21,10 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
 
+from app.metrics import TOKEN_TYPES
+
 OUTCOMES: Final = ("served", "error", "cancelled", "rate_limited", "forbidden")
 LIMITS: Final = ("rpm", "tpm", "max_concurrent", "daily_cloud_tokens")
-TOKEN_TYPES: Final = ("prompt", "completion")
 
 
 class KeyMetrics:

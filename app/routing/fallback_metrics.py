@@ -16,9 +16,10 @@ Every series is declared at zero from the configuration; labels never come from 
 
 Tokens are read from the `usage` object a response carries, without parsing the body: the
 last `"usage": {...}` in its last bytes. A non-streaming answer always has one; a stream
-has one only when the client asked for it (`stream_options.include_usage`), and the
-gateway does not add it: that would change the bytes it relays. A translated Anthropic
-stream counts its usage from the translator, whatever the client asked.
+has one when the client asked for it (`stream_options.include_usage`), or when the
+gateway added it for a key that counts tokens and takes it out again before the client
+sees it (`app.upstreams.usage`). A translated Anthropic stream counts its usage from the
+translator, whatever the client asked.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ PROVIDER_OUTCOMES: Final = (
     "cancelled",
     *sorted(r for r in REASONS - _NOT_FALLBACK if not r.startswith("local_")),
 )
-TOKEN_TYPES: Final = ("prompt", "completion")
 
 _USAGE: Final = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
 # OpenAI's names, or Anthropic's (a Messages answer, passed through or translated).

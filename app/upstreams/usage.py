@@ -38,12 +38,11 @@ def with_usage(payload: dict[str, Any]) -> dict[str, Any]:
 class UsageStripper:
     """Relays SSE events, holding back the usage-only event, whose tokens go to `count`."""
 
-    __slots__ = ("_count", "_pending", "found")
+    __slots__ = ("_count", "_pending")
 
     def __init__(self, count: Callable[[int, int], None]) -> None:
         self._count = count
         self._pending = b""
-        self.found = False
 
     def feed(self, chunk: bytes) -> bytes:
         """What of `chunk` (with what was held back) to relay now: whole events only."""
@@ -85,6 +84,5 @@ class UsageStripper:
             return False
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if isinstance(prompt, int) and isinstance(completion, int):
-            self.found = True
             self._count(prompt, completion)
         return True
