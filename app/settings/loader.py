@@ -79,9 +79,9 @@ def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Set
         if path.is_file():
             data[key] = _read_yaml(path)
 
-    flags = {"config_dir": directory, **overrides}
+    values: dict[str, Any] = {**data, FLAGS: {"config_dir": directory, **overrides}}
     try:
-        return Settings(**data, **{FLAGS: flags})
+        return Settings(**values)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, directory, environ, overrides)) from None
 
