@@ -191,6 +191,20 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
+        self.state_save_failures = Counter(
+            "state_save_failures",
+            "Saves of the state file (zones, yield, profile) that failed (disk full, "
+            "directory read-only or missing).",
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.state_persisted = Gauge(
+            "state_persisted",
+            "1 when the state file holds what the gateway holds in memory; 0 while an "
+            "ended hold waits for its save to be retried.",
+            namespace=ns,
+            registry=self.registry,
+        )
         self.profile_active = Gauge(
             "profile_active",
             "1 for the active GPU profile, 0 for the others.",

@@ -116,7 +116,8 @@ class Services:
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
             self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
-        self._store = StateStore(settings.state_dir)
+        # The state file: zones, the yield and the profile survive restarts here.
+        self.store = StateStore(settings.state_dir, metrics=metrics, on_change=self.events.changed)
         gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
         arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
@@ -133,7 +134,7 @@ class Services:
         self.profiles = ProfileSwitch(
             settings.gpu_profiles,
             self.backends,
-            self._store,
+            self.store,
             metrics,
             self.events,
             on_switch=self._replan,
@@ -196,7 +197,7 @@ class Services:
         monitor = self._build_monitor(host, gpu, seams, placed)
         arbiter = VramArbiter(
             monitor,
-            self._store,
+            self.store,
             reclaim_timeout_s=gpu.reclaim_timeout_s,
             events=self.events,
             metrics=self.metrics,
@@ -273,6 +274,7 @@ class Services:
     async def close(self) -> None:
         """Stop the background work, then close what was opened, in reverse order."""
         await self.supervisor.close()
+        await self.store.close()  # after the reaper: a last try to save an ended hold
         for backend in self.backends.values():
             await backend.upstream.close()
         await self.cloud.close()

@@ -382,6 +382,9 @@ def status_view(services: Services) -> Json:
         "holds": local["holds"],
         "hosts": hosts,
         "profile": {"active": services.profiles.active},
+        # Whether the state file holds what the gateway holds (an ended hold waits for
+        # its save to be retried while it does not).
+        "state": services.store.status(),
         "fallback": fallback_view(services.cloud.status()),
         # Client keys: scope, limits and use in this process (names only, never secrets).
         "keys": [key.view() for key in services.keys.keys],

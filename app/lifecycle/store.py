@@ -6,27 +6,44 @@ old file with `os.replace`, so a crash leaves the old or the new state, never ha
 one. A file that cannot be read is reported and set aside (renamed `*.corrupt`), and the
 gateway starts with empty state rather than not at all.
 
-A write that fails (the directory read-only, missing or full) raises `StateWriteError`,
-an OpenAI-envelope 500 naming the path and the OS error; the in-memory state stays what
-the file holds. `check_writable()` lets a caller find that out before it acts (a zone
-acquire or a yield checks before it stops anything).
+Two kinds of change, two answers to a write that fails (the directory read-only,
+missing or full):
+
+- `update()` (a new hold: a zone acquired, a yield taken, a profile switched) is refused:
+  `StateWriteError`, an OpenAI-envelope 500 naming the path and the OS error, and the
+  in-memory state stays what it was. `check_writable()` finds that out before the caller
+  acts (a zone acquire or a yield checks before it stops anything).
+- `put()` (the end of a hold: a release, a restore, an expiry) always takes effect in
+  memory, since refusing it would keep backends blocked (and their traffic on paid
+  providers) because of a full disk. The file is then behind: a warning is logged,
+  `microscheduler_state_save_failures_total` counts it, `status()` (in `/status`) says
+  `persisted: false` with the error, and a background task retries the save with a
+  doubling delay (`retry_first_s` up to `retry_max_s`) until it succeeds; any later
+  successful save (or `close()`) writes the pending state too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from app.errors import GatewayError
+from app.metrics import Metrics
+from app.tasks import cancel_and_wait, spawn
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
+# A save that failed for `put()` is retried after this, doubling up to RETRY_MAX_S.
+RETRY_FIRST_S: Final = 1.0
+RETRY_MAX_S: Final = 60.0
 
 
 class StateWriteError(GatewayError):
@@ -49,9 +66,26 @@ class StateStore:
     """Sections (`zones`, `profile`, ...) owned by different parts of the gateway, saved
     together: `update(section, value)` rewrites the file with that section replaced."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        metrics: Metrics | None = None,
+        on_change: Callable[[], None] | None = None,
+        retry_first_s: float = RETRY_FIRST_S,
+        retry_max_s: float = RETRY_MAX_S,
+    ) -> None:
         self.path = directory / STATE_FILE
         self._data: dict[str, Any] | None = None
+        self._metrics = metrics
+        self._on_change = on_change  # `persisted` flipped (the live status shows it)
+        self._retry_first_s = retry_first_s
+        self._retry_max_s = retry_max_s
+        # The last save's error while memory is ahead of the file; None: the file is current.
+        self._pending: str | None = None
+        self._retry: asyncio.Task[None] | None = None
+        if metrics is not None:
+            metrics.state_persisted.set(1)
 
     def names(self) -> list[str]:
         """The sections the file holds."""
@@ -65,11 +99,92 @@ class StateStore:
         return self._data.get(name, default)
 
     def update(self, name: str, value: Any) -> None:
+        """Replace a section and save; a save that fails raises `StateWriteError` and
+        changes nothing. For what starts a hold."""
         if self._data is None:
             self._data = self.load()
         data = {**self._data, name: value}
         self.save(data)  # raises StateWriteError: then nothing changed
         self._data = data
+        self._saved()
+
+    def put(self, name: str, value: Any) -> None:
+        """Replace a section now and save it when the file can be written: never raises
+        for a write that fails (see the module docstring). For what ends a hold."""
+        if self._data is None:
+            self._data = self.load()
+        self._data = {**self._data, name: value}
+        try:
+            self.save(self._data)
+        except StateWriteError as exc:
+            self._behind(exc)
+        else:
+            self._saved()
+
+    @property
+    def persisted(self) -> bool:
+        """Whether the file holds what memory holds."""
+        return self._pending is None
+
+    def status(self) -> dict[str, Any]:
+        """`/status`'s `state`: the file, whether it is current, and why not."""
+        return {"path": str(self.path), "persisted": self.persisted, "error": self._pending}
+
+    def _behind(self, exc: StateWriteError) -> None:
+        first = self._pending is None
+        self._pending = exc.message
+        logger.warning("state kept in memory only, retrying the save path=%s error=%s",
+                       self.path, exc.message)  # fmt: skip
+        if self._metrics is not None:
+            self._metrics.state_persisted.set(0)
+        if self._retry is None or self._retry.done():
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a synchronous caller): the next save or close()
+                pass
+            else:
+                self._retry = spawn(self._retry_saves(), "state-save-retry")
+        if first and self._on_change is not None:
+            self._on_change()
+
+    def _saved(self) -> None:
+        if self._pending is None:
+            return
+        self._pending = None
+        logger.info("state saved again path=%s", self.path)
+        if self._metrics is not None:
+            self._metrics.state_persisted.set(1)
+        if self._on_change is not None:
+            self._on_change()
+
+    async def _retry_saves(self) -> None:
+        delay = self._retry_first_s
+        while self._pending is not None:
+            await asyncio.sleep(delay)
+            if self._pending is None or self._data is None:
+                return
+            try:
+                self.save(self._data)
+            except StateWriteError as exc:
+                self._pending = exc.message
+                delay = min(delay * 2, self._retry_max_s)
+                logger.warning("state save retry failed path=%s error=%s next_in_s=%g",
+                               self.path, exc.message, delay)  # fmt: skip
+            else:
+                self._saved()
+
+    async def close(self) -> None:
+        """Stop retrying; a last try to save what is pending."""
+        await cancel_and_wait(self._retry)
+        self._retry = None
+        if self._pending is not None and self._data is not None:
+            try:
+                self.save(self._data)
+            except StateWriteError as exc:
+                logger.error("state not saved at shutdown: the file is behind path=%s error=%s",
+                             self.path, exc.message)  # fmt: skip
+            else:
+                self._saved()
 
     def check_writable(self) -> None:
         """Write and remove a temporary file next to the state file, fsynced, so a
@@ -115,6 +230,8 @@ class StateStore:
         try:
             self._write(payload)
         except OSError as exc:
+            if self._metrics is not None:
+                self._metrics.state_save_failures.inc()
             raise StateWriteError(self.path, exc) from None
 
     def _write(self, payload: str) -> None:

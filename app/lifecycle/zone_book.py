@@ -16,7 +16,7 @@ from dataclasses import replace
 from app.errors import ErrorCode, NotFound
 from app.events import EventLog
 from app.lifecycle.backend import Backend
-from app.lifecycle.store import StateStore, StateWriteError
+from app.lifecycle.store import StateStore
 from app.lifecycle.zones import Zone
 from app.settings.base import LOCAL_HOST
 
@@ -65,18 +65,12 @@ class ZoneBook:
     def _drop(self, zones: list[Zone], why: str) -> None:
         """Forget `zones`, unblock what they stopped (it wakes on demand), save once.
 
-        Saved first: a release or a restore that cannot be saved raises
-        `StateWriteError` and changes nothing. An expiry goes ahead in memory all the
-        same (the hold's time is up, and the reaper must not die of a full disk); the
-        next save corrects the file, and a start drops expired zones anyway."""
+        Ending a hold always takes effect: a release, a restore or an expiry goes ahead
+        in memory even when the state file cannot be written (a full disk must not keep
+        backends blocked); the store retries the save and `/status` shows the file is
+        behind (`StateStore.put`)."""
         names = {zone.name for zone in zones}
-        try:
-            self._save({n: z for n, z in self.zones.items() if n not in names}, notify=False)
-        except StateWriteError as exc:
-            if why != "expired":
-                raise
-            logger.error("zones expired but the state file was not updated zones=%s error=%s",
-                         ",".join(sorted(names)), exc.message)  # fmt: skip
+        self._persist({n: z for n, z in self.zones.items() if n not in names})
         for zone in zones:
             del self.zones[zone.name]
             for name in zone.blocks:
@@ -119,11 +113,7 @@ class ZoneBook:
                     zone.block_key, zone.describe(), zone.block_kind, zone.expires_at
                 )
         if len(self.zones) != len(saved):
-            try:
-                self._save()  # drop what expired or was malformed
-            except StateWriteError as exc:  # start anyway: the next save corrects the file
-                logger.error("cannot drop expired zones from the state file error=%s",
-                             exc.message)  # fmt: skip
+            self._persist(self.zones)  # drop what expired or was malformed (retried if need be)
         return list(self.zones.values())
 
     def set_zone(self, zone: Zone) -> None:
@@ -144,8 +134,13 @@ class ZoneBook:
             self._drop([zone], why)
         return zone
 
-    def _save(self, zones: Mapping[str, Zone] | None = None, *, notify: bool = True) -> None:
-        held = self.zones if zones is None else zones
-        self.store.update(self._section, [z.to_json() for z in held.values()])
-        if notify and self._events is not None:
+    def _save(self, zones: Mapping[str, Zone]) -> None:
+        """Save `zones` as this host's (a new hold): `StateWriteError` when it cannot."""
+        self.store.update(self._section, [z.to_json() for z in zones.values()])
+        if self._events is not None:
             self._events.changed()  # zones and the yield are part of the live status
+
+    def _persist(self, zones: Mapping[str, Zone]) -> None:
+        """Save `zones` as this host's (a hold ended): never refused, retried when the
+        file cannot be written."""
+        self.store.put(self._section, [z.to_json() for z in zones.values()])

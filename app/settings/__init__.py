@@ -4,7 +4,9 @@ The config directory (`--config DIR`, `MICROSCHEDULER_CONFIG_DIR`, default `conf
 `models.yaml` (required) and, when present, `cloud_providers.yaml` and `gpu_profiles.yaml`.
 Every top-level key of `models.yaml` is a `Settings` field; an environment variable wins
 over the YAML value of the same key (`MICROSCHEDULER_TIMEOUTS__CONNECT_S=2`). Secrets
-(`api_keys`, `admin_key`) come from the environment only.
+(`api_keys`, `admin_key`) come from the environment only. Command-line flags (`serve
+--host`) win over both; the three are validated together, so every check holds whichever
+source a value comes from.
 
 `load_settings()` fails fast with a `ConfigError` whose lines each name the file (or the
 environment variable), the key and the problem.

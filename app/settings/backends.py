@@ -42,7 +42,10 @@ class TimeoutOverridesConfig(StrictConfig):
     idle_s: PositiveFloat | None = None
 
     def apply(self, base: TimeoutsConfig) -> TimeoutsConfig:
-        return base.model_copy(update=self.model_dump(exclude_none=True))
+        # Validated as a whole (a `model_copy(update=...)` would skip every check).
+        return TimeoutsConfig.model_validate(
+            {**base.model_dump(), **self.model_dump(exclude_none=True)}
+        )
 
 
 class ExternalRuntimeConfig(StrictConfig):

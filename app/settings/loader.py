@@ -19,6 +19,7 @@ from app.settings.root import (
     _ENV_ONLY,
     CLOUD_FILE,
     ENV_PREFIX,
+    FLAGS,
     KEYS_FILE,
     MODELS_FILE,
     PROFILES_FILE,
@@ -44,7 +45,8 @@ class ConfigError(Exception):
 def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Settings:
     """Read the config directory and the environment; raise `ConfigError` on any problem.
 
-    `overrides` (from CLI flags) win over everything.
+    `overrides` (from CLI flags) win over everything. All three sources are validated
+    together, by every validator of `Settings` (a flag is checked like the YAML).
     """
     environ = os.environ
     directory = Path(
@@ -66,6 +68,10 @@ def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Set
         for key, fname in _FROM_OTHER_FILES.items()
         if key in data
     ]
+    if FLAGS in data:
+        problems.append(
+            f"{models_path}: {FLAGS}: unknown key (check the spelling against the README)"
+        )
     if problems:
         raise ConfigError(problems)
     for key, fname in _FROM_OTHER_FILES.items():
@@ -73,12 +79,11 @@ def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Set
         if path.is_file():
             data[key] = _read_yaml(path)
 
+    values: dict[str, Any] = {**data, FLAGS: {"config_dir": directory, **overrides}}
     try:
-        settings = Settings(**data)
+        return Settings(**values)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, directory, environ)) from None
-    # Plain values the caller already validated (CLI flags), applied last so they win.
-    return settings.model_copy(update={"config_dir": directory, **overrides})
+        raise ConfigError(_describe(exc, directory, environ, overrides)) from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -100,14 +105,25 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _describe(exc: ValidationError, directory: Path, environ: Mapping[str, str]) -> list[str]:
+def _describe(
+    exc: ValidationError,
+    directory: Path,
+    environ: Mapping[str, str],
+    flags: Mapping[str, Any],
+) -> list[str]:
     lines = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
         message = err["msg"].removeprefix("Value error, ")
+        field, _, rest = message.partition(": ")
+        if not loc and rest and field in Settings.model_fields:
+            # A check across fields that names the field it refuses (`host: ...`).
+            loc, message = [field], rest
         top = loc[0] if loc else ""
         env_name = ENV_PREFIX + "__".join(loc).upper()
-        if top in _FROM_OTHER_FILES:
+        if top in flags:
+            source = f"command line --{top.replace('_', '-')}"
+        elif top in _FROM_OTHER_FILES:
             source = str(directory / _FROM_OTHER_FILES[top])
             loc = loc[1:]
         elif any(

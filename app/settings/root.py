@@ -18,7 +18,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from app.settings.backends import BackendConfig, TimeoutsConfig
 from app.settings.base import StrictConfig
@@ -50,6 +56,11 @@ KEYS_FILE = "keys.yaml"
 
 # Settings fields that only the environment may set.
 _ENV_ONLY = frozenset({"config_dir", "api_keys", "admin_key"})
+
+# The keyword argument of `Settings(...)` holding the command line's values (`serve
+# --host`): they win over the environment, which wins over the YAML (the other keyword
+# arguments). One construction, so every validator sees the values that will be used.
+FLAGS = "<command line>"
 
 
 class ServerConfig(StrictConfig):
@@ -262,8 +273,9 @@ class Settings(BaseSettings):
                 f"host: listening on {self.host} without MICROSCHEDULER_API_KEYS, while "
                 f"fallback chains can send requests to paid providers ({', '.join(paid)}): "
                 "anyone who reaches the port could spend their credits. Set "
-                "MICROSCHEDULER_API_KEYS, or MICROSCHEDULER_ALLOW_UNAUTHENTICATED=1 if that "
-                "is intended (a trusted network)."
+                f"MICROSCHEDULER_API_KEYS (or keys in {KEYS_FILE}), or "
+                "MICROSCHEDULER_ALLOW_UNAUTHENTICATED=1 if that is intended (a trusted "
+                "network)."
             )
         return self
 
@@ -279,8 +291,16 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML arrives as init kwargs; the environment must win over it.
-        return (env_settings, init_settings)
+        # The YAML arrives as init kwargs, the command line's values under `FLAGS`:
+        # flags over the environment over the YAML.
+        assert isinstance(init_settings, InitSettingsSource)
+        files = dict(init_settings.init_kwargs)
+        flags = files.pop(FLAGS, None) or {}
+        return (
+            InitSettingsSource(settings_cls, flags),
+            env_settings,
+            InitSettingsSource(settings_cls, files),
+        )
 
 
 def is_loopback(host: str | None) -> bool:

@@ -257,11 +257,12 @@ async def test_a_flapping_gpu_probe_shows_in_status_and_metrics_and_recovers(
             assert await until(lambda: probe_up_metric("1.0"))
 
 
-async def test_a_release_that_cannot_be_saved_is_refused_and_an_expiry_still_happens(
+async def test_a_release_and_an_expiry_go_ahead_when_the_state_cannot_be_saved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A release asked for is refused like an acquire (the hold stays, on disk and here);
-    a zone whose ttl runs out is dropped all the same, and the reaper lives on."""
+    """Ending a hold is never refused for a full disk (refusing kept backends blocked):
+    the release and the expiry take effect here, the file catches up once it can be
+    written, and the reaper lives on. (tests/api/test_state_behind.py has the rest.)"""
     port = free_port()
     runtimes = {"lazy": FakeVllmRuntime(port, models=[LAZY])}
 
@@ -280,26 +281,27 @@ async def test_a_release_that_cannot_be_saved_is_refused_and_an_expiry_still_hap
         saved = (state_dir / "state.json").read_bytes()
 
         disk_full(state_dir, monkeypatch)
-        refused = await gw.client.post("/vram/zones/held/release")
-        assert refused.status_code == 500, refused.text
-        assert "No space left on device" in refused.json()["error"]["message"]
+        released = await gw.client.post("/vram/zones/held/release")
+        assert released.status_code == 200, released.text
 
         async def zones() -> list[str]:
             listed = (await gw.client.get("/vram/zones")).json()["zones"]
             return sorted(z["zone"] for z in listed)
 
-        async def expired() -> list[str] | None:
-            names = await zones()
-            return names if names == ["held"] else None
+        async def none_held() -> bool:
+            return await zones() == []
 
-        assert await until(expired) == ["held"]  # "short" expired, "held" stayed
-        assert (state_dir / "state.json").read_bytes() == saved  # not rewritten
+        assert await until(none_held)  # "held" released, "short" expired
+        assert (state_dir / "state.json").read_bytes() == saved  # not rewritten (disk full)
+        assert (await gw.client.get("/status")).json()["state"]["persisted"] is False
         monkeypatch.undo()
-        # The reaper survived the failed save: another short zone expires too.
+        # The reaper survived the failed save: another short zone expires too, and the
+        # file (saved by that acquire) holds what memory holds.
         assert (await gw.client.post("/vram/zones/again/acquire", json=short)).status_code == 200
-        assert await until(expired) == ["held"]
+        assert (await gw.client.get("/status")).json()["state"]["persisted"] is True
+        assert await until(none_held)
         on_disk = json.loads((state_dir / "state.json").read_text())
-        assert [z["name"] for z in on_disk["zones"]] == ["held"]
+        assert on_disk["zones"] == []
         assert leftovers(state_dir) == []
 
 

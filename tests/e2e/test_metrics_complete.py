@@ -56,6 +56,8 @@ FAMILIES = (
     "microscheduler_vram_yield_active",
     "microscheduler_vram_yields",
     "microscheduler_vram_yield_freed_bytes",
+    "microscheduler_state_save_failures",
+    "microscheduler_state_persisted",
     "microscheduler_profile_active",
     "microscheduler_backend_enabled",
     "microscheduler_key_requests",
