@@ -59,14 +59,17 @@ bench: $(VENV)/.installed-dev
 # requirements.lock: every runtime dependency of the image, transitive ones and the build
 # backend included, pinned with the sha256 of each of its files on PyPI. For the image's
 # Python (3.11) on Linux; the hashes cover every wheel of a version, so arm64 works too.
+# It takes the newest releases within pyproject.toml's ranges (--upgrade); the build
+# backend (build-system.requires) comes in on stdin. uv is pinned: it writes the lock.
 # After `make lock`, review the diff (SECURITY.md, "Dependencies") and run the tests.
 UV_VERSION := 0.13.9
 LOCK_PYTHON := 3.11
 
-$(BIN)/uv: | $(BIN)/python
+$(VENV)/.uv-$(UV_VERSION): | $(BIN)/python
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	touch $@
 
-lock: $(BIN)/uv
+lock: $(VENV)/.uv-$(UV_VERSION)
 	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(BIN)/uv pip compile --quiet --generate-hashes --no-cache --upgrade \
 	      --python-version $(LOCK_PYTHON) --python-platform x86_64-unknown-linux-gnu \
