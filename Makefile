@@ -6,12 +6,16 @@ CONFIG ?= config/demo
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: run test lint typecheck unit bench check-config clean
+.PHONY: run test lint typecheck unit bench check-config lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The dev install resolves pyproject.toml's ranges afresh (unlocked): the dev tools (pytest,
+# mypy, playwright, schemathesis...) never ship in the image, and a developer should meet a
+# new release of a dependency in the tests before `make lock` puts it in the image. The
+# image installs only requirements.lock, hash-checked (Dockerfile).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
@@ -51,6 +55,25 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/wake.py
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/keys.py
+
+# requirements.lock: every runtime dependency of the image, transitive ones and the build
+# backend included, pinned with the sha256 of each of its files on PyPI. For the image's
+# Python (3.11) on Linux; the hashes cover every wheel of a version, so arm64 works too.
+# It takes the newest releases within pyproject.toml's ranges (--upgrade); the build
+# backend (build-system.requires) comes in on stdin. uv is pinned: it writes the lock.
+# After `make lock`, review the diff (SECURITY.md, "Dependencies") and run the tests.
+UV_VERSION := 0.13.9
+LOCK_PYTHON := 3.11
+
+$(VENV)/.uv-$(UV_VERSION): | $(BIN)/python
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	touch $@
+
+lock: $(VENV)/.uv-$(UV_VERSION)
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
+	  | $(BIN)/uv pip compile --quiet --generate-hashes --no-cache --upgrade \
+	      --python-version $(LOCK_PYTHON) --python-platform x86_64-unknown-linux-gnu \
+	      --custom-compile-command 'make lock' --output-file requirements.lock pyproject.toml -
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

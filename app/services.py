@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
 from app.auth import Authenticator
 from app.events import EventLog
 from app.gpu.collector import GpuCollector
@@ -57,6 +55,7 @@ from app.settings import (
     ProcessRuntimeConfig,
     Settings,
 )
+from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
 from app.upstreams.vllm_load import VllmLoadMetrics
@@ -77,9 +76,9 @@ class Seams:
     as used); it replaces the local host's source only (`hosts:` use their config).
     """
 
-    control_transport: httpx.AsyncBaseTransport | None = None
-    docker_transport: httpx.AsyncBaseTransport | None = None
-    kube_transport: httpx.AsyncBaseTransport | None = None
+    control_transport: AsyncBaseTransport | None = None
+    docker_transport: AsyncBaseTransport | None = None
+    kube_transport: AsyncBaseTransport | None = None
     runtime_factory: RuntimeFactory | None = None
     gpu_source_factory: GpuSourceFactory | None = None
 
@@ -92,7 +91,9 @@ class Services:
         self.registry = Registry.from_backends(settings.backends)
         # The control plane's HTTP client (health, sleep mode, scrapes); client requests
         # go through each backend's own `HttpUpstream`.
-        self.control_client = httpx.AsyncClient(transport=seams.control_transport)
+        self.control_client = async_client(
+            timeout=DEFAULT_TIMEOUT_S, transport=seams.control_transport
+        )
         self.events = EventLog()
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         self.keys = KeyRing.build(

@@ -14,9 +14,15 @@ import os
 from collections.abc import Iterator
 from typing import Any, Final
 
-import httpx
-
 from app.cli.common import FAILED, UNREACHABLE, error
+from app.upstreams.control_http import (
+    InvalidURL,
+    Response,
+    Timeout,
+    TimeoutException,
+    TransportError,
+    sync_client,
+)
 
 FALLBACK_URL: Final = "http://127.0.0.1:8080"
 URL_ENV: Final = "MICROSCHEDULER_URL"
@@ -74,7 +80,7 @@ def _headers() -> tuple[dict[str, str], bool]:
     return headers, bool(key)
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: Response) -> str:
     try:
         body = response.json()
     except ValueError:
@@ -86,7 +92,7 @@ def _error_message(response: httpx.Response) -> str:
     return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {text}" if text else "")
 
 
-def _refused(response: httpx.Response, has_key: bool) -> GatewayRefused:
+def _refused(response: Response, has_key: bool) -> GatewayRefused:
     message = _error_message(response)
     if response.status_code in (401, 403) and not has_key:
         message += f" (set {ADMIN_KEY_ENV} to the gateway's admin key)"
@@ -94,7 +100,7 @@ def _refused(response: httpx.Response, has_key: bool) -> GatewayRefused:
 
 
 def _unreachable(url: str, exc: Exception) -> Unreachable:
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, TimeoutException):
         return Unreachable(
             f"no answer from the gateway at {url} within the timeout ({type(exc).__name__})"
         )
@@ -106,11 +112,11 @@ def call(
 ) -> JsonDict:
     """One admin call; `Unreachable` or `GatewayRefused` unless it answers a JSON object."""
     headers, has_key = _headers()
-    limits = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
+    limits = Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=limits) as client:
+        with sync_client(base_url=url, headers=headers, timeout=limits) as client:
             response = client.request(method, path, json=body)
-    except (httpx.TransportError, httpx.InvalidURL) as exc:
+    except (TransportError, InvalidURL) as exc:
         raise _unreachable(url, exc) from None
     if response.is_error:
         raise _refused(response, has_key)
@@ -129,10 +135,10 @@ def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
     """(event, data) of the server-sent events at `path`, until the gateway ends them.
     No read timeout: the stream sends a keep-alive comment every 15 s."""
     headers, has_key = _headers()
-    timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+    timeout = Timeout(None, connect=CONNECT_TIMEOUT_S)
     try:
         with (
-            httpx.Client(base_url=url, headers=headers, timeout=timeout) as client,
+            sync_client(base_url=url, headers=headers, timeout=timeout) as client,
             client.stream("GET", path) as response,
         ):
             if response.is_error:
@@ -147,5 +153,5 @@ def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
                 elif not line and data:
                     yield event, json.loads("\n".join(data))
                     event, data = "message", []
-    except (httpx.TransportError, httpx.InvalidURL) as exc:
+    except (TransportError, InvalidURL) as exc:
         raise _unreachable(url, exc) from None

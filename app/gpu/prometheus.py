@@ -43,10 +43,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import httpx
-
 from app.gpu.telemetry import MIB, GpuSnapshot, GpuStats, ProbeError
 from app.settings import PrometheusProbeConfig
+from app.upstreams.control_http import (
+    AsyncBaseTransport,
+    HTTPError,
+    Timeout,
+    TimeoutException,
+    async_client,
+)
 
 FB_USED: Final = "DCGM_FI_DEV_FB_USED"
 FB_FREE: Final = "DCGM_FI_DEV_FB_FREE"
@@ -208,16 +213,16 @@ class PrometheusSource:
         self,
         config: PrometheusProbeConfig,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: AsyncBaseTransport | None = None,
         key: str = "gpu.prometheus",
     ) -> None:
         self._config = config
         self._key = key  # where it is configured (hosts.node-c.gpu.prometheus), for hints
         self._endpoint = f"{config.url}/api/v1/query"
         self._query = build_query(config.selector, config.lookback_s)
-        self._client = httpx.AsyncClient(
+        self._client = async_client(
             transport=transport,
-            timeout=httpx.Timeout(config.timeout_s),
+            timeout=Timeout(config.timeout_s),
             headers={"accept": "application/json", **config.headers},
         )
         self._lock = asyncio.Lock()  # one query at a time; concurrent callers share it
@@ -295,11 +300,11 @@ class PrometheusSource:
             response = await self._client.get(
                 self._endpoint, params={"query": self._query}, headers=headers
             )
-        except httpx.TimeoutException:
+        except TimeoutException:
             raise self._error(
                 f"did not answer within {self._config.timeout_s:g} s", "timeout"
             ) from None
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             raise self._error(
                 f"is unreachable ({type(exc).__name__}: {_describe(exc)})", "unreachable"
             ) from None
@@ -337,7 +342,7 @@ class PrometheusSource:
         return ProbeError(f"Prometheus at {self._config.url} {what}", reason=reason)
 
 
-def _describe(exc: httpx.HTTPError) -> str:
+def _describe(exc: HTTPError) -> str:
     cause = exc.__cause__ or exc.__context__
     text = str(exc) or type(exc).__name__
     if cause is not None and str(cause) and str(cause) not in text:

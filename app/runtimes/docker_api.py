@@ -30,10 +30,21 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from app.runtimes.base import RuntimeFailure
 from app.settings import DockerConfig
+from app.upstreams.control_http import (
+    AsyncBaseTransport,
+    AsyncHTTPTransport,
+    ConnectError,
+    ConnectTimeout,
+    HTTPError,
+    PoolTimeout,
+    Response,
+    Timeout,
+    TimeoutException,
+    WriteTimeout,
+    async_client,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +97,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
-def _error_text(response: httpx.Response) -> str:
+def _error_text(response: Response) -> str:
     """The engine's `{"message": ...}`, or a short plain-text rendering of anything else
     (a socket proxy answers 403/502/503 with HTML)."""
     try:
@@ -133,24 +144,24 @@ class DockerApi:
         self,
         settings: DockerConfig,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: AsyncBaseTransport | None = None,
         url_key: str = _URL_KEY,
     ) -> None:
         self._url = settings.url
         self._url_key = url_key  # where its URL is configured, for hints
         self._timeout_s = settings.timeout_s
-        self._timeout = httpx.Timeout(settings.timeout_s)
+        self._timeout = Timeout(settings.timeout_s)
         parts = urlsplit(settings.url)
         self._unix = parts.scheme == "unix"
         if self._unix:
             base_url = "http://docker"  # the host is ignored over a Unix socket, but required
             if transport is None:
-                transport = httpx.AsyncHTTPTransport(uds=parts.path)
+                transport = AsyncHTTPTransport(uds=parts.path)
         else:
             base_url = settings.url
         # trust_env=False: an HTTP(S)_PROXY meant for the internet must not capture the
         # socket proxy (or, worse, replace the Unix socket transport).
-        self._client = httpx.AsyncClient(
+        self._client = async_client(
             base_url=base_url, transport=transport, timeout=self._timeout, trust_env=False
         )
         self._version: str | None = None
@@ -241,7 +252,7 @@ class DockerApi:
         """
         if timeout_s < 0:
             raise ValueError(f"stop timeout must be >= 0 seconds, got {timeout_s}")
-        timeout = httpx.Timeout(self._timeout_s, read=timeout_s + self._timeout_s + STOP_GRACE_S)
+        timeout = Timeout(self._timeout_s, read=timeout_s + self._timeout_s + STOP_GRACE_S)
         response = await self._call(
             "POST",
             f"/containers/{container}/stop",
@@ -268,11 +279,11 @@ class DockerApi:
         path: str,
         *,
         params: dict[str, str] | None = None,
-        http_timeout: httpx.Timeout | None = None,
+        http_timeout: Timeout | None = None,
         ok: tuple[int, ...] = (200,),
         container: str | None = None,
         config_key: str | None = None,
-    ) -> httpx.Response:
+    ) -> Response:
         version = await self._negotiated()
         try:
             return await self._send(
@@ -298,30 +309,30 @@ class DockerApi:
         *,
         call_path: str,
         params: dict[str, str] | None = None,
-        http_timeout: httpx.Timeout | None = None,
+        http_timeout: Timeout | None = None,
         ok: tuple[int, ...],
         container: str | None = None,
         config_key: str | None = None,
-    ) -> httpx.Response:
+    ) -> Response:
         timeout = http_timeout or self._timeout
         call = f"{method} {call_path}"
         try:
             response = await self._client.request(method, url, params=params, timeout=timeout)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except (ConnectError, ConnectTimeout) as exc:
             raise DockerError(
                 f"cannot reach the Docker API at {self._url}: {_describe(exc)} "
                 f"({self._reach_hint()})",
                 reason="unreachable",
             ) from None
-        except httpx.TimeoutException as exc:
-            phase = {httpx.WriteTimeout: "write", httpx.PoolTimeout: "pool"}.get(type(exc), "read")
+        except TimeoutException as exc:
+            phase = {WriteTimeout: "write", PoolTimeout: "pool"}.get(type(exc), "read")
             limit = timeout.as_dict()[phase]
             raise DockerError(
                 f"the Docker API at {self._url} did not answer {call} within "
                 f"{limit if limit is not None else self._timeout_s:g}s ({phase} timeout)",
                 reason="timeout",
             ) from None
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             raise DockerError(
                 f"the Docker API at {self._url} failed during {call}: {_describe(exc)}",
                 reason="unexpected",
@@ -343,7 +354,7 @@ class DockerApi:
 
     def _status_error(
         self,
-        response: httpx.Response,
+        response: Response,
         method: str,
         path: str,
         container: str | None,

@@ -28,12 +28,20 @@ from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from app.runtimes.base import RuntimeFailure
 from app.runtimes.kube_config import Connection, load_connection
 from app.settings import KubernetesConfig
 from app.tasks import OwnedTasks
+from app.upstreams.control_http import (
+    AsyncBaseTransport,
+    AsyncClient,
+    ConnectError,
+    HTTPError,
+    Response,
+    Timeout,
+    TimeoutException,
+    async_client,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +86,14 @@ class KubeApi:
         self,
         config: KubernetesConfig,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: AsyncBaseTransport | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
         self._transport = transport
         self._env = env
         self._connection: Connection | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: AsyncClient | None = None
         self._tasks = OwnedTasks()  # the EndpointSlice watches
 
     @property
@@ -103,10 +111,10 @@ class KubeApi:
         if self._client is not None:
             await self._client.aclose()
 
-    def _connect(self) -> tuple[Connection, httpx.AsyncClient]:
+    def _connect(self) -> tuple[Connection, AsyncClient]:
         if self._connection is None or self._client is None:
             connection = load_connection(self._config, self._env)
-            self._client = httpx.AsyncClient(
+            self._client = async_client(
                 base_url=connection.server,
                 verify=connection.verify,
                 transport=self._transport,
@@ -136,7 +144,7 @@ class KubeApi:
         `KubeError` (a 410 one is `expired`)."""
         connection, client = self._connect()
         query = {**params, "watch": "1", "timeoutSeconds": str(timeout_s)}
-        timeout = httpx.Timeout(self._config.timeout_s, read=timeout_s + self._config.timeout_s)
+        timeout = Timeout(self._config.timeout_s, read=timeout_s + self._config.timeout_s)
         for attempt in (0, 1):
             headers = self._auth(connection, reread=attempt > 0)
             try:
@@ -156,17 +164,17 @@ class KubeApi:
                             raise _status_failure(event.get("object"), None, call, connection)
                         yield event
                     return
-            except httpx.HTTPError as exc:
+            except HTTPError as exc:
                 raise _transport_failure(exc, call, self.url) from None
 
     async def _json(self, method: str, path: str, call: Call, **kwargs: Any) -> Any:
         connection, client = self._connect()
-        response: httpx.Response | None = None
+        response: Response | None = None
         for attempt in (0, 1):
             headers = {**kwargs.pop("headers", {}), **self._auth(connection, reread=attempt > 0)}
             try:
                 response = await client.request(method, path, headers=headers, **kwargs)
-            except httpx.HTTPError as exc:
+            except HTTPError as exc:
                 raise _transport_failure(exc, call, self.url) from None
             if response.status_code == 401 and attempt == 0 and connection.rereadable:
                 logger.warning("kubernetes api 401, re-reading the token and retrying once")
@@ -190,7 +198,7 @@ class KubeApi:
         token = connection.bearer(reread=reread)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def _failure(self, response: httpx.Response, call: Call, connection: Connection) -> KubeError:
+    def _failure(self, response: Response, call: Call, connection: Connection) -> KubeError:
         try:
             body = response.json()
         except ValueError:
@@ -213,7 +221,7 @@ def _event(line: str, call: Call) -> dict[str, Any]:
 
 
 def _status_failure(
-    body: Any, response: httpx.Response | None, call: Call, connection: Connection
+    body: Any, response: Response | None, call: Call, connection: Connection
 ) -> KubeError:
     """A `Status` object (an error answer, or a watch's ERROR event) as an operator message."""
     status: dict[str, Any] = body if isinstance(body, dict) else {}
@@ -248,14 +256,14 @@ def _status_failure(
     return KubeError(message, reason=reason, status=code)
 
 
-def _transport_failure(exc: httpx.HTTPError, call: Call, url: str) -> KubeError:
-    if isinstance(exc, httpx.TimeoutException):
+def _transport_failure(exc: HTTPError, call: Call, url: str) -> KubeError:
+    if isinstance(exc, TimeoutException):
         return KubeError(
             f"the Kubernetes API server at {url} did not answer in time to {call.describe()} "
             "(kubernetes.timeout_s)",
             reason="timeout",
         )
-    if isinstance(exc, httpx.ConnectError):
+    if isinstance(exc, ConnectError):
         return KubeError(
             f"cannot reach the Kubernetes API server at {url} to {call.describe()}: {exc} "
             "(kubernetes.kubeconfig / kubernetes.api_url, or the pod's network policy)",

@@ -23,8 +23,15 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
-import httpx
-
+from app.upstreams.control_http import (
+    AsyncClient,
+    ConnectError,
+    HTTPError,
+    InvalidURL,
+    Response,
+    StreamError,
+    TimeoutException,
+)
 from app.upstreams.vllm_load import BackendLoad, MetricsParseError, ScrapeError, parse_vllm_load
 
 HEALTH_TIMEOUT_S: Final = 2.0
@@ -45,7 +52,7 @@ class VllmClient:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: AsyncClient,
         base_url: str,
         *,
         headers: Mapping[str, str] | None = None,
@@ -68,7 +75,7 @@ class VllmClient:
         """None when the server answers its health check with 200, else why not."""
         try:
             response = await self._client.get(self._health_url, timeout=HEALTH_TIMEOUT_S)
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             return f"{type(exc).__name__}: {exc}".rstrip(": ")
         if response.status_code == 200:
             return None
@@ -123,7 +130,7 @@ class VllmClient:
         params: dict[str, str] | None,
         *,
         json: dict[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> Response:
         try:
             response = await self._client.request(
                 method,
@@ -133,7 +140,7 @@ class VllmClient:
                 headers=self._headers,
                 timeout=self._timeout_s,
             )
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             raise ControlError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         if response.status_code == 404:
             raise SleepUnsupported(
@@ -161,13 +168,13 @@ class VllmClient:
         url = f"{self._base}/metrics"
         try:
             response = await self._client.get(url, headers=self._headers, timeout=timeout_s)
-        except httpx.ConnectError as exc:
+        except ConnectError as exc:
             raise ScrapeError(f"cannot connect to {url}: {exc}", kind="connect") from None
-        except httpx.TimeoutException:
+        except TimeoutException:
             raise ScrapeError(
                 f"GET {url} timed out after {timeout_s:g} s", kind="timeout"
             ) from None
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+        except (HTTPError, InvalidURL, StreamError) as exc:
             raise ScrapeError(f"GET {url} failed: {exc!r}", kind="request") from None
         if response.status_code != 200:
             raise ScrapeError(f"GET {url} answered HTTP {response.status_code}", kind="status")

@@ -1,6 +1,7 @@
 """The layout's rules, checked on the source: no import cycle between app modules
 (`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
-of `app/`, FastAPI only in the API layer. Read with `ast`; nothing is imported or run."""
+of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`.
+Read with `ast`; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -109,6 +110,35 @@ def test_only_the_api_layer_imports_the_web_framework() -> None:
         if name.split(".")[0] in FRAMEWORK
     )
     assert offenders == []
+
+
+# httpx (no release since 2024-12) is reached through one module, so moving the control
+# plane to a maintained fork is a change of that module alone. Tests may import httpx.
+HTTPX_OWNER = "app.upstreams.control_http"
+
+
+def httpx_offences(module: str, path: Path) -> list[str]:
+    return [
+        f"{module} imports {name}"
+        for name in imported(module, path)
+        if name.split(".")[0] == "httpx" and module != HTTPX_OWNER
+    ]
+
+
+def test_the_httpx_check_catches_an_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import httpx\nfrom httpx import AsyncClient\n")
+    assert httpx_offences("app.gpu.bad", bad) == [
+        "app.gpu.bad imports httpx",
+        "app.gpu.bad imports httpx",
+        "app.gpu.bad imports httpx.AsyncClient",
+    ]
+    assert httpx_offences(HTTPX_OWNER, bad) == []
+
+
+def test_only_the_control_http_module_imports_httpx() -> None:
+    assert "httpx" in set(imported(HTTPX_OWNER, MODULES[HTTPX_OWNER]))
+    assert [o for m, p in MODULES.items() for o in httpx_offences(m, p)] == []
 
 
 # The planner is pure math: no I/O library, no file reading, nothing of the app but errors.
