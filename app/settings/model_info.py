@@ -41,7 +41,8 @@ How it is served (the vLLM flags the footprint depends on), with the defaults:
 - `max_num_seqs` (`--max-num-seqs`): 4. The KV budget is `max_model_len x max_num_seqs`
   tokens: that many full-length sequences at once;
 - `kv_dtype` (`--kv-cache-dtype`): `auto`, the model's dtype; any `plan kv` format (fp8,
-  tq4, tq3k4v, ...), passed to vLLM as written;
+  vLLM's `turboquant_4bit_nc`, ... sized with its full-precision boundary layers and slot
+  layout, see `app/planner/kv.py`; the article's tq4, tq3k4v, ...), passed to vLLM as written;
 - `cuda_graphs`: true, costing `graphs_gib` (0.8) inside vLLM's `--gpu-memory-utilization`
   budget: since vLLM 0.21 the graphs are profiled and their estimate is taken from the KV
   cache (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1` by default, `vllm/envs.py`;

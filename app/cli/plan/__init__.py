@@ -177,7 +177,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kv-dtype",
         default="auto",
-        help="fp16, bf16, fp32, fp8, tqN, tqKkVv (default auto: the model's dtype)",
+        help="fp16, bf16, fp32, fp8, vLLM's turboquant_k8v4, turboquant_4bit_nc, "
+        "turboquant_k3v4_nc, turboquant_3bit_nc, the article's tqN, tqKkVv "
+        "(default auto: the model's dtype)",
     )
 
 
