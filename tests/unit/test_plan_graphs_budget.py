@@ -117,6 +117,7 @@ def test_plan_profile_prints_the_variable_that_keeps_graphs_outside(
     data = run_json(["plan", "profile", "--config", str(tmp_path)], capsys)
     current, old = data["instances"]
     # Both pinned at 0.30 x 48 GiB = 14.4 GiB of budget, 0.5 GiB of CUDA context, 0.8 of graphs.
+    assert (current["graphs_in_budget"], old["graphs_in_budget"]) == (True, False)
     assert current["env"] == {}
     assert current["expected_used_gib"] == pytest.approx(0.5 + 14.4)
     assert old["env"] == {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}
