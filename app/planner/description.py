@@ -42,6 +42,7 @@ class PlannedModel:
     max_num_seqs: int
     cuda_graphs: bool
     graph_bytes: int
+    graphs_in_budget: bool  # vLLM >= 0.21 takes the graphs from the budget (see share.py)
     overhead_bytes: int
     cuda_context_bytes: int
     gpu_memory_utilization: float | None
@@ -139,6 +140,7 @@ def resolve(info: ModelDescription | None, hf: DescribedFile | None) -> PlannedM
         max_num_seqs=info.max_num_seqs,
         cuda_graphs=info.cuda_graphs,
         graph_bytes=gib_to_bytes(info.graphs_gib),
+        graphs_in_budget=not info.graphs_outside_budget,
         overhead_bytes=gib_to_bytes(info.overhead_gib),
         cuda_context_bytes=gib_to_bytes(info.cuda_context_gib),
         gpu_memory_utilization=info.gpu_memory_utilization,

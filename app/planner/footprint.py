@@ -13,10 +13,13 @@ Planner, per GPU, for a backend on N GPUs (tensor parallel N):
 - KV budget = bytes per token x `max_model_len` x `max_num_seqs` / min(N, KV heads) (an MLA
   latent is not split);
 - the instance as `app/planner/share.py` models it: CUDA context + `U x T` (vLLM's budget for
-  weights, runtime overhead and KV cache) + CUDA graphs (captured outside the budget), with
-  `U` the smallest `--gpu-memory-utilization` step that leaves the KV budget on an otherwise
-  empty GPU of `T` MiB (or the pinned `gpu_memory_utilization`). Without `T`, or when it does
-  not fit on `T` at all, the sum of the parts with exactly the KV budget.
+  weights, runtime overhead, CUDA graphs and KV cache: vLLM >= 0.21 takes the graphs' profiled
+  estimate from the budget, `determine_available_memory` in `vllm/v1/worker/gpu_worker.py`),
+  with `U` the smallest `--gpu-memory-utilization` step that leaves the KV budget on an
+  otherwise empty GPU of `T` MiB (or the pinned `gpu_memory_utilization`). With
+  `model_info.graphs_outside_budget` (vLLM < 0.21, or `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+  =0`) the graphs come on top: CUDA context + `U x T` + CUDA graphs. Without `T`, or when it
+  does not fit on `T` at all, the sum of the parts with exactly the KV budget.
 
 How the gateway uses it (admission when `vram_mib` is absent; planned vs measured in /status)::
 
@@ -62,6 +65,7 @@ class PlannerParts:
     kv_cache_bytes: float  # what vLLM allocates: at least the KV budget
     kv_budget_bytes: int
     cuda_graphs_bytes: int
+    graphs_in_budget: bool  # inside `U x T` (vLLM >= 0.21) or on top of it
     overhead_bytes: int  # activation peak + non-torch memory
     cuda_context_bytes: int
     gpu_memory_utilization: float | None  # None: no GPU total to plan against
@@ -106,6 +110,7 @@ def instance_spec(
         cuda_context_bytes=planned.cuda_context_bytes,
         enforce_eager=not graphs,
         gpu_memory_utilization=utilization,
+        graphs_in_budget=planned.graphs_in_budget,
     )
 
 
@@ -131,6 +136,7 @@ def footprint_of(spec: InstanceSpec, plan: InstancePlan | None) -> Footprint:
         kv_cache_bytes=kv,
         kv_budget_bytes=spec.kv_bytes,
         cuda_graphs_bytes=spec.graphs,
+        graphs_in_budget=spec.graphs_in_budget,
         overhead_bytes=spec.overhead_bytes,
         cuda_context_bytes=spec.cuda_context_bytes,
         gpu_memory_utilization=None if plan is None else plan.gpu_memory_utilization,

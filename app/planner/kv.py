@@ -25,9 +25,33 @@ Cache formats (``--kv-cache-dtype``):
   70-dim ``tq3`` vector needs ceil(210 / 8) + 4 = 27 + 4 = 31 bytes. For MLA a ``tqN`` format
   packs the whole latent+RoPE vector as one vector; split key/value formats make no sense there.
 
+- vLLM's TurboQuant cache dtypes, sized exactly as vLLM 0.33 lays them out
+  (``vllm/model_executor/layers/quantization/turboquant/config.py``, ``TurboQuantConfig``):
+
+  ``turboquant_k8v4`` (FP8 keys, 4-bit values), ``turboquant_4bit_nc``, ``turboquant_k3v4_nc``
+  and ``turboquant_3bit_nc`` (``TQ_PRESETS``). One slot per KV head and token holds the key and
+  the value (``slot_size``): key ``ceil(d x key_bits / 8) + 2`` (MSE indices + an fp16
+  ``vec_norm``; FP8 keys are ``d`` bytes, no norm: ``key_packed_size``), value
+  ``ceil(d x value_bits / 8) + 4`` (fp16 scale and zero: ``value_packed_size``), the sum
+  rounded up to an even number (``slot_size_aligned``, which
+  ``TurboQuantAttentionBackend.customize_spec`` in ``vllm/v1/attention/backends/
+  turboquant_attn.py`` makes the page's per-head bytes). The first and last
+  ``min(2, layers // 2)`` layers keep the model's own dtype
+  (``TurboQuantConfig.get_boundary_skip_layers``, added to ``kv_cache_dtype_skip_layers`` by
+  ``EngineArgs.create_engine_config`` in ``vllm/engine/arg_utils.py``; a skipped layer's cache
+  dtype is ``auto``, ``vllm/model_executor/layers/attention/attention.py``). All layers are
+  full attention with one block size, so vLLM puts them in one group whose page is the sum of
+  the layers' pages (``UniformTypeKVCacheSpecs.page_size_bytes``,
+  ``vllm/v1/kv_cache_interface.py``): bytes per token = the sum over layers. Qwen3-8B (36
+  layers, 8 KV heads, d = 128) in ``turboquant_4bit_nc``: slot (64 + 2) + (64 + 4) = 134,
+  ``32 x 8 x 134 + 4 x 8 x 512 = 50,688`` bytes per token. vLLM turns boundary protection off
+  for hybrid (attention + Mamba) models; the planner, which counts every layer as attention,
+  assumes a dense model. vLLM has no TurboQuant backend for MLA, so MLA models refuse them.
+
 Aliases accepted: ``float16``/``half``, ``bfloat16``, ``float32``/``float``, ``fp8_e4m3``/
-``fp8_e5m2``, the article's ``tq-t4nc``/``tq-k3v4nc`` and vLLM's ``turboquant_*`` names (sized by
-the packing rule above, which may differ slightly from a given kernel's page padding).
+``fp8_e5m2``, and the TurboQuant article's ``tq-t4nc``/``tq-k3v4nc`` (its patched vLLM 0.19
+fork's names, sized by the ``tqN`` packing rule above; vLLM 0.33 takes the ``turboquant_*``
+names instead).
 """
 
 from __future__ import annotations
@@ -44,34 +68,83 @@ _PLAIN_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8}
 
 _ALIASES = {
     **FLOAT_ALIASES,
-    # The TurboQuant article's flag values and vLLM's turboquant cache dtypes.
+    # The TurboQuant article's flag values (its vLLM 0.19 fork).
     "tq-t4nc": "tq4",
     "tq-k3v4nc": "tq3k4v",
-    "turboquant_4bit_nc": "tq4",
-    "turboquant_3bit_nc": "tq3",
-    "turboquant_k3v4_nc": "tq3k4v",
-    "turboquant_k8v4": "tq8k4v",
 }
+
+#: vLLM 0.33's TurboQuant presets: (key bits, value bits); 8-bit keys are FP8
+#: (`TQ_PRESETS`, vllm/model_executor/layers/quantization/turboquant/config.py).
+TURBOQUANT_PRESETS: dict[str, tuple[int, int]] = {
+    "turboquant_k8v4": (8, 4),
+    "turboquant_4bit_nc": (4, 4),
+    "turboquant_k3v4_nc": (3, 4),
+    "turboquant_3bit_nc": (3, 3),
+}
+#: Layers kept at the model's dtype at each end of a dense model (`get_boundary_skip_layers`'s
+#: default `n`, vllm/model_executor/layers/quantization/turboquant/config.py).
+TURBOQUANT_BOUNDARY_LAYERS = 2
 
 _TQ_SYMMETRIC = re.compile(r"tq(\d+)")
 _TQ_SPLIT = re.compile(r"tq(\d+)k(\d+)v")
 
-KNOWN_KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "tqN", "tqKkVv", "auto")
+KNOWN_KV_DTYPES = (
+    "fp32",
+    "fp16",
+    "bf16",
+    "fp8",
+    "tqN",
+    "tqKkVv",
+    *TURBOQUANT_PRESETS,
+    "auto",
+)
 
 
 @dataclass(frozen=True)
 class KvDtype:
-    """One KV-cache storage format: bits per key / value element and per-vector norm bytes."""
+    """One KV-cache storage format: bits per key / value element and per-vector norm bytes.
+
+    ``turboquant``: vLLM's TurboQuant slot layout, with its boundary layers at ``native_bits``
+    (the model's dtype) instead of ``norm_bytes`` (see the module docstring).
+    """
 
     name: str
     key_bits: int
     value_bits: int
     norm_bytes: int = 0
+    turboquant: bool = False
+    native_bits: int = 16
 
     @property
     def packed(self) -> bool:
-        """True for vector-quantised formats that store a norm next to every vector."""
-        return self.norm_bytes > 0
+        """True for vector-quantised formats (a norm or scale next to every vector)."""
+        return self.norm_bytes > 0 or self.turboquant
+
+
+def turboquant_slot_bytes(key_bits: int, value_bits: int, head_dim: int) -> int:
+    """Bytes of one KV head's key + value at one token in vLLM's TurboQuant layout.
+
+    `TurboQuantConfig.slot_size_aligned` (vllm/model_executor/layers/quantization/turboquant/
+    config.py): key `ceil(d x bits / 8) + 2` (fp16 norm) or `d` for FP8 keys
+    (`key_packed_size`), value `ceil(d x bits / 8) + 4` (fp16 scale and zero,
+    `value_packed_size`), the sum rounded up to even.
+    """
+    key = head_dim if key_bits == 8 else -(-head_dim * key_bits // 8) + 2
+    value = -(-head_dim * value_bits // 8) + 4
+    slot = key + value
+    return slot + slot % 2
+
+
+def turboquant_boundary_layers(layers: int) -> int:
+    """Layers vLLM keeps at the model's dtype: the first and last `min(2, layers // 2)`.
+
+    `TurboQuantConfig.get_boundary_skip_layers` (dense models) in
+    vllm/model_executor/layers/quantization/turboquant/config.py.
+    """
+    n = min(TURBOQUANT_BOUNDARY_LAYERS, layers // 2)
+    if n <= 0:
+        return 0
+    return len(set(range(n)) | set(range(layers - n, layers)))
 
 
 def vector_bytes(bits: int, dim: int, norm_bytes: int = 0) -> int:
@@ -94,6 +167,11 @@ def parse_kv_dtype(name: str, *, model_dtype: str | None = None) -> KvDtype:
     """
     raw = name
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in TURBOQUANT_PRESETS:
+        key_bits, value_bits = TURBOQUANT_PRESETS[key]
+        # Boundary layers are cached as `auto`: the model's dtype.
+        native = parse_kv_dtype("auto", model_dtype=model_dtype or "bf16")
+        return KvDtype(key, key_bits, value_bits, turboquant=True, native_bits=native.key_bits)
     if key == "auto":
         if model_dtype is None:
             raise ValueError("KV dtype 'auto' needs the model's torch_dtype; pass --kv-dtype")
@@ -166,6 +244,8 @@ class AttentionShape:
 def kv_bytes_per_token(shape: AttentionShape, kv_dtype: KvDtype | str) -> int:
     """KV-cache bytes one token occupies across all layers (whole model, one GPU's worth)."""
     dtype = parse_kv_dtype(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+    if dtype.turboquant:
+        return _turboquant_bytes_per_token(shape, dtype)
     if shape.kv_lora_rank is not None:
         assert shape.rope_head_dim is not None
         if dtype.key_bits != dtype.value_bits:
@@ -181,6 +261,20 @@ def kv_bytes_per_token(shape: AttentionShape, kv_dtype: KvDtype | str) -> int:
         dtype.value_bits, shape.head_dim, dtype.norm_bytes
     )
     return shape.layers * shape.kv_heads * per_head
+
+
+def _turboquant_bytes_per_token(shape: AttentionShape, dtype: KvDtype) -> int:
+    """Packed layers' slots plus the boundary layers at the model's dtype (module docstring)."""
+    if shape.is_mla:
+        # Only TurboQuantAttentionBackend (vllm/v1/attention/backends/turboquant_attn.py, standard
+        # decoder attention) takes turboquant_* cache dtypes; no MLA backend lists them.
+        raise ValueError(f"KV dtype {dtype.name!r}: vLLM has no TurboQuant backend for MLA models")
+    assert shape.kv_heads is not None
+    assert shape.head_dim is not None
+    boundary = turboquant_boundary_layers(shape.layers)
+    slot = turboquant_slot_bytes(dtype.key_bits, dtype.value_bits, shape.head_dim)
+    native = 2 * vector_bytes(dtype.native_bits, shape.head_dim)
+    return shape.kv_heads * ((shape.layers - boundary) * slot + boundary * native)
 
 
 def kv_cache_bytes(bytes_per_token: int, context_tokens: int, sequences: int = 1) -> int:

@@ -10,6 +10,11 @@ prints the result.
   (`app/planner/share.py`): the profile's `vram_pct / 100` pins its `--gpu-memory-utilization`
   (else its `model_info.gpu_memory_utilization`, else the planner chooses), `cuda_graphs`
   and `sleep_mode` override the backend's.
+- CUDA graphs count inside the `--gpu-memory-utilization` budget, as vLLM >= 0.21 does; a
+  backend with `model_info.graphs_outside_budget` is planned with them on top, and its
+  command's environment gets `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0` so that a current
+  vLLM behaves as planned (`vllm/envs.py`, `Worker.determine_available_memory` in
+  `vllm/v1/worker/gpu_worker.py`; an older vLLM ignores the variable or has it off).
 - A backend without a description is not planned; when its memory is known (`vram_mib`, or
   the profile's `vram_pct`) that much is counted as in use before the first instance starts
   (the cautious side for the start-up checks); otherwise it is listed as not counted.
@@ -29,6 +34,8 @@ from app.planner.share import InstancePlan, InstanceSpec, SharePlan, ShareReques
 from app.planner.units import MIB, bytes_to_gib
 
 SLEEP_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+#: vLLM >= 0.21 without its CUDA-graph estimate: graphs on top of the budget (`vllm/envs.py`).
+GRAPHS_OUTSIDE_BUDGET_ENV = {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,7 @@ def vllm_command(
     plan: InstancePlan,
     *,
     sleep_mode: bool,
+    graphs_outside_budget: bool = False,
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """`vllm serve ...` for one instance (argv) and the environment it needs."""
     model = planned.repo or config.served_model
@@ -153,6 +161,8 @@ def vllm_command(
     argv += ["--max-model-len", str(planned.max_model_len)]
     argv += ["--max-num-seqs", str(planned.max_num_seqs)]
     env: dict[str, str] = {}
+    if graphs_outside_budget:
+        env.update(GRAPHS_OUTSIDE_BUDGET_ENV)
     if sleep_mode:
         argv.append("--enable-sleep-mode")
         env.update(SLEEP_MODE_ENV)
@@ -255,7 +265,13 @@ def _plan_gpu(
         sleep = chosen.sleep_mode if chosen is not None else None
         if sleep is None:
             sleep = config.yield_.method == "sleep"
-        argv, env = vllm_command(config, planned, plan, sleep_mode=sleep)
+        argv, env = vllm_command(
+            config,
+            planned,
+            plan,
+            sleep_mode=sleep,
+            graphs_outside_budget=bool(spec.graphs) and not spec.graphs_in_budget,
+        )
         instances.append(
             PlannedInstance(
                 backend=backend,

@@ -4,8 +4,8 @@ Pure functions; no I/O. A later caller (e.g. a ``plan profile`` command reading 
 config) builds a :class:`ShareRequest` of :class:`InstanceSpec` in start order and calls
 :func:`plan_share`.
 
-Memory model (vLLM V1 worker, ``vllm/v1/worker/gpu_worker.py``; per-instance accounting since
-vLLM PR #18974). ``T`` is the GPU's total memory; for each instance, in start order:
+Memory model (vLLM 0.33's V1 worker, ``vllm/v1/worker/gpu_worker.py``; per-instance accounting
+since vLLM PR #18974). ``T`` is the GPU's total memory; for each instance, in start order:
 
 ``F``
     memory free on the GPU when it starts: ``T`` minus whatever other processes hold
@@ -13,31 +13,47 @@ vLLM PR #18974). ``T`` is the GPU's total memory; for each instance, in start or
     Instances must start one at a time (vLLM #55827: instances that profile concurrently
     charge each other's loading to their own budget).
 ``C`` (``cuda_context_bytes``)
-    CUDA context (+ NCCL buffers) the instance creates *before* vLLM takes its start-up memory
-    snapshot. It is neither checked nor budgeted, but it occupies memory.
+    CUDA context (+ NCCL buffers, cuBLAS handles) the instance creates *before* vLLM takes its
+    start-up memory snapshot (``Worker.init_device``). It is neither checked nor budgeted, but
+    it occupies memory.
 ``W``, ``O``, ``G``, ``K``
     weights; runtime overhead (activation peak of the profiling run + non-torch allocations,
-    which the profile charges to the instance); CUDA-graph memory (0 with ``--enforce-eager``);
-    the KV-cache budget the instance should get.
+    which the profile charges to the instance); CUDA-graph memory (0 with ``--enforce-eager``,
+    where vLLM's ``cudagraph_mode`` is ``NONE``); the KV-cache budget the instance should get.
 
 Start-up check (always, whatever the other flags)
     ``F - C >= U x T``: vLLM refuses to start when the free memory at its snapshot is below the
-    requested fraction of *total* memory. So ``U`` is a budget for the whole instance, not a
-    share of what is free, and a later instance must ask for no more than what is left.
+    requested fraction of *total* memory ("Free memory on device ... on startup is less than
+    desired GPU memory utilization", ``vllm/v1/worker/utils.py`` ``request_memory``, with
+    ``requested = ceil(T x U)``). So ``U`` is a budget for the whole instance, not a share of
+    what is free, and a later instance must ask for no more than what is left.
 
 ``--gpu-memory-utilization U`` alone (KV from the budget)
-    KV = ``U x T - W - O`` (also ``- G`` when ``graphs_in_budget``, i.e. vLLM's
-    ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1``; by default vLLM captures graphs after the
-    KV cache is allocated and does not count them, so they come on top of the budget).
-    It must be > 0 (else "No available memory for the cache blocks") and should be >= ``K``.
-    The instance then holds ``C + U x T + G_outside_budget``. The planner picks the smallest
-    ``U`` on a ``utilization_step`` grid with ``U x T >= W + O + K (+ G)``.
+    KV = ``U x T - W - O - G`` (``Worker.determine_available_memory`` in
+    ``vllm/v1/worker/gpu_worker.py``: ``requested_memory - non_kv_cache_memory -
+    cudagraph_memory_estimate_applied``). Since vLLM 0.21 the CUDA graphs are profiled before
+    the KV cache is sized and their estimate is taken from the budget
+    (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to ``1``, ``vllm/envs.py``), so they
+    sit *inside* ``U x T`` and the instance holds ``C + U x T``. vLLM logs "CUDA graph memory
+    profiling is enabled (default since v0.21.0). The current --gpu-memory-utilization=U is
+    equivalent to --gpu-memory-utilization=U' without CUDA graph memory profiling. ..."
+    (``gpu_worker.py``, ``determine_available_memory``).
+    With ``graphs_in_budget=False`` on an instance (vLLM < 0.21, or
+    ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``; ``plan share --graphs-outside-budget``,
+    ``model_info.graphs_outside_budget``) KV = ``U x T - W - O`` and the graphs, captured after
+    the KV cache is allocated, come on top: the instance holds ``C + U x T + G``.
+    KV must be > 0 (else "No available memory for the cache blocks",
+    ``vllm/v1/core/kv_cache_planning.py`` ``_check_enough_kv_cache_memory``) and should be
+    >= ``K``. The planner picks the smallest ``U`` on a ``utilization_step`` grid with
+    ``U x T >= W + O + K (+ G when in the budget)``.
 
 ``--kv-cache-memory-bytes K`` (+ a ``U`` that only has to pass the start-up check)
-    vLLM skips the budget and allocates exactly ``K``; the instance holds ``C + W + O + G + K``.
-    ``U`` is set to that footprint (without ``C``) rounded *down* to the grid, so the start-up
-    check asks for no more than the instance will really take and still fails early if the
-    memory is not there.
+    vLLM skips the budget (and the graph estimate: ``determine_available_memory`` returns ``K``
+    before profiling the graphs, ``vllm/config/cache.py``) and allocates exactly ``K``; the
+    instance holds ``C + W + O + G + K`` whatever ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
+    says. ``U`` is set to that footprint (without ``C``) rounded *down* to the grid, so the
+    start-up check asks for no more than the instance will really take and still fails early if
+    the memory is not there.
 
 Either way the instance must physically fit: its footprint must be <= ``F``, or it runs out of
 memory while loading, allocating the KV cache, or capturing CUDA graphs.
@@ -54,9 +70,14 @@ choice when ``O`` is uncertain (it fixes the KV size; ``U`` fixes the footprint 
 
 What the model does not cover: memory other processes allocate *after* an instance started,
 fragmentation, vLLM's optional 150 MiB safety margin, and LoRA / speculative-decoding buffers
-(add them to ``O``). Read ``W``, ``O`` and ``G`` from vLLM's own start-up log ("Actual usage is
-X GiB for weight, Y GiB for peak activation, Z GiB for non-torch memory, and G GiB for
-CUDAGraph memory") for accurate plans.
+(add them to ``O``). For accurate plans read the parts from vLLM 0.33's start-up log
+(``gpu_worker.py``, ``compile_or_warm_up_model``): "Free memory on device (F/T GiB) on
+startup. Desired GPU memory utilization is (U, R GiB). Actual usage is X GiB for consumed
+memory (weights + non-torch), Y GiB for peak activation, and G GiB for CUDAGraph memory. ..."
+``W + O`` is ``X`` plus ``Y`` minus the graph estimate that ``Y`` includes while graph
+profiling is on (``peak_activation_memory`` adds ``cudagraph_memory_estimate_applied``); the
+estimate itself is in "CUDA graph pool memory: G GiB (actual), E GiB (estimated), ...", and the
+KV cache vLLM got in "Available KV cache memory: KV GiB".
 """
 
 from __future__ import annotations
@@ -88,7 +109,12 @@ class InstanceSpec:
 
     ``gpu_memory_utilization`` pins a value to check instead of letting the planner choose;
     ``kv_mode`` forces (``"utilization"`` / ``"kv-bytes"``) or leaves to the planner
-    (``"auto"``) whether ``--kv-cache-memory-bytes`` is used.
+    (``"auto"``) whether ``--kv-cache-memory-bytes`` is used. ``graphs_in_budget``: vLLM takes
+    the CUDA graphs' estimate from the ``--gpu-memory-utilization`` budget (vLLM >= 0.21, where
+    ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`` is the default: ``vllm/envs.py``,
+    ``Worker.determine_available_memory`` in ``vllm/v1/worker/gpu_worker.py``); False for
+    vLLM < 0.21 or a server started with ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``, whose
+    graphs come on top of the budget.
     """
 
     name: str
@@ -100,6 +126,7 @@ class InstanceSpec:
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None
     kv_mode: KvMode = "auto"
+    graphs_in_budget: bool = True
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -125,6 +152,11 @@ class InstanceSpec:
         return 0 if self.enforce_eager else self.graph_bytes
 
     @property
+    def graphs_charged(self) -> int:
+        """CUDA-graph memory vLLM takes from the ``--gpu-memory-utilization`` budget."""
+        return self.graphs if self.graphs_in_budget else 0
+
+    @property
     def footprint_bytes(self) -> int:
         """Memory the instance holds with exactly its KV budget, CUDA context included."""
         return (
@@ -144,7 +176,6 @@ class ShareRequest:
     instances: tuple[InstanceSpec, ...]
     baseline_used_bytes: int = 0
     reserve_bytes: int = 0
-    graphs_in_budget: bool = False
     legacy_accounting: bool = False
     utilization_step: float = DEFAULT_UTILIZATION_STEP
 
@@ -243,7 +274,8 @@ def _evaluate(
 ) -> _Outcome:
     total = req.total_bytes
     ctx = spec.cuda_context_bytes
-    graphs_in = spec.graphs if req.graphs_in_budget else 0
+    # --kv-cache-memory-bytes returns before the graphs are profiled: on top either way.
+    graphs_in = spec.graphs_charged if mode == "utilization" else 0
     requested = utilization * total
     snapshot_free = free - ctx
     problems: list[str] = []
@@ -294,9 +326,7 @@ def _evaluate(
 
 def _utilization_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> _Outcome | str:
     total = req.total_bytes
-    needed: float = spec.weight_bytes + spec.overhead_bytes + spec.kv_bytes
-    if req.graphs_in_budget:
-        needed += spec.graphs
+    needed: float = spec.weight_bytes + spec.overhead_bytes + spec.kv_bytes + spec.graphs_charged
     if req.legacy_accounting:
         needed += (total - free) + spec.cuda_context_bytes
     utilization = _ceil_to_grid(needed, total, req.utilization_step)
@@ -350,7 +380,7 @@ def _why_no_utilization(spec: InstanceSpec, req: ShareRequest, free: float) -> s
     terms = ["weights", "overhead", "KV budget"]
     needed: float = spec.weight_bytes + spec.overhead_bytes + spec.kv_bytes
     graphs_out = spec.graphs
-    if req.graphs_in_budget:
+    if spec.graphs_in_budget and spec.graphs:
         needed += spec.graphs
         graphs_out = 0
         terms.append("CUDA graphs")
@@ -461,6 +491,12 @@ def plan_share(req: ShareRequest) -> SharePlan:
     earlier_graphs: list[tuple[str, int]] = []
     for spec in req.instances:
         outcome, notes = _choose(spec, req, free)
+        if spec.graphs and not spec.graphs_in_budget and outcome.mode == "utilization":
+            notes.append(
+                f"its CUDA graphs ({_gib(spec.graphs)}) are planned on top of "
+                "--gpu-memory-utilization: true for vLLM < 0.21; a newer vLLM needs "
+                "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 in its environment"
+            )
         step = req.utilization_step
         if spec.gpu_memory_utilization is not None:
             step = min(step, 10.0 ** -_decimals_of(spec.gpu_memory_utilization))

@@ -41,9 +41,17 @@ How it is served (the vLLM flags the footprint depends on), with the defaults:
 - `max_num_seqs` (`--max-num-seqs`): 4. The KV budget is `max_model_len x max_num_seqs`
   tokens: that many full-length sequences at once;
 - `kv_dtype` (`--kv-cache-dtype`): `auto`, the model's dtype; any `plan kv` format (fp8,
-  tq4, tq3k4v, ...), passed to vLLM as written;
-- `cuda_graphs`: true, costing `graphs_gib` (0.8) outside vLLM's budget; false plans
+  vLLM's `turboquant_4bit_nc`, ... sized with its full-precision boundary layers and slot
+  layout, see `app/planner/kv.py`; the article's tq4, tq3k4v, ...), passed to vLLM as written;
+- `cuda_graphs`: true, costing `graphs_gib` (0.8) inside vLLM's `--gpu-memory-utilization`
+  budget: since vLLM 0.21 the graphs are profiled and their estimate is taken from the KV
+  cache (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1` by default, `vllm/envs.py`;
+  `determine_available_memory` in `vllm/v1/worker/gpu_worker.py`). False plans
   `--enforce-eager` (a GPU profile's `cuda_graphs` wins over it);
+- `graphs_outside_budget`: false. True for a vLLM older than 0.21, or one started with
+  `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0` (`plan profile` then prints that variable in
+  the command's environment): the graphs come on top of the budget, so the planner adds them
+  to the footprint instead of taking them from the KV cache;
 - `overhead_gib` (activation peak and non-torch memory): 1.0; `cuda_context_gib`: 0.5 (see
   `app/planner/share.py`). CUDA context + overhead + graphs = 2.3 GiB, KAITO's base overhead;
 - `gpu_memory_utilization`: none, the planner chooses it; a value pins it (a GPU profile's
@@ -52,7 +60,9 @@ How it is served (the vLLM flags the footprint depends on), with the defaults:
   Hugging Face id, else the backend's first model id).
 
 Read the real weights, overhead and CUDA-graph memory from vLLM's start-up log ("Actual usage
-is X GiB for weight, ...") and put them here for exact plans.
+is X GiB for consumed memory (weights + non-torch), Y GiB for peak activation, and G GiB for
+CUDAGraph memory", `vllm/v1/worker/gpu_worker.py`; how to split it: `app/planner/share.py`)
+and put them here for exact plans.
 """
 
 from __future__ import annotations
@@ -101,6 +111,7 @@ class ModelInfoConfig(StrictConfig):
     kv_dtype: str = "auto"
     cuda_graphs: bool = True
     graphs_gib: NonNegativeFloat = DEFAULT_GRAPHS_GIB
+    graphs_outside_budget: bool = False
     overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
     cuda_context_gib: NonNegativeFloat = DEFAULT_CUDA_CONTEXT_GIB
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None

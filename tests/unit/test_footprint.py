@@ -31,13 +31,20 @@ FOURTEEN_B = {
 #   overhead  1 GiB = 1,024 MiB; CUDA context 0.5 GiB = 512 MiB; CUDA graphs 0.8 GiB = 819.2 MiB
 # No GPU total: the parts with exactly the KV budget:
 #   512 + 27,236.938 + 1,024 + 819.2 + 6,144 = 35,736.138 -> 35,737 MiB
-# On a 48 GiB GPU (49,152 MiB): vLLM's budget must hold weights + overhead + KV:
+# On a 48 GiB GPU (49,152 MiB), vLLM 0.33 (graphs inside the budget: KV = U x T - W - O - G,
+# Worker.determine_available_memory in vllm/v1/worker/gpu_worker.py): the budget must hold
+# weights + overhead + CUDA graphs + KV:
+#   27,236.938 + 1,024 + 819.2 + 6,144 = 35,224.138 MiB = 0.71664 x 49,152 -> U = 0.72
+#   0.72 x 49,152 = 35,389.44 MiB, KV gets 35,389.44 - 27,236.938 - 1,024 - 819.2 = 6,309.30 MiB
+#   used = CUDA context 512 + 35,389.44 = 35,901.44 -> 35,902
+# With model_info.graphs_outside_budget (vLLM < 0.21, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0):
 #   27,236.938 + 1,024 + 6,144 = 34,404.938 MiB = 0.69997 x 49,152 -> U = 0.70 (0.01 steps)
 #   0.70 x 49,152 = 34,406.4 MiB, KV gets 34,406.4 - 27,236.938 - 1,024 = 6,145.46 MiB
 #   used = CUDA context 512 + 34,406.4 + graphs outside the budget 819.2 = 35,737.6 -> 35,738
 WEIGHTS_MIB = 28_560_000_000 / MIB
 NO_GPU_MIB = 35_737
-ON_48_GIB_MIB = 35_738
+ON_48_GIB_MIB = 35_902
+OLD_ON_48_GIB_MIB = 35_738
 
 
 def backend(**fields: Any) -> BackendConfig:
@@ -66,25 +73,38 @@ def test_the_14b_example_by_hand_on_a_48_gib_gpu() -> None:
     assert footprint.mib == ON_48_GIB_MIB
     parts = footprint.parts
     assert parts is not None
-    assert parts.gpu_memory_utilization == 0.70
+    assert parts.gpu_memory_utilization == 0.72
     assert parts.kv_cache_memory_bytes is None
-    assert parts.kv_cache_bytes / MIB == pytest.approx(34_406.4 - WEIGHTS_MIB - 1024)
+    assert parts.kv_cache_bytes / MIB == pytest.approx(35_389.44 - WEIGHTS_MIB - 1024 - 819.2)
+    assert parts.graphs_in_budget is True
     assert parts.fits_gpu is True
     assert parts.problems == ()
     assert footprint_view(footprint) == {
         "mib": ON_48_GIB_MIB,
         "source": "planner",
         "weights_mib": 27_237,
-        "kv_cache_mib": 6_145,
+        "kv_cache_mib": 6_309,
         "kv_budget_mib": 6_144,
         "cuda_graphs_mib": 819,
         "overhead_mib": 1_024,
         "cuda_context_mib": 512,
-        "gpu_memory_utilization": 0.70,
+        "gpu_memory_utilization": 0.72,
         "kv_cache_memory_bytes": None,
         "fits_gpu": True,
         "problems": [],
     }
+
+
+def test_graphs_outside_budget_restores_the_old_accounting() -> None:
+    old = backend(model_info={**FOURTEEN_B, "graphs_outside_budget": True})
+    footprint = planned_footprint_mib(old, gpu_total_mib=49_152)
+    assert footprint is not None
+    assert footprint.mib == OLD_ON_48_GIB_MIB
+    parts = footprint.parts
+    assert parts is not None
+    assert parts.gpu_memory_utilization == 0.70
+    assert parts.kv_cache_bytes / MIB == pytest.approx(34_406.4 - WEIGHTS_MIB - 1024)
+    assert parts.graphs_in_budget is False
 
 
 def test_enforce_eager_drops_the_graphs() -> None:
@@ -102,15 +122,15 @@ def test_enforce_eager_drops_the_graphs() -> None:
 
 def test_tensor_parallel_splits_weights_and_kv() -> None:
     # 2 GPUs of 24 GiB: weights 27,236.938 / 2 = 13,618.47 MiB, KV 6,144 / 2 = 3,072 MiB.
-    # 13,618.47 + 1,024 + 3,072 = 17,714.47 = 0.72080 x 24,576 -> U = 0.73 = 17,940.48 MiB;
-    # used = 512 + 17,940.48 + 819.2 = 19,271.68 -> 19,272 MiB on each GPU.
+    # 13,618.47 + 1,024 + 819.2 (graphs) + 3,072 = 18,533.67 = 0.75414 x 24,576 -> U = 0.76
+    # = 18,677.76 MiB; used = 512 + 18,677.76 = 19,189.76 -> 19,190 MiB on each GPU.
     footprint = planned_footprint_mib(
         backend(model_info=FOURTEEN_B, gpus=[0, 1]), gpu_total_mib=24_576
     )
     assert footprint is not None
-    assert footprint.mib == 19_272
+    assert footprint.mib == 19_190
     assert footprint.parts is not None
-    assert footprint.parts.gpu_memory_utilization == 0.73
+    assert footprint.parts.gpu_memory_utilization == 0.76
 
 
 def test_an_mla_latent_is_not_split_over_gpus() -> None:
@@ -157,11 +177,18 @@ def test_planner_is_last() -> None:
 
 
 def test_a_pinned_utilization_is_what_the_instance_takes() -> None:
-    # U = 0.80 of 49,152 = 39,321.6 MiB; + 512 + 819.2 = 40,652.8 -> 40,653.
+    # U = 0.80 of 49,152 = 39,321.6 MiB, the graphs inside it (vLLM 0.33): + 512 = 39,833.6
+    # -> 39,834. The old accounting counted the 819.2 MiB of graphs a second time: 40,653.
     pinned = backend(model_info={**FOURTEEN_B, "gpu_memory_utilization": 0.8})
     footprint = planned_footprint_mib(pinned, gpu_total_mib=49_152)
     assert footprint is not None
-    assert footprint.mib == 40_653
+    assert footprint.mib == 39_834
+    old = backend(
+        model_info={**FOURTEEN_B, "gpu_memory_utilization": 0.8, "graphs_outside_budget": True}
+    )
+    old_footprint = planned_footprint_mib(old, gpu_total_mib=49_152)
+    assert old_footprint is not None
+    assert old_footprint.mib == 40_653
 
 
 def test_hf_config_is_read_at_load_and_never_again(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def test_kv_shard_limit() -> None:
         ("tq4", KvDtype("tq4", 4, 4, 4)),
         ("tq-t4nc", KvDtype("tq4", 4, 4, 4)),
         ("tq-k3v4nc", KvDtype("tq3k4v", 3, 4, 4)),
-        ("turboquant_k8v4", KvDtype("tq8k4v", 8, 4, 4)),
+        ("turboquant_k8v4", KvDtype("turboquant_k8v4", 8, 4, turboquant=True)),
         ("tq4k4v", KvDtype("tq4", 4, 4, 4)),
     ],
 )

@@ -3,10 +3,14 @@
 The article's GPU reports 31.84 GiB. Its instance B (DeepSeek-R1-14B-AWQ) has 9.4 GiB of weights,
 a 1 GiB KV budget and runs with --enforce-eager; instance A (the 8B orchestrator) has 6.4 GiB of
 weights, ~1.6 GiB of KV, ~8 GiB of CUDA graphs (captures [1, 2, 4]) and ~4.7 GiB of overhead.
+The article ran vLLM 0.19, before vLLM 0.21 took the CUDA graphs' estimate from the
+--gpu-memory-utilization budget, so its orchestrator is planned with graphs_in_budget=False (the
+old accounting); test_graphs_inside_or_outside_the_budget has what current vLLM does.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -50,6 +54,7 @@ def orchestrator(**overrides: Any) -> InstanceSpec:
         "kv_bytes": gib(1.6),
         "graph_bytes": gib(8.0),
         "overhead_bytes": gib(4.7),
+        "graphs_in_budget": False,  # vLLM 0.19: graphs on top of the budget
     }
     values.update(overrides)
     return InstanceSpec(**values)
@@ -263,22 +268,26 @@ def test_the_articles_table_leaves_a_third_of_a_gib_not_5_8() -> None:
 # ---------------------------------------------------------------- graphs, rounding, reserve
 
 
-def test_own_graphs_that_do_not_fit_recommend_eager_or_fewer_sizes() -> None:
+@pytest.mark.parametrize("graphs_in_budget", [True, False])
+def test_own_graphs_that_do_not_fit_recommend_eager_or_fewer_sizes(graphs_in_budget: bool) -> None:
     # 24 GiB GPU: 0.5 + 14 + 1 + 8 (graphs) + 2 = 25.5 GiB > 24: 1.5 GiB short, so the graphs
-    # may take at most 8 - 1.5 = 6.5 GiB.
+    # may take at most 8 - 1.5 = 6.5 GiB, wherever vLLM counts them.
     spec = InstanceSpec(
         name="big",
         weight_bytes=gib(14),
         kv_bytes=gib(2),
         graph_bytes=gib(8),
         overhead_bytes=gib(1),
+        graphs_in_budget=graphs_in_budget,
     )
     plan = plan_share(ShareRequest(total_bytes=gib(24), instances=(spec,)))
     item = plan.instances[0]
     assert not item.ok
-    assert (
-        "are captured last, outside --gpu-memory-utilization, and do not fit" in (item.problems[0])
-    )
+    # Inside: U x 24 >= 14 + 1 + 2 + 8 = 25 GiB has no U <= 1; outside: U = 0.71 passes the KV
+    # check but 0.5 + 17.04 + 8 > 24. Either way the planner falls back to
+    # --kv-cache-memory-bytes, where vLLM captures the graphs after the fixed KV cache.
+    assert item.mode == "kv-bytes"
+    assert "are captured last, outside --gpu-memory-utilization, and do not fit" in item.problems[0]
     assert item.advice[1] == (
         "its CUDA graphs do not fit: use --enforce-eager (frees 8.00 GiB) or capture fewer batch "
         "sizes (lower --max-num-seqs or the compilation config's max_cudagraph_capture_size) so "
@@ -287,23 +296,52 @@ def test_own_graphs_that_do_not_fit_recommend_eager_or_fewer_sizes() -> None:
 
 
 def test_graphs_inside_or_outside_the_budget() -> None:
+    # vLLM 0.33, Worker.determine_available_memory (vllm/v1/worker/gpu_worker.py):
+    #   available_kv_cache_memory_bytes = requested_memory - non_kv_cache_memory
+    #                                     - cudagraph_memory_estimate_applied
+    # with the estimate applied while VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (vllm/envs.py's
+    # default since v0.21.0). W = 10, O = 1, G = 4, K = 2 GiB on a 24 GiB GPU, C = 0.5 GiB.
     spec = InstanceSpec(
         name="m", weight_bytes=gib(10), kv_bytes=gib(2), graph_bytes=gib(4), overhead_bytes=gib(1)
     )
-    # Default (graphs captured after the KV cache, on top): U = ceil(13 / 24 = 0.5417) = 0.55,
-    # KV = 13.2 - 11 = 2.2 GiB, holds 0.5 + 13.2 + 4 = 17.7 GiB.
-    outside = plan_share(ShareRequest(total_bytes=gib(24), instances=(spec,))).instances[0]
-    assert outside.flags[1] == "0.55"
-    assert outside.kv_bytes / GIB == pytest.approx(2.2)
-    assert outside.expected_used_bytes / GIB == pytest.approx(17.7)
-    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1: U = ceil(17 / 24 = 0.7083) = 0.71,
-    # KV = 17.04 - 15 = 2.04 GiB, holds 0.5 + 17.04 = 17.54 GiB.
-    inside = plan_share(
-        ShareRequest(total_bytes=gib(24), instances=(spec,), graphs_in_budget=True)
-    ).instances[0]
-    assert inside.flags[1] == "0.71"
+    assert spec.graphs_in_budget  # the default is current vLLM
+    # Inside (the default): U = ceil((10 + 1 + 2 + 4) / 24 = 17 / 24 = 0.7083) = 0.71,
+    # KV = 0.71 x 24 - 10 - 1 - 4 = 17.04 - 15 = 2.04 GiB, holds C + U x T = 0.5 + 17.04 = 17.54.
+    inside = plan_share(ShareRequest(total_bytes=gib(24), instances=(spec,))).instances[0]
+    assert inside.flags == ("--gpu-memory-utilization", "0.71")
     assert inside.kv_bytes / GIB == pytest.approx(2.04)
     assert inside.expected_used_bytes / GIB == pytest.approx(17.54)
+    assert inside.notes == ()
+    # The option (vLLM < 0.21 or VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0), the old accounting:
+    # U = ceil((10 + 1 + 2) / 24 = 0.5417) = 0.55, KV = 13.2 - 11 = 2.2 GiB,
+    # holds C + U x T + G = 0.5 + 13.2 + 4 = 17.7 GiB.
+    old = replace(spec, graphs_in_budget=False)
+    outside = plan_share(ShareRequest(total_bytes=gib(24), instances=(old,))).instances[0]
+    assert outside.flags == ("--gpu-memory-utilization", "0.55")
+    assert outside.kv_bytes / GIB == pytest.approx(2.2)
+    assert outside.expected_used_bytes / GIB == pytest.approx(17.7)
+    assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in outside.notes[0]
+
+
+def test_a_utilization_planned_for_graphs_on_top_starves_a_current_vllm() -> None:
+    # The finding: U = 0.55 was planned with the graphs on top. vLLM 0.33 takes them from the
+    # budget: KV = 0.55 x 24 - 10 - 1 - 4 = 13.2 - 15 < 0 -> "No available memory for the cache
+    # blocks" (vllm/v1/core/kv_cache_planning.py, _check_enough_kv_cache_memory).
+    spec = InstanceSpec(
+        name="m",
+        weight_bytes=gib(10),
+        kv_bytes=gib(2),
+        graph_bytes=gib(4),
+        overhead_bytes=gib(1),
+        gpu_memory_utilization=0.55,
+    )
+    item = plan_share(ShareRequest(total_bytes=gib(24), instances=(spec,))).instances[0]
+    assert not item.runs
+    assert item.kv_bytes / GIB == pytest.approx(-1.8)
+    assert item.problems[0].startswith(
+        "KV check fails: 13.20 GiB budget - weights 10.00 GiB - overhead 1.00 GiB - CUDA graphs "
+        "4.00 GiB = -1.80 GiB"
+    )
 
 
 def test_tight_fit_switches_to_kv_cache_memory_bytes() -> None:
@@ -447,6 +485,7 @@ def test_every_ok_instance_passes_vllms_checks_and_fits(
             cuda_context_bytes=gib(c),
             enforce_eager=eager,
             kv_mode=mode,
+            graphs_in_budget=graphs_in_budget,
         )
         for index, (w, k, g, o, c, eager, mode) in enumerate(raw)
     )
@@ -454,7 +493,6 @@ def test_every_ok_instance_passes_vllms_checks_and_fits(
         total_bytes=gib(total),
         instances=specs,
         baseline_used_bytes=gib(total * baseline),
-        graphs_in_budget=graphs_in_budget,
         legacy_accounting=legacy,
     )
     plan = plan_share(request)

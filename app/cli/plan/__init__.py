@@ -102,7 +102,8 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         f"{bytes_to_gib(DEFAULT_INSTANCE_OVERHEAD_BYTES):g}), cuda-context-gib (default "
         f"{bytes_to_gib(DEFAULT_CUDA_CONTEXT_BYTES):g}), util (check a given "
         "--gpu-memory-utilization), mode=auto|utilization|kv-bytes (kv-bytes alone = "
-        "mode=kv-bytes: use --kv-cache-memory-bytes).",
+        "mode=kv-bytes: use --kv-cache-memory-bytes), graphs-outside-budget (its vLLM runs "
+        "with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 or is older than 0.21).",
     )
     share.add_argument("--gpu-gib", type=float, required=True, help="GPU memory in GiB")
     share.add_argument(
@@ -121,11 +122,16 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     share.add_argument(
         "--reserve-gib", type=float, default=0.0, help="memory that must stay free at the end"
     )
-    share.add_argument(
-        "--graphs-in-budget",
+    graphs = share.add_mutually_exclusive_group()
+    graphs.add_argument(
+        "--graphs-outside-budget",
         action="store_true",
-        help="vLLM counts CUDA graphs in its budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
+        help="CUDA graphs come on top of --gpu-memory-utilization, as in vLLM < 0.21 or with "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (default: inside it, as vLLM >= 0.21 "
+        "profiles them; one instance: its graphs-outside-budget flag)",
     )
+    # The default since vLLM 0.21; kept so that command lines written for it still run.
+    graphs.add_argument("--graphs-in-budget", action="store_true", help=argparse.SUPPRESS)
     share.add_argument(
         "--legacy-accounting",
         action="store_true",
@@ -171,7 +177,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kv-dtype",
         default="auto",
-        help="fp16, bf16, fp32, fp8, tqN, tqKkVv (default auto: the model's dtype)",
+        help="fp16, bf16, fp32, fp8, vLLM's turboquant_k8v4, turboquant_4bit_nc, "
+        "turboquant_k3v4_nc, turboquant_3bit_nc, the article's tqN, tqKkVv "
+        "(default auto: the model's dtype)",
     )
 
 

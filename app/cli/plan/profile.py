@@ -53,6 +53,7 @@ def _profile_instance_json(item: PlannedInstance) -> JsonDict:
         "kv_budget_gib": gib3(spec.kv_bytes),
         "cuda_graphs": not spec.enforce_eager,
         "graphs_gib": gib3(spec.graphs),
+        "graphs_in_budget": spec.graphs_in_budget,
         "overhead_gib": gib3(spec.overhead_bytes),
         "cuda_context_gib": gib3(spec.cuda_context_bytes),
         "sleep_mode": item.sleep_mode,

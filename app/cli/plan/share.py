@@ -36,7 +36,7 @@ from app.planner.weights import params_from_billions, served_dtype
 T = TypeVar("T")
 
 
-_FLAG_KEYS = {"eager", "enforce-eager", "kv-bytes"}
+_FLAG_KEYS = {"eager", "enforce-eager", "kv-bytes", "graphs-outside-budget"}
 
 
 _VALUE_KEYS = {
@@ -107,8 +107,14 @@ def _gib_value(values: dict[str, str], key: str, where: str) -> int | None:
     return None if number is None else gib_to_bytes(number)
 
 
-def parse_instance_spec(text: str, index: int) -> InstanceSpec:
-    """Parse one ``--instance`` value (see ``plan share --help``)."""
+def parse_instance_spec(
+    text: str, index: int, *, graphs_outside_budget: bool = False
+) -> InstanceSpec:
+    """Parse one ``--instance`` value (see ``plan share --help``).
+
+    `graphs_outside_budget` (``--graphs-outside-budget``) applies to every instance; an
+    instance's own ``graphs-outside-budget`` flag to that one.
+    """
     where = f"--instance #{index}"
     values, flags = _split_spec(text, where)
     name = values.get("name") or f"instance-{index}"
@@ -160,6 +166,7 @@ def parse_instance_spec(text: str, index: int) -> InstanceSpec:
             enforce_eager=bool(flags & {"eager", "enforce-eager"}),
             gpu_memory_utilization=util if util is not None else pinned,
             kv_mode=mode,
+            graphs_in_budget=not (graphs_outside_budget or "graphs-outside-budget" in flags),
         )
     except ValueError as exc:
         raise UsageError(f"{where}: {exc}") from exc
@@ -234,14 +241,14 @@ def _share_table(plan: SharePlan) -> str:
 def run_share(args: argparse.Namespace) -> int:
     """``plan share``: flags for several vLLM instances started one after another."""
     specs = tuple(
-        parse_instance_spec(text, index) for index, text in enumerate(args.instance, start=1)
+        parse_instance_spec(text, index, graphs_outside_budget=args.graphs_outside_budget)
+        for index, text in enumerate(args.instance, start=1)
     )
     request = ShareRequest(
         total_bytes=gib_to_bytes(args.gpu_gib),
         instances=specs,
         baseline_used_bytes=gib_to_bytes(args.baseline_gib),
         reserve_bytes=gib_to_bytes(args.reserve_gib),
-        graphs_in_budget=args.graphs_in_budget,
         legacy_accounting=args.legacy_accounting,
         utilization_step=args.utilization_step,
     )
