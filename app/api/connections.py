@@ -15,8 +15,9 @@ default).
   idle longest (kept alive, or opened and silent). When every connection has a request in
   flight, the newcomer is held in one of `RESERVE` reserve slots for at most
   `RESERVE_HEAD_S`: a `GET /health` or `/ready` is served there (probes must not restart a
-  busy gateway), anything else is answered 503. A full reserve gives its oldest waiting
-  slot (503) to the newcomer, so an attacker cannot hold it.
+  busy gateway), anything else is answered 503. A full reserve gives the slot of its oldest
+  connection whose head is not complete (503) to the newcomer, so an attacker cannot hold
+  it; a probe with its whole head is answered at once and closed.
 - A refusal (408, 431, 503) is written, the connection half-closed, and what the client
   still sends read and dropped for up to `LINGER_S` before closing (at most `MAX_LINGERING`
   such sockets): closing with its request unread would send a TCP reset that destroys
@@ -238,8 +239,12 @@ class GatewayProtocol(HttpToolsProtocol):
         self._disarm_head_timer()
         reserve = self.slots.reserve
         if len(reserve) >= RESERVE:
-            waiting = next((c for c, gate in reserve.items() if gate is not None), None)
-            if waiting is None:  # every reserve slot is serving a probe
+            # Waiting: for its request line (a gate), or for the rest of a probe's head.
+            waiting = next(
+                (c for c, gate in reserve.items() if gate is not None or c.head_bytes is not None),
+                None,
+            )
+            if waiting is None:  # every reserve slot is answering a probe
                 self._refuse(self._too_many())
                 return
             waiting._refuse(waiting._too_many())

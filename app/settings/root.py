@@ -63,10 +63,11 @@ class ServerConfig(StrictConfig):
       Only when every connection has a request in flight does the newcomer wait in one of
       a few reserve slots (`app.api.connections.RESERVE`, 8) for its request line, at most
       2 s: `GET /health` and `GET /ready` are served (a liveness probe must not restart a
-      busy gateway), anything else is answered 503; a full reserve gives its oldest
-      waiting slot (503) to the newcomer, so silent sockets cannot hold it. A refusal is
-      written, the connection half-closed and the client's unread request drained for up
-      to 2 s, so the client reads the 503 instead of a TCP reset. Uvicorn's own
+      busy gateway), anything else is answered 503; a full reserve gives the slot whose
+      head is incomplete longest (503) to the newcomer, so slow sockets cannot hold it.
+      A refusal is written, the connection half-closed and the client's unread request
+      drained for up to 2 s (256 such sockets at most), so the client reads the 503
+      instead of a TCP reset. Uvicorn's own
       `limit_concurrency` is not used: it counts idle connections too and answers the *new
       request* 503, so a few hundred idle sockets would lock every real client out.
     - `header_timeout_s` (10): the request line and headers must arrive within this of

@@ -230,6 +230,15 @@ async def test_probes_answer_when_every_connection_is_busy(gateway: Gateway) -> 
         for _, writer in silent:
             writer.close()
         assert {a.status for a in answers} == {503}
+        # Nor can sockets that ask for /health and never finish their head.
+        posing = [await asyncio.open_connection(HOST, gateway.port) for _ in range(20)]
+        for _, writer in posing:
+            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            await writer.drain()
+        health = await raw_request(gateway.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert health.status == 200, health
+        for _, writer in posing:
+            writer.close()
         other = await raw_request(gateway.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         assert other.status == 503, other
         assert other.error()["code"] == "too_many_connections"
