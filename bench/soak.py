@@ -9,7 +9,11 @@ script; the client is one asyncio process (aiohttp). Phases, one at a time:
 1. slow streams: N concurrent streaming chat requests of about S seconds each, first direct
    to the paced fake, then through the gateway, every stream read to `data: [DONE]`; the
    gateway's RSS and open file descriptors are sampled every 0.2 s from a thread;
-2. short requests: R non-streaming chat requests at concurrency C, direct then gateway.
+2. short requests: R non-streaming chat requests at concurrency C, direct then gateway;
+3. idle connections: silent sockets beyond the connection cap;
+4. attacks (`bench/attacks.py`): heads dribbled by 1,100 and 2,000 sockets while normal
+   requests are made (served / total), and a chunked body followed by 200 MiB of trailer
+   fields (refused); the gateway's RSS before, at its peak and after each.
 
 Targets are reported, not enforced: the exit code is 1 only when something broke (a
 process did not start, a response was wrong or failed, the file limit is too low).
@@ -35,6 +39,7 @@ import aiohttp
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import attacks
 from bench.overhead import CHAT_PATH, HOST, Proc, log, machine, pct
 
 SLOW_MODEL = "soak-slow"
@@ -533,6 +538,7 @@ def render(res: dict[str, Any]) -> str:
         ["Idle connections: a normal GET /health every 0.2 s meanwhile: count / p50 / max (ms)",
          "", f"{idle['normal_requests']} / {idle['normal_p50_ms']} / {idle['normal_max_ms']}",
          "", "", ""],
+        *attacks.rows(res["attacks"]),
     ]  # fmt: skip
     kind = "QUICK smoke run (counts too small to mean much)" if res["quick"] else "full run"
     packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
@@ -606,6 +612,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="idle sockets opened to the gateway (default 10000; quick 300; 100000 needs "
         "ulimit -n above that)",
     )
+    p.add_argument(
+        "--dribblers",
+        help="comma-separated counts of sockets dribbling heads (default 1100,2000; quick 1100)",
+    )
+    p.add_argument(
+        "--trailer-mib", type=int, help="trailer fields sent after a chunked body (default 200)"
+    )
     a = p.parse_args(argv)
     q = a.quick
     a.streams = a.streams or (50 if q else 1000)
@@ -613,6 +626,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.requests = a.requests or (500 if q else 10_000)
     a.concurrency = a.concurrency or (32 if q else 256)
     a.idle_connections = a.idle_connections or (300 if q else 10_000)
+    a.dribblers = [int(n) for n in (a.dribblers or ("1100" if q else "1100,2000")).split(",")]
+    a.trailer_mib = a.trailer_mib or (16 if q else 200)
     if min(a.streams, a.requests, a.concurrency) < 1 or a.stream_tokens < 2:
         p.error("counts must be >= 1 (--stream-tokens >= 2)")
     return a
@@ -621,7 +636,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     res: dict[str, Any] = {"quick": a.quick, "machine": machine(False)}
     # The gateway holds a client and an upstream socket per stream, plus its own few.
-    res["nofile"] = raise_nofile(max(2 * max(a.streams, a.concurrency), a.idle_connections) + 256)
+    most = max(2 * max(a.streams, a.concurrency), a.idle_connections, *a.dribblers)
+    res["nofile"] = raise_nofile(most + 256)
     # The first token comes at once (--ttft 0), the others 1/tps apart: the last at S seconds.
     tps = round((a.stream_tokens - 1) / a.stream_seconds, 6)
     slow_seqs, fast_seqs = max(a.streams, 256), max(a.concurrency, WARMUP_STREAMS, 256)
@@ -633,7 +649,12 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     res["short"] = phase_short(a, fast, gw)
     res["repeat"] = phase_repeat(a, gw)
     res["idle"] = phase_idle(a, gw)
+    res["attacks"] = attacks.phase_attacks(
+        gw, FAST_MODEL, a.dribblers, a.trailer_mib, run=run_async, snapshot=snapshot,
+        sampler=Sampler,
+    )  # fmt: skip
     parts = [res["streams"], res["streams"]["warmup"], res["short"], res["repeat"], res["idle"]]
+    parts.append(res["attacks"])
     res["errors"] = sum(part["errors"] for part in parts)
     res["targets"] = judge(res, a.quick)
     return res

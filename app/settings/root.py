@@ -68,12 +68,19 @@ class ServerConfig(StrictConfig):
     clients get a 4xx or a closed connection while everyone else is still answered.
 
     - `max_connections` (1000): open connections at once. When a new one would exceed
-      it, the connection idle longest (no request in flight: keep-alive, or headers not
-      complete yet) is closed to make room, as nginx reuses keep-alive connections; only
-      when every connection has a request in flight is the newcomer answered 503 and
-      closed. Uvicorn's own `limit_concurrency` is not used: it counts idle connections
-      too and answers the *new request* 503, so a few hundred idle sockets would lock
-      every real client out.
+      it, one is closed to make room: first the one whose request head began longest ago
+      and is still incomplete (a slowloris client dribbling headers), else the one idle
+      longest (kept alive, or opened and silent), as nginx reuses keep-alive connections.
+      Only when every connection has a request in flight does the newcomer wait in one of
+      a few reserve slots (`app.api.connections.RESERVE`, 8) for its request line, at most
+      2 s: `GET /health` and `GET /ready` are served (a liveness probe must not restart a
+      busy gateway), anything else is answered 503; a full reserve gives the slot whose
+      head is incomplete longest (503) to the newcomer, so slow sockets cannot hold it.
+      A refusal is written, the connection half-closed and the client's unread request
+      drained for up to 2 s (256 such sockets at most), so the client reads the 503
+      instead of a TCP reset. Uvicorn's own
+      `limit_concurrency` is not used: it counts idle connections too and answers the *new
+      request* 503, so a few hundred idle sockets would lock every real client out.
     - `header_timeout_s` (10): the request line and headers must arrive within this of
       the connection opening (or the previous response ending); slowloris is closed (408
       when part of a request came). Uvicorn has no such timeout; a real client sends its
@@ -85,9 +92,10 @@ class ServerConfig(StrictConfig):
     - `keep_alive_s` (30): an idle keep-alive connection is closed after this. Longer
       than the 5 to 15 s of common clients (httpx, aiohttp), so the client, not the
       server, closes first and no request races a closing socket; idle connections are
-      cheap as they are evicted first at `max_connections`.
-    - `max_header_bytes` (65536): request line plus headers; more is answered 431 and
-      closed (httptools alone has no limit).
+      cheap as they are evicted at `max_connections` (after incomplete heads).
+    - `max_header_bytes` (65536): request line plus headers, and apart from them a
+      chunked body's trailer fields; more is answered 431 and closed (httptools alone has
+      no limit, and buffers a trailer field whole).
     - `backlog` (2048): connections the kernel queues before `accept` (uvicorn's
       default; the kernel caps it at `net.core.somaxconn`).
     """

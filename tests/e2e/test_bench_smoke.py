@@ -165,6 +165,15 @@ def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     idle = results["idle"]
     assert idle["opened"] + idle["refused"] == idle["attempted"] == 300
     assert idle["normal_requests"] > 0  # the gateway answered others during the flood
+    attacks = results["attacks"]
+    assert attacks["errors"] == 0
+    (dribble,) = attacks["dribble"]
+    assert dribble["dribblers"] == 1100
+    assert dribble["served"] == dribble["total"] == 20  # beside 1,100 dribbled heads
+    assert dribble["before"]["rss_mb"] > 0
+    assert dribble["after"]["rss_mb"] > 0
+    assert attacks["trailers"]["status"] == 431
+    assert attacks["trailers"]["after"]["rss_mb"] > 0
     assert "runtime: {kind: external}" in results["models_yaml"]
     assert "max_connections" not in results["models_yaml"]  # the default pool: uncapped
     # Reported, never judged, in quick mode.
