@@ -225,6 +225,25 @@ async def test_host_is_not_checked_on_model_routes(tmp_path: Path) -> None:
     assert response.status_code == 200
 
 
+async def test_with_an_admin_key_the_page_works_from_any_name_but_not_other_origins(
+    tmp_path: Path,
+) -> None:
+    """A remote control page (http://gpu-box.lan:8080/ui) sends its own origin and the
+    key; Host is not checked (a rebinding page has no key). Another origin stays refused."""
+    fields = {"admin_key": SecretStr("admin-secret"), "host": "0.0.0.0"}
+    page = {"host": "gpu-box.lan:8080", "authorization": "Bearer admin-secret"}
+    async with gateway(settings(tmp_path, **fields), client_host="10.1.2.3") as gw:
+        response = await gw.client.post(
+            "/vram/yield", content=b"{}", headers={**SIMPLE, **page, "origin": EVIL}
+        )
+        assert_refused(response)
+        own = {**page, "origin": "http://gpu-box.lan:8080"}
+        response = await gw.client.post("/vram/yield", content=b"{}", headers={**SIMPLE, **own})
+        assert response.status_code == 200, response.text
+        response = await gw.client.get("/status", headers=page)
+        assert response.status_code == 200, response.text
+
+
 @asynccontextmanager
 async def metrics_gateway(tmp_path: Path, **fields: Any) -> AsyncIterator[Gateway]:
     async with gateway(settings(tmp_path, admin_key=SecretStr("admin-secret"), **fields)) as gw:
@@ -237,9 +256,7 @@ async def test_metrics_need_the_admin_key_beyond_loopback(tmp_path: Path) -> Non
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
         assert "microscheduler_" not in response.text
-        response = await gw.client.get(
-            "/metrics", headers={"authorization": "Bearer admin-secret"}
-        )
+        response = await gw.client.get("/metrics", headers={"authorization": "Bearer admin-secret"})
         assert response.status_code == 200
         assert "microscheduler_" in response.text
 
