@@ -7,7 +7,8 @@
   clients only, naming the gateway in `Host` (`app.origins.OriginPolicy.host_trusted`:
   a web page that rebinds its own name to 127.0.0.1 is a loopback client too).
 - `/metrics` (every client key's name and usage): as admin endpoints when an admin key
-  is set and the gateway listens beyond loopback (`Settings.metrics_admin_only`), else open.
+  is set and the gateway listens beyond loopback (`Settings.metrics_admin_only`), else
+  open (on a loopback listener, to a `Host` naming the gateway).
 - `/health` and `/ready` are open.
 - Browser pages of other sites: `app.api.middleware.OriginGuard`, on every route.
 
@@ -69,6 +70,13 @@ class Authenticator:
         token = _bearer(authorization)
         if token is None or not _matches_any(token, (self._admin_key,)):
             raise AuthenticationFailed("This endpoint needs the admin key as a Bearer token.")
+
+    def check_local_read(self, host: str | None) -> None:
+        """An open route whose data names clients (`/metrics`) on a loopback listener: a
+        `Host` naming the gateway, so a page that rebinds its name to 127.0.0.1 cannot
+        read it."""
+        if not self._origins.host_trusted(host):
+            raise PermissionDenied(host_refused(host or ""))
 
 
 def _bearer(authorization: str | None) -> bytes | None:

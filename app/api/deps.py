@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.protocol import json_object
 from app.services import Services
+from app.settings.root import is_loopback
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,9 +36,13 @@ AdminDep = Depends(require_admin)
 
 
 def require_metrics_access(request: Request, services: ServicesDep) -> None:
-    """`/metrics`: as admin endpoints when `Settings.metrics_admin_only`, else open."""
-    if services.settings.metrics_admin_only:
+    """`/metrics`: as admin endpoints when `Settings.metrics_admin_only`, else open (on a
+    loopback listener, to a `Host` naming the gateway: no DNS rebinding)."""
+    settings = services.settings
+    if settings.metrics_admin_only:
         require_admin(request, services)
+    elif is_loopback(settings.host) and not settings.metrics_public:
+        services.auth.check_local_read(request.headers.get("host"))
 
 
 MetricsDep = Depends(require_metrics_access)

@@ -273,6 +273,16 @@ async def test_metrics_stay_open_on_loopback_or_when_public(
     assert "microscheduler_" in response.text
 
 
+async def test_metrics_on_loopback_refuse_a_rebound_host(tmp_path: Path) -> None:
+    async with gateway(settings(tmp_path)) as gw:
+        response = await gw.client.get("/metrics", headers={"host": "evil.example:8080"})
+        assert response.status_code == 403
+        assert "MICROSCHEDULER_ALLOWED_HOSTS" in response.json()["error"]["message"]
+        assert "microscheduler_" not in response.text
+        response = await gw.client.get("/metrics", headers={"host": "127.0.0.1:8080"})
+        assert response.status_code == 200
+
+
 async def test_no_docs_pages_only_the_schema(tmp_path: Path) -> None:
     async with gateway(settings(tmp_path)) as gw:
         for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
