@@ -4,8 +4,13 @@
   `Authorization: Bearer <one of them>`; `check_client` says which key it is
   (`app.keys.ring`), or `anonymous` when none is configured.
 - Admin endpoints (state changes): `MICROSCHEDULER_ADMIN_KEY` when set, else loopback
-  clients only.
-- `/health`, `/ready` and `/metrics` are open.
+  clients only, naming the gateway in `Host` (`app.origins.OriginPolicy.host_trusted`:
+  a web page that rebinds its own name to 127.0.0.1 is a loopback client too).
+- `/metrics` (every client key's name and usage): as admin endpoints when an admin key
+  is set and the gateway listens beyond loopback (`Settings.metrics_admin_only`), else
+  open (on a loopback listener, to a `Host` naming the gateway).
+- `/health` and `/ready` are open.
+- Browser pages of other sites: `app.api.middleware.OriginGuard`, on every route.
 
 `exposure_warnings` says at start-up what this leaves open on a non-loopback address.
 (Listening there with no client key while chains reach paid providers is refused by the
@@ -20,13 +25,17 @@ from pydantic import SecretStr
 
 from app.errors import AuthenticationFailed, PermissionDenied
 from app.keys.ring import ClientKey, KeyRing
+from app.origins import OriginPolicy, host_refused
 from app.settings.root import is_loopback
 
 
 class Authenticator:
-    def __init__(self, keys: KeyRing, admin_key: SecretStr | None) -> None:
+    def __init__(
+        self, keys: KeyRing, admin_key: SecretStr | None, origins: OriginPolicy | None = None
+    ) -> None:
         self.keys = keys
         self._admin_key = admin_key.get_secret_value().encode() if admin_key else None
+        self._origins = origins or OriginPolicy()
 
     def check_client(self, authorization: str | None) -> ClientKey:
         """The client's key, from `Authorization: Bearer <key>`; 401 for none or an unknown
@@ -44,17 +53,30 @@ class Authenticator:
             raise AuthenticationFailed("Incorrect API key provided.")
         return key
 
-    def check_admin(self, authorization: str | None, client_host: str | None) -> None:
+    def check_admin(
+        self, authorization: str | None, client_host: str | None, host: str | None = None
+    ) -> None:
+        """The admin key when set; else a loopback client whose `Host` names the gateway
+        (with a key, `Host` is not checked: a rebinding page does not have the key)."""
         if self._admin_key is None:
             if not is_loopback(client_host):
                 raise PermissionDenied(
                     "Admin endpoints accept only loopback clients while "
                     "MICROSCHEDULER_ADMIN_KEY is unset."
                 )
+            if not self._origins.host_trusted(host):
+                raise PermissionDenied(host_refused(host or ""))
             return
         token = _bearer(authorization)
         if token is None or not _matches_any(token, (self._admin_key,)):
             raise AuthenticationFailed("This endpoint needs the admin key as a Bearer token.")
+
+    def check_local_read(self, host: str | None) -> None:
+        """An open route whose data names clients (`/metrics`) on a loopback listener: a
+        `Host` naming the gateway, so a page that rebinds its name to 127.0.0.1 cannot
+        read it."""
+        if not self._origins.host_trusted(host):
+            raise PermissionDenied(host_refused(host or ""))
 
 
 def _bearer(authorization: str | None) -> bytes | None:

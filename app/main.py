@@ -31,6 +31,7 @@ from app.api import (
 from app.api.fastpath import GatewayApp
 from app.auth import exposure_warnings
 from app.metrics import Metrics
+from app.origins import OriginPolicy
 from app.services import Seams, Services
 from app.settings import Settings
 
@@ -72,9 +73,15 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.server.body_timeout_s,
         fast_routes=[*openai.routes, *messages.routes],
+        origins=OriginPolicy.from_settings(settings),
+        client_keys=settings.has_client_keys,
+        admin_key=settings.admin_key is not None,
         title="microscheduler",
         summary="OpenAI-compatible gateway for local vLLM servers sharing one GPU.",
         lifespan=lifespan,
+        # Swagger UI and ReDoc load their scripts from a CDN; the schema stays.
+        docs_url=None,
+        redoc_url=None,
     )
     handlers.install(app)
     app.include_router(ops.router)

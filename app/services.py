@@ -35,6 +35,7 @@ from app.lifecycle.store import StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics
+from app.origins import OriginPolicy
 from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -103,7 +104,9 @@ class Services:
             [*settings.backends, *providers],
             on_change=self.events.changed,
         )
-        self.auth = Authenticator(self.keys, settings.admin_key)
+        self.auth = Authenticator(
+            self.keys, settings.admin_key, OriginPolicy.from_settings(settings)
+        )
         # One Docker client per host that runs docker backends (the local host's is
         # `self.docker`).
         self.dockers: dict[str, DockerApi] = {}

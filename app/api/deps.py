@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.protocol import json_object
 from app.services import Services
+from app.settings.root import is_loopback
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -24,12 +25,27 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 
 def require_admin(request: Request, services: ServicesDep) -> None:
-    """Admin endpoints: the admin key when configured, else loopback clients only."""
+    """Admin endpoints: the admin key when configured, else loopback clients (naming the
+    gateway in `Host`) only."""
     client = request.client.host if request.client else None
-    services.auth.check_admin(request.headers.get("authorization"), client)
+    headers = request.headers
+    services.auth.check_admin(headers.get("authorization"), client, headers.get("host"))
 
 
 AdminDep = Depends(require_admin)
+
+
+def require_metrics_access(request: Request, services: ServicesDep) -> None:
+    """`/metrics`: as admin endpoints when `Settings.metrics_admin_only`, else open (on a
+    loopback listener, to a `Host` naming the gateway: no DNS rebinding)."""
+    settings = services.settings
+    if settings.metrics_admin_only:
+        require_admin(request, services)
+    elif is_loopback(settings.host) and not settings.metrics_public:
+        services.auth.check_local_read(request.headers.get("host"))
+
+
+MetricsDep = Depends(require_metrics_access)
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M | None]]:

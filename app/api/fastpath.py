@@ -5,8 +5,9 @@ a body limit, exception handlers, an exit stack, route matching over every route
 the admin surface uses and the model APIs do not: those read their own body under
 `max_body_bytes`, render their own errors and match by exact path. `FastPath` sends a
 `POST` to one of their paths to its handler directly and everything else on to FastAPI;
-`RequestObserver` (request id, metrics, the access line) and `BodyGuard` (every body
-bounded in size and time) sit in front of both.
+`RequestObserver` (request id, metrics, the access line), `BodyGuard` (every body
+bounded in size and time) and `OriginGuard` (browser pages of other sites) sit in front
+of both, so no route escapes them.
 
 What FastAPI's layers would have done is done here: a `GatewayError` becomes its error
 response (the handlers of the Messages API render their own, in Anthropic's envelope), an
@@ -27,9 +28,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.handlers import error_response
-from app.api.middleware import BodyGuard, RequestObserver
+from app.api.middleware import BodyGuard, OriginGuard, RequestObserver
 from app.errors import GatewayError
 from app.metrics import Metrics
+from app.origins import OriginPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,9 @@ class GatewayApp(FastAPI):
         max_body_bytes: int,
         body_timeout_s: float,
         fast_routes: Iterable[BaseRoute],
+        origins: OriginPolicy,
+        client_keys: bool,
+        admin_key: bool,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -89,12 +94,20 @@ class GatewayApp(FastAPI):
         self._access_log = access_log
         self._body_limits = (max_body_bytes, body_timeout_s)
         self._fast = post_handlers(fast_routes)
+        self._origins = (origins, client_keys, admin_key)
 
     def build_middleware_stack(self) -> ASGIApp:
         rest = super().build_middleware_stack()
         max_body_bytes, body_timeout_s = self._body_limits
-        guarded = BodyGuard(
+        policy, client_keys, admin_key = self._origins
+        admitted = OriginGuard(
             FastPath(self, self._fast, rest),
+            policy=policy,
+            client_keys=client_keys,
+            admin_key=admin_key,
+        )
+        guarded = BodyGuard(
+            admitted,
             max_body_bytes=max_body_bytes,
             body_timeout_s=body_timeout_s,
         )

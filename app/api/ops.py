@@ -1,5 +1,6 @@
-"""Operations endpoints: liveness, readiness, Prometheus metrics (open), and `/status`
-(admin: everything the control plane knows, in one JSON document)."""
+"""Operations endpoints: liveness, readiness, Prometheus metrics (open, or admin when an
+admin key is set and the gateway listens beyond loopback: it names every client key), and
+`/status` (admin: everything the control plane knows, in one JSON document)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from app.api.deps import AdminDep, ServicesDep
+from app.api.deps import AdminDep, MetricsDep, ServicesDep
 from app.api.views import ready_view, status_view
 from app.metrics import CONTENT_TYPE
 
@@ -38,7 +39,7 @@ async def ready(services: ServicesDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if all_ready else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[MetricsDep])
 async def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE)
 

@@ -37,6 +37,7 @@ from app.settings.hosts import (
     check_hosts,
 )
 from app.settings.keys import KeysConfig, secret_digest
+from app.settings.origins import hosts, origin, split_list
 from app.settings.profiles import GpuProfilesConfig
 
 ENV_PREFIX = "MICROSCHEDULER_"
@@ -125,6 +126,15 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = None
     # Accept no client key on a non-loopback address even when chains reach paid providers.
     allow_unauthenticated: bool = False
+    # Browser pages of other sites that may call the gateway (and get CORS headers);
+    # every other origin is refused on admin routes, and on model routes without client
+    # keys (`app.origins`).
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    # `Host` names admin routes accept besides loopback, `host` and the allowed origins'
+    # hosts (a reverse proxy's public name); `*` turns the check off.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    # `/metrics` open to anyone even when it would need the admin key (`metrics_admin_only`).
+    metrics_public: bool = False
     max_body_bytes: PositiveInt = 10 * 1024 * 1024
     server: ServerConfig = Field(default_factory=ServerConfig)
     health_interval_s: PositiveFloat = 5.0
@@ -152,6 +162,21 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(key.strip() for key in value.split(",") if key.strip())
         return value
+
+    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        return split_list(value)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(origin(item) for item in value)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return hosts(value)
 
     @field_validator("admin_key", mode="before")
     @classmethod
@@ -258,6 +283,12 @@ class Settings(BaseSettings):
     def has_client_keys(self) -> bool:
         """Whether `/v1/*` asks for a key (`MICROSCHEDULER_API_KEYS` or keys.yaml)."""
         return bool(self.api_keys) or self.client_keys is not None
+
+    @property
+    def metrics_admin_only(self) -> bool:
+        """Whether `/metrics` (every client key's name and usage) needs the admin key: when
+        one is set and the gateway listens beyond loopback, unless `metrics_public`."""
+        return bool(self.admin_key) and not is_loopback(self.host) and not self.metrics_public
 
     @model_validator(mode="after")
     def _not_open_to_spend(self) -> Settings:

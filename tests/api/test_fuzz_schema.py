@@ -60,7 +60,7 @@ _SENT = ("method", "url", "headers", "params", "cookies", "json", "data", "files
 
 
 def _send(live: ThreadedGateway, case: schemathesis.Case[Any]) -> tuple[str, Any]:
-    kwargs = case.as_transport_kwargs(base_url="http://gateway")
+    kwargs = case.as_transport_kwargs(base_url="http://localhost")
     prepared = requests.Request(**{k: v for k, v in kwargs.items() if k in _SENT}).prepare()
     body = prepared.body
     content = body.encode() if isinstance(body, str) else body
