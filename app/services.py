@@ -42,6 +42,7 @@ from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
 from app.routing.responses import ResponseIds
 from app.runtimes.base import Runtime
+from app.runtimes.child_env import child_environment
 from app.runtimes.docker import DockerRuntime
 from app.runtimes.docker_api import DockerApi
 from app.runtimes.external import ExternalRuntime
@@ -255,7 +256,8 @@ class Services:
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessRuntimeConfig):
-            return ProcessRuntime(name, config.runtime)
+            env = child_environment(self.settings, name, os.environ)
+            return ProcessRuntime(name, config.runtime, env=env)
         if isinstance(config.runtime, DockerRuntimeConfig):
             return DockerRuntime(name, config.runtime, self.dockers[config.host_name])
         if isinstance(config.runtime, KubernetesRuntimeConfig):

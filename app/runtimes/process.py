@@ -4,6 +4,9 @@ Stop sends SIGTERM to the whole group, waits `stop_grace_s`, then SIGKILLs what 
 so a server that forks workers (vLLM does) leaves nothing behind. The command's output
 is logged line by line under the backend's name.
 
+It starts with the environment it is given: the gateway's minus every secret the
+configuration names, plus its own `env:` (`app.runtimes.child_env`).
+
 A command whose first word is `{python}` runs with the gateway's own interpreter, so the
 demo's fake servers work from any shell without activating the virtualenv.
 """
@@ -16,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.settings import ProcessRuntimeConfig
@@ -31,9 +35,13 @@ class ProcessRuntime:
     managed = True
     stop_on_shutdown = True
 
-    def __init__(self, backend: str, config: ProcessRuntimeConfig) -> None:
+    def __init__(
+        self, backend: str, config: ProcessRuntimeConfig, *, env: Mapping[str, str]
+    ) -> None:
+        """`env`: the whole environment it starts with (`app.runtimes.child_env`)."""
         self._backend = backend
         self._config = config
+        self._env = dict(env)
         self._proc: asyncio.subprocess.Process | None = None
         self._log_task: asyncio.Task[None] | None = None
 
@@ -44,12 +52,11 @@ class ProcessRuntime:
     async def start(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
             return
-        env = {**os.environ, **self._config.env}
         command = [sys.executable if word == PYTHON else word for word in self._config.command]
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *command,
-                env=env,
+                env=self._env,
                 cwd=self._config.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,

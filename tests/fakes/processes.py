@@ -121,9 +121,12 @@ def gateway_process(
             )  # fmt: skip
         gateway = GatewayProcess(proc, f"http://127.0.0.1:{port}", log_path)
         try:
-            wait_for(gateway.url + "/health", timeout_s=20, proc=proc)
-            if wait_ready:
-                wait_for(gateway.url + "/ready", timeout_s=30, proc=proc)
+            try:
+                wait_for(gateway.url + "/health", timeout_s=20, proc=proc)
+                if wait_ready:
+                    wait_for(gateway.url + "/ready", timeout_s=30, proc=proc)
+            except (RuntimeError, AssertionError) as exc:
+                raise RuntimeError(f"{exc}; its log:\n{gateway.log()[-4000:]}") from None
             yield gateway
         finally:
             stop(proc)
