@@ -106,14 +106,16 @@ class ProcessRuntime:
                 f"{self._config.command[0]!r}: {exc.strerror or exc}"
             ) from None
         logger.info("process started backend=%s pid=%d", self._backend, self._proc.pid)
-        self._record(self._proc.pid)
+        self._record(self._proc.pid, tuple(command))
         assert self._proc.stdout is not None
         self._log_task = spawn(
             self._pump_output(self._proc.stdout), name=f"process-output:{self._backend}"
         )
 
-    def _record(self, pid: int) -> None:
-        observed = observe(pid)  # the exec is done: /proc shows the command
+    def _record(self, pid: int, cmdline: tuple[str, ...]) -> None:
+        """`cmdline`: the argv it was started with, which /proc shows once the exec is
+        done (read now, it may still be empty: the exec races this call)."""
+        observed = observe(pid)  # the start time is the fork's: already final
         if observed is None or observed.zombie:
             return  # already exited: nothing to find again
         self._book.put(
@@ -122,7 +124,7 @@ class ProcessRuntime:
                 pid=pid,
                 start_time=observed.start_time,
                 boot_id=observed.boot_id,
-                cmdline=observed.cmdline,
+                cmdline=cmdline,
                 port=self._port,
                 launch=self._launch,
                 stop_grace_s=self._config.stop_grace_s,

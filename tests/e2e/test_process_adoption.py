@@ -98,7 +98,7 @@ def test_a_restarted_gateway_adopts_the_servers_a_crash_left_running(tmp_path: P
         assert "adopting process backend=pinned" in log
         assert "adopting process backend=lazy" in log
         # Stopped with the gateway like servers it started (no waitpid: polled).
-        assert not any(alive(pid) for pid in pids.values())
+        until_sync(lambda: not any(alive(pid) for pid in pids.values()), what="both gone")
         assert "process stopped backend=lazy pid=" in log
 
 
