@@ -44,7 +44,7 @@ def settings() -> Settings:
         client_keys={"keys": {"agents": {"key_env": "AGENTS_KEY"}}},
         hosts={"node-c": {"gpu": {"probe": "prometheus", "prometheus": {
             "url": "http://prom:9090", "bearer_token_env": "PROM_TOKEN"}}}},
-    )  # type: ignore[arg-type]  # fmt: skip
+    )  # fmt: skip
 
 
 GATEWAY_ENV = {

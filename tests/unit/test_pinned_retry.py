@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from app.lifecycle.state import BackendState
 from tests.fakes.waits import until
 from tests.unit.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of
 
-PINNED = {"vram_mib": 1000, "runtime": {"kind": "process", "command": ["x"]}}
+PINNED: dict[str, Any] = {"vram_mib": 1000, "runtime": {"kind": "process", "command": ["x"]}}
 
 
 class RoomLater(Unchecked):

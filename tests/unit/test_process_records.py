@@ -68,7 +68,7 @@ def test_the_same_process_no_longer_wanted_is_stopped() -> None:
 
 def test_the_launch_hash_follows_the_launch_settings_but_not_the_stop_grace() -> None:
     def config(**runtime: object) -> BackendConfig:
-        return BackendConfig(  # type: ignore[call-arg]
+        return BackendConfig(
             url="http://127.0.0.1:8001",
             models=["m"],
             runtime={"kind": "process", "command": ["vllm", "serve"], **runtime},
