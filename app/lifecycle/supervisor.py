@@ -4,7 +4,9 @@ it stops.
 
 - Bring-up (`start`): zones and the yields saved by an earlier run (every host's) are
   re-applied first,
-  then the saved GPU profile; footprints are planned from the GPU's size. Servers that
+  then the saved GPU profile; footprints are planned from the GPU's size. Processes a
+  crashed gateway left running that the configuration no longer wants are stopped first
+  (the `sweep`; `app.runtimes.process`). Servers that
   already run (they outlived an earlier gateway) are adopted without an admission check,
   or stopped when a hold or the profile blocks them (a server the yield put to sleep stays
   asleep); pinned ones that do not run are started; lazy ones wait for their first request.
