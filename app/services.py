@@ -8,11 +8,13 @@ the `Supervisor`'s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from app.auth import Authenticator
 from app.events import EventLog
@@ -31,7 +33,7 @@ from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
-from app.lifecycle.store import StateStore
+from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics
@@ -41,12 +43,14 @@ from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
 from app.routing.responses import ResponseIds
 from app.runtimes.base import Runtime
+from app.runtimes.child_env import child_environment
 from app.runtimes.docker import DockerRuntime
 from app.runtimes.docker_api import DockerApi
 from app.runtimes.external import ExternalRuntime
 from app.runtimes.kube_api import KubeApi
 from app.runtimes.kubernetes import KubernetesRuntime
-from app.runtimes.process import ProcessRuntime
+from app.runtimes.process import ProcessRuntime, sweep_orphans
+from app.runtimes.process_record import launch_hash
 from app.settings import (
     LOCAL_HOST,
     BackendConfig,
@@ -120,8 +124,10 @@ class Services:
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
             self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
-        # The state file: zones, the yield and the profile survive restarts here.
+        # The state file: zones, the yield, the profile and the processes this gateway
+        # started survive restarts here.
         self.store = StateStore(settings.state_dir, metrics=metrics, on_change=self.events.changed)
+        self._processes = ProcessRecords(self.store)
         gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
         arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
@@ -146,7 +152,19 @@ class Services:
         vllm_load = VllmLoadMetrics(metrics.registry)
         for name in self.backends:
             vllm_load.declare(name)
-        self.supervisor = Supervisor(settings, self.backends, self.hosts, self.profiles, vllm_load)
+        wanted = {
+            name: launch_hash(cfg)
+            for name, cfg in settings.backends.items()
+            if isinstance(cfg.runtime, ProcessRuntimeConfig)
+        }
+        self.supervisor = Supervisor(
+            settings,
+            self.backends,
+            self.hosts,
+            self.profiles,
+            vllm_load,
+            sweep=functools.partial(sweep_orphans, self._processes, wanted),
+        )
         self.cloud = build_cloud(
             settings, self.registry, self.backends, metrics, on_event=self.events.record
         )
@@ -260,7 +278,14 @@ class Services:
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessRuntimeConfig):
-            return ProcessRuntime(name, config.runtime)
+            return ProcessRuntime(
+                name,
+                config.runtime,
+                env=child_environment(self.settings, name, os.environ),
+                book=self._processes,
+                launch=launch_hash(config),
+                port=urlsplit(config.url).port,
+            )
         if isinstance(config.runtime, DockerRuntimeConfig):
             return DockerRuntime(name, config.runtime, self.dockers[config.host_name])
         if isinstance(config.runtime, KubernetesRuntimeConfig):

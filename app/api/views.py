@@ -37,6 +37,8 @@ def backend_view(backend: Backend) -> Json:
         "name": backend.name,
         "state": str(backend.state),
         "reason": backend.reason,
+        # A pinned backend that is down: seconds until the watch starts it again.
+        "restart_in_s": _seconds(backend.restart_in_s),
         "starting": backend.start_progress(),  # while starting: what it waits for
         "lifecycle": cfg.lifecycle,
         "replica_of": cfg.replica_of,  # its replica group (None: not a replica)
@@ -70,6 +72,10 @@ def backend_view(backend: Backend) -> Json:
         # Asleep: the MiB per GPU it still holds, as admission counts them (else None).
         "asleep_mib": backend.asleep_mib,
     }
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def backend_vram_view(backend: Backend, profile_mib: int | None) -> Json:

@@ -278,6 +278,9 @@ class Backend(Holding):
                     why = f"not enough VRAM to {'wake' if wake else 'start'}: {exc}"
                     self._set_state(target, why)
                     self._refused = True
+                    if not wake and not self.lazy:  # the watch tries again after a backoff
+                        self._backoff.failed(time.monotonic())
+                        self._log_retry()
         except (RuntimeFailure, StartFailed) as exc:
             await self._fail(str(exc))
         except asyncio.CancelledError:
@@ -463,14 +466,9 @@ class Backend(Holding):
     async def watch(self) -> None:
         """One periodic check: health, whether a managed server died while ready, and a
         restart of a failed pinned backend once its backoff has passed."""
-        if (
-            self.state is BackendState.FAILED
-            and not self.lazy
-            and self.runtime.managed
-            and self._retry_in() == 0
-        ):
+        if self._down_pinned() and self._retry_in() == 0:
             async with self._lock:
-                if self.state is BackendState.FAILED and not self._blocks:
+                if self._down_pinned() and not self._blocks:
                     logger.info(
                         "restarting pinned backend backend=%s failures=%d",
                         self.name,
@@ -490,6 +488,30 @@ class Backend(Holding):
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
             await self.server.check_health()
 
+    def _down_pinned(self) -> bool:
+        """A pinned backend the watch starts again once its backoff has passed: it failed
+        (its start, or its server died), or admission found no room for its start."""
+        down = self.state is BackendState.FAILED or (
+            self.state is BackendState.STOPPED and self._refused
+        )
+        return down and not self.lazy and self.runtime.managed
+
+    @property
+    def restart_in_s(self) -> float | None:
+        """A pinned backend that is down: seconds until the watch starts it again (the
+        backoff doubles from 5 s to 5 min with each failure in a row); None otherwise."""
+        return self._retry_in() if self._down_pinned() else None
+
+    def _log_retry(self) -> None:
+        if self._down_pinned():
+            logger.warning(
+                "pinned backend down, restarting in the background backend=%s "
+                "retry_in_s=%.0f failures=%d",
+                self.name,
+                self._retry_in(),
+                self._backoff.failures,
+            )
+
     async def _stopped_by_owner(self) -> None:
         """Its owner stopped it (kubernetes `scale: external`: KEDA or an HPA scaled it to 0):
         stopped, not failed, releasing what it held as a stop does; the next request starts
@@ -508,6 +530,7 @@ class Backend(Holding):
             if self.state not in (BackendState.FAILED, BackendState.STOPPED):
                 self._set_state(BackendState.FAILED, reason)
                 self._backoff.failed(time.monotonic())
+                self._log_retry()
                 self.holds_vram = holds_vram
                 if not holds_vram:
                     self._asleep_mib = self._asleep_level = None

@@ -1,5 +1,5 @@
-"""The gateway's small persistent state (VRAM zones and yield, the active GPU profile), one
-JSON file, atomic writes.
+"""The gateway's small persistent state (VRAM zones and yield, the active GPU profile, the
+process backends it started), one JSON file, atomic writes.
 
 A write goes to a temporary file in the same directory, is fsynced, then replaces the
 old file with `os.replace`, so a crash leaves the old or the new state, never half of
@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from app.errors import GatewayError
 from app.metrics import Metrics
+from app.runtimes.process_record import ProcessRecord
 from app.tasks import cancel_and_wait, spawn
 
 logger = logging.getLogger(__name__)
@@ -251,3 +252,39 @@ class StateStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+PROCESSES = "processes"
+
+
+class ProcessRecords:
+    """The `processes` section: one record per process backend the gateway started
+    (`app.runtimes.process_record`), so that a crashed gateway's servers are found again.
+    Written with `StateStore.put`: a write that fails is kept in memory and retried (the
+    process runs all the same; until the file is current, a crash would orphan it)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+
+    def records(self) -> dict[str, ProcessRecord]:
+        raw = self._store.section(PROCESSES, {})
+        found: dict[str, ProcessRecord] = {}
+        for name, data in raw.items() if isinstance(raw, dict) else ():
+            record = ProcessRecord.from_json(data)
+            if record is None or record.backend != name:
+                logger.warning("process record unreadable, ignored backend=%s", name)
+                continue
+            found[name] = record
+        return found
+
+    def put(self, record: ProcessRecord) -> None:
+        raw = self._store.section(PROCESSES, {})
+        self._save({**(raw if isinstance(raw, dict) else {}), record.backend: record.to_json()})
+
+    def drop(self, backend: str) -> None:
+        raw = self._store.section(PROCESSES, {})
+        if isinstance(raw, dict) and backend in raw:
+            self._save({name: data for name, data in raw.items() if name != backend})
+
+    def _save(self, section: dict[str, Any]) -> None:
+        self._store.put(PROCESSES, section)

@@ -4,7 +4,9 @@ it stops.
 
 - Bring-up (`start`): zones and the yields saved by an earlier run (every host's) are
   re-applied first,
-  then the saved GPU profile; footprints are planned from the GPU's size. Servers that
+  then the saved GPU profile; footprints are planned from the GPU's size. Processes a
+  crashed gateway left running that the configuration no longer wants are stopped first
+  (the `sweep`; `app.runtimes.process`). Servers that
   already run (they outlived an earlier gateway) are adopted without an admission check,
   or stopped when a hold or the profile blocks them (a server the yield put to sleep stays
   asleep); pinned ones that do not run are started; lazy ones wait for their first request.
@@ -21,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from app.gpu.poller import GpuMonitor
@@ -51,8 +53,13 @@ class Supervisor:
         hosts: Hosts,
         profiles: ProfileSwitch,
         vllm_load: VllmLoadMetrics,
+        *,
+        sweep: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`sweep`: run once at start before any backend is brought up (stops the
+        processes a crashed gateway left that the configuration no longer wants)."""
         self._settings = settings
+        self._sweep = sweep
         self._backends = backends
         self._hosts = hosts
         self._profiles = profiles
@@ -112,8 +119,7 @@ class Supervisor:
         self.plan_footprints()
         for host in self._hosts.values():
             host.vram_yield.sync_metrics()
-        for name, backend in self._backends.items():
-            self._start_tasks.append(spawn(self._bring_up(backend), name=f"startup:{name}"))
+        self._start_tasks.append(spawn(self._bring_up_all(), name="startup"))
         self._loops = [
             spawn(self._watch_loop(), name="backend-watch"),
             spawn(self._reaper_loop(), name="reaper"),
@@ -140,6 +146,14 @@ class Supervisor:
             if host is not None and host not in self._hosts and store.section(section):
                 logger.warning("saved zones of a host not in hosts: left as they are "
                                "host=%s zones=%d", host, len(store.section(section)))  # fmt: skip
+
+    async def _bring_up_all(self) -> None:
+        """What a crashed gateway left behind is dealt with first (its memory must be free
+        before a start counts on it), then every backend is brought up, each in its task."""
+        if self._sweep is not None:
+            await self._sweep()
+        for name, backend in self._backends.items():
+            self._start_tasks.append(spawn(self._bring_up(backend), name=f"startup:{name}"))
 
     async def _bring_up(self, backend: Backend) -> None:
         if not backend.runtime.managed:

@@ -4,6 +4,16 @@ Stop sends SIGTERM to the whole group, waits `stop_grace_s`, then SIGKILLs what 
 so a server that forks workers (vLLM does) leaves nothing behind. The command's output
 is logged line by line under the backend's name.
 
+It starts with the environment it is given: the gateway's minus every secret the
+configuration names, plus its own `env:` (`app.runtimes.child_env`).
+
+Each process it starts is recorded in the state directory (`app.runtimes.process_record`)
+and the record removed when it stops. After a crash of the gateway the servers keep
+running: at the next start `sweep_orphans` stops those the configuration no longer
+wants, and each runtime adopts its own (found by `status()` at bring-up), which is then
+watched, stopped and idle-stopped like a child. Not being its parent, the gateway cannot
+wait for it: it polls /proc until the process is gone.
+
 A command whose first word is `{python}` runs with the gateway's own interpreter, so the
 demo's fake servers work from any shell without activating the virtualenv.
 """
@@ -16,14 +26,27 @@ import logging
 import os
 import signal
 import sys
+import time
+from collections.abc import Mapping
+from typing import Final
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
+from app.runtimes.process_record import (
+    ProcessRecord,
+    RecordBook,
+    Verdict,
+    observe,
+    same_process,
+    verdict,
+)
 from app.settings import ProcessRuntimeConfig
 from app.tasks import spawn
 
 logger = logging.getLogger(__name__)
 
 PYTHON = "{python}"
+EXIT_POLL_S: Final = 0.1  # an adopted process (not our child): how often to look for its exit
+KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long it may take to disappear
 
 
 class ProcessRuntime:
@@ -31,25 +54,46 @@ class ProcessRuntime:
     managed = True
     stop_on_shutdown = True
 
-    def __init__(self, backend: str, config: ProcessRuntimeConfig) -> None:
+    def __init__(
+        self,
+        backend: str,
+        config: ProcessRuntimeConfig,
+        *,
+        env: Mapping[str, str],
+        book: RecordBook,
+        launch: str,
+        port: int | None = None,
+    ) -> None:
+        """`env`: the whole environment it starts with (`app.runtimes.child_env`);
+        `book`: where started processes are recorded; `launch`: the hash of the backend's
+        launch settings (`process_record.launch_hash`); `port`: its server's, recorded."""
         self._backend = backend
         self._config = config
+        self._env = dict(env)
+        self._book = book
+        self._launch = launch
+        self._port = port
         self._proc: asyncio.subprocess.Process | None = None
+        self._adopted: ProcessRecord | None = None  # a server an earlier gateway started
         self._log_task: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
+        if self._adopted is not None:
+            return self._adopted.pid
         return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
             return
-        env = {**os.environ, **self._config.env}
+        if self._adopted is not None and same_process(self._adopted, observe(self._adopted.pid)):
+            return
+        self._adopted = None
         command = [sys.executable if word == PYTHON else word for word in self._config.command]
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *command,
-                env=env,
+                env=self._env,
                 cwd=self._config.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -62,9 +106,29 @@ class ProcessRuntime:
                 f"{self._config.command[0]!r}: {exc.strerror or exc}"
             ) from None
         logger.info("process started backend=%s pid=%d", self._backend, self._proc.pid)
+        self._record(self._proc.pid, tuple(command))
         assert self._proc.stdout is not None
         self._log_task = spawn(
             self._pump_output(self._proc.stdout), name=f"process-output:{self._backend}"
+        )
+
+    def _record(self, pid: int, cmdline: tuple[str, ...]) -> None:
+        """`cmdline`: the argv it was started with, which /proc shows once the exec is
+        done (read now, it may still be empty: the exec races this call)."""
+        observed = observe(pid)  # the start time is the fork's: already final
+        if observed is None or observed.zombie:
+            return  # already exited: nothing to find again
+        self._book.put(
+            ProcessRecord(
+                backend=self._backend,
+                pid=pid,
+                start_time=observed.start_time,
+                boot_id=observed.boot_id,
+                cmdline=cmdline,
+                port=self._port,
+                launch=self._launch,
+                stop_grace_s=self._config.stop_grace_s,
+            )
         )
 
     async def _pump_output(self, stream: asyncio.StreamReader) -> None:
@@ -73,19 +137,48 @@ class ProcessRuntime:
             logger.info("%s %s", prefix, line.decode(errors="replace").rstrip())
 
     async def status(self) -> RuntimeStatus:
+        if self._proc is None and self._adopted is None:
+            self._adopted = self._adoptable()
+        if self._adopted is not None:
+            return self._adopted_status(self._adopted)
         if self._proc is None:
             return RuntimeStatus(running=False, detail="not started")
         code = self._proc.returncode
         if code is None:
             return RuntimeStatus(running=True, detail=f"pid {self._proc.pid}")
+        self._book.drop(self._backend)
         return RuntimeStatus(running=False, exit_code=code, detail=f"exited ({code})")
 
+    def _adoptable(self) -> ProcessRecord | None:
+        """This backend's server as an earlier gateway recorded it, if it still runs and
+        was started with the launch settings configured now."""
+        record = self._book.records().get(self._backend)
+        if record is None:
+            return None
+        if verdict(record, observe(record.pid), self._launch) is not Verdict.ADOPT:
+            return None  # `sweep_orphans` deals with it
+        logger.info("adopting process backend=%s pid=%d", self._backend, record.pid)
+        return record
+
+    def _adopted_status(self, record: ProcessRecord) -> RuntimeStatus:
+        if same_process(record, observe(record.pid)):
+            return RuntimeStatus(running=True, detail=f"pid {record.pid} (adopted)")
+        self._adopted = None
+        self._book.drop(self._backend)
+        # Not our child: its exit code went to whoever reaped it.
+        return RuntimeStatus(running=False, detail=f"adopted pid {record.pid} exited")
+
     async def stop(self) -> None:
+        adopted, self._adopted = self._adopted, None
+        if adopted is not None:
+            await terminate(adopted)
+            self._book.drop(self._backend)
+            return
         proc = self._proc
         if proc is None:
             return
         if proc.returncode is None:
-            self._signal_group(proc.pid, signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), self._config.stop_grace_s)
             except TimeoutError:
@@ -96,8 +189,9 @@ class ProcessRuntime:
                     self._config.stop_grace_s,
                 )
         # Whatever is left of the group (children of an exited leader included) goes now.
-        self._signal_group(proc.pid, signal.SIGKILL)
+        _signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()
+        self._book.drop(self._backend)
         if self._log_task is not None:
             try:
                 await asyncio.wait_for(self._log_task, 2.0)
@@ -105,9 +199,67 @@ class ProcessRuntime:
                 self._log_task.cancel()
         logger.info("process stopped backend=%s exit_code=%s", self._backend, proc.returncode)
 
-    def _signal_group(self, pgid: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):  # the group is already gone
-            os.killpg(pgid, sig)
-
     def describe(self) -> str:
         return f"process {' '.join(self._config.command)!r}"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is already gone
+        os.killpg(pgid, sig)
+
+
+async def terminate(record: ProcessRecord) -> None:
+    """Stop a process the gateway did not start in this run (its group: SIGTERM, up to
+    `stop_grace_s`, then SIGKILL), polling /proc for its exit; raises `RuntimeFailure`
+    when it is still there after the SIGKILL."""
+    if not same_process(record, observe(record.pid)):
+        return  # gone already; the pid may be someone else's now: no signal
+    _signal_group(record.pid, signal.SIGTERM)
+    if not await _gone(record, record.stop_grace_s):
+        logger.warning("process ignored SIGTERM, killing backend=%s pid=%d grace_s=%g",
+                       record.backend, record.pid, record.stop_grace_s)  # fmt: skip
+    # What is left of the group goes now (the leader's pid is its group's id).
+    _signal_group(record.pid, signal.SIGKILL)
+    if not await _gone(record, KILL_WAIT_S):
+        raise RuntimeFailure(
+            f"process {record.pid} of backend {record.backend!r} is still there "
+            f"{KILL_WAIT_S:g}s after SIGKILL"
+        )
+    logger.info("process stopped backend=%s pid=%d (adopted)", record.backend, record.pid)
+
+
+async def _gone(record: ProcessRecord, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while same_process(record, observe(record.pid)):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(EXIT_POLL_S)
+    return True
+
+
+async def sweep_orphans(book: RecordBook, wanted: Mapping[str, str]) -> None:
+    """At gateway start, before any backend is brought up: records whose process is gone
+    are dropped; processes the configuration no longer wants (`wanted`: backend name ->
+    launch hash of each process backend configured now) are stopped. What is left is
+    adopted by each backend's runtime."""
+    stops: list[ProcessRecord] = []
+    for name, record in book.records().items():
+        match verdict(record, observe(record.pid), wanted.get(name)):
+            case Verdict.DROP:
+                logger.info("process record dropped, process gone backend=%s pid=%d",
+                            name, record.pid)  # fmt: skip
+                book.drop(name)
+            case Verdict.STOP:
+                why = "launch settings changed" if name in wanted else "backend removed"
+                logger.warning("stopping process left by an earlier gateway backend=%s "
+                               "pid=%d why=%s", name, record.pid, why)  # fmt: skip
+                stops.append(record)
+            case Verdict.ADOPT:
+                pass
+    results = await asyncio.gather(*(terminate(r) for r in stops), return_exceptions=True)
+    for record, result in zip(stops, results, strict=True):
+        if isinstance(result, BaseException):
+            logger.error("cannot stop process left by an earlier gateway backend=%s pid=%d "
+                         "error=%s", record.backend, record.pid, result)  # fmt: skip
+        else:
+            book.drop(record.backend)

@@ -100,8 +100,10 @@ def gateway_process(
     config_dir: Path | None = None,
     env: dict[str, str] | None = None,
     wait_ready: bool = False,
+    state_dir: Path | None = None,
 ) -> Iterator[GatewayProcess]:
-    """`microscheduler serve` as a real uvicorn process on a free port of 127.0.0.1."""
+    """`microscheduler serve` as a real uvicorn process on a free port of 127.0.0.1.
+    `state_dir`: its state directory (default: a fresh one, removed afterwards)."""
     with tempfile.TemporaryDirectory() as tmp:
         if config_dir is None:
             config_dir = Path(tmp) / "config"
@@ -110,20 +112,24 @@ def gateway_process(
         port = free_port()
         log_path = Path(tmp) / "gateway.log"
         clean_env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+        clean_env["MICROSCHEDULER_STATE_DIR"] = str(state_dir or f"{tmp}/var")
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(config_dir),
                  "--host", "127.0.0.1", "--port", str(port)],
                 cwd=ROOT,
-                env={**clean_env, "MICROSCHEDULER_STATE_DIR": f"{tmp}/var", **(env or {})},
+                env={**clean_env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
         gateway = GatewayProcess(proc, f"http://127.0.0.1:{port}", log_path)
         try:
-            wait_for(gateway.url + "/health", timeout_s=20, proc=proc)
-            if wait_ready:
-                wait_for(gateway.url + "/ready", timeout_s=30, proc=proc)
+            try:
+                wait_for(gateway.url + "/health", timeout_s=20, proc=proc)
+                if wait_ready:
+                    wait_for(gateway.url + "/ready", timeout_s=30, proc=proc)
+            except (RuntimeError, AssertionError) as exc:
+                raise RuntimeError(f"{exc}; its log:\n{gateway.log()[-4000:]}") from None
             yield gateway
         finally:
             stop(proc)
