@@ -75,6 +75,7 @@ def create_app(
         title="microscheduler",
         summary="OpenAI-compatible gateway for local vLLM servers sharing one GPU.",
         lifespan=lifespan,
+        default_response_class=handlers.JSONBody,
     )
     handlers.install(app)
     app.include_router(ops.router)

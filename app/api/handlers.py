@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -10,12 +11,21 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from app.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
+from app.jsonwire import json_bytes
 
 logger = logging.getLogger(__name__)
 
 
+class JSONBody(JSONResponse):
+    """Starlette's `JSONResponse`, written by `json_bytes`: text a client sent (a lone
+    surrogate) can never make rendering fail. The gateway's default response class."""
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
+
+
 def error_response(err: GatewayError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
+    return JSONBody(err.body(), status_code=err.status, headers=err.headers or None)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
@@ -33,7 +43,7 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     else:
         err = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}")
     headers = {**err.headers, **(exc.headers or {})}
-    return JSONResponse(err.body(), status_code=exc.status_code, headers=headers or None)
+    return JSONBody(err.body(), status_code=exc.status_code, headers=headers or None)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

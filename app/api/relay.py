@@ -34,6 +34,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app.api.handlers import error_response
 from app.api.middleware import context_of
 from app.errors import GatewayError, UpstreamError, UpstreamUnavailable
+from app.jsonwire import sse_data
 from app.lifecycle.lease import WaitNotice
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
@@ -271,8 +272,7 @@ def _event_with_done(payload: object, last_chunk: bytes) -> bytes:
     # Close an event the upstream left half-written, so ours parses on its own.
     ended = not last_chunk or last_chunk.endswith((b"\n\n", b"\r\n\r\n"))
     boundary = b"" if ended else b"\n\n"
-    data = json.dumps(payload, separators=(",", ":")).encode()
-    return boundary + b"data: " + data + b"\n\n" + DONE_EVENT
+    return boundary + sse_data(payload) + DONE_EVENT
 
 
 def _upstream_error_event(status: int, body: bytes) -> bytes:
