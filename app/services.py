@@ -57,6 +57,7 @@ from app.settings import (
     ProcessRuntimeConfig,
     Settings,
 )
+from app.tasks import OpenRelays
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
 from app.upstreams.vllm_load import VllmLoadMetrics
@@ -94,6 +95,7 @@ class Services:
         # go through each backend's own `HttpUpstream`.
         self.control_client = httpx.AsyncClient(transport=seams.control_transport)
         self.events = EventLog()
+        self.relays = OpenRelays()  # ended in-band when the gateway stops (app.main)
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         self.keys = KeyRing.build(
             (key.get_secret_value() for key in settings.api_keys),

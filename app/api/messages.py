@@ -146,7 +146,7 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         )
     except GatewayError as err:
         return ANTHROPIC.error_response(err)
-    return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC)
+    return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC, relays=services.relays)
 
 
 def _as_chat(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:

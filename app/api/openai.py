@@ -80,7 +80,7 @@ def _proxy(endpoint: Endpoint) -> Route:
             key=key.admit(),
             usage_added=usage_added,
         )
-        return RelayResponse(services.dispatcher, call)
+        return RelayResponse(services.dispatcher, call, relays=services.relays)
 
     return Route(endpoint.path, handle, methods=["POST"], name=f"{endpoint.name}:{endpoint.path}")
 
@@ -123,7 +123,9 @@ async def stored_response(request: Request) -> Response:
         priority=key.priority,
         key=key.admit(),
     )
-    return RelayResponse(services.dispatcher, call, stored=(response_id, stored.entry))
+    return RelayResponse(
+        services.dispatcher, call, stored=(response_id, stored.entry), relays=services.relays
+    )
 
 
 async def list_models(request: Request) -> Response:
