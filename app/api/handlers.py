@@ -1,4 +1,5 @@
-"""The one place a `GatewayError` (or any other failure) becomes an HTTP response."""
+"""The one place a `GatewayError` (or any other failure) becomes an HTTP response; and where
+a client that left before its request body was read is told apart from a failure."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
+from app.api.middleware import CLIENT_CLOSED, context_of
 from app.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
 from app.jsonwire import json_bytes
 
@@ -54,6 +58,20 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(InvalidRequest(f"Invalid request: {message}", param=loc or None))
 
 
+def client_gone(scope: Scope) -> None:
+    """The client closed its connection before its request body was all read: nobody is
+    left to answer. Counted as a client's close (499), logged without a traceback."""
+    ctx = context_of(scope)
+    if ctx is not None:
+        ctx.client_gone = True
+    logger.info("client disconnected before its request body was read path=%s", scope["path"])
+
+
+async def _client_disconnect(request: Request, exc: Exception) -> Response:
+    client_gone(request.scope)
+    return Response(status_code=CLIENT_CLOSED)  # written to no one
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.error("unhandled error path=%s", request.url.path, exc_info=exc)
     return error_response(GatewayError("The gateway failed unexpectedly; see its log."))
@@ -63,4 +81,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)
     app.add_exception_handler(Exception, _unexpected)

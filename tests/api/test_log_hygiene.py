@@ -1,0 +1,66 @@
+"""What the gateway logs of a request: a client leaving mid-body is a client's close (499,
+no traceback, no 500 counted); control characters a client put in its path cannot forge a
+line; no credential header is logged at any level."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.fakes.servers import Gateway, gateway, gateway_settings
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[Gateway]:
+    settings = gateway_settings({"m": {"url": "http://127.0.0.1:9", "models": ["m"]}})
+    async with gateway(settings) as gw:
+        yield gw
+
+
+async def leave_mid_body(app: Any, path: str) -> list[dict[str, Any]]:
+    """An ASGI request declaring 1000 bytes whose client sends 10 and disconnects, as
+    uvicorn delivers it; returns what the app sent."""
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": b'{"model": ', "more_body": True}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
+        "headers": [(b"content-length", b"1000"), (b"content-type", b"application/json")],
+    }  # fmt: skip
+    await app(scope, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("path", "endpoint"),
+    [("/v1/chat/completions", "chat_completions"), ("/v1/messages", "messages"),
+     ("/vram/yield", None)],
+)  # fmt: skip
+async def test_a_client_leaving_mid_body_is_a_clients_close_not_a_500(
+    gw: Gateway, path: str, endpoint: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        await leave_mid_body(gw.app, path)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    gone = [r for r in caplog.records if "client disconnected before its request body" in
+            r.getMessage()]  # fmt: skip
+    assert [r.levelno for r in gone] == [logging.INFO]
+    if endpoint is not None:
+        requests = {
+            sample.labels["status"]: sample.value
+            for metric in gw.registry.collect() if metric.name == "microscheduler_requests"
+            for sample in metric.samples if sample.name == "microscheduler_requests_total"
+            and sample.labels["endpoint"] == endpoint
+        }  # fmt: skip
+        assert requests == {"499": 1.0}
