@@ -4,12 +4,15 @@ line; no credential header is logged at any level."""
 
 from __future__ import annotations
 
+import io
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from app import logs
 from tests.fakes.servers import Gateway, gateway, gateway_settings
 
 
@@ -64,3 +67,50 @@ async def test_a_client_leaving_mid_body_is_a_clients_close_not_a_500(
             and sample.labels["endpoint"] == endpoint
         }  # fmt: skip
         assert requests == {"499": 1.0}
+
+
+@pytest.fixture
+def log_out() -> Iterator[io.StringIO]:
+    """The gateway's own log configuration (`logs.configure`), written to a string."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    logs.configure("INFO", stream=stream)
+    try:
+        yield stream
+    finally:
+        logs.drain()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+FORGED = "2026-01-01 00:00:00,000 INFO app.access request_id=forged request status=200"
+
+
+async def test_control_characters_in_a_path_cannot_forge_a_log_line(
+    log_out: io.StringIO,
+) -> None:
+    settings = gateway_settings({"m": {"url": "http://127.0.0.1:9", "models": ["m"]}},
+                                access_log=True)  # fmt: skip
+    async with gateway(settings) as gw:
+        for bad in ("%0a", "%0d", "%0d%0a", "%e2%80%a8", "%1b[2J"):
+            response = await gw.client.get(f"/nothing{bad}{quote(FORGED)}")
+            assert response.status_code == 404
+    logs.drain()
+    lines = log_out.getvalue().splitlines()
+    access = [line for line in lines if " app.access " in line]
+    assert len(access) == 5, lines
+    assert not any(line.startswith("2026-01-01") for line in lines)
+    assert all("path=/nothing\\" in line for line in access)
+    assert "path=/nothing\\n2026-01-01 00:00:00,000 INFO app.access" in access[0]
+
+
+def test_a_message_is_one_line_and_its_traceback_keeps_its_lines(log_out: io.StringIO) -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("app.test").exception("unhandled error path=%s", "/x\n" + FORGED)
+    text = log_out.getvalue()
+    assert "unhandled error path=/x\\n2026-01-01 00:00:00,000 INFO app.access" in text
+    assert not any(line.startswith("2026-01-01") for line in text.splitlines())
+    assert "\nTraceback (most recent call last):\n" in text
