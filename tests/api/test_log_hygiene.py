@@ -4,16 +4,24 @@ line; no credential header is logged at any level."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
 
 from app import logs
+from app.cli.serve import server_options
+from app.main import create_app
+from app.settings import Settings
 from tests.fakes.servers import Gateway, gateway, gateway_settings
+from tests.fakes.waits import until
 
 
 @pytest.fixture
@@ -114,3 +122,46 @@ def test_a_message_is_one_line_and_its_traceback_keeps_its_lines(log_out: io.Str
     assert "unhandled error path=/x\\n2026-01-01 00:00:00,000 INFO app.access" in text
     assert not any(line.startswith("2026-01-01") for line in text.splitlines())
     assert "\nTraceback (most recent call last):\n" in text
+
+
+@asynccontextmanager
+async def real_server(settings: Settings) -> AsyncIterator[int]:
+    """The gateway under uvicorn as `serve` runs it, in this loop, on a free port."""
+    options = {**server_options(settings), "port": 0}
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, registry=CollectorRegistry()),
+                                           **options))  # fmt: skip
+    task = asyncio.create_task(server.serve())
+    try:
+        await until(lambda: server.started, timeout_s=10)
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+SECRETS = {"authorization": "Bearer sekrit-bearer", "x-api-key": "sekrit-x", "api-key": "sekrit-a"}
+
+
+async def test_a_websocket_upgrade_logs_no_credential_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = gateway_settings({"m": {"url": "http://127.0.0.1:9", "models": ["m"]}})
+    caplog.set_level(logging.DEBUG)
+    async with real_server(settings) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = (
+            "GET /v1/realtime HTTP/1.1\r\nhost: gateway\r\nupgrade: websocket\r\n"
+            "connection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "sec-websocket-version: 13\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in SECRETS.items())
+            + "\r\n"
+        )
+        writer.write(head.encode())
+        status = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        await writer.wait_closed()
+    logged = "\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)
+    assert caplog.records  # DEBUG was on and something was logged
+    for secret in SECRETS.values():
+        assert secret.split()[-1] not in logged, logged
+    assert status.startswith(b"HTTP/1.1 404"), status  # no WebSocket here: a plain 404
