@@ -19,7 +19,9 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
     ├── MethodNotAllowed (405)
     ├── Conflict (409)                            an admin action the current state forbids
     ├── TooManyConnections (503)                  `max_connections` open, none idle
+    ├── GatewayStopping (503)                     the gateway is shutting down (SIGTERM)
     └── UpstreamError (server_error)              the upstream could not answer
+        ├── UpstreamBadStatus (502)               a status outside HTTP's 200..599
         ├── UpstreamUnavailable (503)             refused, reset
         │   ├── BackendUnavailable (503)          a local backend cannot serve now: starting
         │   │                                     failed, blocked by a zone, no VRAM, queue full
@@ -53,6 +55,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     REQUEST_HEADERS_TOO_LARGE = "request_headers_too_large"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    GATEWAY_STOPPING = "gateway_stopping"
     INVALID_API_KEY = "invalid_api_key"
     PERMISSION_DENIED = "permission_denied"
     MODEL_NOT_ALLOWED = "model_not_allowed"
@@ -68,6 +71,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_BAD_STATUS = "upstream_bad_status"
     BACKEND_STARTING = "backend_starting"
     BACKEND_STOPPED = "backend_stopped"
     BACKEND_FAILED = "backend_failed"
@@ -253,6 +257,17 @@ class TooManyConnections(GatewayError):
         super().__init__(message, headers={"retry-after": "1"})
 
 
+class GatewayStopping(GatewayError):
+    """The gateway is shutting down: a request still open when its grace is nearly over
+    (in a stream, in-band), or one arriving after that."""
+
+    status = 503
+    default_code = ErrorCode.GATEWAY_STOPPING
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"retry-after": "1", "connection": "close"})
+
+
 class UpstreamError(GatewayError):
     """The upstream could not give an answer; `kind` is a bounded metric label."""
 
@@ -273,6 +288,14 @@ class UpstreamError(GatewayError):
 class UpstreamUnavailable(UpstreamError):
     status = 503
     default_code = ErrorCode.UPSTREAM_UNAVAILABLE
+
+
+class UpstreamBadStatus(UpstreamError):
+    """The upstream answered with a status no HTTP response can carry (e.g. 999): relayed,
+    it would break the client's connection."""
+
+    status = 502
+    default_code = ErrorCode.UPSTREAM_BAD_STATUS
 
 
 class UpstreamTimeout(UpstreamError):

@@ -10,6 +10,10 @@ writes them, so a slow terminal or pipe never stalls requests and the loop pays 
 `LogRecord`, no formatter and no write per request. Same format as the other lines.
 `drain()` (at the end of the app's lifespan, when no request is left) writes the rest.
 Without `configure` (an app in a test), `access()` logs through `logging`.
+
+A line is one line whatever a client sent: control characters in a message (a `%0a` in a
+path, a model name with a newline) are written as escapes (`escape_controls`), in the
+access lines and in every other message; a traceback keeps its lines.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import contextvars
 import logging
 import queue
+import re
 import sys
 import threading
 import time
@@ -32,6 +37,20 @@ ACCESS = "app.access"
 FLUSH_S: Final = 0.1
 
 _access_logger = logging.getLogger(ACCESS)
+# C0 and C1 controls, DEL, and Unicode's line and paragraph separators.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with its control characters as escapes (`\\n`, `\\x1b`, `\\u2028`): what a
+    client sent cannot end a log line early or forge another."""
+    if _CONTROLS.search(text) is None:
+        return text
+    return _CONTROLS.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
 
 
 class _RequestIdFilter(logging.Filter):
@@ -42,10 +61,15 @@ class _RequestIdFilter(logging.Filter):
 
 class SafeFormatter(logging.Formatter):
     """Writes any line: client text a message quotes (a model name, a path) may hold lone
-    surrogates, which a UTF-8 stream cannot encode; they are written as escapes."""
+    surrogates, which a UTF-8 stream cannot encode, or control characters, which would
+    start a line of the client's making; both are written as escapes."""
 
     def format(self, record: logging.LogRecord) -> str:
         return safe_text(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 class AccessWriter:
@@ -106,6 +130,7 @@ _writer: AccessWriter | None = None
 
 def access(rid: str, message: str) -> None:
     """One access line for request `rid`."""
+    message = escape_controls(message)
     writer = _writer
     if writer is not None:
         writer.line(rid, message)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -55,7 +55,8 @@ def create_app(
         services = Services(settings, metrics, seams or Seams())
         app.state.services = services
         await services.start()
-        restore_signals = _on_stop_signal(lambda: services.events.end_streams("stopping"))
+        stopping = _Stopping(services, settings.shutdown_grace_s)
+        restore_signals = _on_stop_signal(stopping)
         # What start-up built lives as long as the app: keep it out of every later GC pass
         # (full collections of it paused the loop for ~50 ms under load).
         gc.collect()
@@ -64,6 +65,7 @@ def create_app(
             yield
         finally:
             restore_signals()
+            stopping.cancel()
             await services.close()
             logs.drain()  # no request is left: write the queued access lines
 
@@ -82,6 +84,7 @@ def create_app(
         # Swagger UI and ReDoc load their scripts from a CDN; the schema stays.
         docs_url=None,
         redoc_url=None,
+        default_response_class=handlers.JSONBody,
     )
     handlers.install(app)
     app.include_router(ops.router)
@@ -94,6 +97,42 @@ def create_app(
     app.router.routes.extend(ui.routes)
     openapi.install(app)
     return app
+
+
+# Responses still open this long before the server's grace is over are ended in-band.
+RELAY_END_MARGIN_S: Final = 1.0
+
+
+def relay_end_delay(grace_s: float) -> float:
+    """How long after the stop signal the responses still open are ended: a margin before
+    the server's grace runs out (uvicorn then cancels them, cut with no end), or half the
+    grace when it is under two margins."""
+    return max(grace_s - RELAY_END_MARGIN_S, grace_s / 2)
+
+
+class _Stopping:
+    """What the stop signal sets going: `/status/stream` ends at once; the relays still
+    open at `relay_end_delay` end with the in-band error (`OpenRelays.end_all`)."""
+
+    def __init__(self, services: Services, grace_s: float) -> None:
+        self._services = services
+        self._grace_s = grace_s
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __call__(self) -> None:
+        self._services.events.end_streams("stopping")
+        if self._timer is None:
+            delay = relay_end_delay(self._grace_s)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._end_relays)
+
+    def _end_relays(self) -> None:
+        ended = self._services.relays.end_all()
+        if ended:
+            logger.warning("shutdown grace nearly over: %d open responses ended in-band", ended)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def _on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:

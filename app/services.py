@@ -60,6 +60,7 @@ from app.settings import (
     ProcessRuntimeConfig,
     Settings,
 )
+from app.tasks import OpenRelays
 from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
@@ -100,6 +101,7 @@ class Services:
             timeout=DEFAULT_TIMEOUT_S, transport=seams.control_transport
         )
         self.events = EventLog()
+        self.relays = OpenRelays()  # ended in-band when the gateway stops (app.main)
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         self.keys = KeyRing.build(
             (key.get_secret_value() for key in settings.api_keys),

@@ -58,3 +58,40 @@ class OwnedTasks:
     async def close(self) -> None:
         for task in list(self._tasks):
             await cancel_and_wait(task)
+
+
+class OpenRelays:
+    """The requests being relayed, each by its task, so a stopping gateway can end them
+    its own way: `end_all()` cancels each one and marks it (`ending`); the relay, seeing
+    the mark, ends its response with an error the client can read (in-band in a stream)
+    rather than being cut when the server's grace runs out. After `end_all()`, `stopping`
+    is true and a new relay is refused at once."""
+
+    def __init__(self) -> None:
+        self._open: set[asyncio.Task[Any]] = set()
+        self._ending: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+
+    def add(self, task: asyncio.Task[Any]) -> None:
+        self._open.add(task)
+
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        self._open.discard(task)
+        self._ending.discard(task)
+
+    def ending(self, task: asyncio.Task[Any]) -> bool:
+        return task in self._ending
+
+    def end_all(self) -> int:
+        """Cancel every open relay not ended yet; returns how many."""
+        self.stopping = True
+        ended = 0
+        for task in self._open - self._ending:
+            if not task.done():
+                self._ending.add(task)
+                task.cancel("the gateway is stopping")
+                ended += 1
+        return ended
+
+    def __len__(self) -> int:
+        return len(self._open)

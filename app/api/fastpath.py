@@ -10,7 +10,8 @@ bounded in size and time) and `OriginGuard` (browser pages of other sites) sit i
 of both, so no route escapes them.
 
 What FastAPI's layers would have done is done here: a `GatewayError` becomes its error
-response (the handlers of the Messages API render their own, in Anthropic's envelope), an
+response (the handlers of the Messages API render their own, in Anthropic's envelope), a
+client that left before its body was read is counted as gone (499) and not answered, an
 unexpected exception is logged and answered 500 `internal_error` (or, after the status
 line went out, propagates to the server, which closes the connection).
 """
@@ -22,12 +23,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.handlers import error_response
+from app.api.handlers import client_gone, error_response
 from app.api.middleware import BodyGuard, OriginGuard, RequestObserver
 from app.errors import GatewayError
 from app.metrics import Metrics
@@ -67,6 +68,9 @@ class FastPath:
             response = await handler(Request(scope, receive))
         except GatewayError as err:
             response = error_response(err)
+        except ClientDisconnect:
+            client_gone(scope)
+            return
         except Exception:
             logger.exception("unhandled error path=%s", scope["path"])
             response = error_response(GatewayError("The gateway failed unexpectedly; see its log."))

@@ -25,9 +25,10 @@ from functools import partial
 from typing import Any, Final
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from app.api.handlers import JSONBody
 from app.api.openai import client_key, read_body
 from app.api.protocol import (
     ParsedRequest,
@@ -38,6 +39,7 @@ from app.api.protocol import (
 )
 from app.api.relay import RelayResponse
 from app.errors import GatewayError, InvalidRequest
+from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
 from app.routing.registry import Route as ModelRoute
 from app.services import Services
@@ -51,7 +53,6 @@ from app.upstreams.anthropic.inbound import (
 from app.upstreams.anthropic.inbound_relay import as_messages, as_token_count
 from app.upstreams.anthropic.inbound_stream import error_event, ping_event
 from app.upstreams.http import forwardable_request_headers
-from app.upstreams.provider import json_bytes
 
 MESSAGES_PATH: Final = "/v1/messages"
 COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
@@ -62,7 +63,7 @@ class AnthropicDialect:
     """What the gateway says, in Anthropic's words (see `app.api.relay.Dialect`)."""
 
     def error_response(self, err: GatewayError) -> Response:
-        return JSONResponse(
+        return JSONBody(
             anthropic_error(err.status, err.message),
             status_code=err.status,
             headers=err.headers or None,
@@ -145,7 +146,7 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         )
     except GatewayError as err:
         return ANTHROPIC.error_response(err)
-    return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC)
+    return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC, relays=services.relays)
 
 
 def _as_chat(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:

@@ -9,7 +9,6 @@ no per-request dependency solving.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Final
 
@@ -22,12 +21,12 @@ from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, up
 from app.api.relay import RelayResponse
 from app.api.views import model_list, model_view
 from app.errors import ModelNotFound, UnsupportedMediaType
+from app.jsonwire import json_bytes
 from app.keys.ring import ClientKey
 from app.routing.exchange import Call
 from app.services import Services
 from app.settings.endpoints import Api
 from app.upstreams.http import forwardable_request_headers
-from app.upstreams.provider import json_bytes
 from app.upstreams.usage import USAGE_OPTION_APIS, asks_usage, with_usage
 
 
@@ -81,7 +80,7 @@ def _proxy(endpoint: Endpoint) -> Route:
             key=key.admit(),
             usage_added=usage_added,
         )
-        return RelayResponse(services.dispatcher, call)
+        return RelayResponse(services.dispatcher, call, relays=services.relays)
 
     return Route(endpoint.path, handle, methods=["POST"], name=f"{endpoint.name}:{endpoint.path}")
 
@@ -124,14 +123,16 @@ async def stored_response(request: Request) -> Response:
         priority=key.priority,
         key=key.admit(),
     )
-    return RelayResponse(services.dispatcher, call, stored=(response_id, stored.entry))
+    return RelayResponse(
+        services.dispatcher, call, stored=(response_id, stored.entry), relays=services.relays
+    )
 
 
 async def list_models(request: Request) -> Response:
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
     models = model_list(services.registry, services.started_at, allowed=key.allows)
-    body = json.dumps(models).encode()
+    body = json_bytes(models)
     return Response(body, media_type="application/json")
 
 
@@ -145,7 +146,7 @@ async def retrieve_model(request: Request) -> Response:
     if entry is None:
         raise ModelNotFound(name)
     key.check_model(name)
-    body = json.dumps(model_view(entry, services.started_at)).encode()
+    body = json_bytes(model_view(entry, services.started_at))
     return Response(body, media_type="application/json")
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from app.api.deps import AdminDep, MetricsDep, ServicesDep
+from app.api.handlers import JSONBody
 from app.api.views import ready_view, status_view
 from app.metrics import CONTENT_TYPE
 
@@ -24,7 +24,7 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(services: ServicesDep) -> JSONResponse:
+async def ready(services: ServicesDep) -> JSONBody:
     """Readiness: config loaded and every backend the gateway keeps running is healthy.
 
     Lazy backends are listed but do not count: stopped is their normal state."""
@@ -36,7 +36,7 @@ async def ready(services: ServicesDep) -> JSONResponse:
             all_ready &= view["ready"]
         backends[name] = view
     body = {"status": "ready" if all_ready else "not_ready", "backends": backends}
-    return JSONResponse(body, status_code=200 if all_ready else 503)
+    return JSONBody(body, status_code=200 if all_ready else 503)
 
 
 @router.get("/metrics", dependencies=[MetricsDep])

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app.errors import ErrorCode, InvalidRequest
+from app.jsonwire import too_deep
 from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.upstreams.multipart import boundary_of, form_fields, part_names
-from app.upstreams.provider import body_with_model, too_deep
+from app.upstreams.provider import body_with_model
 
 
 @dataclass(frozen=True, slots=True)

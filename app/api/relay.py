@@ -11,7 +11,11 @@ An ASGI callable rather than a Starlette StreamingResponse because it must:
 - keep a streaming client that is held while its backend wakes from timing out: after
   `wake_notice_s` it sends `200 text/event-stream` and an SSE comment
   (`: waking reasoning 5s`) every `wake_notice_s`. Comments carry no content, so the
-  request can still fail over; an error after them is sent in-band.
+  request can still fail over; an error after them is sent in-band;
+- end what is still open when the gateway stops (`OpenRelays.end_all`, shortly before the
+  server's grace is over): a `gateway_stopping` error, in-band in a stream begun, rather
+  than a connection cut with no end; and likewise end with `internal_error` what an
+  unexpected exception broke, rather than leaving the server's plain-text 500.
 Chunks are passed on as they arrive; SSE is not re-parsed.
 
 The dispatcher decides where the request goes; a model with a fallback chain may answer
@@ -33,11 +37,13 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.api.handlers import error_response
 from app.api.middleware import context_of
-from app.errors import GatewayError, UpstreamError, UpstreamUnavailable
+from app.errors import GatewayError, GatewayStopping, UpstreamError, UpstreamUnavailable
+from app.jsonwire import sse_data
 from app.lifecycle.lease import WaitNotice
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
 from app.settings.endpoints import Api
+from app.tasks import OpenRelays
 from app.upstreams.usage import UsageStripper
 
 logger = logging.getLogger(__name__)
@@ -47,6 +53,9 @@ DONE_EVENT: Final = b"data: [DONE]\n\n"
 DONE_TERMINATED: Final = frozenset({Api.CHAT, Api.COMPLETIONS, Api.TRANSCRIPTIONS,
                                     Api.TRANSLATIONS})  # fmt: skip
 MAX_ERROR_BODY: Final = 64 * 1024
+# How long the end of a response cut short (shutdown, a bug) may take to write.
+END_WRITE_S: Final = 0.5
+UNEXPECTED: Final = "The gateway failed unexpectedly; see its log."
 _SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
@@ -93,13 +102,16 @@ class RelayResponse(Response):
         *,
         dialect: Dialect = OPENAI,
         stored: tuple[str, str] | None = None,
+        relays: OpenRelays | None = None,
     ) -> None:
         """`stored`: (response id, entry): a stored response's follow-up, opened on the
-        entry that created it rather than where the call routes."""
+        entry that created it rather than where the call routes. `relays`: where the
+        relay is registered while it runs, so a stopping gateway can end it in-band."""
         self._dispatcher = dispatcher
         self._call = call
         self._dialect = dialect
         self._stored = stored
+        self._relays = relays
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -107,8 +119,17 @@ class RelayResponse(Response):
         route = self._call.route
         if ctx is not None:
             ctx.model, ctx.backend = route.name, route.backend
-        watch = _DisconnectWatch(receive)
         dialect = self._dialect
+        relays = self._relays
+        if relays is not None and relays.stopping:
+            if self._call.key is not None:
+                self._call.key.finish("error")
+            await dialect.error_response(_stopping())(scope, receive, send)
+            return
+        send = out = _Progress(send)
+        watch = _DisconnectWatch(receive)
+        if relays is not None:
+            relays.add(watch.task)
         notice = _WakeNotice(send, route.backend, dialect) if self._call.stream else None
         exchange: Exchange | None = None
         try:
@@ -134,21 +155,48 @@ class RelayResponse(Response):
             else:
                 await self._relay(exchange, send, watch)
         except asyncio.CancelledError:
-            if not watch.disconnected:
+            if watch.disconnected:
+                watch.absorb_cancel()
+                if ctx is not None:
+                    ctx.client_gone = True
+                logger.info(
+                    "client disconnected, upstream request cancelled backend=%s",
+                    route.backend,
+                )
+            elif relays is not None and relays.ending(watch.task):
+                watch.absorb_cancel()
+                watch.stop()
+                logger.info("gateway stopping, response ended backend=%s", route.backend)
+                await self._end(scope, receive, out, _stopping())
+            else:
                 raise
-            watch.absorb_cancel()
-            if ctx is not None:
-                ctx.client_gone = True
-            logger.info(
-                "client disconnected, upstream request cancelled backend=%s",
-                route.backend,
-            )
+        except Exception:
+            watch.stop()
+            logger.exception("relay failed unexpectedly backend=%s", route.backend)
+            await self._end(scope, receive, out, GatewayError(UNEXPECTED))
         finally:
+            if relays is not None:
+                relays.discard(watch.task)
             watch.stop()
             if exchange is not None:
                 exchange.finish()
             if self._call.key is not None:
                 self._call.key.finish("served" if exchange is not None else "cancelled")
+
+    async def _end(self, scope: Scope, receive: Receive, out: _Progress, err: GatewayError) -> None:
+        """End the response with `err`, however far it got: an error response if nothing
+        was sent, the in-band error if a stream was begun. A body other than a stream
+        cannot say it failed: it is left unfinished, so the server closes the connection
+        and the client sees it cut, never complete. Bounded: a client that does not read
+        does not hold the gateway."""
+        try:
+            async with asyncio.timeout(END_WRITE_S):
+                if not out.started:
+                    await self._dialect.error_response(err)(scope, receive, out)
+                elif out.sse and not out.ended:
+                    await out(_body(self._dialect.stream_error(err, out.last), more=False))
+        except TimeoutError:
+            logger.info("the client did not take the response's end; closing")
 
     async def _relay(self, exchange: Exchange, send: Send, watch: _DisconnectWatch) -> None:
         """Send the response on, ending a broken SSE stream with an in-band error."""
@@ -271,8 +319,7 @@ def _event_with_done(payload: object, last_chunk: bytes) -> bytes:
     # Close an event the upstream left half-written, so ours parses on its own.
     ended = not last_chunk or last_chunk.endswith((b"\n\n", b"\r\n\r\n"))
     boundary = b"" if ended else b"\n\n"
-    data = json.dumps(payload, separators=(",", ":")).encode()
-    return boundary + b"data: " + data + b"\n\n" + DONE_EVENT
+    return boundary + sse_data(payload) + DONE_EVENT
 
 
 def _upstream_error_event(status: int, body: bytes) -> bytes:
@@ -328,6 +375,37 @@ class _WakeNotice:
         return notice
 
 
+def _stopping() -> GatewayStopping:
+    return GatewayStopping(
+        "The gateway is shutting down and ended this response before it was complete; retry."
+    )
+
+
+class _Progress:
+    """`send`, remembering how far the response got: whether its status line went out,
+    whether it is an event stream, its last body chunk, whether it ended."""
+
+    __slots__ = ("_send", "ended", "last", "sse", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = self.sse = self.ended = False
+        self.last = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.sse = any(
+                name == b"content-type" and value.startswith(b"text/event-stream")
+                for name, value in message.get("headers", ())
+            )
+        else:
+            if body := message.get("body", b""):
+                self.last = body
+            self.ended = not message.get("more_body", False)
+        await self._send(message)
+
+
 class _DisconnectWatch:
     """Cancels the current task when the client disconnects, until `stop()`.
 
@@ -338,7 +416,7 @@ class _DisconnectWatch:
     def __init__(self, receive: Receive) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._task = task
+        self.task = task
         self.disconnected = False
         self._stopped = False
         self._waiter = asyncio.ensure_future(receive())
@@ -352,7 +430,7 @@ class _DisconnectWatch:
         waiter.exception()
         if not self._stopped:
             self.disconnected = True
-            self._task.cancel()
+            self.task.cancel()
 
     def stop(self) -> None:
         if not self._stopped:
@@ -362,7 +440,7 @@ class _DisconnectWatch:
 
     def absorb_cancel(self) -> None:
         """The cancellation came from us: undo it so the task can finish cleanly."""
-        self._task.uncancel()
+        self.task.uncancel()
 
 
 def _uncounted(prompt: int, completion: int) -> None:

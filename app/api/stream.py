@@ -20,7 +20,6 @@ Reconnecting starts again with a snapshot.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator
 from typing import Any, Final
 
@@ -30,6 +29,7 @@ from starlette.responses import StreamingResponse
 from app.api.deps import AdminDep, ServicesDep
 from app.api.views import status_view
 from app.events import Subscription
+from app.jsonwire import sse_event
 from app.services import Services
 
 router = APIRouter(tags=["ops"])
@@ -50,8 +50,7 @@ async def status_stream(services: ServicesDep) -> StreamingResponse:
 
 
 def sse(event: str, data: Any) -> bytes:
-    payload = json.dumps(data, separators=(",", ":"), default=str)
-    return f"event: {event}\ndata: {payload}\n\n".encode()
+    return sse_event(event, data, default=str)
 
 
 async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes, None]:

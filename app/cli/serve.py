@@ -4,8 +4,12 @@ configuration and say what it holds)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from app.cli.common import OK, add_config_option, guarded, load_config
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,31 +28,41 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app import logs
-    from app.api.connections import GatewayProtocol
     from app.main import create_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_config(args.config, **overrides)
     logs.configure(settings.log_level)
+    uvicorn.run(create_app(settings), **server_options(settings))
+    return OK
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """How the gateway runs uvicorn (`uvicorn.run`'s, `uvicorn.Config`'s arguments): for
+    `serve`, and for tests that need the real server."""
+    from app.api.connections import GatewayProtocol
+
     server = settings.server
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": None,
+        "access_log": False,
+        "server_header": False,
         # A timeout for asyncio.wait_for: a float works (0.5 s must not become 0).
-        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
+        "timeout_graceful_shutdown": settings.shutdown_grace_s,
         # The server's limits (`ServerConfig` says why): httptools with a header timeout,
         # a 431 for a head over `max_header_bytes` and `max_connections` evicting idle ones.
-        http=GatewayProtocol.configured(server),
-        timeout_keep_alive=server.keep_alive_s,
-        backlog=server.backlog,
+        "http": GatewayProtocol.configured(server),
+        # The gateway serves no WebSocket: an upgrade is an ordinary HTTP request (a 404).
+        # With a WebSocket library loaded, its handshake logged every request header, the
+        # client's Authorization included, at DEBUG.
+        "ws": "none",
+        "timeout_keep_alive": server.keep_alive_s,
+        "backlog": server.backlog,
         # Not uvicorn's: it counts idle connections and answers the new request 503.
-        limit_concurrency=None,
-    )
-    return OK
+        "limit_concurrency": None,
+    }
 
 
 def run_check_config(args: argparse.Namespace) -> int:

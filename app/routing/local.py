@@ -8,13 +8,13 @@ from typing import Final
 from prometheus_client import Counter
 
 from app.errors import UpstreamError
+from app.jsonwire import json_bytes
 from app.lifecycle.backend import Backend
 from app.lifecycle.lease import Lease
 from app.routing.exchange import Call
 from app.settings.endpoints import Api
 from app.upstreams.http import UpstreamResponse
 from app.upstreams.multipart import boundary_of
-from app.upstreams.provider import json_bytes
 
 # vLLM's request models with a `priority` field (ChatCompletionRequest, CompletionRequest,
 # EmbeddingCompletionRequest/EmbeddingChatRequest, ResponsesRequest), by gateway path.

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import aiohttp
 
-from app.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from app.errors import UpstreamBadStatus, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from app.settings import TimeoutsConfig
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 _NOT_FROM_UPSTREAM = HOP_BY_HOP | {"server", "date"}
+# A final status a client's HTTP stack can take: uvicorn has no status line for another
+# (999 broke the client's connection), and a 1xx (101) is no final answer.
+RELAYABLE_STATUS: Final = range(200, 600)
 # What a client sends that must not reach the upstream: the gateway's own key (as a bearer
 # token or, from Anthropic's SDKs, `x-api-key`), framing.
 _NOT_TO_UPSTREAM = HOP_BY_HOP | {"host", "authorization", "x-api-key", "content-length", "cookie"}
@@ -285,6 +288,16 @@ class HttpUpstream:
                     ) from None
                 raise self._translate(exc, limit) from None
             raise
+        if response.status not in RELAYABLE_STATUS:
+            response.close()
+            if slot:
+                self._give_slot()
+            raise UpstreamBadStatus(
+                f"upstream {self.name!r} answered with status {response.status}, which is not "
+                f"an HTTP status the gateway can relay ({RELAYABLE_STATUS.start}.."
+                f"{RELAYABLE_STATUS.stop - 1})",
+                kind="bad_status",
+            )
         on_release = self._give_slot if slot else None
         return UpstreamResponse(response, first, self.timeouts.idle_s, self.name, on_release)
 

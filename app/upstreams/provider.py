@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.errors import ErrorCode, InvalidRequest
+from app.jsonwire import json_bytes
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
 from app.upstreams.multipart import boundary_of, replace_field
@@ -44,29 +43,6 @@ def body_with_model(payload: dict[str, Any], raw: bytes, content_type: str, mode
     if boundary is not None:
         return replace_field(raw, boundary, "model", model)
     return json_bytes({**payload, "model": model})
-
-
-def json_bytes(payload: dict[str, Any]) -> bytes:
-    """`payload` as compact UTF-8 JSON. Text holding a lone surrogate (a client may send one
-    as a `\\udcff` escape) cannot be UTF-8: such a body is written with escapes, as the
-    client wrote it. Nesting too deep for `json` is the client's 400."""
-    try:
-        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        try:
-            return text.encode()
-        except UnicodeEncodeError:
-            return json.dumps(payload, separators=(",", ":")).encode()
-    except RecursionError:
-        raise too_deep() from None
-
-
-def too_deep() -> InvalidRequest:
-    """Python's `json` gives up on nesting about a thousand levels deep (the recursion
-    limit, less the stack already in use)."""
-    return InvalidRequest(
-        "The request body is not valid JSON: it is nested too deeply.",
-        code=ErrorCode.INVALID_JSON,
-    )
 
 
 class Provider(Protocol):

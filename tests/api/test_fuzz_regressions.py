@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.errors import ModelNotFound, safe_text
-from app.upstreams.provider import ProviderRequest, json_bytes
+from app.jsonwire import json_bytes
+from app.upstreams.provider import ProviderRequest
 from tests.fakes.servers import Gateway, fake_vllm, gateway, gateway_settings
 
 LONE = b'"\\udcff"'  # the JSON escape of a lone surrogate, as raw body bytes

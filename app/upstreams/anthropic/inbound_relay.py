@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.jsonwire import json_bytes
 from app.upstreams.anthropic.bodies import (
     MAX_ANSWER_BODY,
     MAX_ERROR_BODY,
@@ -38,7 +39,6 @@ from app.upstreams.anthropic.inbound import (
 )
 from app.upstreams.anthropic.inbound_stream import MessagesStreamTranslator
 from app.upstreams.anthropic.relayed import TranslatedStream
-from app.upstreams.anthropic.response import dump_json
 from app.upstreams.http import BufferedResponse, Relayable
 
 Json = dict[str, Any]
@@ -79,7 +79,7 @@ async def _whole(
         response.release()
     if not ok:
         envelope = anthropic_error_from_openai(response.status, raw)
-        answer = BufferedResponse(response.status, dump_json(envelope).encode(), policy_body=raw)
+        answer = BufferedResponse(response.status, json_bytes(envelope), policy_body=raw)
         answer.headers.extend(retry_headers(response))
         return answer
     try:
@@ -91,7 +91,7 @@ async def _whole(
         raise UpstreamUnavailable(
             f"the upstream answered 200 with a body that is not {what}", kind="bad_response"
         )
-    return BufferedResponse(200, dump_json(translated).encode())
+    return BufferedResponse(200, json_bytes(translated))
 
 
 class MessagesStream(TranslatedStream):

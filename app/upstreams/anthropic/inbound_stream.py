@@ -39,6 +39,7 @@ import json
 import logging
 from typing import Any, Final
 
+from app.jsonwire import sse_event as json_sse_event
 from app.upstreams.anthropic.inbound import (
     anthropic_error,
     anthropic_usage,
@@ -46,7 +47,6 @@ from app.upstreams.anthropic.inbound import (
     stop_reason,
     tool_use_id,
 )
-from app.upstreams.anthropic.response import dump_json
 
 Json = dict[str, Any]
 
@@ -59,7 +59,7 @@ _MALFORMED: Final = "The upstream stream carried a malformed chunk."
 
 def sse_event(payload: Json) -> bytes:
     """One Anthropic SSE event; the event name is the payload's `type`."""
-    return f"event: {payload['type']}\ndata: {dump_json(payload)}\n\n".encode()
+    return json_sse_event(str(payload["type"]), payload)
 
 
 def ping_event() -> bytes:

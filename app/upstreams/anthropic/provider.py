@@ -30,6 +30,7 @@ import time
 from typing import Any, Final
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.jsonwire import json_bytes
 from app.settings import TimeoutsConfig
 from app.settings.cloud import ProviderConfig
 from app.settings.endpoints import Api
@@ -48,7 +49,6 @@ from app.upstreams.anthropic.bodies import (
     retry_headers,
 )
 from app.upstreams.anthropic.relayed import TranslatedStream
-from app.upstreams.anthropic.response import dump_json
 from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
 from app.upstreams.provider import ProviderRequest
 
@@ -99,7 +99,7 @@ class AnthropicProvider:
         deadline = loop.time() + first_byte_s
         response = await self.upstream.open(
             "/v1/messages",
-            dump_json(body).encode(),
+            json_bytes(body),
             {"content-type": "application/json"},
             first_byte_s=first_byte_s,
         )
@@ -148,9 +148,7 @@ class AnthropicProvider:
             response.release()
         if not ok:
             envelope = openai_error_from_anthropic(response.status, raw)
-            answer = BufferedResponse(
-                response.status, dump_json(envelope).encode(), policy_body=raw
-            )
+            answer = BufferedResponse(response.status, json_bytes(envelope), policy_body=raw)
             answer.headers.extend(retry_headers(response))
             return answer
         try:
@@ -164,7 +162,7 @@ class AnthropicProvider:
             )
         created = int(time.time())
         completion = to_openai_completion(message, model=self.config.model, created=created)
-        return BufferedResponse(200, dump_json(completion).encode())
+        return BufferedResponse(200, json_bytes(completion))
 
     async def close(self) -> None:
         await self.upstream.close()

@@ -29,9 +29,9 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+from app.jsonwire import sse_data
 from app.upstreams.anthropic.response import (
     completion_id,
-    dump_json,
     finish_reason,
     merge_usage,
     openai_error,
@@ -245,4 +245,4 @@ class StreamTranslator:
 
 
 def _sse(payload: Json) -> bytes:
-    return b"data: " + dump_json(payload).encode() + b"\n\n"
+    return sse_data(payload)
