@@ -3,7 +3,9 @@ chains, providers and circuits it walks).
 
 `ChainCall.open()` walks a chain for one request, in order:
 
-1. Entries ruled out before anything is sent are passed over: a provider without its
+1. A call no entry serves at all (as is or translated) is answered 404
+   `endpoint_not_served`, as a single backend answers it. Otherwise, entries ruled out
+   before anything is sent are passed over: a provider without its
    key (`no_api_key`), an entry that serves the call's API neither as is nor translated
    (`unsupported_endpoint`: Anthropic for `/v1/embeddings`, a chat backend for `/rerank`),
    an open circuit (`circuit_open`), a half-open circuit whose
@@ -43,6 +45,7 @@ from typing import Final
 
 from app.errors import (
     AllEntriesCooling,
+    EndpointNotServed,
     FallbackDeadline,
     FallbackExhausted,
     GatewayError,
@@ -63,6 +66,7 @@ from app.routing.policy import (
     first_byte_timeout,
 )
 from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
+from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
 
@@ -117,7 +121,10 @@ class ChainCall:
         cloud, chain = self._cloud, self._chain
         start = cloud.clock()
         budget = Budget.start(start, chain.config.deadline_s, chain.config.max_attempts)
-        excluded = cloud.excluded(chain, self._call.apis())
+        apis = self._call.apis()
+        if not any(cloud.serves(e, api) for e in chain.entries for api in apis):
+            raise self._not_served(apis)
+        excluded = cloud.excluded(chain, apis)
         key = self._call.key
         if key is not None and not key.cloud:
             # The client's key may not reach the cloud (`cloud: false`), or not today
@@ -363,6 +370,22 @@ class ChainCall:
             detail = f"{p.detail} " if p.detail else ""
             parts.append(f"{p.entry}: {detail}({p.reason})")
         return "; ".join(parts)
+
+    def _not_served(self, apis: tuple[Api, ...]) -> EndpointNotServed:
+        """No entry of the chain serves the call's API, as is or translated: the same 404
+        a single backend gives (a 503 would have the client retry what never works)."""
+        cloud, call = self._cloud, self._call
+        served = "; ".join(
+            f"{e} serves {', '.join(sorted(cloud.apis.get(e, frozenset()))) or 'nothing'}"
+            for e in self._chain.entries
+        )
+        wanted = " or ".join(str(api) for api in apis)
+        return EndpointNotServed(
+            f"The model '{call.route.name}' uses the fallback chain '{self._chain.key}', "
+            f"and none of its entries serves {call.path} ({wanted}): {served}. An entry "
+            "lists what it serves under `endpoints:` (models.yaml for a backend, "
+            "cloud_providers.yaml for a provider)."
+        )
 
     def _nothing_available(self, plan: ChainAvailability) -> GatewayError:
         self._passed = [Passed(s.entry, s.reason) for s in plan.skipped]
