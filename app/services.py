@@ -150,7 +150,11 @@ class Services:
             self.backends,
             metrics,
             self.cloud,
-            ResponseIds(ttl_s=settings.responses_ttl_s),
+            ResponseIds(
+                ttl_s=settings.responses_ttl_s,
+                max_ids=settings.responses_max_ids,
+                max_ids_per_key=settings.responses_max_ids_per_key,
+            ),
             load_of=vllm_load.load_of,
         )
 
