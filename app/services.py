@@ -177,6 +177,7 @@ class Services:
                 max_connections=config.max_connections,
                 extra_headers=headers,
                 observer=PoolMetrics(self.metrics, name),
+                role="backend",
             ),
             VllmClient(
                 self.control_client, config.url, headers=headers, health_path=config.health_path
