@@ -53,8 +53,9 @@ async def test_a_chains_summary_names_its_entries_not_their_addresses(
         assert response.status_code == 503, response.text
         error = response.json()["error"]
         assert error["code"] == "fallback_exhausted"
-        assert "reasoning: backend 'reasoning' did not answer: connection refused" in (
-            error["message"]
+        assert (
+            "reasoning: backend 'reasoning' did not answer: connection refused"
+            in (error["message"])
         )
         assert "cloud: provider 'cloud' did not answer: connection refused" in error["message"]
         for port in (local_port, cloud_port):
