@@ -14,7 +14,11 @@ chains, providers and circuits it walks).
 2. A local backend is acquired (woken if needed), waiting at most the chain's
    `wake_timeout_s` when entries remain after it (the start goes on for later requests)
    and what is left of the deadline otherwise. A refusal (stopped, blocked, yielded,
-   disabled, no VRAM, queue full, failed) or a wake cut short moves on. An entry that
+   disabled, no VRAM, failed) or a wake cut short moves on. A busy backend's refusal
+   (queue full: `max_waiting` held, or no slot within the wait) moves on only when the
+   chain's or the client key's `fallback_on` lists `queue_full`; otherwise that 503
+   `backend_queue_full` with `Retry-After` is the answer (a burst at a waking model is
+   not spilled to a paid provider). An entry that
    is a replica group asks the member `app.routing.replicas` picks; one that fails
    before the first byte is passed over under its own name and another member is tried
    once (a new permit of the group's circuit, within the budget) before the walk goes on.
@@ -40,7 +44,7 @@ The answer carries `x-microscheduler-route` (the entry that answered) and
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from app.errors import (
@@ -94,6 +98,8 @@ class Passed:
     entry: str
     reason: FallbackReason
     detail: str | None = None  # our own message (never a provider body or a key)
+    # A local refusal: the answer itself when its reason is an opt-in trigger not opted in.
+    refusal: GatewayError | None = field(default=None, compare=False)
 
 
 def fallbacks_header(passed: list[Passed]) -> bytes:
@@ -134,6 +140,7 @@ class ChainCall:
             if kept_off:
                 key.kept_off_cloud()
             excluded = {**kept_off, **excluded}
+        key_triggers = frozenset(key.key.config.fallback_on) if key is not None else frozenset()
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)
@@ -163,6 +170,12 @@ class ChainCall:
             if isinstance(outcome, Exchange):
                 self._count_fallbacks(outcome.backend)
                 return outcome
+            if outcome.refusal is not None and not chain.policy.moves_on(
+                outcome.reason, key_triggers
+            ):
+                # Busy, not broken: its own refusal (Retry-After) is the answer.
+                self._count_fallbacks(outcome.entry)
+                raise outcome.refusal
             self._passed.append(outcome)
             if outcome.reason is R.DEADLINE:
                 self._passed.extend(Passed(e, R.DEADLINE_UNREACHED) for e in entries[index + 1 :])
@@ -228,7 +241,7 @@ class ChainCall:
                 cloud.release(entry, permit)
                 raise
             cloud.record(entry, permit, verdict)
-            return Passed(name, verdict.reason, err.message)
+            return Passed(name, verdict.reason, err.message, refusal=err)
         except BaseException:
             cloud.release(entry, permit)
             raise
