@@ -73,7 +73,7 @@ async def test_a_chain_or_key_that_opts_in_spills_a_full_queue_to_the_provider(
 ) -> None:
     runtime = FakeVllmRuntime(free_port(), open_at_start=False, models=[LOCAL_MODEL])
     monkeypatch.setenv("PAYER_KEY", SECRET)
-    keys = {"payer": {"key_env": "PAYER_KEY"}}
+    keys: dict[str, dict[str, Any]] = {"payer": {"key_env": "PAYER_KEY"}}
     chain: dict[str, Any] = {}
     if opt_in == "chain":
         chain["fallback_on"] = ["queue_full"]

@@ -31,7 +31,7 @@ def test_fallback_on_is_off_by_default_and_takes_only_known_triggers() -> None:
     assert ChainConfig(entries=["a"]).fallback_on == []
     assert ChainConfig(entries=["a"], fallback_on=["queue_full"]).fallback_on == ["queue_full"]
     with pytest.raises(ValidationError):
-        ChainConfig(entries=["a"], fallback_on=["starting"])  # type: ignore[list-item]
+        ChainConfig(entries=["a"], fallback_on=["starting"])
     assert KeyConfig(key_env="K", fallback_on=["queue_full"]).fallback_on == ["queue_full"]
     with pytest.raises(ValidationError):
-        KeyConfig(key_env="K", fallback_on=["everything"])  # type: ignore[list-item]
+        KeyConfig(key_env="K", fallback_on=["everything"])
