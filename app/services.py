@@ -175,7 +175,11 @@ class Services:
             self.backends,
             metrics,
             self.cloud,
-            ResponseIds(ttl_s=settings.responses_ttl_s),
+            ResponseIds(
+                ttl_s=settings.responses_ttl_s,
+                max_ids=settings.responses_max_ids,
+                max_ids_per_key=settings.responses_max_ids_per_key,
+            ),
             load_of=vllm_load.load_of,
         )
 
@@ -198,6 +202,7 @@ class Services:
                 max_connections=config.max_connections,
                 extra_headers=headers,
                 observer=PoolMetrics(self.metrics, name),
+                role="backend",
             ),
             VllmClient(
                 self.control_client, config.url, headers=headers, health_path=config.health_path

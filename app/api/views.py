@@ -59,6 +59,8 @@ def backend_view(backend: Backend) -> Json:
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
         "healthy": backend.healthy,
         "health_error": backend.health_error,
+        # The last failure to reach it, in full (address, exception): clients get a summary.
+        "upstream_error": backend.upstream.last_error,
         "vram_mib": backend.vram_mib,
         "gpus": cfg.gpus,
         # The machine whose GPUs it uses; None: a kubernetes backend the cluster places.

@@ -3,7 +3,9 @@ chains, providers and circuits it walks).
 
 `ChainCall.open()` walks a chain for one request, in order:
 
-1. Entries ruled out before anything is sent are passed over: a provider without its
+1. A call no entry serves at all (as is or translated) is answered 404
+   `endpoint_not_served`, as a single backend answers it. Otherwise, entries ruled out
+   before anything is sent are passed over: a provider without its
    key (`no_api_key`), an entry that serves the call's API neither as is nor translated
    (`unsupported_endpoint`: Anthropic for `/v1/embeddings`, a chat backend for `/rerank`),
    an open circuit (`circuit_open`), a half-open circuit whose
@@ -12,7 +14,11 @@ chains, providers and circuits it walks).
 2. A local backend is acquired (woken if needed), waiting at most the chain's
    `wake_timeout_s` when entries remain after it (the start goes on for later requests)
    and what is left of the deadline otherwise. A refusal (stopped, blocked, yielded,
-   disabled, no VRAM, queue full, failed) or a wake cut short moves on. An entry that
+   disabled, no VRAM, failed) or a wake cut short moves on. A busy backend's refusal
+   (queue full: `max_waiting` held, or no slot within the wait) moves on only when the
+   chain's or the client key's `fallback_on` lists `queue_full`; otherwise that 503
+   `backend_queue_full` with `Retry-After` is the answer (a burst at a waking model is
+   not spilled to a paid provider). An entry that
    is a replica group asks the member `app.routing.replicas` picks; one that fails
    before the first byte is passed over under its own name and another member is tried
    once (a new permit of the group's circuit, within the budget) before the walk goes on.
@@ -38,11 +44,12 @@ The answer carries `x-microscheduler-route` (the entry that answered) and
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from app.errors import (
     AllEntriesCooling,
+    EndpointNotServed,
     FallbackDeadline,
     FallbackExhausted,
     GatewayError,
@@ -63,6 +70,7 @@ from app.routing.policy import (
     first_byte_timeout,
 )
 from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
+from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
 
@@ -90,6 +98,8 @@ class Passed:
     entry: str
     reason: FallbackReason
     detail: str | None = None  # our own message (never a provider body or a key)
+    # A local refusal: the answer itself when its reason is an opt-in trigger not opted in.
+    refusal: GatewayError | None = field(default=None, compare=False)
 
 
 def fallbacks_header(passed: list[Passed]) -> bytes:
@@ -117,7 +127,10 @@ class ChainCall:
         cloud, chain = self._cloud, self._chain
         start = cloud.clock()
         budget = Budget.start(start, chain.config.deadline_s, chain.config.max_attempts)
-        excluded = cloud.excluded(chain, self._call.apis())
+        apis = self._call.apis()
+        if not any(cloud.serves(e, api) for e in chain.entries for api in apis):
+            raise self._not_served(apis)
+        excluded = cloud.excluded(chain, apis)
         key = self._call.key
         if key is not None and not key.cloud:
             # The client's key may not reach the cloud (`cloud: false`), or not today
@@ -127,6 +140,7 @@ class ChainCall:
             if kept_off:
                 key.kept_off_cloud()
             excluded = {**kept_off, **excluded}
+        key_triggers = frozenset(key.key.config.fallback_on) if key is not None else frozenset()
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)
@@ -156,6 +170,12 @@ class ChainCall:
             if isinstance(outcome, Exchange):
                 self._count_fallbacks(outcome.backend)
                 return outcome
+            if outcome.refusal is not None and not chain.policy.moves_on(
+                outcome.reason, key_triggers
+            ):
+                # Busy, not broken: its own refusal (Retry-After) is the answer.
+                self._count_fallbacks(outcome.entry)
+                raise outcome.refusal
             self._passed.append(outcome)
             if outcome.reason is R.DEADLINE:
                 self._passed.extend(Passed(e, R.DEADLINE_UNREACHED) for e in entries[index + 1 :])
@@ -221,7 +241,7 @@ class ChainCall:
                 cloud.release(entry, permit)
                 raise
             cloud.record(entry, permit, verdict)
-            return Passed(name, verdict.reason, err.message)
+            return Passed(name, verdict.reason, err.message, refusal=err)
         except BaseException:
             cloud.release(entry, permit)
             raise
@@ -363,6 +383,22 @@ class ChainCall:
             detail = f"{p.detail} " if p.detail else ""
             parts.append(f"{p.entry}: {detail}({p.reason})")
         return "; ".join(parts)
+
+    def _not_served(self, apis: tuple[Api, ...]) -> EndpointNotServed:
+        """No entry of the chain serves the call's API, as is or translated: the same 404
+        a single backend gives (a 503 would have the client retry what never works)."""
+        cloud, call = self._cloud, self._call
+        served = "; ".join(
+            f"{e} serves {', '.join(sorted(cloud.apis.get(e, frozenset()))) or 'nothing'}"
+            for e in self._chain.entries
+        )
+        wanted = " or ".join(str(api) for api in apis)
+        return EndpointNotServed(
+            f"The model '{call.route.name}' uses the fallback chain '{self._chain.key}', "
+            f"and none of its entries serves {call.path} ({wanted}): {served}. An entry "
+            "lists what it serves under `endpoints:` (models.yaml for a backend, "
+            "cloud_providers.yaml for a provider)."
+        )
 
     def _nothing_available(self, plan: ChainAvailability) -> GatewayError:
         self._passed = [Passed(s.entry, s.reason) for s in plan.skipped]

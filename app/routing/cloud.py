@@ -304,6 +304,7 @@ def build_cloud(
                 on_context_length=cfg.on_context_length,
                 fallback_on_status=frozenset(cfg.fallback_on_status),
                 auth_cooldown_s=cfg.auth_cooldown_s,
+                fallback_on=frozenset(cfg.fallback_on),
             ),
         )
         for key, cfg in config.chains.items()

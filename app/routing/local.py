@@ -16,13 +16,26 @@ from app.settings.endpoints import Api
 from app.upstreams.http import UpstreamResponse
 from app.upstreams.multipart import boundary_of
 
-# vLLM's request models with a `priority` field (ChatCompletionRequest, CompletionRequest,
-# EmbeddingCompletionRequest/EmbeddingChatRequest, ResponsesRequest), by gateway path.
+# vLLM's request models with a `priority` field, by gateway path: ChatCompletionRequest,
+# CompletionRequest, ResponsesRequest (the create only: not GET/DELETE/cancel of an id), and
+# every pooling request (embeddings, pooling, classify, score, rerank: all built on
+# `PoolingBasicRequestMixin`, vllm/entrypoints/pooling/base/protocol.py). The rest take
+# none and are sent as they are: the tokenizer routes (never scheduled), the audio forms
+# (`TranscriptionRequest` has no `priority`) and native `/v1/messages`
+# (`AnthropicMessagesRequest` ignores unknown fields); vLLM ignores a client's `priority`
+# there, so it cannot move a request ahead of others.
 PRIORITY_PATHS: Final = {
     "/v1/chat/completions": Api.CHAT,
     "/v1/completions": Api.COMPLETIONS,
+    "/v1/responses": Api.RESPONSES,
     "/v1/embeddings": Api.EMBEDDINGS,
-    "/v1/responses": Api.RESPONSES,  # the create only: not GET/DELETE/cancel of an id
+    "/pooling": Api.POOLING,
+    "/classify": Api.CLASSIFY,
+    "/score": Api.SCORE,
+    "/v1/score": Api.SCORE,
+    "/rerank": Api.RERANK,
+    "/v1/rerank": Api.RERANK,
+    "/v2/rerank": Api.RERANK,
 }
 
 

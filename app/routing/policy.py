@@ -62,7 +62,7 @@ Raised errors:
     BackendUnavailable blocked (a zone)       next    local_blocked       no
     BackendUnavailable yielded (VRAM yield)   next    local_yielded       no
     BackendUnavailable no_vram                next    local_no_vram       no
-    BackendUnavailable queue_full             next    local_queue_full    no
+    BackendUnavailable queue_full             next*   local_queue_full    no
     BackendUnavailable disabled               next    local_disabled      no
     BackendUnavailable failed                 next    local_failed        yes
     BackendUnavailable runtime                next    local_runtime       yes
@@ -72,6 +72,12 @@ Raised errors:
     other GatewayError, status >= 500         relay   internal            no
 
 No raised error sets `cooldown_s` or `upstream_ok`.
+
+(*) An opt-in trigger (`OPT_IN_TRIGGERS`): the walk moves on only when the chain's or the
+client key's `fallback_on` lists it (`PolicyConfig.moves_on`); otherwise the refusal
+itself (503 `backend_queue_full`, `Retry-After`) is the answer. A backend that is busy
+(`max_waiting` requests held, or no slot within the wait) is healthy, and a burst at a
+waking model must not become a burst of paid provider requests.
 
 `stream_error` is the chain's own verdict on a 200 stream whose first event is an error
 (`data: {"error": ...}`, or an Anthropic `error` event before any content): nothing has
@@ -226,6 +232,12 @@ _LOCAL_REASONS = {
 REASONS: Final = frozenset(FallbackReason) - {R.DEADLINE_UNREACHED, *SKIP_REASONS}
 
 
+# Reasons that move a chain on only when opted in, by the trigger name `fallback_on`
+# (the chain's or the client key's) lists: a busy local backend is a reason to wait (its
+# own 503 with Retry-After reaches the client), not to spill to a paid provider.
+OPT_IN_TRIGGERS: Final = {R.LOCAL_QUEUE_FULL: "queue_full"}
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """Per-chain fallback options."""
@@ -234,6 +246,14 @@ class PolicyConfig:
     fallback_on_status: frozenset[int] = field(default=DEFAULT_FALLBACK_ON_STATUS)
     auth_cooldown_s: float = 300.0  # 401/403/402/quota: the entry is misconfigured
     max_cooldown_s: float = 3600.0  # cap on a cooldown taken from Retry-After
+    fallback_on: frozenset[str] = frozenset()  # opt-in triggers (`OPT_IN_TRIGGERS`)
+
+    def moves_on(self, reason: FallbackReason, key_triggers: frozenset[str] = frozenset()) -> bool:
+        """Whether the walk goes on after a `next` verdict for `reason`: always, unless
+        `reason` is an opt-in trigger that neither the chain nor the client's key lists
+        (then the entry's own refusal is the answer)."""
+        trigger = OPT_IN_TRIGGERS.get(reason)
+        return trigger is None or trigger in self.fallback_on or trigger in key_triggers
 
     def __post_init__(self) -> None:
         if self.on_context_length not in ("relay", "next"):

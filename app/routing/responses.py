@@ -2,9 +2,12 @@
 `/v1/responses/{id}/cancel` must reach the backend (or provider) that holds it.
 
 vLLM keeps stored responses in its own memory, so the gateway only remembers the id ->
-entry mapping, for `ttl_s` and at most `max_ids` ids (the oldest go first). The id is
-read from the start of the answer: the `id` of a response object, or of the
-`response.created` event that opens a stream (OpenAI and vLLM both send it first).
+entry mapping, for `ttl_s` and at most `max_ids` ids (the oldest go first). Each client
+key has a share of them, `max_ids_per_key`: a key over its share loses its own oldest id,
+so one key creating responses in a loop cannot push every other key's ids out (ids made
+without a key share one account). The id is read from the start of the answer: the `id`
+of a response object, or of the `response.created` event that opens a stream (OpenAI and
+vLLM both send it first).
 """
 
 from __future__ import annotations
@@ -42,34 +45,53 @@ class ResponseIds:
         *,
         ttl_s: float = 3600.0,
         max_ids: int = 10_000,
+        max_ids_per_key: int = 1_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ttl_s = ttl_s
         self._max_ids = max_ids
+        self._max_per_key = min(max_ids_per_key, max_ids)
         self._clock = clock
-        self._ids: OrderedDict[str, StoredAt] = OrderedDict()
+        self._ids: OrderedDict[str, StoredAt] = OrderedDict()  # oldest first
+        # Each key's ids, oldest first (None: requests without a key).
+        self._by_key: dict[str | None, OrderedDict[str, None]] = {}
 
     def __len__(self) -> int:
         return len(self._ids)
 
+    def held_by(self, key: str | None) -> int:
+        """How many ids `key` holds now."""
+        return len(self._by_key.get(key, ()))
+
     def remember(self, response_id: str, entry: str, route: Route, key: str | None = None) -> None:
         now = self._clock()
-        self._ids.pop(response_id, None)
+        self.forget(response_id)
         self._ids[response_id] = StoredAt(entry, route, now + self._ttl_s, key)
+        own = self._by_key.setdefault(key, OrderedDict())
+        own[response_id] = None
         self._expire(now)
+        while len(own) > self._max_per_key:  # over its share: its own oldest go
+            self.forget(next(iter(own)))
         while len(self._ids) > self._max_ids:
-            self._ids.popitem(last=False)
+            self.forget(next(iter(self._ids)))
 
     def lookup(self, response_id: str) -> StoredAt | None:
         self._expire(self._clock())
         return self._ids.get(response_id)
 
     def forget(self, response_id: str) -> None:
-        self._ids.pop(response_id, None)
+        stored = self._ids.pop(response_id, None)
+        if stored is None:
+            return
+        own = self._by_key.get(stored.key)
+        if own is not None:
+            own.pop(response_id, None)
+            if not own:
+                del self._by_key[stored.key]
 
     def _expire(self, now: float) -> None:
         while self._ids:
-            oldest = next(iter(self._ids.values()))
+            oldest_id, oldest = next(iter(self._ids.items()))
             if oldest.expires > now:
                 return
-            self._ids.popitem(last=False)
+            self.forget(oldest_id)

@@ -53,7 +53,9 @@ Chain options (long form): `on_context_length` (`relay` | `next`), `fallback_on_
 (4xx statuses that fall back; every 5xx always does), `wake_timeout_s` (how long a request
 waits for a local backend of the chain to start or wake before trying the next entry;
 the start goes on), `deadline_s` (one deadline for finding an entry that answers),
-`max_attempts` (upstream requests per client request), `auth_cooldown_s`.
+`max_attempts` (upstream requests per client request), `auth_cooldown_s`, `fallback_on`
+(opt-in triggers, none by default: `[queue_full]` lets a request move on past a busy
+local entry, which otherwise answers 503 `backend_queue_full` with `Retry-After`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ from app.settings.base import StrictConfig, http_url
 from app.settings.endpoints import ANTHROPIC_PROVIDER_APIS, OPENAI_PROVIDER_APIS, Api
 
 DEFAULT_FALLBACK_ON_STATUS = (429, 500, 502, 503, 504, 529)
+# Local refusals that move a chain on only when its `fallback_on` (or the client key's)
+# lists them: a busy local backend is a reason to wait, not to pay a provider.
+FallbackTrigger = Literal["queue_full"]
 # Headers a provider config may not set: the key goes through `api_key_env`; framing is ours.
 _RESERVED_HEADERS = frozenset(
     {"authorization", "x-api-key", "content-length", "content-type", "host", "transfer-encoding"}
@@ -172,6 +177,10 @@ class ChainConfig(StrictConfig):
     deadline_s: PositiveFloat = 300.0
     max_attempts: PositiveInt = 3
     auth_cooldown_s: PositiveFloat = 300.0
+    # Opt-in triggers (off by default): `queue_full` moves on past a local entry that is
+    # busy (max_waiting requests held, or no slot within the wait) instead of answering
+    # its 503 backend_queue_full with Retry-After.
+    fallback_on: list[FallbackTrigger] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

@@ -10,6 +10,7 @@
         tpm: 200000                 # tokens per minute, counted from usage
         max_concurrent: 8           # requests in flight
         daily_cloud_tokens: 0       # tokens served by cloud providers per UTC day
+        fallback_on: [queue_full]   # opt-in triggers for its requests, as a chain's
 
 A key's secret is never in the file itself: `key_env` names the variable that holds it, or
 `key_sha256` holds the SHA-256 of it (hex), so the file can be shared or committed.
@@ -28,6 +29,7 @@ from typing import Annotated, Final
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from app.settings.base import StrictConfig
+from app.settings.cloud import FallbackTrigger
 
 
 class Priority(StrEnum):
@@ -65,6 +67,9 @@ class KeyConfig(StrictConfig):
     tpm: PositiveInt | None = None
     max_concurrent: PositiveInt | None = None
     daily_cloud_tokens: NonNegativeInt | None = None
+    # Its requests move on past a busy local chain entry even when the chain does not say
+    # so (`fallback_on` of `cloud_providers.yaml`): for a key that would rather pay than wait.
+    fallback_on: list[FallbackTrigger] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyConfig:

@@ -144,6 +144,10 @@ class Settings(BaseSettings):
     wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
     # How long `/v1/responses/{id}` follow-ups find the entry that created the response.
     responses_ttl_s: PositiveFloat = 3600.0
+    # How many such ids are remembered at once, and how many of them one client key may
+    # hold (a key over its share loses its own oldest, never another key's).
+    responses_max_ids: PositiveInt = 10_000
+    responses_max_ids_per_key: PositiveInt = 1_000
     reaper_interval_s: PositiveFloat = 1.0
     docker: DockerConfig = Field(default_factory=DockerConfig)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)

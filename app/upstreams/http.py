@@ -7,12 +7,19 @@ by chunk, each read bounded by `idle_s`; there is no total timeout.
 
 aiohttp exceptions never leave this module: they become `UpstreamUnavailable` or
 `UpstreamTimeout` with a bounded `kind`. There are no hidden retries here.
+
+What a client reads names the upstream by its configured name and says what went wrong
+in a few words (`backend 'reasoning' did not answer: connection refused`); the address
+and the exception (`Cannot connect to host 127.0.0.1:19399 ...`) go to the log and to
+`last_error` (shown to the admin in `/status`), never into an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Final, Protocol
 
@@ -133,13 +140,18 @@ class UpstreamResponse:
         idle_s: float,
         backend: str,
         on_release: Callable[[], None] | None = None,
+        *,
+        on_error: Callable[[str, BaseException], None] | None = None,
+        role: str = "upstream",
     ) -> None:
         self._response = response
         self._on_release = on_release
+        self._on_error = on_error  # the failure's detail, for the log and `last_error`
         self.status = response.status
         self.first_chunk = first_chunk
         self._idle_s = idle_s
         self._backend = backend
+        self._role = role
         self._eof = not first_chunk
         hop = {t.lower() for v in response.headers.getall("connection", []) for t in v.split(",")}
         self.headers: list[tuple[bytes, bytes]] = [
@@ -169,12 +181,15 @@ class UpstreamResponse:
                     chunk = await content.readany()
             except TimeoutError:
                 raise UpstreamTimeout(
-                    f"upstream {self._backend!r} sent nothing for {self._idle_s:g}s mid-response",
+                    f"{self._role} {self._backend!r} sent nothing for {self._idle_s:g}s "
+                    "mid-response",
                     kind="idle_timeout",
                 ) from None
             except aiohttp.ClientError as exc:
+                if self._on_error is not None:
+                    self._on_error("disconnected", exc)
                 raise UpstreamUnavailable(
-                    f"upstream {self._backend!r} broke off the response: {_describe(exc)}",
+                    f"{self._role} {self._backend!r} broke off the response: {failure(exc)}",
                     kind="disconnected",
                 ) from None
             if not chunk:
@@ -219,9 +234,14 @@ class HttpUpstream:
         max_connections: int | None = None,
         extra_headers: dict[str, str] | None = None,
         observer: PoolObserver | None = None,
+        role: str = "upstream",
     ) -> None:
+        """`role`: what clients are told it is (`backend`, `provider`), with its name."""
         self.name = name
+        self.role = role
         self.base_url = base_url
+        # The last transport failure in full (address, exception) and when: for the admin.
+        self.last_error: str | None = None
         self.timeouts = timeouts
         self._extra_headers = extra_headers or {}
         self._max_connections = max_connections
@@ -282,7 +302,7 @@ class HttpUpstream:
             if isinstance(exc, Exception):
                 if not slot and self._slots is not None and isinstance(exc, TimeoutError):
                     raise UpstreamTimeout(
-                        f"no free connection to upstream {self.name!r} within {limit:g}s "
+                        f"no free connection to {self.role} {self.name!r} within {limit:g}s "
                         f"(all {self._max_connections} of max_connections in use)",
                         kind="pool_timeout",
                     ) from None
@@ -299,7 +319,10 @@ class HttpUpstream:
                 kind="bad_status",
             )
         on_release = self._give_slot if slot else None
-        return UpstreamResponse(response, first, self.timeouts.idle_s, self.name, on_release)
+        return UpstreamResponse(
+            response, first, self.timeouts.idle_s, self.name, on_release,
+            on_error=self._failed, role=self.role,
+        )  # fmt: skip
 
     async def _take_slot(self) -> bool:
         """Hold one of `max_connections` (True), waiting for one if all are in use."""
@@ -328,32 +351,76 @@ class HttpUpstream:
             self._slots.release()
 
     def _translate(self, exc: Exception, first_byte_s: float) -> UpstreamError:
-        name = self.name
+        who = f"{self.role} {self.name!r}"
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            self._failed("connect_timeout", exc)
             return UpstreamTimeout(
-                f"connecting to upstream {name!r} took more than {self.timeouts.connect_s:g}s",
+                f"connecting to {who} took more than {self.timeouts.connect_s:g}s",
                 kind="connect_timeout",
             )
         if isinstance(exc, aiohttp.ClientConnectorError):
-            return UpstreamUnavailable(
-                f"upstream {name!r} is unreachable: {_describe(exc)}", kind="connect"
-            )
+            self._failed("connect", exc)
+            return UpstreamUnavailable(f"{who} did not answer: {failure(exc)}", kind="connect")
         if isinstance(exc, TimeoutError):
             return UpstreamTimeout(
-                f"upstream {name!r} sent no response within {first_byte_s:g}s",
+                f"{who} sent no response within {first_byte_s:g}s",
                 kind="first_byte_timeout",
             )
         if isinstance(exc, aiohttp.ClientError | OSError):
+            self._failed("disconnected", exc)
             return UpstreamUnavailable(
-                f"upstream {name!r} closed the connection before answering: {_describe(exc)}",
+                f"{who} closed the connection before answering: {failure(exc)}",
                 kind="disconnected",
             )
         raise exc
+
+    def _failed(self, kind: str, exc: BaseException) -> None:
+        """A transport failure in full: logged, and kept in `last_error` for `/status`."""
+        detail = _describe(exc)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.last_error = f"{stamp} {kind}: {detail} ({self.base_url})"
+        logger.warning(
+            "upstream failed %s=%s kind=%s url=%s error=%s",
+            self.role, self.name, kind, self.base_url, detail,
+        )  # fmt: skip
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def failure(exc: BaseException) -> str:
+    """A transport failure in a few words for a client: what happened, never where (no
+    host, port or address; those stay in the log)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name did not resolve"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server disconnected"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the body was cut short"
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and isinstance(exc, aiohttp.ClientConnectorError):
+        code = exc.os_error.errno
+    words = _ERRNO_WORDS.get(code) if code is not None else None
+    if words is not None:
+        return words
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "the connection failed"
+    return "the connection failed" if isinstance(exc, OSError) else "the exchange failed"
+
+
+_ERRNO_WORDS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.ECONNABORTED: "connection aborted",
+    errno.EPIPE: "connection closed",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+    errno.ETIMEDOUT: "connection timed out",
+}
 
 
 def _describe(exc: BaseException) -> str:

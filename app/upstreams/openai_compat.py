@@ -42,6 +42,7 @@ class OpenAIProvider:
             timeouts,
             max_connections=config.max_connections,
             extra_headers=headers,
+            role="provider",
         )
 
     def supports(self, api: Api) -> bool:

@@ -402,13 +402,14 @@ async def test_completions_and_embeddings_skip_anthropic(
         assert raw_completion.headers["x-microscheduler-route"] == "reasoning"
         assert w.fake.received == 0
     async with world(monkeypatch, tmp_path, ["claude"]) as w:
-        with pytest.raises(openai.APIStatusError) as info:
+        # No entry serves completions at all: the 404 a single backend gives, not a 503
+        # an SDK would retry.
+        with pytest.raises(openai.NotFoundError) as info:
             await w.sdk.completions.create(model="reasoning", prompt="once")
-        assert info.value.status_code == 503
         body = info.value.body
         assert isinstance(body, dict)
-        assert body["code"] == "fallback_exhausted"
-        assert body["tried"] == [{"entry": "claude", "reason": "unsupported_endpoint"}]
+        assert body["code"] == "endpoint_not_served"
+        assert "claude serves chat, messages" in body["message"]
         assert "retry-after" not in info.value.response.headers
 
 

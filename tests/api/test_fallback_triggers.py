@@ -441,15 +441,20 @@ async def test_embeddings_and_completions_follow_the_chain_too(
 
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize(
-    ("fields", "reason"),
+    ("fields", "reason", "chain"),
     [
-        pytest.param({"max_waiting": 0}, "local_queue_full", id="queue-full"),
-        pytest.param({"vram_mib": 40000}, "local_no_vram", id="no-vram"),  # > the 32 GiB GPU
+        # A full queue falls back only when the chain opts in (test_chain_queue_full.py).
+        pytest.param(
+            {"max_waiting": 0}, "local_queue_full", {"fallback_on": ["queue_full"]},
+            id="queue-full",
+        ),
+        pytest.param({"vram_mib": 40000}, "local_no_vram", {}, id="no-vram"),  # > the 32 GiB GPU
     ],
-)
+)  # fmt: skip
 async def test_local_admission_refusals_fall_back(
     fields: dict[str, Any],
     reason: str,
+    chain: dict[str, Any],
     stream: bool,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -457,8 +462,9 @@ async def test_local_admission_refusals_fall_back(
     runtime = FakeVllmRuntime(free_port(), open_at_start=False, models=[LOCAL_MODEL])
     backend = {**LAZY, "url": f"http://127.0.0.1:{runtime.port}", **fields}
     async with world(
-        monkeypatch, tmp_path, entries=["reasoning", "cloud"], backend=backend, runtime=runtime
-    ) as w:
+        monkeypatch, tmp_path, entries=["reasoning", "cloud"], backend=backend, runtime=runtime,
+        chain=chain,
+    ) as w:  # fmt: skip
         response = await ask(w.gw, stream=stream)
         assert answer(response, stream)[0] == CLOUD_MODEL
         assert response.headers["x-microscheduler-fallbacks"] == f"1; reasoning={reason}"

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from app.api.protocol import PROXIED
 from app.routing.exchange import Call
-from app.routing.local import with_priority
+from app.routing.local import PRIORITY_PATHS, with_priority
 from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.settings.keys import Priority
@@ -31,6 +32,13 @@ def call(path: str, api: Api, priority: Priority, **fields: Any) -> Call:
         ("/v1/completions", Api.COMPLETIONS),
         ("/v1/embeddings", Api.EMBEDDINGS),
         ("/v1/responses", Api.RESPONSES),
+        ("/pooling", Api.POOLING),
+        ("/classify", Api.CLASSIFY),
+        ("/score", Api.SCORE),
+        ("/v1/score", Api.SCORE),
+        ("/rerank", Api.RERANK),
+        ("/v1/rerank", Api.RERANK),
+        ("/v2/rerank", Api.RERANK),
     ],
 )
 @pytest.mark.parametrize(("priority", "vllm"), [("high", -1), ("normal", 0), ("low", 1)])
@@ -68,3 +76,24 @@ def test_requests_vllm_takes_no_priority_in_are_sent_as_they_are(
         content_type=content_type, priority=Priority.HIGH,
     )  # fmt: skip
     assert with_priority(backend, sent, sent.body) is sent.body
+
+
+# Proxied routes whose vLLM request model has no `priority` (or that vLLM does not serve):
+# a client's value there is ignored by vLLM, so the body goes as it is.
+_NO_PRIORITY = {
+    "/tokenize",
+    "/detokenize",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/audio/speech",
+    "/v1/images/generations",
+    "/v1/images/edits",
+}
+
+
+def test_every_proxied_route_is_either_given_the_keys_priority_or_takes_none() -> None:
+    """A route added to the gateway must be placed on one side or the other: one vLLM
+    schedules by `priority` and missing here would let a client's value through."""
+    paths = {endpoint.path for endpoint in PROXIED}
+    assert paths - _NO_PRIORITY == set(PRIORITY_PATHS)
+    assert all(PRIORITY_PATHS[e.path] is e.api for e in PROXIED if e.path in PRIORITY_PATHS)
