@@ -22,8 +22,8 @@ from tests.fakes.servers import (
     serve_app,
 )
 
-EVERYTHING = ["chat", "responses", "embeddings", "tokenize", "detokenize", "rerank", "score", "classify",
-              "pooling", "transcriptions", "translations", "speech"]  # fmt: skip
+EVERYTHING = ["chat", "responses", "embeddings", "tokenize", "detokenize", "rerank", "score",
+              "classify", "pooling", "transcriptions", "translations", "speech"]  # fmt: skip
 
 
 @dataclass
