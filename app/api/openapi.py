@@ -97,7 +97,11 @@ def _body(endpoint: Endpoint) -> Json:
         if endpoint.required:
             properties[endpoint.required] = _field(endpoint.required_types)
         media = "application/json"
-    schema = {"type": "object", "required": required, "properties": properties}
+    schema: Json = {"type": "object", "required": required, "properties": properties}
+    if endpoint.required and endpoint.instead:  # one of the two, e.g. `input` or `messages`
+        properties[endpoint.instead] = _field(endpoint.instead_types)
+        schema["required"] = ["model"]
+        schema["anyOf"] = [{"required": [endpoint.required]}, {"required": [endpoint.instead]}]
     return {"required": True, "content": {media: {"schema": schema}}}
 
 

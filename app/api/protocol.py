@@ -28,12 +28,31 @@ class Endpoint:
     required: str | None = None  # the field this endpoint cannot do without
     required_types: tuple[type, ...] = ()
     form: bool = False  # multipart/form-data (an upload), not JSON
+    # A field that may stand in for `required` (vLLM's chat form of a pooling request:
+    # `messages` instead of `input`), with its types.
+    instead: str | None = None
+    instead_types: tuple[type, ...] = ()
 
 
 _TEXT: Final = (str, list)
+# vLLM 0.33 takes a pooling request in two forms: `input` (CompletionRequestMixin) or chat
+# `messages` (ChatRequestMixin), in vllm/entrypoints/pooling/base/protocol.py; the
+# embeddings and classify requests are unions of both (pooling/embed/protocol.py
+# `EmbeddingRequest`, pooling/classify/protocol.py `ClassificationRequest`): `instead`.
+# A rerank `query` is a `ScoreInput`: a string or a multimodal object (`{"content": [...]}`,
+# vllm/entrypoints/pooling/scoring/typing.py `ScoreMultiModalParam`).
+_SCORE_INPUT: Final = (str, dict)
 CHAT: Final = Endpoint("chat_completions", "/v1/chat/completions", Api.CHAT, "messages", (list,))
 COMPLETIONS: Final = Endpoint("completions", "/v1/completions", Api.COMPLETIONS, "prompt", _TEXT)
-EMBEDDINGS: Final = Endpoint("embeddings", "/v1/embeddings", Api.EMBEDDINGS, "input", _TEXT)
+EMBEDDINGS: Final = Endpoint(
+    "embeddings",
+    "/v1/embeddings",
+    Api.EMBEDDINGS,
+    "input",
+    _TEXT,
+    instead="messages",
+    instead_types=(list,),
+)
 RESPONSES: Final = Endpoint("responses", "/v1/responses", Api.RESPONSES)
 # Routed by `model` like chat; vLLM's names and paths (its pooling and tokenizer routers).
 PROXIED: Final = (
@@ -41,15 +60,23 @@ PROXIED: Final = (
     COMPLETIONS,
     EMBEDDINGS,
     RESPONSES,
-    Endpoint("rerank", "/v1/rerank", Api.RERANK, "query", (str,)),
-    Endpoint("rerank", "/rerank", Api.RERANK, "query", (str,)),
-    Endpoint("rerank", "/v2/rerank", Api.RERANK, "query", (str,)),
+    Endpoint("rerank", "/v1/rerank", Api.RERANK, "query", _SCORE_INPUT),
+    Endpoint("rerank", "/rerank", Api.RERANK, "query", _SCORE_INPUT),
+    Endpoint("rerank", "/v2/rerank", Api.RERANK, "query", _SCORE_INPUT),
     Endpoint("score", "/v1/score", Api.SCORE),
     Endpoint("score", "/score", Api.SCORE),
     Endpoint("tokenize", "/tokenize", Api.TOKENIZE),
     Endpoint("detokenize", "/detokenize", Api.DETOKENIZE, "tokens", (list,)),
     Endpoint("pooling", "/pooling", Api.POOLING),
-    Endpoint("classify", "/classify", Api.CLASSIFY, "input", _TEXT),
+    Endpoint(
+        "classify",
+        "/classify",
+        Api.CLASSIFY,
+        "input",
+        _TEXT,
+        instead="messages",
+        instead_types=(list,),
+    ),
     Endpoint(
         "audio_transcriptions", "/v1/audio/transcriptions", Api.TRANSCRIPTIONS, "file", form=True
     ),
@@ -136,13 +163,15 @@ def parse_request(
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest.wrong_type("stream_options", "an object", options)
-    required = endpoint.required
+    required, types = endpoint.required, endpoint.required_types
     if required is not None:
+        if required not in payload and endpoint.instead in payload:
+            required, types = endpoint.instead, endpoint.instead_types
         if required not in payload:
-            raise _missing(required)
+            raise _missing(required, endpoint.instead)
         value = payload[required]
-        if not isinstance(value, endpoint.required_types):
-            wanted = " or ".join(_TYPE_NAMES[t] for t in endpoint.required_types)
+        if not isinstance(value, types):
+            wanted = " or ".join(_TYPE_NAMES[t] for t in types)
             raise InvalidRequest.wrong_type(required, wanted, value)
     return ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
 
@@ -193,8 +222,9 @@ def parse_form(body: bytes, endpoint: Endpoint, content_type: str) -> ParsedRequ
     )
 
 
-def _missing(param: str) -> InvalidRequest:
-    return InvalidRequest(f"Missing required parameter: '{param}'.", param=param)
+def _missing(param: str, instead: str | None = None) -> InvalidRequest:
+    either = f" (or '{instead}')" if instead else ""
+    return InvalidRequest(f"Missing required parameter: '{param}'{either}.", param=param)
 
 
 def upstream_body(request: ParsedRequest, route: Route) -> bytes:

@@ -22,8 +22,8 @@ from tests.fakes.servers import (
     serve_app,
 )
 
-EVERYTHING = ["chat", "responses", "tokenize", "detokenize", "rerank", "score", "classify",
-              "pooling", "transcriptions", "translations", "speech"]  # fmt: skip
+EVERYTHING = ["chat", "responses", "embeddings", "tokenize", "detokenize", "rerank", "score",
+              "classify", "pooling", "transcriptions", "translations", "speech"]  # fmt: skip
 
 
 @dataclass
@@ -251,3 +251,47 @@ async def test_a_failed_delete_keeps_the_id(w: World) -> None:
     assert retried.status_code == 200  # still routed: the first delete did not happen
     gone = await w.gw.client.delete(f"/v1/responses/{created.id}")
     assert gone.json()["error"]["code"] == "response_not_found"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        # vLLM 0.33's chat form of a pooling request (pooling/base/protocol.py ChatRequestMixin)
+        ("/v1/embeddings", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/classify", {"messages": [{"role": "user", "content": "hi"}]}),
+        # a multimodal rerank query (pooling/scoring/typing.py ScoreMultiModalParam)
+        (
+            "/v1/rerank",
+            {
+                "query": {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
+                "documents": ["a red fox"],
+            },
+        ),
+    ],
+)
+async def test_what_vllm_accepts_is_relayed_not_refused(
+    w: World, path: str, body: dict[str, Any]
+) -> None:
+    before = len(await upstream_requests(w))
+    response = await w.gw.client.post(path, json={"model": "omni", **body})
+    assert response.json().get("error", {}).get("code") != "invalid_request_error", response.text
+    sent = await upstream_requests(w)
+    assert len(sent) == before + 1, response.text
+    assert sent[-1]["path"] == path
+    assert sent[-1]["body"] == {"model": "served-model", **body}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v1/embeddings", {}, "Missing required parameter: 'input' (or 'messages')."),
+        ("/classify", {"messages": "hi"}, "'messages'"),
+        ("/v1/rerank", {"query": 3, "documents": ["d"]}, "a string or an object"),
+    ],
+)
+async def test_neither_form_is_a_clear_400(
+    w: World, path: str, body: dict[str, Any], message: str
+) -> None:
+    response = await w.gw.client.post(path, json={"model": "omni", **body})
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
