@@ -1,7 +1,9 @@
 """vLLM's Responses API on the fake server: ``POST /v1/responses`` and the stored responses
 (``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: vLLM 0.33's route set,
 ``vllm/entrypoints/openai/responses/api_router.py``; no ``DELETE`` (405) and no
-``input_items`` (404)).
+``input_items`` (404)). Only the fake's permissive mode (no ``--task``) also answers
+``DELETE /v1/responses/{id}`` as OpenAI does (``{"id", "object": "response", "deleted":
+true}``), for tests of a gateway's relay of it.
 
 Shapes from vLLM's ``vllm/entrypoints/openai/responses/protocol.py`` (``ResponsesRequest``
 defaults, ``ResponsesResponse`` with every field it always sends), the event sequence of
@@ -379,6 +381,14 @@ class ResponsesApi:
         return answered or error_response(
             ApiError(400, msg, "invalid_request_error", "response_id")
         )
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's DELETE (permissive mode only; vLLM 0.33 has no such route)."""
+        response_id, answered = self._stored(request)
+        if answered is not None:
+            return answered
+        del self.store[response_id]
+        return json_response(dumps({"id": response_id, "object": "response", "deleted": True}))
 
 
 def _text_part(text: str) -> dict[str, Any]:

@@ -358,6 +358,8 @@ def build_app(config: FakeConfig) -> web.Application:
         add("POST", "/v1/responses", responses.create, json_only=True)
         add("GET", "/v1/responses/{response_id}", responses.retrieve)
         add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
+        if task is None:  # OpenAI's, not vLLM's: the permissive mode only
+            add("DELETE", "/v1/responses/{response_id}", responses.delete)
         add("POST", "/v1/completions", gen.completions, json_only=True)
     audio = AudioApi(fake, gen)
     if task in (None, "transcription"):  # vllm/entrypoints/speech_to_text/factories.py

@@ -149,11 +149,28 @@ async def test_responses_stream_event_sequence(
     assert "[DONE]" not in raw
 
 
-async def test_responses_store_retrieve_cancel(
-    sdk: openai.AsyncOpenAI, client: httpx.AsyncClient
-) -> None:
+async def test_responses_store_retrieve_cancel() -> None:
     """vLLM 0.33's route set (vllm/entrypoints/openai/responses/api_router.py): no DELETE
     (405, as Starlette answers a known path), no input_items (404)."""
+    config = FakeConfig(port=0, models=MODELS, task="generate")
+    async with (
+        FakeVllmServer(config) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=5) as client,
+        openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as sdk,
+    ):
+        await _store_retrieve_cancel(sdk, client)
+
+
+async def test_the_permissive_mode_also_deletes_as_openai_does(
+    sdk: openai.AsyncOpenAI, client: httpx.AsyncClient
+) -> None:
+    resp = await sdk.responses.create(model="m1", input="hello")
+    deleted = await client.delete(f"/v1/responses/{resp.id}")
+    assert deleted.json() == {"id": resp.id, "object": "response", "deleted": True}
+    assert_error(await client.get(f"/v1/responses/{resp.id}"), 404)
+
+
+async def _store_retrieve_cancel(sdk: openai.AsyncOpenAI, client: httpx.AsyncClient) -> None:
     resp = await sdk.responses.create(model="m1", input="hello")
     got = await sdk.responses.retrieve(resp.id)
     assert got.id == resp.id
