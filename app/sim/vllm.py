@@ -1,8 +1,10 @@
 """A fast, faithful stand-in for vLLM's OpenAI-compatible server (``vllm serve``).
 
-Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health``,
-``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``, ``/v1/responses`` (+ ``GET``/``DELETE /v1/responses/{id}``,
+Run ``python -m app.sim.vllm --port 8001 --model my-model``. It follows vLLM 0.33's source
+(each behaviour names the vLLM file it copies): with ``--task`` only that task's routes
+(``app.sim.routes``), without it every task's at once (a permissive mode for tests). It
+serves ``/health``, ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/responses`` (+ ``GET /v1/responses/{id}``,
 ``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
 ``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
 (``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``

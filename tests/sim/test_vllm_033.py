@@ -9,7 +9,9 @@ from tests.fakes.servers import fake_vllm
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
 MEDIA_TYPE_ERROR = {
     "error": {
-        "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+        "message": (
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+        ),
         "type": "Bad Request",
         "param": None,
         "code": 400,
