@@ -22,6 +22,13 @@ class FakeConfig:
     max_model_len: int = 8192
     max_num_seqs: int = 256
     scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
+    # The model's task (vLLM's supported task; app.sim.routes.TASKS): its routes only.
+    # None: the fake's permissive default, every task's routes at once (no vLLM does that).
+    task: str | None = None
+    num_labels: int = 2  # a classify model's labels; 1 adds /score and /rerank (vLLM's rule)
+    api_key: list[str] | None = None  # vLLM's --api-key (Bearer, /v1 /v2 /inference /cohere)
+    disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json
+    allow_runtime_lora: bool | None = None  # None: read VLLM_ALLOW_RUNTIME_LORA_UPDATING
     embedding_dim: int = 8
     fail_status: int | None = None
     fail_count: int | None = None

@@ -63,8 +63,15 @@ class FakeEngine:
         self._idle.set()
 
     @property
-    def is_sleeping(self) -> bool:
+    def memory_sleeping(self) -> bool:
+        """Some memory (weights, KV cache) sleeps: a level 1 or 2 sleep not fully woken."""
         return bool(self.sleeping_tags)
+
+    @property
+    def is_sleeping(self) -> bool:
+        """vllm/v1/engine/core.py ``is_sleeping``: the scheduler is paused (any level, 0
+        included) or some memory sleeps."""
+        return self.pause != "none" or bool(self.sleeping_tags)
 
     # --- admission ---------------------------------------------------------------------------
 
@@ -163,16 +170,20 @@ class FakeEngine:
             self.sleep_level = level
             self.sleeping_tags = set(SLEEP_TAGS)
 
-    def wake_up(self, tags: list[str] | None) -> None:
+    def wake_up(self, tags: list[str] | None) -> bool:
+        """vllm/v1/engine/core.py ``wake_up``: wake ``tags`` (None: all; ``scheduling`` is
+        the level-0 tag and wakes no memory); scheduling resumes only once no memory
+        sleeps. True when fully awake."""
         if tags is None:
             self.sleeping_tags.clear()
         else:
             self.sleeping_tags.difference_update(tags)
-        if not self.sleeping_tags:
-            self.sleep_level = 0
-        if tags is None or "scheduling" in tags or not self.sleeping_tags:
-            self._set_pause("none")
-            self._dispatch()
+        if self.sleeping_tags:
+            return False
+        self.sleep_level = 0
+        self._set_pause("none")
+        self._dispatch()
+        return True
 
     def reload_weights(self) -> None:
         """``collective_rpc`` ``reload_weights``: load the weights from disk again. Raises

@@ -68,12 +68,14 @@ def _int_field(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _max_tokens(body: dict[str, Any], chat: bool) -> int | None:
+def _max_tokens(body: dict[str, Any], chat: bool) -> tuple[int | None, str]:
+    """The output limit and the name it came under (chat: ``max_completion_tokens`` wins,
+    vllm/entrypoints/openai/chat_completion/protocol.py ``build_tok_params``)."""
     if chat:
         value = _int_field(body, "max_completion_tokens")
         if value is not None:
-            return value
-    return _int_field(body, "max_tokens")
+            return value, "max_completion_tokens"
+    return _int_field(body, "max_tokens"), "max_tokens"
 
 
 def _too_long(max_len: int, prompt_tokens: int, what: str) -> ApiError:
@@ -108,28 +110,29 @@ class GenerationApi:
             prompt_tokens, seed = chat_prompt(body["messages"])
         else:
             prompt_tokens, seed = completion_prompt(body["prompt"])
-        max_tokens = _max_tokens(body, chat)
+        max_tokens, max_param = _max_tokens(body, chat)
         n = _int_field(body, "n")
         if n is not None and n != 1:
             raise ApiError(400, "n > 1 is not supported by the fake vLLM server.", param="n")
         max_len = state.config.max_model_len
+        if max_tokens is not None and max_tokens > max_len:
+            # vllm/renderers/params.py TokenizeParams.__post_init__ (a VLLMValidationError)
+            raise ApiError(
+                400,
+                f"{max_param}={max_tokens} cannot be greater than max_model_len={max_len}. "
+                f"Please request fewer output tokens. (parameter={max_param}, value={max_tokens})",
+                param=max_param,
+            )
         if prompt_tokens >= max_len:
             raise _too_long(max_len, prompt_tokens, "your request has")
         if max_tokens is None:
             count, finish = min(state.config.max_tokens, max_len - prompt_tokens), "stop"
         elif max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
-        elif prompt_tokens + max_tokens > max_len:
-            raise ApiError(
-                400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
-                f"model's maximum context length is {max_len} tokens and your request has "
-                f"{prompt_tokens} input tokens ({max_tokens} > {max_len} - {prompt_tokens}). "
-                f"(parameter=max_tokens, value={max_tokens})",
-                param="max_tokens",
-            )
         else:
-            count, finish = max_tokens, "length"
+            # vllm/entrypoints/serve/utils/api_utils.py get_max_tokens: prompt + max_tokens
+            # beyond the context is clamped to what is left, not refused
+            count, finish = min(max_tokens, max_len - prompt_tokens), "length"
         stream = body.get("stream") is True
         options = body.get("stream_options")
         include_usage = continuous = False

@@ -97,7 +97,7 @@ class FakeMetrics:
         self._running.set(engine.running)
         self._waiting.set(engine.waiting)
         self._kv.set(min(1.0, engine.running / engine.max_num_seqs))
-        level = engine.sleep_level if engine.is_sleeping else 0
+        level = engine.sleep_level if engine.memory_sleeping else 0
         for i, state in enumerate(SLEEP_STATES):
             self._sleep[state].set(1 if i == level else 0)
         return generate_latest(self.registry)

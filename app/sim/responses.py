@@ -1,5 +1,9 @@
 """vLLM's Responses API on the fake server: ``POST /v1/responses`` and the stored responses
-(``GET``/``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``).
+(``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: vLLM 0.33's route set,
+``vllm/entrypoints/openai/responses/api_router.py``; no ``DELETE`` (405) and no
+``input_items`` (404)). Only the fake's permissive mode (no ``--task``) also answers
+``DELETE /v1/responses/{id}`` as OpenAI does (``{"id", "object": "response", "deleted":
+true}``), for tests of a gateway's relay of it.
 
 Shapes from vLLM's ``vllm/entrypoints/openai/responses/protocol.py`` (``ResponsesRequest``
 defaults, ``ResponsesResponse`` with every field it always sends), the event sequence of
@@ -18,10 +22,8 @@ response that hit ``max_output_tokens`` is ``"incomplete"`` (``incomplete_detail
 ``max_output_tokens``); without it the fake's ``--max-tokens`` applies and the status is
 ``"completed"``.
 
-On purpose different from vLLM: ``DELETE /v1/responses/{id}`` answers OpenAI's
-``{"id", "object": "response", "deleted": true}`` (vLLM itself may not serve DELETE);
-``background=true`` is refused (400); tools are accepted and echoed but never called; the
-store is in memory and keeps the newest 1000 responses.
+On purpose different from vLLM: ``background=true`` is refused (400); tools are accepted
+and echoed but never called; the store is in memory and keeps the newest 1000 responses.
 """
 
 from __future__ import annotations
@@ -139,6 +141,14 @@ class ResponsesApi:
         elif limit < 1:
             msg = f"max_output_tokens must be at least 1, got {limit}."
             raise ApiError(400, msg, param="max_output_tokens")
+        elif limit > max_len:  # vllm/renderers/params.py TokenizeParams.__post_init__
+            raise ApiError(
+                400,
+                f"max_output_tokens={limit} cannot be greater than max_model_len={max_len}. "
+                f"Please request fewer output tokens. (parameter=max_output_tokens, "
+                f"value={limit})",
+                param="max_output_tokens",
+            )
         else:
             count = max_out = min(limit, room)
             limited = True
@@ -373,6 +383,7 @@ class ResponsesApi:
         )
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's DELETE (permissive mode only; vLLM 0.33 has no such route)."""
         response_id, answered = self._stored(request)
         if answered is not None:
             return answered

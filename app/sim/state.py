@@ -90,6 +90,7 @@ class FakeState:
         self.engine = FakeEngine(config.max_num_seqs)
         self.metrics = FakeMetrics(self.models[0])
         self.vram = FakeVram(config)
+        self.loras: dict[str, str] = {}  # LoRA adapters loaded at runtime: name -> path
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def record(self, request: web.Request, body: Any) -> None:
@@ -120,11 +121,13 @@ class FakeState:
         return body
 
     def resolve_model(self, body: dict[str, Any]) -> str:
+        """A served name or a loaded LoRA adapter's (vllm/entrypoints/serve/engine/
+        serving.py ``_check_model``); the answer names the adapter, as vLLM's does."""
         model = body.get("model")
-        if model is None:
+        if not model:
             return self.models[0]  # vLLM: a request without "model" uses the served model
-        if not isinstance(model, str) or model not in self.models:
-            raise model_not_found(str(model))
+        if not isinstance(model, str) or (model not in self.models and model not in self.loras):
+            raise model_not_found(str(model), self.models)
         return model
 
     def injected_failure(self) -> web.Response | None:
@@ -138,17 +141,14 @@ class FakeState:
 
     def priority_of(self, body: dict[str, Any]) -> int:
         """The request's ``priority`` (chat, completions, embeddings, responses: vLLM's
-        request models with the field), validated like vLLM: an integer (pydantic), and
-        non-zero only with ``--scheduling-policy priority``. vLLM's engine raises the
-        latter as a ValueError (``Got priority N but Priority scheduling is not
-        enabled.``), which its server answers 400 ``BadRequestError``; the fake answers it
-        before any stream starts."""
+        request models with the field), validated like vLLM: an integer (pydantic). With
+        ``--scheduling-policy fcfs`` it is accepted and ignored: vLLM 0.33's input
+        processor no longer checks it and ``FCFSRequestQueue`` orders by arrival only
+        (vllm/v1/core/sched/request_queue.py); older vLLM answered 400."""
         value = body.get("priority", 0)
         if isinstance(value, bool) or not isinstance(value, int):
             raise validation_error(["priority"], "int_type", "Input should be a valid integer")
-        if value != 0 and self.config.scheduling_policy != "priority":
-            raise ApiError(400, f"Got priority {value} but Priority scheduling is not enabled.")
-        return value
+        return value if self.config.scheduling_policy == "priority" else 0
 
     async def admit(
         self,

@@ -11,7 +11,7 @@ import base64
 import json
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -73,8 +73,27 @@ def validation_error(loc: Sequence[str | int], err: str, msg: str) -> ApiError:
     return ApiError(400, message, HTTPStatus.BAD_REQUEST.phrase, ".".join(map(str, loc_t)))
 
 
-def model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+def query_error(
+    name: str, err: str, msg: str, value: str, ctx: Mapping[str, object] | None = None
+) -> ApiError:
+    """vLLM 0.33's handler for a FastAPI query-parameter validation error
+    (vllm/entrypoints/serve/exception_handling/handlers/validation.py: ``loc`` joined with
+    dots, ``param`` the same)."""
+    detail: dict[str, object] = {"type": err, "loc": f"query.{name}", "msg": msg, "input": value}
+    if ctx is not None:
+        detail["ctx"] = dict(ctx)
+    message = f"1 validation error:\n  {detail!r}"
+    return ApiError(400, message, HTTPStatus.BAD_REQUEST.phrase, f"query.{name}")
+
+
+def model_not_found(model: str, served: list[str]) -> ApiError:
+    """vllm/entrypoints/serve/engine/serving.py ``_check_model``."""
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.",
+        "NotFoundError",
+        "model",
+    )
 
 
 # --- prompts and deterministic output -------------------------------------------------------

@@ -1,8 +1,10 @@
 """A fast, faithful stand-in for vLLM's OpenAI-compatible server (``vllm serve``).
 
-Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health``,
-``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``, ``/v1/responses`` (+ ``GET``/``DELETE /v1/responses/{id}``,
+Run ``python -m app.sim.vllm --port 8001 --model my-model``. It follows vLLM 0.33's source
+(each behaviour names the vLLM file it copies): with ``--task`` only that task's routes
+(``app.sim.routes``), without it every task's at once (a permissive mode for tests). It
+serves ``/health``, ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/responses`` (+ ``GET /v1/responses/{id}``,
 ``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
 ``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
 (``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
@@ -46,8 +48,9 @@ from app.sim.generation import GenerationApi
 from app.sim.metrics import CONTENT_TYPE
 from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
+from app.sim.routes import TASKS, RouteTable, api_key_middleware
 from app.sim.state import FakeState, error_response, json_response
-from app.sim.text import ApiError, dumps
+from app.sim.text import ApiError, dumps, query_error, validation_error
 
 __all__ = [
     "FakeConfig",
@@ -59,12 +62,13 @@ __all__ = [
     "serve",
 ]
 
-_NOT_FOUND = b'{"detail":"Not Found"}'
 _PAUSE_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "wait", "keep": "keep"}
 
 
 class FakeVllm(FakeState):
-    """The non-generation endpoints: health, models, metrics, sleep mode, test controls."""
+    """The non-generation endpoints: health, models, metrics, sleep mode, LoRA, test controls."""
+
+    routes: RouteTable  # set by build_app
 
     # --- plain endpoints ---------------------------------------------------------------------
 
@@ -106,7 +110,72 @@ class FakeVllm(FakeState):
             }
             for name in self.models
         ]
+        # vllm/entrypoints/openai/models/serving.py show_available_models: adapters after
+        # the base models, `root` their path, `parent` the base model, no max_model_len
+        cards += [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": path,
+                "parent": self.models[0],
+                "max_model_len": None,
+                "permission": cards[0]["permission"],
+            }
+            for name, path in self.loras.items()
+        ]
         return json_response(dumps({"object": "list", "data": cards}))
+
+    # --- LoRA (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 only) -------------------------------------
+
+    async def _lora_body(self, request: web.Request, fields: tuple[str, ...]) -> dict[str, Any]:
+        body = await self.parse_body(request)
+        for name in fields:
+            if name not in body:
+                raise validation_error([name], "missing", "Field required")
+            if not isinstance(body[name], str):
+                raise validation_error([name], "string_type", "Input should be a valid string")
+        return body
+
+    async def load_lora_adapter(self, request: web.Request) -> web.StreamResponse:
+        """vllm/entrypoints/openai/models/serving.py ``load_lora_adapter``: the fake loads
+        any path (vLLM reads the adapter from it); a plain-text 200 as vLLM's."""
+        try:
+            body = await self._lora_body(request, ("lora_name", "lora_path"))
+        except ApiError as err:
+            return error_response(err)
+        name, path = body["lora_name"], body["lora_path"]
+        if not name or not path:
+            msg = "Both 'lora_name' and 'lora_path' must be provided."
+            return error_response(ApiError(400, msg, "InvalidUserInput"))
+        if name in self.models:
+            msg = f"The lora adapter '{name}' conflicts with a served base model."
+            return error_response(ApiError(400, msg, "InvalidUserInput"))
+        if not body.get("load_inplace") and name in self.loras:
+            msg = (
+                f"The lora adapter '{name}' has already been loaded. If you want to load "
+                "the adapter in place, set 'load_inplace' to True."
+            )
+            return error_response(ApiError(400, msg, "InvalidUserInput"))
+        self.loras[name] = path
+        return web.Response(body=f"Success: LoRA adapter '{name}' added successfully.".encode())
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.StreamResponse:
+        """vllm/entrypoints/openai/models/serving.py ``unload_lora_adapter``."""
+        try:
+            body = await self._lora_body(request, ("lora_name",))
+        except ApiError as err:
+            return error_response(err)
+        name = body["lora_name"]
+        if not name:
+            msg = "'lora_name' needs to be provided to unload a LoRA adapter."
+            return error_response(ApiError(400, msg, "InvalidUserInput"))
+        if name not in self.loras:
+            msg = f"The lora adapter '{name}' cannot be found."
+            return error_response(ApiError(404, msg, "NotFoundError"))
+        del self.loras[name]
+        return web.Response(body=f"Success: LoRA adapter '{name}' removed successfully.".encode())
 
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
         body = self.metrics.render(self.engine)
@@ -114,30 +183,58 @@ class FakeVllm(FakeState):
 
     async def not_found(self, request: web.Request) -> web.StreamResponse:
         self.record(request, None)
-        return web.Response(status=404, body=_NOT_FOUND, content_type="application/json")
+        return await self.routes.fallback(request)
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.routes.openapi())
 
     # --- sleep mode (VLLM_SERVER_DEV_MODE=1 only) --------------------------------------------
 
     async def sleep(self, request: web.Request) -> web.StreamResponse:
+        """vllm/entrypoints/serve/dev/sleep/api_router.py ``sleep``: ``level`` an int in
+        0..2 (default 1), ``mode`` abort|wait|keep (FastAPI validates both: a 400
+        validation error), ``{"status": "sleeping", "level": N}``."""
         self.record(request, None)
         level_s, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
-        if not level_s.isdigit() or int(level_s) not in (0, 1, 2):
-            return error_response(ApiError(400, f"Invalid sleep level: {level_s}", param="level"))
+        try:
+            level = int(level_s.strip())
+        except ValueError:
+            msg = "Input should be a valid integer, unable to parse string as an integer"
+            return error_response(query_error("level", "int_parsing", msg, level_s))
+        if not 0 <= level <= 2:
+            kind, bound, msg = (
+                ("greater_than_equal", "ge", "greater than or equal to 0")
+                if level < 0
+                else ("less_than_equal", "le", "less than or equal to 2")
+            )
+            ctx = {bound: 0 if level < 0 else 2}
+            err = query_error("level", kind, f"Input should be {msg}", level_s, ctx)
+            return error_response(err)
         pause_mode = _PAUSE_MODES.get(mode)
         if pause_mode is None:
-            return error_response(ApiError(400, f"Invalid pause mode: {mode}", param="mode"))
-        await self.engine.sleep(int(level_s), pause_mode)
-        self.vram.follow(self.engine.is_sleeping)
-        return web.Response(status=200)
+            expected = "'abort', 'wait' or 'keep'"
+            msg = f"Input should be {expected}"
+            return error_response(
+                query_error("mode", "literal_error", msg, mode, {"expected": expected})
+            )
+        await self.engine.sleep(level, pause_mode)
+        self.vram.follow(self.engine.memory_sleeping)
+        return json_response(dumps({"status": "sleeping", "level": level}))
 
     async def wake_up(self, request: web.Request) -> web.StreamResponse:
+        """vllm/entrypoints/serve/dev/sleep/api_router.py ``wake_up``: ``tags``
+        repeatable, none = all; ``{"status": "awake"|"sleeping", "tags": [...]|null}``,
+        "sleeping" while some memory still sleeps (vllm/v1/engine/core.py ``wake_up``)."""
         self.record(request, None)
-        tags = request.query.getall("tags", [])
-        self.engine.wake_up(tags or None)
-        self.vram.follow(self.engine.is_sleeping)
-        return web.Response(status=200)
+        tags: list[str] | None = request.query.getall("tags", []) or None
+        fully_awake = self.engine.wake_up(tags)
+        self.vram.follow(self.engine.memory_sleeping)
+        body = {"status": "awake" if fully_awake else "sleeping", "tags": tags}
+        return json_response(dumps(body))
 
     async def is_sleeping(self, request: web.Request) -> web.StreamResponse:
+        """True while paused at any level, 0 included (vllm/v1/engine/core.py
+        ``is_sleeping``: scheduler paused or executor sleeping)."""
         self.record(request, None)
         return json_response(dumps({"is_sleeping": self.engine.is_sleeping}))
 
@@ -145,13 +242,20 @@ class FakeVllm(FakeState):
         """``{"method": "reload_weights"}`` (the step of a level-2 wake between the tags);
         vLLM runs any worker method, the fake knows this one only: others answer 400.
         vLLM answers ``{"results": [...]}``, one result per worker."""
-        try:
-            body = await self.parse_body(request)
-        except ApiError as err:
-            return error_response(err)
+        raw = await request.read()
+        try:  # vllm/entrypoints/serve/dev/rpc/api_router.py: HTTPExceptions, not validation
+            body = json.loads(raw)
+        except ValueError as exc:
+            self.record(request, None)
+            msg = f"JSON decode error: {exc}"
+            return error_response(ApiError(400, msg, "Bad Request"))
+        self.record(request, body)
+        if not isinstance(body, dict):
+            msg = "Request body must be a JSON object"
+            return error_response(ApiError(400, msg, "Bad Request"))
         method = body.get("method")
-        if method is None:
-            return error_response(ApiError(400, "Missing 'method' in request body"))
+        if method is None:  # vllm/entrypoints/serve/dev/rpc/api_router.py: an HTTPException
+            return error_response(ApiError(400, "Missing 'method' in request body", "Bad Request"))
         if method != "reload_weights":
             return error_response(ApiError(400, f"fake vLLM: unsupported method {method!r}"))
         try:
@@ -212,53 +316,79 @@ class FakeVllm(FakeState):
 FAKE_VLLM_KEY = web.AppKey("fake_vllm", FakeVllm)
 
 
+def _env_flag(value: bool | None, name: str) -> bool:
+    return os.environ.get(name, "0") == "1" if value is None else value
+
+
 def build_app(config: FakeConfig) -> web.Application:
-    """The aiohttp application; serve it with ``handler_cancellation=True`` (see ``serve``)."""
+    """The aiohttp application; serve it with ``handler_cancellation=True`` (see ``serve``).
+
+    Routes as vLLM 0.33 registers them (``app.sim.routes``): the task's, the dev ones with
+    ``VLLM_SERVER_DEV_MODE=1``, the LoRA ones with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``."""
     fake = FakeVllm(config)
-    dev_mode = config.dev_mode
-    if dev_mode is None:
-        dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0") == "1"
-    app = web.Application(client_max_size=64 * 1024**2)
+    dev_mode = _env_flag(config.dev_mode, "VLLM_SERVER_DEV_MODE")
+    lora = _env_flag(config.allow_runtime_lora, "VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+    task = config.task
+    middlewares = [api_key_middleware(config.api_key)] if config.api_key else []
+    app = web.Application(client_max_size=64 * 1024**2, middlewares=middlewares)
     app[FAKE_VLLM_KEY] = fake
     app.on_shutdown.append(fake.on_shutdown)
-    add = app.router.add_route
+    table = RouteTable(app)
+    fake.routes = table
+    add = table.add
+    # vllm/entrypoints/serve/__init__.py register_vllm_serve_api_routers: every server
     add("GET", "/health", fake.health)
     add("GET", "/version", fake.version)
-    add("GET", "/v1/models", fake.list_models)
-    gen = GenerationApi(fake)
-    add("POST", "/v1/chat/completions", gen.chat_completions)
-    add("POST", "/v1/completions", gen.completions)
-    add("POST", "/v1/embeddings", gen.embeddings)
-    responses = ResponsesApi(fake, gen)
-    add("POST", "/v1/responses", responses.create)
-    add("GET", "/v1/responses/{response_id}", responses.retrieve)
-    add("DELETE", "/v1/responses/{response_id}", responses.delete)
-    add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
+    add("GET", "/metrics", fake.metrics_endpoint, in_schema=False)  # a mount in vLLM
     pooling = PoolingApi(fake)
-    add("POST", "/tokenize", pooling.tokenize)
-    add("POST", "/detokenize", pooling.detokenize)
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        add("POST", path, pooling.rerank)
-    for path in ("/score", "/v1/score"):
-        add("POST", path, pooling.score)
-    add("POST", "/pooling", pooling.pooling)
-    add("POST", "/classify", pooling.classify)
-    audio = AudioApi(fake, gen)
-    add("POST", "/v1/audio/transcriptions", audio.transcriptions)
-    add("POST", "/v1/audio/translations", audio.translations)
-    add("POST", "/v1/audio/speech", audio.speech)
-    add("GET", "/metrics", fake.metrics_endpoint)
-    if dev_mode:
+    add("POST", "/tokenize", pooling.tokenize, json_only=True)
+    add("POST", "/detokenize", pooling.detokenize, json_only=True)
+    if lora:  # vllm/entrypoints/serve/lora/api_router.py attach_router
+        add("POST", "/v1/load_lora_adapter", fake.load_lora_adapter, json_only=True)
+        add("POST", "/v1/unload_lora_adapter", fake.unload_lora_adapter, json_only=True)
+    add("GET", "/v1/models", fake.list_models)  # vllm/entrypoints/openai/models/api_router.py
+    if dev_mode:  # vllm/entrypoints/serve/dev/{cache,rpc,sleep}/api_router.py
+        add("POST", "/reset_prefix_cache", fake.reset_prefix_cache)
+        add("POST", "/collective_rpc", fake.collective_rpc)
         add("POST", "/sleep", fake.sleep)
         add("POST", "/wake_up", fake.wake_up)
         add("GET", "/is_sleeping", fake.is_sleeping)
-        add("POST", "/collective_rpc", fake.collective_rpc)
-        add("POST", "/reset_prefix_cache", fake.reset_prefix_cache)
-    add("GET", "/_fake/faults", fake.get_faults)
-    add("POST", "/_fake/faults", fake.set_faults)
-    add("GET", "/_fake/stats", fake.get_stats)
-    add("DELETE", "/_fake/stats", fake.reset_stats)
-    add("*", "/{tail:.*}", fake.not_found)
+    gen = GenerationApi(fake)
+    if task in (None, "generate"):  # vllm/entrypoints/generate/api_router.py
+        add("POST", "/v1/chat/completions", gen.chat_completions, json_only=True)
+        responses = ResponsesApi(fake, gen)  # vllm/entrypoints/openai/responses/api_router.py
+        add("POST", "/v1/responses", responses.create, json_only=True)
+        add("GET", "/v1/responses/{response_id}", responses.retrieve)
+        add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
+        if task is None:  # OpenAI's, not vLLM's: the permissive mode only
+            add("DELETE", "/v1/responses/{response_id}", responses.delete)
+        add("POST", "/v1/completions", gen.completions, json_only=True)
+    audio = AudioApi(fake, gen)
+    if task in (None, "transcription"):  # vllm/entrypoints/speech_to_text/factories.py
+        add("POST", "/v1/audio/transcriptions", audio.transcriptions)
+        add("POST", "/v1/audio/translations", audio.translations)
+    if task is None:  # OpenAI's; vLLM does not serve it (vLLM-Omni-like servers do)
+        add("POST", "/v1/audio/speech", audio.speech)
+    # vllm/entrypoints/pooling/factories.py register_pooling_api_routers
+    if task in (None, "embed", "classify"):
+        add("POST", "/pooling", pooling.pooling, json_only=True)
+    if task in (None, "classify"):
+        add("POST", "/classify", pooling.classify, json_only=True)
+    if task in (None, "embed"):
+        add("POST", "/v1/embeddings", gen.embeddings, json_only=True)
+    # vllm/entrypoints/pooling/utils.py enable_scoring_api
+    if task in (None, "embed") or (task == "classify" and config.num_labels == 1):
+        for path in ("/score", "/v1/score"):
+            add("POST", path, pooling.score, json_only=True)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            add("POST", path, pooling.rerank, json_only=True)
+    if not config.disable_fastapi_docs:  # vllm/entrypoints/launchers/app.py build_app
+        add("GET", "/openapi.json", fake.openapi, in_schema=False)
+    add("GET", "/_fake/faults", fake.get_faults, in_schema=False)
+    add("POST", "/_fake/faults", fake.set_faults, in_schema=False)
+    add("GET", "/_fake/stats", fake.get_stats, in_schema=False)
+    add("DELETE", "/_fake/stats", fake.reset_stats, in_schema=False)
+    app.router.add_route("*", "/{tail:.*}", fake.not_found)
     return app
 
 
@@ -378,12 +508,33 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     p.add_argument("--ttft", type=nn_float, default=0.0, metavar="S")
     p.add_argument("--tokens-per-second", type=nn_float, default=0.0, metavar="R")
     p.add_argument("--max-tokens", type=nn_int, default=16)
-    p.add_argument("--max-model-len", type=nn_int, default=8192)
+    p.add_argument(
+        "--max-model-len", type=nn_int, default=8192, metavar="N",
+        help="context length, reported in /v1/models; as vLLM 0.33: prompt + max_tokens "
+        "beyond it is clamped, max_tokens > N alone is a 400 (default 8192)",
+    )  # fmt: skip
     p.add_argument("--max-num-seqs", type=nn_int, default=256)
     p.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
         help="as vLLM's: with priority, requests beyond --max-num-seqs start by their "
-        "`priority` (lower first), then arrival; with fcfs a non-zero `priority` is a 400",
+        "`priority` (lower first), then arrival; with fcfs `priority` is ignored (vLLM 0.33)",
+    )  # fmt: skip
+    p.add_argument(
+        "--task", choices=TASKS,
+        help="the model's task, as vLLM's supported tasks: only its routes are served "
+        "(default: the fake's permissive mode, every task's routes at once)",
+    )  # fmt: skip
+    p.add_argument(
+        "--num-labels", type=nn_int, default=2, metavar="N",
+        help="labels of a --task classify model; 1 also serves /score and /rerank (default 2)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", nargs="+", action="extend", metavar="KEY",
+        help="as vLLM's: Bearer KEY required on /v1, /v2, /inference and /cohere paths only",
+    )  # fmt: skip
+    p.add_argument(
+        "--disable-fastapi-docs", action="store_true",
+        help="as vLLM's: no /openapi.json (the fake serves no /docs pages either)",
     )  # fmt: skip
     p.add_argument("--embedding-dim", type=nn_int, default=8)
     p.add_argument("--fail-status", type=nn_int, metavar="CODE")
@@ -422,6 +573,8 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     kwargs = vars(ns)
     if ns.vram_asleep_mib is not None and ns.vram_asleep_mib > ns.vram_mib:
         p.error("--vram-asleep-mib must not exceed --vram-mib")
+    if ns.num_labels < 1:
+        p.error("--num-labels must be at least 1")
     kwargs["models"] = kwargs["models"] or ["fake-model"]
     kwargs["gpus"] = list(dict.fromkeys(kwargs["gpus"] or [0]))
     return FakeConfig(**kwargs)

@@ -66,6 +66,21 @@ def forwardable_request_headers(headers: list[tuple[bytes, bytes]]) -> dict[str,
     return out
 
 
+def upstream_content_type(headers: dict[str, str], body: bytes) -> dict[str, str]:
+    """`headers` with the body labelled `application/json` unless it is multipart (a form
+    keeps its boundary). vLLM's JSON routes answer 400 to any other label
+    (`validate_json_request`), and clients label JSON as they please: curl's `-d` says
+    `application/x-www-form-urlencoded`, and with no label aiohttp sends
+    `application/octet-stream`. A request without a body is left as it is."""
+    if not body:
+        return headers
+    out = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    sent = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+    multipart = sent.split(";", 1)[0].strip().lower().startswith("multipart/")
+    out["content-type"] = sent if multipart else "application/json"
+    return out
+
+
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[str]:
     """Headers named in `Connection:` are hop-by-hop too (RFC 9110 7.6.1)."""
     tokens: set[str] = set()
@@ -285,6 +300,7 @@ class HttpUpstream:
         session = self._get_session()
         if self._extra_headers:
             headers = {**headers, **self._extra_headers}
+        headers = upstream_content_type(headers, body)
         url = self.base_url + path
         response: aiohttp.ClientResponse | None = None
         limit = self.timeouts.first_byte_s if first_byte_s is None else first_byte_s

@@ -122,10 +122,8 @@ async def test_a_fcfs_backend_gets_the_clients_body_and_vllms_answer_to_it() -> 
         response = await gw.client.post(
             "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
         )
-        assert response.status_code == 400
-        assert response.json()["error"]["message"] == (
-            "Got priority 3 but Priority scheduling is not enabled."
-        )
+        # vLLM 0.33 takes and ignores a priority under fcfs (older vLLM answered 400)
+        assert response.status_code == 200
         assert (await fake.stats())["requests"][-1]["body"] == json.loads(raw)
 
 

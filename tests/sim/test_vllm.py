@@ -220,7 +220,7 @@ async def test_errors_use_vllm_body(client: httpx.AsyncClient) -> None:
     assert resp.status_code == 404
     assert resp.json() == {
         "error": {
-            "message": "The model `x` does not exist.",
+            "message": "The model `x` does not exist. Valid aliases: m1, m2.",
             "type": "NotFoundError",
             "param": "model",
             "code": 404,
@@ -421,14 +421,15 @@ async def test_sleep_queues_requests_until_wake_up(
     async with httpx.AsyncClient(base_url=server.url, timeout=5) as client:
         assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
         resp = await client.post("/sleep", params={"level": 1})
-        assert (resp.status_code, resp.content) == (200, b"")
+        assert (resp.status_code, resp.json()) == (200, {"status": "sleeping", "level": 1})
         assert (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
         state = "weights_offloaded"
         assert await metric(client, "vllm:engine_sleep_state", sleep_state=state) == 1
         task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
         await stat_is(client, "waiting", 1)
         assert not task.done()
-        assert (await client.post("/wake_up")).status_code == 200
+        woken = await client.post("/wake_up")
+        assert (woken.status_code, woken.json()) == (200, {"status": "awake", "tags": None})
         assert (await task).status_code == 200
         assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
         assert (await client.post("/sleep", params={"level": 7})).status_code == 400

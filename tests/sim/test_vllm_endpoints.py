@@ -149,9 +149,28 @@ async def test_responses_stream_event_sequence(
     assert "[DONE]" not in raw
 
 
-async def test_responses_store_retrieve_cancel_delete(
+async def test_responses_store_retrieve_cancel() -> None:
+    """vLLM 0.33's route set (vllm/entrypoints/openai/responses/api_router.py): no DELETE
+    (405, as Starlette answers a known path), no input_items (404)."""
+    config = FakeConfig(port=0, models=MODELS, task="generate")
+    async with (
+        FakeVllmServer(config) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=5) as client,
+        openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as sdk,
+    ):
+        await _store_retrieve_cancel(sdk, client)
+
+
+async def test_the_permissive_mode_also_deletes_as_openai_does(
     sdk: openai.AsyncOpenAI, client: httpx.AsyncClient
 ) -> None:
+    resp = await sdk.responses.create(model="m1", input="hello")
+    deleted = await client.delete(f"/v1/responses/{resp.id}")
+    assert deleted.json() == {"id": resp.id, "object": "response", "deleted": True}
+    assert_error(await client.get(f"/v1/responses/{resp.id}"), 404)
+
+
+async def _store_retrieve_cancel(sdk: openai.AsyncOpenAI, client: httpx.AsyncClient) -> None:
     resp = await sdk.responses.create(model="m1", input="hello")
     got = await sdk.responses.retrieve(resp.id)
     assert got.id == resp.id
@@ -160,11 +179,14 @@ async def test_responses_store_retrieve_cancel_delete(
     assert_error(cancel, 400, "invalid_request_error")
     assert cancel.json()["error"]["message"] == "Cannot cancel a synchronous response."
     deleted = await client.delete(f"/v1/responses/{resp.id}")
-    assert deleted.json() == {"id": resp.id, "object": "response", "deleted": True}
-    missing = await client.get(f"/v1/responses/{resp.id}")
+    assert (deleted.status_code, deleted.json()) == (405, {"detail": "Method Not Allowed"})
+    assert deleted.headers["allow"] == "GET, HEAD"
+    items = await client.get(f"/v1/responses/{resp.id}/input_items")
+    assert (items.status_code, items.json()) == (404, {"detail": "Not Found"})
+    assert (await client.get(f"/v1/responses/{resp.id}")).status_code == 200
+    missing = await client.get("/v1/responses/resp_gone")
     assert_error(missing, 404, "invalid_request_error")
-    assert missing.json()["error"]["message"] == f"Response with id '{resp.id}' not found."
-    assert_error(await client.delete(f"/v1/responses/{resp.id}"), 404)
+    assert missing.json()["error"]["message"] == "Response with id 'resp_gone' not found."
     assert_error(await client.post("/v1/responses/resp_nope/cancel"), 404)
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.retrieve("resp_nope")

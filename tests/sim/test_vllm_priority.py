@@ -20,20 +20,41 @@ REQUESTS = [
 
 
 @pytest.mark.parametrize(("path", "body"), REQUESTS)
-async def test_a_priority_without_the_policy_is_vllms_400(path: str, body: dict[str, str]) -> None:
+async def test_a_priority_without_the_policy_is_accepted_and_ignored(
+    path: str, body: dict[str, str]
+) -> None:
+    """vLLM 0.33 (vllm/v1/core/sched/request_queue.py FCFSRequestQueue): fcfs takes any
+    integer priority and orders by arrival; a non-integer is still a validation error."""
     async with fake_vllm(models=["m"]) as fake:
-        refused = await fake.client.post(path, json={**body, "model": "m", "priority": 3})
-        assert refused.status_code == 400
-        assert refused.json() == {
-            "error": {
-                "message": "Got priority 3 but Priority scheduling is not enabled.",
-                "type": "BadRequestError",
-                "param": None,
-                "code": 400,
-            }
-        }
-        zero = await fake.client.post(path, json={**body, "model": "m", "priority": 0})
-        assert zero.status_code == 200
+        taken = await fake.client.post(path, json={**body, "model": "m", "priority": 3})
+        assert taken.status_code == 200
+        wrong = await fake.client.post(path, json={**body, "model": "m", "priority": "high"})
+        assert wrong.status_code == 400
+        assert wrong.json()["error"]["param"] == "body.priority"
+
+
+async def test_without_the_policy_waiting_requests_start_by_arrival() -> None:
+    async with fake_vllm(models=["m"], max_num_seqs=1, tokens_per_second=40) as fake:
+        done: list[str] = []
+
+        async def ask(name: str, priority: int) -> None:
+            body = {"model": "m", "prompt": "hi", "max_tokens": 4, "priority": priority}
+            response = await fake.client.post("/v1/completions", json=body)
+            assert response.status_code == 200
+            done.append(name)
+
+        async def in_flight(n: int) -> bool:
+            count: int = (await fake.stats())["in_flight"]
+            return count == n
+
+        running = asyncio.create_task(ask("running", 0))
+        await until(lambda: in_flight(1), what="the first request running")
+        low = asyncio.create_task(ask("low", 5))
+        await until(lambda: in_flight(2), what="the low request waiting")
+        high = asyncio.create_task(ask("high", -5))
+        await until(lambda: in_flight(3), what="the high request waiting")
+        await asyncio.wait_for(asyncio.gather(running, low, high), 10)
+        assert done == ["running", "low", "high"]
 
 
 @pytest.mark.parametrize(("path", "body"), REQUESTS)
