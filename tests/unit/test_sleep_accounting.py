@@ -328,7 +328,7 @@ async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) ->
 LEVEL_2_SLEEP_AND_WAKE = [
     "POST /sleep?level=2",
     "POST /wake_up?tags=weights",
-    'POST /collective_rpc{"method":"reload_weights"}',
+    'POST /collective_rpc{"method":"reload_weights","timeout":60.0}',
     "POST /wake_up?tags=kv_cache",
     "POST /reset_prefix_cache",
 ]

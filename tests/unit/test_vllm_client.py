@@ -51,7 +51,7 @@ async def test_a_plain_wake_after_level_2_leaves_the_weights_discarded() -> None
 BASE = "http://vllm:8000"
 LEVEL_2_WAKE = [
     ("/wake_up", "tags=weights", b""),
-    ("/collective_rpc", "", b'{"method":"reload_weights"}'),
+    ("/collective_rpc", "", b'{"method":"reload_weights","timeout":60.0}'),
     ("/wake_up", "tags=kv_cache", b""),
     ("/reset_prefix_cache", "", b""),
 ]
