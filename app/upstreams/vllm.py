@@ -127,14 +127,18 @@ class VllmClient:
 
     async def wake_up(self, *, level: int | None) -> None:
         """Wake a server put to sleep at `level` (None: not known, e.g. found asleep at
-        gateway start) and wait until `/is_sleeping` says awake.
+        gateway start with no `vllm:engine_sleep_state`) and wait until `/is_sleeping`
+        says awake.
 
         Level 1 offloaded the weights to host RAM: a plain `POST /wake_up` brings them
         back. Level 2 discarded them, and a plain wake leaves a server that answers
         garbage, so the weights are reloaded from disk between the two tags. The same
         sequence is safe after a level-1 sleep (it reloads what was offloaded), hence
         for an unknown level too. Each step raises `ControlError` when it fails."""
-        if level == 1:
+        if level in (0, 1):
+            # Level 0 (found asleep: a paused scheduler, vllm/v1/engine/core.py `sleep`)
+            # kept the weights on the GPU; level 1 kept them in host RAM: a wake without
+            # tags wakes every sleeping tag and resumes scheduling (core.py `wake_up`).
             await self._request("POST", "/wake_up", None)
         else:
             # vLLM docs/features/sleep_mode.md, level 2 (reference/model_swap.md §5.1):
@@ -160,6 +164,16 @@ class VllmClient:
             # with the old weights may be reused.
             await self._request("POST", "/reset_prefix_cache", None)
         await self._confirm(False)
+
+    async def asleep_level(self) -> int | None:
+        """The level a sleeping server sleeps at, from `vllm:engine_sleep_state` in its
+        `/metrics` (`app.upstreams.vllm_load.SLEEP_STATE`); None when it does not say (the
+        gauge absent or saying awake, or the scrape failing). Never raises."""
+        try:
+            load = await self.load(timeout_s=SLEEP_STATE_SCRAPE_S)
+        except ScrapeError:
+            return None
+        return load.sleep_level
 
     async def is_sleeping(self) -> bool:
         response = await self._request("GET", "/is_sleeping", None)
