@@ -151,7 +151,10 @@ class VllmClient:
             # out.")`, answered as an error (vllm/v1/executor/multiproc_executor.py
             # `collective_rpc`); the single-GPU executor ignores it
             # (vllm/v1/executor/uniproc_executor.py), so our own wait bounds it there.
-            reload = {"method": "reload_weights", "timeout": self._timeout_s}
+            reload: dict[str, str | float] = {
+                "method": "reload_weights",
+                "timeout": self._timeout_s,
+            }
             await self._request(
                 "POST",
                 "/collective_rpc",

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -120,7 +121,7 @@ async def test_comments_alone_until_the_first_byte_timeout_are_a_first_byte_time
     assert "only SSE comments" in raised.value.message
 
 
-def chain_settings(pinger_url: str, local_url: str, tmp_path: Path, **pinger: object) -> Settings:
+def chain_settings(pinger_url: str, local_url: str, tmp_path: Path, **pinger: Any) -> Settings:
     backends = {
         "pinger": {"url": pinger_url, "models": ["ping-model"], "aliases": ["pinged"], **pinger},
         "reasoning": {"url": local_url, "models": ["local-model"]},
