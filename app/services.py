@@ -63,7 +63,7 @@ from app.settings import (
 from app.tasks import OpenRelays
 from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
 from app.upstreams.http import HttpUpstream
-from app.upstreams.vllm import VllmClient
+from app.upstreams.vllm import VllmClient, control_timeout_s
 from app.upstreams.vllm_load import VllmLoadMetrics
 
 logger = logging.getLogger(__name__)
@@ -205,7 +205,13 @@ class Services:
                 role="backend",
             ),
             VllmClient(
-                self.control_client, config.url, headers=headers, health_path=config.health_path
+                self.control_client,
+                config.url,
+                headers=headers,
+                health_path=config.health_path,
+                timeout_s=control_timeout_s(
+                    self.settings.backend_timeouts(name).control_s, config.weights_bytes
+                ),
             ),
             self.metrics,
             # The cluster's scheduler places a kubernetes backend without `host:`.

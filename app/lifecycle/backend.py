@@ -441,14 +441,17 @@ class Backend(Holding):
         running, asleep = await self.server.found_running(may_sleep=may_sleep)
         if not running:
             return
+        level = await self.server.asleep_level() if asleep else None
         async with self._lock:
             if self.state is not BackendState.STOPPED:
                 return
             if asleep:
                 self.holds_vram = True
                 self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self.config.asleep_mib)
-                self._asleep_level = None  # not known: its wake reloads the weights
-                self._set_state(BackendState.SLEEPING, "found asleep at gateway start")
+                # From its /metrics; None (not known): its wake reloads the weights.
+                self._asleep_level = level
+                known = "" if level is None else f" (level {level})"
+                self._set_state(BackendState.SLEEPING, f"found asleep at gateway start{known}")
                 return
             task = self._begin_start(adopt=True)
         await asyncio.wait({task})

@@ -207,6 +207,14 @@ class Server:
         except ControlError:
             return True, False  # no sleep mode, or not answering yet: treat it as awake
 
+    async def asleep_level(self) -> int | None:
+        """At gateway start, for a server found asleep: the level it sleeps at, as its
+        `/metrics` says (None: not known). Never raises."""
+        level = await self.vllm.asleep_level()
+        logger.info("found asleep backend=%s level=%s", self.name,
+                    "unknown" if level is None else level)  # fmt: skip
+        return level
+
 
 def exit_text(status: RuntimeStatus) -> tuple[str, str]:
     """("code 137", ", OOM-killed: ...") from a status like "exited (137), OOM-killed: ..."."""

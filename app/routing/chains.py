@@ -73,6 +73,7 @@ from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
+from app.upstreams.sse_comments import content_start
 
 R = FallbackReason
 ROUTE_HEADER: Final = b"x-microscheduler-route"
@@ -446,7 +447,10 @@ class ChainCall:
 def _early_error(response: Relayable) -> bool:
     if isinstance(response, AnthropicStream):
         return response.early_error
-    return response.first_chunk.lstrip().startswith(_STREAM_ERROR_STARTS)
+    chunk = response.first_chunk
+    # The first event, past any SSE comments (vLLM's keep-alives) and blank lines.
+    start = content_start(chunk)
+    return start is not None and chunk[start:].lstrip().startswith(_STREAM_ERROR_STARTS)
 
 
 def _outcome(reason: FallbackReason) -> str:

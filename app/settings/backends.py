@@ -25,21 +25,27 @@ from app.settings.model_info import ModelInfoConfig
 
 
 class TimeoutsConfig(StrictConfig):
-    """Network waits of the data plane. Streams never get a total timeout.
+    """Network waits of the data plane, and of the control calls to a local vLLM. Streams
+    never get a total timeout.
 
     `first_byte_s` bounds the wait for the response headers and the first body chunk;
     for a non-streaming request that is the whole generation, hence the long default.
+    `control_s` bounds each sleep-mode call to a backend's vLLM (sleep, wake, the weights
+    reload of a level-2 wake, the confirmation by `/is_sleeping`); None: scaled by the
+    size of the backend's weights (`app.upstreams.vllm.control_timeout_s`).
     """
 
     connect_s: PositiveFloat = 5.0
     first_byte_s: PositiveFloat = 300.0
     idle_s: PositiveFloat = 60.0
+    control_s: PositiveFloat | None = None
 
 
 class TimeoutOverridesConfig(StrictConfig):
     connect_s: PositiveFloat | None = None
     first_byte_s: PositiveFloat | None = None
     idle_s: PositiveFloat | None = None
+    control_s: PositiveFloat | None = None
 
     def apply(self, base: TimeoutsConfig) -> TimeoutsConfig:
         # Validated as a whole (a `model_copy(update=...)` would skip every check).
@@ -308,6 +314,19 @@ class BackendConfig(StrictConfig):
         if self.endpoints is not None:
             return frozenset(self.endpoints)
         return RUNNER_APIS[self.runner]
+
+    @property
+    def weights_bytes(self) -> int | None:
+        """What its weights weigh, as far as the configuration tells: the checkpoint of its
+        model description (`model_info:`/`hf_config:`), else `vram_mib` on each of its GPUs
+        (weights plus KV cache: more than the weights, which errs towards a longer control
+        timeout), else None."""
+        planned = resolve(self.model_info, self.hf_config)
+        if planned is not None:
+            return planned.weight_bytes
+        if self.vram_mib is not None:
+            return self.vram_mib * len(self.gpus) * 1024 * 1024
+        return None
 
     @property
     def managed(self) -> bool:

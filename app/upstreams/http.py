@@ -2,7 +2,10 @@
 
 `HttpUpstream.open()` sends the request and returns only once the status, the headers and
 the first body chunk are in (bounded by `first_byte_s`), so a caller can still choose
-another target before the client has seen anything. The rest of the body is read chunk
+another target before the client has seen anything. In a 200 event stream, SSE comments
+and blank lines are not content: the first chunk then runs to the start of the first
+event (`app.upstreams.sse_comments`), so an error event after keep-alives can still be
+judged before anything is relayed. The rest of the body is read chunk
 by chunk, each read bounded by `idle_s`; there is no total timeout.
 
 aiohttp exceptions never leave this module: they become `UpstreamUnavailable` or
@@ -27,6 +30,7 @@ import aiohttp
 
 from app.errors import UpstreamBadStatus, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from app.settings import TimeoutsConfig
+from app.upstreams.sse_comments import MAX_PEEK_BYTES, content_start, may_start_with_comment
 
 logger = logging.getLogger(__name__)
 
@@ -305,11 +309,14 @@ class HttpUpstream:
         response: aiohttp.ClientResponse | None = None
         limit = self.timeouts.first_byte_s if first_byte_s is None else first_byte_s
         slot = False
+        first = b""
         try:
             async with asyncio.timeout(limit):
                 slot = await self._take_slot()
                 response = await session.request(method, url, data=body, headers=headers)
                 first = await response.content.readany()
+                if may_start_with_comment(first) and _is_ok_event_stream(response):
+                    first = await _past_comments(response, first)
         except BaseException as exc:
             if response is not None:
                 response.close()
@@ -322,6 +329,13 @@ class HttpUpstream:
                         f"(all {self._max_connections} of max_connections in use)",
                         kind="pool_timeout",
                     ) from None
+                if first and isinstance(exc, TimeoutError):
+                    # Comments only (SSE keep-alives): no content came, as if nothing had.
+                    raise UpstreamTimeout(
+                        f"{self.role} {self.name!r} sent only SSE comments, no event, within "
+                        f"{limit:g}s",
+                        kind="first_byte_timeout",
+                    ) from None
                 raise self._translate(exc, limit) from None
             raise
         if response.status not in RELAYABLE_STATUS:
@@ -329,7 +343,7 @@ class HttpUpstream:
             if slot:
                 self._give_slot()
             raise UpstreamBadStatus(
-                f"upstream {self.name!r} answered with status {response.status}, which is not "
+                f"{self.role} {self.name!r} answered with status {response.status}, which is not "
                 f"an HTTP status the gateway can relay ({RELAYABLE_STATUS.start}.."
                 f"{RELAYABLE_STATUS.stop - 1})",
                 kind="bad_status",
@@ -437,6 +451,25 @@ _ERRNO_WORDS = {
     errno.ENETUNREACH: "network unreachable",
     errno.ETIMEDOUT: "connection timed out",
 }
+
+
+def _is_ok_event_stream(response: aiohttp.ClientResponse) -> bool:
+    return response.status == 200 and response.headers.get("content-type", "").startswith(
+        "text/event-stream"
+    )
+
+
+async def _past_comments(response: aiohttp.ClientResponse, first: bytes) -> bytes:
+    """`first` and what follows, read until the first line that is not an SSE comment or
+    blank begins (`app.upstreams.sse_comments`), the body ends, or `MAX_PEEK_BYTES` are in;
+    every byte kept, to be relayed as sent. The caller's first-byte timeout bounds it."""
+    buf = first
+    while content_start(buf) is None and len(buf) < MAX_PEEK_BYTES:
+        more = await response.content.readany()
+        if not more:
+            break
+        buf += more
+    return buf
 
 
 def _describe(exc: BaseException) -> str:

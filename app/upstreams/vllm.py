@@ -10,6 +10,14 @@
   server instead. Parameters are query parameters, not a JSON body (but
   `/collective_rpc` takes one).
 - `load()`: `GET /metrics`, parsed by `app.upstreams.vllm_load`; raises only `ScrapeError`.
+- `asleep_level()`: the level a sleeping server sleeps at, from the `vllm:engine_sleep_state`
+  gauge of its `/metrics` (for a server found asleep at gateway start).
+
+Each sleep-mode call waits at most `timeout_s`, per backend (`timeouts.control_s`), by
+default scaled by the size of its weights (`control_timeout_s`): a level-2 wake reloads
+the weights from disk, and a level-1 sleep or wake copies them between GPU and host RAM,
+both in proportion to their size. A call that runs out stops the server (the caller's
+choice), so a fixed bound too short for a large model stops servers that are only slow.
 
 Control calls and the scrape send the upstream's own key (vLLM `--api-key`); the health
 check does not, as before: `/health` is open on vLLM. The requests of clients go through
@@ -35,8 +43,32 @@ from app.upstreams.control_http import (
 from app.upstreams.vllm_load import BackendLoad, MetricsParseError, ScrapeError, parse_vllm_load
 
 HEALTH_TIMEOUT_S: Final = 2.0
-CALL_TIMEOUT_S: Final = 60.0  # freeing or reloading weights takes seconds, level 2 longer
+# The control timeout when nothing says how large the weights are, and its fixed part:
+# starting the call, mapping memory back, a small model's weights.
+CALL_TIMEOUT_S: Final = 60.0
+# Per GiB of weights: the slowest copy expected of a healthy server. A level-2 wake reads
+# the checkpoint from disk again (vLLM `reload_weights`); 10 s/GiB is ~107 MB/s, below a
+# 1 Gbit/s network share (~118 MB/s) or a cold HDD, so only a stuck server runs out.
+# A 70B bf16 model (~130 GiB): 60 + 1300 s, ~23 min; an 8B one (~15 GiB): ~3.5 min.
+# A level-1 sleep or wake copies over PCIe (GB/s) and ends far within it.
+CALL_TIMEOUT_S_PER_GIB: Final = 10.0
+# `/collective_rpc` is told the timeout and answers with its own error when it runs out;
+# the HTTP wait gets this much more so that answer, not our cut, ends the call.
+RPC_ANSWER_MARGIN_S: Final = 5.0
+SLEEP_STATE_SCRAPE_S: Final = 5.0
 CONFIRM_POLL_S: Final = 0.1
+_GIB: Final = 1024**3
+
+
+def control_timeout_s(configured: float | None, weights_bytes: int | None) -> float:
+    """The wait for one sleep-mode call: `configured` (`timeouts.control_s`) when set, else
+    `CALL_TIMEOUT_S` plus `CALL_TIMEOUT_S_PER_GIB` for each GiB of weights (none known:
+    `CALL_TIMEOUT_S`)."""
+    if configured is not None:
+        return configured
+    if weights_bytes is None:
+        return CALL_TIMEOUT_S
+    return CALL_TIMEOUT_S + CALL_TIMEOUT_S_PER_GIB * weights_bytes / _GIB
 
 
 class ControlError(Exception):
@@ -65,6 +97,11 @@ class VllmClient:
         self._health_url = self._base + health_path
         self._timeout_s = timeout_s
 
+    @property
+    def timeout_s(self) -> float:
+        """The wait for each sleep-mode call (see `control_timeout_s`)."""
+        return self._timeout_s
+
     # -- health -----------------------------------------------------------------------
 
     @property
@@ -90,26 +127,56 @@ class VllmClient:
 
     async def wake_up(self, *, level: int | None) -> None:
         """Wake a server put to sleep at `level` (None: not known, e.g. found asleep at
-        gateway start) and wait until `/is_sleeping` says awake.
+        gateway start with no `vllm:engine_sleep_state`) and wait until `/is_sleeping`
+        says awake.
 
         Level 1 offloaded the weights to host RAM: a plain `POST /wake_up` brings them
         back. Level 2 discarded them, and a plain wake leaves a server that answers
         garbage, so the weights are reloaded from disk between the two tags. The same
         sequence is safe after a level-1 sleep (it reloads what was offloaded), hence
         for an unknown level too. Each step raises `ControlError` when it fails."""
-        if level == 1:
+        if level in (0, 1):
+            # Level 0 (found asleep: a paused scheduler, vllm/v1/engine/core.py `sleep`)
+            # kept the weights on the GPU; level 1 kept them in host RAM: a wake without
+            # tags wakes every sleeping tag and resumes scheduling (core.py `wake_up`).
             await self._request("POST", "/wake_up", None)
         else:
             # vLLM docs/features/sleep_mode.md, level 2 (reference/model_swap.md §5.1):
             # memory for the weights, the weights from disk, then the KV cache...
             await self._request("POST", "/wake_up", {"tags": "weights"})
-            reload = {"method": "reload_weights"}
-            await self._request("POST", "/collective_rpc", None, json=reload)
+            # vllm/entrypoints/serve/dev/rpc/api_router.py (0.33): the body is `method`,
+            # optional `args` (strings), `kwargs` and `timeout` (seconds, passed to
+            # `engine_client.collective_rpc(timeout=...)`). The multiprocess executor (TP > 1)
+            # gives up at that deadline with `TimeoutError("RPC call to reload_weights timed
+            # out.")`, answered as an error (vllm/v1/executor/multiproc_executor.py
+            # `collective_rpc`); the single-GPU executor ignores it
+            # (vllm/v1/executor/uniproc_executor.py), so our own wait bounds it there.
+            reload: dict[str, str | float] = {
+                "method": "reload_weights",
+                "timeout": self._timeout_s,
+            }
+            await self._request(
+                "POST",
+                "/collective_rpc",
+                None,
+                json=reload,
+                timeout_s=self._timeout_s + RPC_ANSWER_MARGIN_S,
+            )
             await self._request("POST", "/wake_up", {"tags": "kv_cache"})
             # ...and (vLLM's sleep-mode blog, same §5.1) no prefix-cache entry computed
             # with the old weights may be reused.
             await self._request("POST", "/reset_prefix_cache", None)
         await self._confirm(False)
+
+    async def asleep_level(self) -> int | None:
+        """The level a sleeping server sleeps at, from `vllm:engine_sleep_state` in its
+        `/metrics` (`app.upstreams.vllm_load.SLEEP_STATE`); None when it does not say (the
+        gauge absent or saying awake, or the scrape failing). Never raises."""
+        try:
+            load = await self.load(timeout_s=SLEEP_STATE_SCRAPE_S)
+        except ScrapeError:
+            return None
+        return load.sleep_level
 
     async def is_sleeping(self) -> bool:
         response = await self._request("GET", "/is_sleeping", None)
@@ -129,7 +196,8 @@ class VllmClient:
         path: str,
         params: dict[str, str] | None,
         *,
-        json: dict[str, str] | None = None,
+        json: dict[str, str | float] | None = None,
+        timeout_s: float | None = None,
     ) -> Response:
         try:
             response = await self._client.request(
@@ -138,7 +206,7 @@ class VllmClient:
                 params=params,
                 json=json,
                 headers=self._headers,
-                timeout=self._timeout_s,
+                timeout=self._timeout_s if timeout_s is None else timeout_s,
             )
         except HTTPError as exc:
             raise ControlError(f"{method} {path}: {type(exc).__name__}: {exc}") from None

@@ -5,6 +5,9 @@ vLLM (V1 engine) exposes, with labels `model_name` and `engine`:
 (a fraction 0-1 despite its name; `vllm:gpu_cache_usage_perc` in images older than 0.9,
 read when the new name is absent).
 
+It also reads `vllm:engine_sleep_state` (`sleep_level`): the level a sleeping server
+sleeps at, which its wake needs (see `SLEEP_STATE`).
+
 Several label sets (data-parallel engines, or several served names) are combined:
 request counts are summed (they are requests of the one backend), while the KV-cache
 usage is the maximum over engines: each engine has its own KV pool, and the fullest one
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -34,17 +38,36 @@ KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
 KV_CACHE_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"  # before vLLM 0.9, removed since
 REQUESTS_RUNNING: Final = "vllm:num_requests_running"
 REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
-_WANTED: Final = (KV_CACHE_USAGE, KV_CACHE_USAGE_OLD, REQUESTS_RUNNING, REQUESTS_WAITING)
+# vllm/v1/metrics/loggers.py (0.33, PrometheusStatLogger): a gauge with labels
+# `model_name`, `engine` and `sleep_state`, one series per state: `awake`,
+# `weights_offloaded`, `discard_all`. `record_sleep_state(sleep, level)` sets awake=0 while
+# asleep, weights_offloaded=1 at level 1, discard_all=1 at level 2 (so level 0, a paused
+# scheduler, is awake=0 with both others 0); vllm/v1/engine/async_llm.py records it in
+# `sleep()` (level N), `release_kv_cache_memory()` (as level 0), and back to awake only
+# when `wake_up()` leaves everything resident (a partial wake keeps the level). Absent
+# with `--disable-log-stats` (vllm/v1/engine/async_llm.py makes no stat loggers then).
+SLEEP_STATE: Final = "vllm:engine_sleep_state"
+_WANTED: Final = (
+    KV_CACHE_USAGE,
+    KV_CACHE_USAGE_OLD,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    SLEEP_STATE,
+)
 _NAME_START: Final = re.compile(r"[a-zA-Z_:]")
 
 
 @dataclass(frozen=True, slots=True)
 class BackendLoad:
-    """None: the backend's `/metrics` does not have that metric."""
+    """None: the backend's `/metrics` does not have that metric.
+
+    `sleep_level`: 0, 1 or 2 when `vllm:engine_sleep_state` says the engine sleeps at that
+    level (the deepest over engines); None when it says awake or is absent."""
 
     kv_cache_usage_ratio: float | None = None
     requests_running: int | None = None
     requests_waiting: int | None = None
+    sleep_level: int | None = None
 
 
 class MetricsParseError(ValueError):
@@ -81,11 +104,20 @@ def parse_vllm_load(text: str) -> BackendLoad:
         elif not _NAME_START.match(stripped):
             raise _parse_error(text, f"invalid line {stripped[:60]!r}")
     values: dict[str, list[float]] = {name: [] for name in _WANTED}
+    # Per engine (its labels but `sleep_state`): each state's value.
+    sleep: dict[tuple[tuple[str, str], ...], dict[str, float]] = {}
     try:
         for family in text_string_to_metric_families("\n".join(relevant) + "\n"):
             for sample in family.samples:
+                if math.isnan(sample.value):
+                    continue
+                if sample.name == SLEEP_STATE:
+                    labels = dict(sample.labels)
+                    state = labels.pop("sleep_state", "")
+                    sleep.setdefault(tuple(sorted(labels.items())), {})[state] = sample.value
+                    continue
                 found = values.get(sample.name)
-                if found is not None and not math.isnan(sample.value):
+                if found is not None:
                     found.append(float(sample.value))
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         raise _parse_error(text, str(exc)) from exc
@@ -94,7 +126,26 @@ def parse_vllm_load(text: str) -> BackendLoad:
         kv_cache_usage_ratio=max(kv) if kv else None,
         requests_running=_count(values[REQUESTS_RUNNING]),
         requests_waiting=_count(values[REQUESTS_WAITING]),
+        sleep_level=_sleep_level(sleep.values()),
     )
+
+
+def _sleep_level(engines: Iterable[dict[str, float]]) -> int | None:
+    """The deepest level any engine sleeps at (its wake must undo that one); None when
+    every engine reports awake, or none reports."""
+    levels = [_engine_level(states) for states in engines]
+    asleep = [level for level in levels if level is not None]
+    return max(asleep) if asleep else None
+
+
+def _engine_level(states: dict[str, float]) -> int | None:
+    if states.get("discard_all") == 1:
+        return 2
+    if states.get("weights_offloaded") == 1:
+        return 1
+    if states.get("awake") == 0:
+        return 0
+    return None
 
 
 def _parse_error(text: str, problem: str) -> MetricsParseError:

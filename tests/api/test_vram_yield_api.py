@@ -22,6 +22,7 @@ from app.gpu.ledger import LedgerWriter, read_ledger
 from app.runtimes.base import Runtime
 from app.services import Seams, Services
 from app.settings import BackendConfig
+from app.upstreams.vllm import control_timeout_s
 from tests.fakes.processes import free_port
 from tests.fakes.servers import (
     FakeVllmRuntime,
@@ -446,9 +447,11 @@ async def test_a_backend_asleep_at_level_2_has_its_weights_reloaded_by_the_wake(
             for r in stats["requests"]
             if r["path"] not in ("/is_sleeping", "/v1/chat/completions")
         ]
+        wait = control_timeout_s(None, EMBED * 1024 * 1024)
         assert control == [
             ("POST", "/wake_up", "tags=weights", None),
-            ("POST", "/collective_rpc", "", {"method": "reload_weights"}),
+            # Told the backend's control timeout, scaled by its 1000 MiB (vram_mib).
+            ("POST", "/collective_rpc", "", {"method": "reload_weights", "timeout": wait}),
             ("POST", "/wake_up", "tags=kv_cache", None),
             ("POST", "/reset_prefix_cache", "", None),
         ]

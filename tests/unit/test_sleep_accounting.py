@@ -79,6 +79,7 @@ class Server:
         self.asleep_mib = asleep_mib
         self.dev_mode = dev_mode
         self.asleep_tags: set[str] = set()
+        self.metrics = ""  # the body of GET /metrics
         self.wakes = 0  # every tag awake again
         self.calls: list[str] = []  # sleep mode's calls but /is_sleeping: "POST /wake_up?..."
 
@@ -92,6 +93,8 @@ class Server:
             return httpx.Response(404)
         if path == "/is_sleeping":
             return httpx.Response(200, json={"is_sleeping": self.sleeping})
+        if path == "/metrics":
+            return httpx.Response(200, text=self.metrics)
         if path in self.DEV_MODE_PATHS:
             query = request.url.query.decode()
             call = f"{request.method} {path}" + (f"?{query}" if query else "")
@@ -328,7 +331,7 @@ async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) ->
 LEVEL_2_SLEEP_AND_WAKE = [
     "POST /sleep?level=2",
     "POST /wake_up?tags=weights",
-    'POST /collective_rpc{"method":"reload_weights"}',
+    'POST /collective_rpc{"method":"reload_weights","timeout":60.0}',
     "POST /wake_up?tags=kv_cache",
     "POST /reset_prefix_cache",
 ]
@@ -364,6 +367,44 @@ async def test_a_server_found_asleep_at_gateway_start_is_woken_with_the_reload(
     lease.release()
     assert state_of(backend) is BackendState.READY
     assert rig.servers["b"].calls == LEVEL_2_SLEEP_AND_WAKE[1:]
+    assert rig.runtimes["b"].starts == 0
+
+
+# A sleeper's /metrics, as vLLM 0.33 exposes vllm:engine_sleep_state
+# (vllm/v1/metrics/loggers.py; more in test_vllm_sleep_state.py).
+ASLEEP_AT = {
+    level: "# TYPE vllm:engine_sleep_state gauge\n"
+    + "".join(
+        f'vllm:engine_sleep_state{{engine="0",model_name="b",sleep_state="{state}"}} {value}\n'
+        for state, value in (
+            ("awake", 0.0),
+            ("weights_offloaded", 1.0 if level == 1 else 0.0),
+            ("discard_all", 1.0 if level == 2 else 0.0),
+        )
+    )
+    for level in (1, 2)
+}
+
+
+@pytest.mark.parametrize("level", [1, 2])
+async def test_a_server_found_asleep_is_woken_as_its_metrics_say_it_slept(
+    rig: Rig, level: int
+) -> None:
+    """vLLM's sleep-state gauge tells the level: a level-1 sleeper gets the plain wake (its
+    weights are in host RAM, no reload from disk), a level-2 one the reload sequence."""
+    backend = rig.add("b", vram_mib=16000, asleep=2000, **SLEEPS_WHEN_IDLE)
+    rig.runtimes["b"].running = True
+    rig.servers["b"].asleep_tags = {"weights", "kv_cache"}
+    rig.servers["b"].metrics = ASLEEP_AT[level]
+    await within(backend.adopt())
+    assert state_of(backend) is BackendState.SLEEPING
+    assert backend.reason == f"found asleep at gateway start (level {level})"
+    assert level_of(backend) == level
+    lease = await within(backend.acquire())
+    lease.release()
+    assert state_of(backend) is BackendState.READY
+    wake = ["POST /wake_up"] if level == 1 else LEVEL_2_SLEEP_AND_WAKE[1:]
+    assert rig.servers["b"].calls == wake
     assert rig.runtimes["b"].starts == 0
 
 

@@ -51,7 +51,7 @@ async def test_a_plain_wake_after_level_2_leaves_the_weights_discarded() -> None
 BASE = "http://vllm:8000"
 LEVEL_2_WAKE = [
     ("/wake_up", "tags=weights", b""),
-    ("/collective_rpc", "", b'{"method":"reload_weights"}'),
+    ("/collective_rpc", "", b'{"method":"reload_weights","timeout":60.0}'),
     ("/wake_up", "tags=kv_cache", b""),
     ("/reset_prefix_cache", "", b""),
 ]
@@ -67,7 +67,7 @@ def sleep_mode_routes(mock: respx.MockRouter, failing: str | None = None) -> res
     return mock.get(f"{BASE}/is_sleeping").respond(200, json={"is_sleeping": False})
 
 
-@pytest.mark.parametrize("level", [1, 2, None])
+@pytest.mark.parametrize("level", [0, 1, 2, None])  # 0: found paused (its weights stay)
 async def test_the_wake_sends_the_steps_of_its_level_in_order(level: int | None) -> None:
     async with respx.mock(assert_all_called=False) as mock, httpx.AsyncClient() as client:
         confirm = sleep_mode_routes(mock)
@@ -78,7 +78,7 @@ async def test_the_wake_sends_the_steps_of_its_level_in_order(level: int | None)
         for call in calls
         if call.request.url.path != "/is_sleeping"
     ]
-    assert sent == ([("/wake_up", "", b"")] if level == 1 else LEVEL_2_WAKE)
+    assert sent == ([("/wake_up", "", b"")] if level in (0, 1) else LEVEL_2_WAKE)
     assert all(call.request.headers["authorization"] == "Bearer k" for call in calls)
     assert calls[-1].request.url.path == "/is_sleeping"  # confirmed awake after the last step
     assert confirm.called
