@@ -16,6 +16,8 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from app import logs
+from app.access.auth import exposure_warnings
+from app.access.origins import OriginPolicy
 from app.api import (
     backends,
     handlers,
@@ -29,9 +31,7 @@ from app.api import (
     vram,
 )
 from app.api.fastpath import GatewayApp
-from app.auth import exposure_warnings
 from app.metrics import Metrics
-from app.origins import OriginPolicy
 from app.services import Seams, Services
 from app.settings import Settings
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from app.auth import Authenticator
+from app.access.auth import Authenticator
+from app.access.origins import OriginPolicy
 from app.events import EventLog
 from app.gpu.collector import GpuCollector
 from app.gpu.ledger import read_ledger
@@ -37,7 +38,6 @@ from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics
-from app.origins import OriginPolicy
 from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry

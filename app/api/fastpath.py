@@ -28,11 +28,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.access.origins import OriginPolicy
 from app.api.handlers import client_gone, error_response
-from app.api.middleware import BodyGuard, OriginGuard, RequestObserver
+from app.api.middleware import BodyGuard, RequestObserver
+from app.api.origin_guard import OriginGuard
 from app.errors import GatewayError
 from app.metrics import Metrics
-from app.origins import OriginPolicy
 
 logger = logging.getLogger(__name__)
 

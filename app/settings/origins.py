@@ -4,7 +4,7 @@
 Each is a list: in YAML a list, in the environment comma-separated (or a JSON list). An
 origin is written as a browser sends it in `Origin` (`scheme://host[:port]`, no path); a
 host is a name or an IP address, without port (any port of it is accepted). `*` alone in
-`allowed_hosts` turns the `Host` check off. `app.origins` applies them.
+`allowed_hosts` turns the `Host` check off. `app.access.origins` applies them.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class Settings(BaseSettings):
     allow_unauthenticated: bool = False
     # Browser pages of other sites that may call the gateway (and get CORS headers);
     # every other origin is refused on admin routes, and on model routes without client
-    # keys (`app.origins`).
+    # keys (`app.access.origins`).
     allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
     # `Host` names admin routes accept besides loopback, `host` and the allowed origins'
     # hosts (a reverse proxy's public name); `*` turns the check off.

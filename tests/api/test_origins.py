@@ -1,5 +1,5 @@
-"""Browser pages of other sites cannot drive the gateway (`app.api.middleware.OriginGuard`,
-`app.origins`): a cross-origin "simple request" (text/plain POST, no preflight) is refused
+"""Browser pages of other sites cannot drive the gateway (`app.api.origin_guard.OriginGuard`,
+`app.access.origins`): a cross-origin "simple request" (text/plain POST, no preflight) is refused
 on admin routes, and on model routes while no client key is configured; listed origins
 (`MICROSCHEDULER_ALLOWED_ORIGINS`) get CORS; admin routes check `Host` (DNS rebinding).
 `/metrics` needs the admin key beyond loopback; `/docs` (a CDN's scripts) is gone."""

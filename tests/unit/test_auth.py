@@ -4,7 +4,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from app.auth import Authenticator
+from app.access.auth import Authenticator
 from app.errors import AuthenticationFailed, PermissionDenied
 from app.keys.metrics import KeyMetrics
 from app.keys.ring import KeyRing

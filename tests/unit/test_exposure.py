@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.auth import exposure_warnings
+from app.access.auth import exposure_warnings
 from app.settings import ConfigError, load_settings
 
 MODELS = """\

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.origins import OriginPolicy, host_name
+from app.access.origins import OriginPolicy, host_name
 from app.settings import ConfigError, Settings, load_settings
 
 MODELS = """\

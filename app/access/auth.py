@@ -4,13 +4,13 @@
   `Authorization: Bearer <one of them>`; `check_client` says which key it is
   (`app.keys.ring`), or `anonymous` when none is configured.
 - Admin endpoints (state changes): `MICROSCHEDULER_ADMIN_KEY` when set, else loopback
-  clients only, naming the gateway in `Host` (`app.origins.OriginPolicy.host_trusted`:
+  clients only, naming the gateway in `Host` (`app.access.origins.OriginPolicy.host_trusted`:
   a web page that rebinds its own name to 127.0.0.1 is a loopback client too).
 - `/metrics` (every client key's name and usage): as admin endpoints when an admin key
   is set and the gateway listens beyond loopback (`Settings.metrics_admin_only`), else
   open (on a loopback listener, to a `Host` naming the gateway).
 - `/health` and `/ready` are open.
-- Browser pages of other sites: `app.api.middleware.OriginGuard`, on every route.
+- Browser pages of other sites: `app.api.origin_guard.OriginGuard`, on every route.
 
 `exposure_warnings` says at start-up what this leaves open on a non-loopback address.
 (Listening there with no client key while chains reach paid providers is refused by the
@@ -23,9 +23,9 @@ import hmac
 
 from pydantic import SecretStr
 
+from app.access.origins import OriginPolicy, host_refused
 from app.errors import AuthenticationFailed, PermissionDenied
 from app.keys.ring import ClientKey, KeyRing
-from app.origins import OriginPolicy, host_refused
 from app.settings.root import is_loopback
 
 

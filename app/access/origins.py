@@ -6,7 +6,7 @@ with `Content-Type: text/plain`, no preflight) to a gateway on the visitor's mac
 network. The browser then says which page sent it in `Origin`; a request without `Origin`
 comes from a program or from a page of the gateway itself (browsers leave `Origin` off
 same-origin `GET`s). Admitted are an origin listed in `allowed_origins` and the gateway's
-own origin (the scheme and the `Host` the request names); `app.api.middleware.OriginGuard`
+own origin (the scheme and the `Host` the request names); `app.api.origin_guard.OriginGuard`
 says on which routes the others are refused.
 
 DNS rebinding gives a page of another site an origin whose host name resolves to the
