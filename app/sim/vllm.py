@@ -2,7 +2,8 @@
 
 Run ``python -m app.sim.vllm --port 8001 --model my-model``. It serves ``/health``,
 ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``, ``/v1/responses`` (+ ``GET``/``DELETE /v1/responses/{id}``,
+``/v1/embeddings``, ``/v1/messages`` (+ ``/count_tokens``; ``app.sim.messages``),
+``/v1/responses`` (+ ``GET``/``DELETE /v1/responses/{id}``,
 ``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
 ``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
 (``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
@@ -43,6 +44,7 @@ from app.sim.audio import AudioApi
 from app.sim.config import FakeConfig
 from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
+from app.sim.messages import MessagesApi
 from app.sim.metrics import CONTENT_TYPE
 from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
@@ -229,6 +231,9 @@ def build_app(config: FakeConfig) -> web.Application:
     add("POST", "/v1/chat/completions", gen.chat_completions)
     add("POST", "/v1/completions", gen.completions)
     add("POST", "/v1/embeddings", gen.embeddings)
+    messages = MessagesApi(fake, gen)  # vLLM's native Anthropic Messages (app.sim.messages)
+    add("POST", "/v1/messages", messages.create)
+    add("POST", "/v1/messages/count_tokens", messages.count_tokens)
     responses = ResponsesApi(fake, gen)
     add("POST", "/v1/responses", responses.create)
     add("GET", "/v1/responses/{response_id}", responses.retrieve)
