@@ -13,7 +13,6 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
-from app.api.middleware import CLIENT_CLOSED, context_of
 from app.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
 from app.jsonwire import json_bytes
 
@@ -61,6 +60,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 def client_gone(scope: Scope) -> None:
     """The client closed its connection before its request body was all read: nobody is
     left to answer. Counted as a client's close (499), logged without a traceback."""
+    from app.api.middleware import context_of  # here: middleware imports this module
+
     ctx = context_of(scope)
     if ctx is not None:
         ctx.client_gone = True
@@ -68,6 +69,8 @@ def client_gone(scope: Scope) -> None:
 
 
 async def _client_disconnect(request: Request, exc: Exception) -> Response:
+    from app.api.middleware import CLIENT_CLOSED  # here: as above
+
     client_gone(request.scope)
     return Response(status_code=CLIENT_CLOSED)  # written to no one
 
