@@ -192,10 +192,15 @@ async def test_claude_codes_request_is_served_both_ways(w: World, model: str) ->
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("model", ["qwen", "older"])
 async def test_usage_is_counted_once_on_both_paths(w: World, model: str, stream: bool) -> None:
-    backend = "native" if model == "qwen" else "old"
+    backend, fake, path = (
+        ("native", w.native, "/v1/messages")
+        if model == "qwen"
+        else ("old", w.old, "/v1/chat/completions")
+    )
     body = {"model": model, "max_tokens": 3, "messages": HELLO, "stream": stream}
     answer = await w.post("/v1/messages", body)
     assert answer.status_code == 200
+    assert (await received(fake))["path"] == path
     usage = sse_data(answer.text)[-2]["usage"] if stream else answer.json()["usage"]
     assert usage["output_tokens"] == 3
     assert w.tokens(backend, "prompt") == usage["input_tokens"] == 2
