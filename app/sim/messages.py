@@ -22,9 +22,8 @@ Messages one; the text, token timing, faults and stats are the chat endpoint's
   (``_resolve_tools``). The prompt is counted on the converted messages.
 - ``max_tokens`` above ``--max-model-len`` is refused, a prompt that fills the context
   too; otherwise the output is clamped to what is left (vLLM 0.33,
-  ``serve/utils/api_utils.py`` ``get_max_tokens``). The answer is the fake's
-  ``--max-tokens`` long at most (``end_turn``), shorter when ``max_tokens`` says so
-  (``max_tokens``): a model that stops on its own.
+  ``serve/utils/api_utils.py`` ``get_max_tokens``). Like the fake's chat endpoint, the
+  answer is that many tokens long (``stop_reason: max_tokens``).
 - The answer (``messages_full_converter``): ``{"id": <the chat id>, "type": "message",
   "role": "assistant", "content", "model", "stop_reason", "usage"}`` with ``None`` fields
   left out (``exclude_none``). A stream (``message_stream_converter``, ``exclude_unset``)
@@ -134,10 +133,7 @@ class MessagesApi:
                 400,
                 f"Input length ({prompt}) exceeds model's maximum context length ({max_len}).",
             )
-        limit = min(max_tokens, max_len - prompt)
-        if limit <= self.state.config.max_tokens:
-            return limit, "length"
-        return self.state.config.max_tokens, "stop"
+        return min(max_tokens, max_len - prompt), "length"  # as the chat endpoint writes
 
     async def _complete(self, run: RequestRun, answer: _Answer) -> web.StreamResponse:
         loop = asyncio.get_running_loop()

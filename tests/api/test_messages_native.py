@@ -165,9 +165,8 @@ async def test_a_system_message_and_tool_changes_inside_messages_are_translated(
 
 @pytest.mark.parametrize("model", ["qwen", "older"])
 async def test_claude_codes_request_is_served_both_ways(w: World, model: str) -> None:
-    body = {**copy.deepcopy(CLAUDE_CODE["body"]), "model": model}
-    if model == "older":  # the fake's chat writes all of max_tokens: keep it short
-        body["max_tokens"] = 8
+    # The fake writes all of max_tokens (Claude Code asks for 32,000): keep it short.
+    body = {**copy.deepcopy(CLAUDE_CODE["body"]), "model": model, "max_tokens": 8}
     headers = {k: v for k, v in CLAUDE_CODE["headers"].items() if k != "content-type"}
     answer = await w.post("/v1/messages", body, **headers)
     assert answer.status_code == 200, answer.text
@@ -178,7 +177,7 @@ async def test_claude_codes_request_is_served_both_ways(w: World, model: str) ->
     if model == "qwen":
         sent = await received(w.native)
         assert sent["path"] == "/v1/messages"
-        assert sent["body"] == {**CLAUDE_CODE["body"], "model": "served-model"}
+        assert sent["body"] == {**body, "model": "served-model"}
         assert sent["headers"]["anthropic-beta"] == CLAUDE_CODE["headers"]["anthropic-beta"]
         return
     chat = (await received(w.old))["body"]
