@@ -171,7 +171,7 @@ class MessagesApi:
             event = b"event: " + data["type"].encode() + b"\ndata: " + dumps(data) + b"\n\n"
             return await gen.send(request, resp, run, event)
 
-        start_message = {
+        start_message: Json = {
             "id": answer.rid, "type": "message", "role": "assistant", "content": [],
             "model": answer.model, "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": answer.prompt, "output_tokens": 0},
