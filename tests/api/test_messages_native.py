@@ -204,3 +204,20 @@ async def test_usage_is_counted_once_on_both_paths(w: World, model: str, stream:
     assert usage["output_tokens"] == 3
     assert w.tokens(backend, "prompt") == usage["input_tokens"] == 2
     assert w.tokens(backend, "completion") == 3
+
+
+async def test_what_only_the_translation_refuses_reaches_vllm_as_sent(w: World) -> None:
+    reference = {"type": "tool_reference", "tool_name": "Read"}  # vLLM takes it (tool search)
+    messages = [
+        {"role": "user", "content": "find Read"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [reference]}]},
+    ]  # fmt: skip
+    native = await w.post("/v1/messages", {"model": "qwen", "max_tokens": 2, "messages": messages})
+    assert native.status_code == 200
+    assert (await received(w.native))["body"]["messages"] == messages
+    older = await w.post("/v1/messages", {"model": "older", "max_tokens": 2, "messages": messages})
+    assert older.status_code == 400
+    assert "'tool_reference' are not supported" in older.json()["error"]["message"]
