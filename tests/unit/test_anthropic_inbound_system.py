@@ -1,5 +1,5 @@
-"""System messages inside `messages` and the tool changes they carry (Claude Code 2.1,
-vLLM 0.33's `AnthropicMessage` and `_resolve_tools`), translated to chat; and which
+"""System messages inside `messages` (Claude Code 2.1 sends them) and the tool changes they
+may carry (vLLM 0.33's `AnthropicMessage` and `_resolve_tools`), translated to chat; and which
 backends answer `/v1/messages` themselves."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ answer becomes a Messages response. Decisions, against Anthropic's Messages API 
   continued (`continue_final_message`, no generation prompt), as vLLM offers.
 - Any other block type (documents, server tool blocks, ...) is refused with a 400 naming
   it: silently dropping part of the conversation would change the answer.
-- A message of role `system` (Claude Code 2.1 sends reminders so, mid-conversation;
+- A message of role `system` (Claude Code 2.1.197 sends its agent and skill list so;
   vLLM 0.33 takes them: `vllm/entrypoints/anthropic/protocol.py`, `AnthropicMessage`)
   becomes a system message at its place, as vLLM's `_convert_messages` does with a chat
   template that accepts one there (`vllm/entrypoints/anthropic/serving.py`): its text

@@ -8,7 +8,7 @@ messages make. Pure: no I/O.
 - Tool changes, as vLLM 0.33 applies them (`vllm/entrypoints/anthropic/protocol.py`,
   `AnthropicContentBlock` / `AnthropicToolChange*`; `vllm/entrypoints/anthropic/serving.py`,
   `_resolve_tools`): a `tool_addition` or `tool_removal` block is allowed only in a message
-  of role `system` (Claude Code 2.1 sends them there), and carries `tool`: a
+  of role `system`, and carries `tool`: a
   `tool_reference` (`{"type": "tool_reference", "name"}`) or, for an addition only, a
   `tool_definition` (`{"type": "tool_definition", "definition": <a tool>}`). A chat
   template sees one tool list, so the changes are applied in the order they come, to
