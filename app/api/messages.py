@@ -8,13 +8,18 @@ Anthropic's envelope (`{"type": "error", "error": {"type", "message"}}`), and wh
 streaming request waits for a backend to wake the client gets `ping` events.
 
 Where the request goes (`Call.for_target`):
-- a backend or provider that serves `messages` gets it as sent (the model name put in):
-  a vLLM that lists `messages` in its `endpoints:`, an Anthropic provider in a chain;
+- a backend or provider that serves `messages` gets it as sent (the model name put in),
+  and its answer, stream and errors are relayed as they come: a vLLM generate backend
+  (vLLM 0.33 serves `/v1/messages` and `/count_tokens`; `app.settings.endpoints`
+  `native_messages`), one that lists `messages` in its `endpoints:`, an Anthropic
+  provider in a chain. Usage is read from the end of the answer (`Exchange.body_done`:
+  Anthropic's `input_tokens`/`output_tokens`, a stream's last `message_delta`);
 - any other gets it as OpenAI chat (`app.upstreams.anthropic.inbound`), and its answer,
   stream or not, is translated back (`inbound_relay.as_messages`). `count_tokens` goes
   to vLLM's `/tokenize` in its chat form and answers `{"input_tokens": N}`.
-A request the translation cannot carry (a server tool, an unknown block) is a 400 only
-when no target would take it as sent.
+The translation is built only when a target may need it (`Dispatcher.serves_everywhere`).
+A request it cannot carry (a server tool, an unknown block) is a 400 only when no target
+would take it as sent.
 """
 
 from __future__ import annotations
@@ -127,11 +132,12 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         parsed = ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
         headers = forwardable_request_headers(request.scope["headers"])
         translated: Translated | None = None
-        try:
-            translated = translation(parsed, route, headers)
-        except InvalidRequest:
-            if not services.dispatcher.can_serve(route, Api.MESSAGES):
-                raise
+        if not services.dispatcher.serves_everywhere(route, Api.MESSAGES):
+            try:
+                translated = translation(parsed, route, headers)
+            except InvalidRequest:
+                if not services.dispatcher.can_serve(route, Api.MESSAGES):
+                    raise
         call = Call(
             route,
             path,

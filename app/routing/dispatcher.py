@@ -97,6 +97,14 @@ class Dispatcher:
             return any(self._cloud.serves(entry, api) for entry in chain.entries)
         return api in self._backends[route.backend].config.apis
 
+    def serves_everywhere(self, route: Route, api: Api) -> bool:
+        """Whether every target `route` may reach (its backend or replica group, or every
+        entry of its chain) serves `api` as is: then no translation can be needed."""
+        chain = self._chains.get(route.name)
+        if chain is not None and self._cloud is not None:
+            return all(self._cloud.serves(entry, api) for entry in chain.entries)
+        return all(api in self._backends[name].config.apis for name in route.members)
+
     def stored_response(self, response_id: str, key: str | None = None) -> StoredAt:
         """Where a response created through the gateway lives; `ResponseNotFound` if unknown
         or created by another client key than `key` (a key sees only its own)."""

@@ -19,7 +19,7 @@ from pydantic import (
 
 from app.planner.description import resolve
 from app.settings.base import LOCAL_HOST, StrictConfig, http_url
-from app.settings.endpoints import RUNNER_APIS, Api, Runner
+from app.settings.endpoints import Api, MessagesMode, Runner, runner_apis
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
 
@@ -161,6 +161,9 @@ class BackendConfig(StrictConfig):
     # What it serves (app/settings/endpoints.py): vLLM's set for `runner`, unless listed.
     runner: Runner = "generate"
     endpoints: list[Api] | None = Field(default=None, min_length=1)
+    # `/v1/messages`: `auto` passes it through to a generate runner (vLLM 0.33 serves it),
+    # `translate` sends it as chat (an older vLLM image), `native` passes it through.
+    messages: MessagesMode = "auto"
     runtime: RuntimeConfig = Field(default_factory=ExternalRuntimeConfig)
     timeouts: TimeoutOverridesConfig = Field(default_factory=TimeoutOverridesConfig)
     health_path: str = "/health"
@@ -234,6 +237,16 @@ class BackendConfig(StrictConfig):
         if isinstance(data, dict) and data.get("hf_config") and data.get("model_info") is None:
             return {**data, "model_info": {}}
         return data
+
+    @model_validator(mode="after")
+    def _messages_or_endpoints(self) -> BackendConfig:
+        if self.endpoints is not None and self.messages != "auto":
+            raise ValueError(
+                f"messages: {self.messages} with endpoints: the list says it all (list "
+                "messages in endpoints: to pass /v1/messages through, leave it out to "
+                "translate it to chat)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lifecycle(self) -> BackendConfig:
@@ -313,7 +326,7 @@ class BackendConfig(StrictConfig):
         """The APIs requests may use on this backend."""
         if self.endpoints is not None:
             return frozenset(self.endpoints)
-        return RUNNER_APIS[self.runner]
+        return runner_apis(self.runner, self.messages)
 
     @property
     def weights_bytes(self) -> int | None:

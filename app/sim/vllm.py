@@ -4,7 +4,8 @@ Run ``python -m app.sim.vllm --port 8001 --model my-model``. It follows vLLM 0.3
 (each behaviour names the vLLM file it copies): with ``--task`` only that task's routes
 (``app.sim.routes``), without it every task's at once (a permissive mode for tests). It
 serves ``/health``, ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``, ``/v1/responses`` (+ ``GET /v1/responses/{id}``,
+``/v1/embeddings``, ``/v1/messages`` (+ ``/count_tokens``; ``app.sim.messages``),
+``/v1/responses`` (+ ``GET /v1/responses/{id}``,
 ``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
 ``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
 (``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
@@ -45,6 +46,7 @@ from app.sim.audio import AudioApi
 from app.sim.config import FakeConfig
 from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
+from app.sim.messages import MessagesApi
 from app.sim.metrics import CONTENT_TYPE
 from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
@@ -363,6 +365,9 @@ def build_app(config: FakeConfig) -> web.Application:
         if task is None:  # OpenAI's, not vLLM's: the permissive mode only
             add("DELETE", "/v1/responses/{response_id}", responses.delete)
         add("POST", "/v1/completions", gen.completions, json_only=True)
+        messages = MessagesApi(fake, gen)  # vllm/entrypoints/anthropic/api_router.py
+        add("POST", "/v1/messages", messages.create, json_only=True)
+        add("POST", "/v1/messages/count_tokens", messages.count_tokens, json_only=True)
     audio = AudioApi(fake, gen)
     if task in (None, "transcription"):  # vllm/entrypoints/speech_to_text/factories.py
         add("POST", "/v1/audio/transcriptions", audio.transcriptions)

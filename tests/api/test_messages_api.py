@@ -70,7 +70,12 @@ async def w() -> AsyncIterator[World]:
     ):
         settings = gateway_settings(
             {
-                "local": {"url": upstream.url, "models": ["local-model"], "aliases": ["qwen"]},
+                "local": {
+                    "url": upstream.url,
+                    "models": ["local-model"],
+                    "aliases": ["qwen"],
+                    "messages": "translate",
+                },  # an image older than vLLM 0.33
                 "native": {
                     "url": native_url,
                     "models": ["native-model"],

@@ -85,7 +85,7 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
         expect(lazy.locator('[data-field="state"]')).to_have_text("stopped")
         # What each serves: vLLM's generate runner by default.
         expect(pinned.locator('[data-field="apis"]')).to_have_text(
-            "chat · completions · detokenize · responses · tokenize"
+            "chat · completions · detokenize · messages · responses · tokenize"
         )
         expect(gpu.locator('[data-segment="pinned"]')).to_have_count(1)
         expect(gpu.locator('[data-segment="lazy"]')).to_have_count(0)

@@ -20,8 +20,6 @@ TABLE = json.loads((Path(__file__).parents[1] / "fixtures" / "vllm_0_33_routes.j
 # vLLM routes the fake leaves out on purpose (a test of those needs a real vLLM).
 NOT_FAKED = {
     ("POST", "/v1/chat/completions/batch"),
-    ("POST", "/v1/messages"),  # native Anthropic Messages: not faked yet
-    ("POST", "/v1/messages/count_tokens"),
     ("POST", "/generative_scoring"),
     ("POST", "/scale_elastic_ep"),
     ("POST", "/is_scaling_elastic_ep"),

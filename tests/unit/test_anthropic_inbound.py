@@ -307,7 +307,7 @@ def test_tool_choice_without_tools_is_not_sent() -> None:
         ({"messages": []}, "messages"),
         ({"messages": "Hi"}, "messages"),
         ({"messages": ["Hi"]}, "messages[0]"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         (

@@ -8,9 +8,9 @@ answer becomes a Messages response. Decisions, against Anthropic's Messages API 
 - `model` (a non-empty string), `messages` (a non-empty array) and `max_tokens` (an
   integer >= 1) are required, as Anthropic requires them; the body is sent for the
   caller's `model`. count_tokens does not need `max_tokens`.
-- `system` (a string, or an array of text blocks joined by a blank line) becomes one
-  leading system message. `cache_control` is ignored everywhere (vLLM caches prefixes
-  on its own); `citations` on text blocks too.
+- `system` (a string, or an array of text blocks joined by a blank line, a billing-header
+  block left out as below) becomes one leading system message. `cache_control` is
+  ignored everywhere (vLLM caches prefixes on its own); `citations` on text blocks too.
 - A user turn: text blocks -> text parts; images -> `image_url` parts (a base64 source
   as a `data:<media_type>;base64,<data>` URL, a url source as that URL; a `file` source
   is refused). `tool_result` blocks -> `role: tool` messages (`tool_call_id` is the
@@ -27,11 +27,19 @@ answer becomes a Messages response. Decisions, against Anthropic's Messages API 
   continued (`continue_final_message`, no generation prompt), as vLLM offers.
 - Any other block type (documents, server tool blocks, ...) is refused with a 400 naming
   it: silently dropping part of the conversation would change the answer.
-- `tools` -> function tools (`input_schema` -> `parameters`); a server tool (a `type`
-  other than "custom", e.g. `web_search_20250305`, `bash_20250124`) is refused: the
-  backend cannot run it. `tool_choice`: auto -> "auto", any -> "required", tool -> the
-  named function, none -> "none"; `disable_parallel_tool_use` -> `parallel_tool_calls:
-  false`. Without tools, `tool_choice` is not sent (OpenAI refuses it then).
+- A message of role `system` (Claude Code 2.1.197 sends its agent and skill list so;
+  vLLM 0.33 takes them: `vllm/entrypoints/anthropic/protocol.py`, `AnthropicMessage`)
+  becomes a system message at its place, as vLLM's `_convert_messages` does with a chat
+  template that accepts one there (`vllm/entrypoints/anthropic/serving.py`): its text
+  blocks joined with nothing between them, a block (or string) starting with
+  `x-anthropic-billing-header` left out (Claude Code's per-request hash, which would defeat
+  the prefix cache; vLLM `_extract_system_text`), and no message when no text is left. Its
+  `tool_addition` / `tool_removal` blocks change the tools (`inbound_tools`); they are
+  refused in any other role, as vLLM refuses them. Any other block in it is refused.
+- `tools` -> function tools, with those changes applied (`inbound_tools`). `tool_choice`:
+  auto -> "auto", any -> "required", tool -> the named function, none -> "none";
+  `disable_parallel_tool_use` -> `parallel_tool_calls: false`. Without tools,
+  `tool_choice` is not sent (OpenAI refuses it then).
 - `stop_sequences` -> `stop`; `temperature`, `top_p`, `top_k` are passed on (vLLM takes
   `top_k`). A stream asks for `stream_options.include_usage`, so the usage is known for
   `message_delta`. `metadata`, `thinking`, `service_tier`, `container`, `mcp_servers` and
@@ -55,6 +63,13 @@ from typing import Any, Final
 
 from app.errors import InvalidRequest
 from app.upstreams.anthropic.checks import invalid, is_int, number, required_str, unsupported
+from app.upstreams.anthropic.inbound_tools import (
+    TOOL_CHANGES,
+    ToolChange,
+    openai_tools,
+    tool_change,
+    with_tool_changes,
+)
 from app.upstreams.anthropic.response import ERROR_TYPE_BY_STATUS, STOP_REASONS, dump_json
 
 Json = dict[str, Any]
@@ -64,7 +79,8 @@ logger = logging.getLogger(__name__)
 # The gateway's own 503 (no backend can take the request now) is Anthropic's "overloaded":
 # the SDK retries it, as it should.
 _ERROR_TYPES: Final = {**ERROR_TYPE_BY_STATUS, 500: "api_error", 503: "overloaded_error"}
-_CUSTOM_TOOL_TYPES: Final = (None, "custom")
+# Claude Code's attribution block: a per-request hash vLLM leaves out of the prompt.
+_BILLING_HEADER: Final = "x-anthropic-billing-header"
 
 
 # --- requests --------------------------------------------------------------------------
@@ -128,9 +144,10 @@ def _conversation(body: Json) -> tuple[list[Json], list[Json], Json]:
         raise InvalidRequest.wrong_type("messages", "an array", value)
     if not value:
         raise invalid("messages", "Invalid 'messages': expected at least one message.")
+    changes: list[ToolChange] = []
     for i, message in enumerate(value):
-        messages.extend(_message(message, f"messages[{i}]"))
-    tools = _tools(body.get("tools"))
+        messages.extend(_message(message, f"messages[{i}]", changes))
+    tools = with_tool_changes(openai_tools(body.get("tools")), changes)
     return messages, tools, _tool_choice(body.get("tool_choice"))
 
 
@@ -168,26 +185,28 @@ def _system(value: object) -> list[Json]:
         text = value
     elif isinstance(value, list):
         texts = [_text_of(block, f"system[{j}]") for j, block in enumerate(value)]
-        text = "\n\n".join(t for t in texts if t)
+        text = "\n\n".join(t for t in texts if t and not t.startswith(_BILLING_HEADER))
     else:
         raise InvalidRequest.wrong_type("system", "a string or an array", value)
     return [{"role": "system", "content": text}] if text else []
 
 
-def _message(message: object, param: str) -> list[Json]:
+def _message(message: object, param: str, changes: list[ToolChange]) -> list[Json]:
     if not isinstance(message, dict):
         raise InvalidRequest.wrong_type(param, "an object", message)
     role = message.get("role")
-    if role not in ("user", "assistant"):
+    if role not in ("user", "assistant", "system"):
         raise invalid(
             f"{param}.role",
-            f"Invalid '{param}.role': expected 'user' or 'assistant', got {role!r}.",
+            f"Invalid '{param}.role': expected 'user', 'assistant' or 'system', got {role!r}.",
         )
     content = message.get("content")
     if content is None:
         raise InvalidRequest(
             f"Missing required parameter: '{param}.content'.", param=f"{param}.content"
         )
+    if role == "system":
+        return _system_message(content, f"{param}.content", changes)
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -195,6 +214,26 @@ def _message(message: object, param: str) -> list[Json]:
     if role == "user":
         return _user(content, f"{param}.content")
     return [_assistant(content, f"{param}.content")]
+
+
+def _system_message(content: object, param: str, changes: list[ToolChange]) -> list[Json]:
+    """A system message inside `messages`, at its place (module docstring)."""
+    if isinstance(content, str):
+        texts = [content]
+    elif isinstance(content, list):
+        texts = []
+        for j, block in enumerate(content):
+            block_param = f"{param}[{j}]"
+            kind = _block_type(block, block_param)
+            assert isinstance(block, dict)
+            if kind in TOOL_CHANGES:
+                changes.append(tool_change(block, block_param))
+            else:
+                texts.append(_text_of(block, block_param))
+    else:
+        raise InvalidRequest.wrong_type(param, "a string or an array", content)
+    text = "".join(t for t in texts if not t.startswith(_BILLING_HEADER))
+    return [{"role": "system", "content": text}] if text else []
 
 
 def _user(blocks: list[object], param: str) -> list[Json]:
@@ -317,36 +356,11 @@ def _text_of(block: object, param: str) -> str:
 
 
 def _unsupported_block(kind: str, param: str) -> InvalidRequest:
+    if kind in TOOL_CHANGES:  # vLLM's words (AnthropicMessage)
+        return invalid(
+            f"{param}.type", f'{kind} blocks are only allowed in messages with role "system"'
+        )
     return unsupported(f"{param}.type", f"Content blocks of type {kind!r} are not supported here.")
-
-
-def _tools(value: object) -> list[Json]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidRequest.wrong_type("tools", "an array", value)
-    tools: list[Json] = []
-    for i, tool in enumerate(value):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequest.wrong_type(param, "an object", tool)
-        if tool.get("type") not in _CUSTOM_TOOL_TYPES:
-            raise unsupported(
-                "tools",
-                f"Server tools are not supported here: '{param}' has type {tool.get('type')!r}.",
-            )
-        function: Json = {"name": required_str(tool, "name", param)}
-        description = tool.get("description")
-        if description is not None:
-            if not isinstance(description, str):
-                raise InvalidRequest.wrong_type(f"{param}.description", "a string", description)
-            function["description"] = description
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise InvalidRequest.wrong_type(f"{param}.input_schema", "an object", schema)
-        function["parameters"] = schema
-        tools.append({"type": "function", "function": function})
-    return tools
 
 
 def _tool_choice(value: object) -> Json:
