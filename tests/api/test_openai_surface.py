@@ -35,7 +35,7 @@ class World:
 
 @pytest.fixture
 async def w() -> AsyncIterator[World]:
-    async with fake_vllm(models=["served-model"], max_tokens=4) as upstream:
+    async with fake_vllm(models=["served-model"], max_tokens=4, responses_store=True) as upstream:
         settings = gateway_settings(
             {
                 "omni": {
