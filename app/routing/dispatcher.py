@@ -29,8 +29,9 @@ from app.errors import (
     UpstreamError,
     WakeTimeout,
 )
+from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.backend import Backend
-from app.lifecycle.lease import WaitNotice
+from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
@@ -68,6 +69,11 @@ class Dispatcher:
         )
         self.response_ids = response_ids if response_ids is not None else ResponseIds()
         self.replicas = Replicas(backends, metrics.registry, load_of or (lambda _name: None))
+        self.adapters = {
+            name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
+            for name, b in backends.items()
+            if b.config.adapters
+        }
 
     def route(self, model: str) -> Route:
         route = self._registry.resolve(model)
@@ -212,6 +218,7 @@ class Dispatcher:
             raise not_served(call, name, backend.config.apis)
         sent, answer = target
         lease = await backend.acquire(notice, priority=call.priority)
+        await self._with_adapter(backend, sent, lease)
         response = await open_local(backend, lease, sent, self._metrics.upstream_errors)
         relayed: Relayable = response
         if answer is not None:
@@ -224,6 +231,21 @@ class Dispatcher:
         return Exchange(
             call.route, backend.name, relayed, lease, tokens=self._tokens.get(backend.name)
         )
+
+    async def _with_adapter(self, backend: Backend, call: Call, lease: Lease) -> None:
+        """Load the LoRA adapter `call` names on `backend` unless it is loaded
+        (`app.lifecycle.adapters`); the lease is released if it cannot be."""
+        route = call.route
+        loaded = self.adapters.get(backend.name)
+        if route.adapter is None or loaded is None or call.payload.get("model") is None:
+            return
+        try:
+            await loaded.ensure(route.upstream_model, route.adapter, backend.adapters_epoch)
+        except BaseException as exc:
+            lease.release()
+            if isinstance(exc, UpstreamError):
+                self._metrics.upstream_errors.labels(backend.name, exc.kind).inc()
+            raise
 
     def record_stream_error(self, exchange: Exchange, exc: UpstreamError) -> None:
         if exchange.backend in self._backends:
