@@ -227,11 +227,15 @@ class EndpointNotServed(NotFound):
 class ResponseNotFound(NotFound):
     default_code = ErrorCode.RESPONSE_NOT_FOUND
 
-    def __init__(self, response_id: str) -> None:
+    def __init__(
+        self, response_id: str, *, message: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(
-            f"No response with id '{quoted(response_id)}' was created through this gateway "
+            message
+            or f"No response with id '{quoted(response_id)}' was created through this gateway "
             "recently (ids are remembered for a bounded time, and a backend forgets its responses "
             "when it stops).",
+            param=param,
         )
 
 

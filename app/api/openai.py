@@ -20,10 +20,11 @@ from app.api.middleware import context_of, too_large
 from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
 from app.api.relay import RelayResponse
 from app.api.views import model_list, model_view
-from app.errors import ModelNotFound, UnsupportedMediaType
+from app.errors import EndpointNotServed, MethodNotAllowed, ModelNotFound, UnsupportedMediaType
 from app.jsonwire import json_bytes
 from app.keys.ring import ClientKey
 from app.routing.exchange import Call
+from app.routing.registry import Route as RoutedModel
 from app.services import Services
 from app.settings.endpoints import Api
 from app.upstreams.http import forwardable_request_headers
@@ -80,9 +81,23 @@ def _proxy(endpoint: Endpoint) -> Route:
             key=key.admit(),
             usage_added=usage_added,
         )
-        return RelayResponse(services.dispatcher, call, relays=services.relays)
+        stored = continued(services, parsed, route, key) if endpoint.api is Api.RESPONSES else None
+        return RelayResponse(services.dispatcher, call, stored=stored, relays=services.relays)
 
     return Route(endpoint.path, handle, methods=["POST"], name=f"{endpoint.name}:{endpoint.path}")
+
+
+def continued(
+    services: Services, parsed: ParsedRequest, route: RoutedModel, key: ClientKey
+) -> tuple[str, str] | None:
+    """(previous response id, entry) for a create that continues a response made through
+    the gateway (`previous_response_id`): it must reach the entry (replica, chain entry)
+    holding it; None: routed as usual."""
+    previous = parsed.payload.get("previous_response_id")
+    if not isinstance(previous, str):
+        return None
+    entry = services.dispatcher.pinned_entry(route, previous, key.name)
+    return None if entry is None else (previous, entry)
 
 
 def usage_for(key: ClientKey, parsed: ParsedRequest, api: Api) -> tuple[ParsedRequest, bool]:
@@ -99,7 +114,8 @@ def usage_for(key: ClientKey, parsed: ParsedRequest, api: Api) -> tuple[ParsedRe
 async def stored_response(request: Request) -> Response:
     """`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
     /v1/responses/{id}/input_items`: relayed to the entry that created the response
-    (`app.routing.responses`); 404 `response_not_found` for an id it did not create."""
+    (`app.routing.responses`); 404 `response_not_found` for an id it did not create. For a
+    local backend (vLLM) DELETE and input_items are answered here (`not_offered`)."""
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
     ctx = context_of(request.scope)
@@ -108,6 +124,8 @@ async def stored_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     stored = services.dispatcher.stored_response(response_id, key.name)
     key.check_model(stored.route.name)
+    if services.dispatcher.is_local(stored.entry):
+        not_offered(request.method, request.url.path, stored.entry)
     body = await read_body(request, services.settings.max_body_bytes)
     query = request.url.query
     path = request.url.path + (f"?{query}" if query else "")
@@ -126,6 +144,25 @@ async def stored_response(request: Request) -> Response:
     return RelayResponse(
         services.dispatcher, call, stored=(response_id, stored.entry), relays=services.relays
     )
+
+
+def not_offered(method: str, path: str, backend: str) -> None:
+    """vLLM 0.33 has no `DELETE /v1/responses/{id}` and no `.../input_items`
+    (vllm/entrypoints/openai/responses/api_router.py): refused here, not relayed, for a
+    response a local backend made (a cloud provider's are relayed: OpenAI has both)."""
+    if method == "DELETE":
+        raise MethodNotAllowed(
+            f"The response was made by backend '{backend}', a vLLM server: vLLM does not "
+            "offer deleting a stored response (it keeps it in memory until it restarts). "
+            "It offers GET /v1/responses/{id} and POST /v1/responses/{id}/cancel.",
+            headers={"allow": "GET"},
+        )
+    if path.endswith("/input_items"):
+        raise EndpointNotServed(
+            f"The response was made by backend '{backend}', a vLLM server: vLLM does not "
+            "offer GET /v1/responses/{id}/input_items. GET /v1/responses/{id} returns the "
+            "response."
+        )
 
 
 async def list_models(request: Request) -> Response:

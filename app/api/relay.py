@@ -135,7 +135,7 @@ class RelayResponse(Response):
         try:
             try:
                 if self._stored is not None:
-                    exchange = await self._dispatcher.open_stored(*self._stored, self._call)
+                    exchange = await self._dispatcher.open_stored(*self._stored, self._call, notice)
                 else:
                     exchange = await self._dispatcher.open(self._call, notice)
                 if ctx is not None:

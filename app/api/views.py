@@ -273,7 +273,7 @@ def model_view(entry: ModelEntry, created: float) -> Json:
         "created": int(created),
         "owned_by": entry.group or entry.backend,  # a replica group, not one replica
         "root": entry.root,
-        "parent": None,
+        "parent": entry.parent,  # a LoRA adapter's base model, as vLLM lists it
     }
 
 

@@ -67,13 +67,17 @@ def server_options(settings: Settings) -> dict[str, Any]:
 
 def run_check_config(args: argparse.Namespace) -> int:
     settings = load_config(args.config)
-    names = sum(len(b.models) + len(b.aliases) for b in settings.backends.values())
+    names = sum(len(b.names) for b in settings.backends.values())
     print(
         f"{settings.config_dir}: configuration is valid "
         f"({len(settings.backends)} backends, {names} model names)"
     )
     for name, backend in settings.backends.items():
-        served = ", ".join([*backend.models, *backend.aliases])
+        served = ", ".join(backend.names)
         where = "" if backend.host is None else f" on {backend.host}"
         print(f"  {name}: {backend.url} [{backend.runtime.kind}{where}] serves {served}")
+    for name, backend in settings.backends.items():
+        warning = backend.lora_warning()
+        if warning is not None:
+            print(f"warning: backends.{name}.{warning}")
     return OK

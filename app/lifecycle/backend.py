@@ -77,6 +77,9 @@ class Backend(Holding):
         # How a yield frees its memory; a GPU profile may override the config.
         self._yield_method_override: str | None = None
         self.last_drain_timed_out = False  # the last stop went ahead with requests in flight
+        # Moves when the server loses what was loaded at runtime (LoRA adapters,
+        # app.lifecycle.adapters): stopped, failed, or asleep at any level but 1.
+        self.adapters_epoch = 0
         # GPU memory used after its last start minus before it, as the probe saw it (starts
         # on a GPU are one at a time, so the difference is this backend's).
         self._measured_mib: int | None = None
@@ -557,6 +560,10 @@ class Backend(Holding):
         self.state = check_transition(previous, target)
         self.reason = reason
         self._refused = False
+        if target in (BackendState.STOPPED, BackendState.FAILED) or (
+            target is BackendState.SLEEPING and self._asleep_level != 1
+        ):
+            self.adapters_epoch += 1
         if target is BackendState.STOPPED:
             self.holds_vram = False
             self._asleep_mib = self._asleep_level = None

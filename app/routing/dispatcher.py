@@ -11,8 +11,11 @@ that fails before the first byte (refused, unreachable, 5xx) is retried once on 
 member, and the second answer or error is the request's. A model with a fallback chain
 walks its chain instead, whose entry may be the group (`ChainCall` picks the same way).
 
-A `/v1/responses` answer's id is remembered with the entry that created it, so the
-follow-ups on that id (`open_at`) reach the same entry.
+A `/v1/responses` answer's id is remembered with the entry that created it (a replica
+group's member, a chain's entry), so the follow-ups on that id reach the same entry
+(`open_stored`): `GET`, `cancel`, and a create that continues it (`previous_response_id`,
+`pinned_entry`). vLLM keeps responses only with `VLLM_ENABLE_RESPONSES_API_STORE=1`: its
+404 for an id is explained so (`app.routing.responses.not_stored`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from app.errors import (
     UpstreamError,
     WakeTimeout,
 )
+from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.backend import Backend
-from app.lifecycle.lease import WaitNotice
+from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
@@ -36,7 +40,7 @@ from app.routing.fallback_metrics import TokenCounter
 from app.routing.local import open_local
 from app.routing.registry import Registry, Route
 from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
-from app.routing.responses import ResponseIds, StoredAt, created_response_id
+from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
 from app.upstreams.vllm_load import BackendLoad
@@ -65,6 +69,11 @@ class Dispatcher:
         )
         self.response_ids = response_ids if response_ids is not None else ResponseIds()
         self.replicas = Replicas(backends, metrics.registry, load_of or (lambda _name: None))
+        self.adapters = {
+            name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
+            for name, b in backends.items()
+            if b.config.adapters
+        }
 
     def route(self, model: str) -> Route:
         route = self._registry.resolve(model)
@@ -83,12 +92,56 @@ class Dispatcher:
             exchange = await self._open_group(call.route.group, call, notice)
         else:
             exchange = await self._open_backend(call.route.backend, call, notice)
-        if call.api is Api.RESPONSES and exchange.response.status == 200:
+        self._explain_not_stored(call, exchange, None)
+        self._remember(call, exchange)
+        return exchange
+
+    def _remember(self, call: Call, exchange: Exchange) -> None:
+        """Remember the id of the response `exchange` creates, with the entry creating it."""
+        if call.api is Api.RESPONSES and call.method == "POST" and exchange.response.status == 200:
             created = created_response_id(exchange.response.first_chunk)
             if created is not None:
                 key = None if call.key is None else call.key.key.name
                 self.response_ids.remember(created, exchange.backend, call.route, key)
-        return exchange
+
+    def _explain_not_stored(self, call: Call, exchange: Exchange, response_id: str | None) -> None:
+        """A local vLLM's 404 for a stored response (a follow-up of `response_id`, or a
+        create naming `previous_response_id`) becomes `ResponseNotFound` saying the server
+        must keep responses (VLLM_ENABLE_RESPONSES_API_STORE=1); the id is forgotten."""
+        if exchange.response.status != 404 or exchange.backend not in self._backends:
+            return
+        error = not_stored(call, exchange.backend, exchange.response, response_id)
+        if error is None:
+            return
+        exchange.finish()
+        if response_id is not None:
+            self.response_ids.forget(response_id)
+        raise error
+
+    def is_local(self, entry: str) -> bool:
+        """Whether `entry` is a local backend (a vLLM server), not a cloud provider."""
+        return entry in self._backends
+
+    def pinned_entry(self, route: Route, response_id: str, key: str | None) -> str | None:
+        """Where a create continuing `response_id` (`previous_response_id`) must go: the
+        entry that created it, when that entry serves `route` (one of its members or of its
+        chain's entries); None: routed as usual (an id the gateway does not know, or made
+        with another model). `ResponseNotFound` for an id another client key created."""
+        stored = self.response_ids.lookup(response_id)
+        if stored is None:
+            return None
+        if stored.key is not None and stored.key != key:
+            raise ResponseNotFound(response_id)
+        if stored.entry in route.members:
+            return stored.entry
+        chain = self._chains.get(route.name)
+        if chain is None:
+            return None
+        backend = self._backends.get(stored.entry)
+        group = None if backend is None else backend.config.replica_of
+        if stored.entry in chain.entries or (group is not None and group in chain.entries):
+            return stored.entry
+        return None
 
     def can_serve(self, route: Route, api: Api) -> bool:
         """Whether the backend of `route`, or an entry of its chain, serves `api` as is."""
@@ -113,12 +166,16 @@ class Dispatcher:
             raise ResponseNotFound(response_id)
         return stored
 
-    async def open_stored(self, response_id: str, entry: str, call: Call) -> Exchange:
-        """Open a follow-up of the stored response `response_id` on the entry that created
-        it (a backend or a provider), bypassing routing. A delete that succeeds, or finds
-        the response gone, forgets the id."""
+    async def open_stored(
+        self, response_id: str, entry: str, call: Call, notice: Notice | None = None
+    ) -> Exchange:
+        """Open a follow-up of the stored response `response_id` (or a create continuing
+        it) on the entry that created it (a backend or a provider), bypassing routing. A
+        delete that succeeds, or finds the response gone, forgets the id; so does a local
+        vLLM's 404, explained (`_explain_not_stored`)."""
         if entry in self._backends:
-            exchange = await self._open_backend(entry, call, None)
+            on_wait = None if notice is None else notice.for_backend(entry)
+            exchange = await self._open_backend(entry, call, on_wait)
         else:
             provider = self._cloud.providers.get(entry) if self._cloud is not None else None
             if provider is None:  # the configuration changed since
@@ -128,6 +185,8 @@ class Dispatcher:
         status = exchange.response.status
         if call.method == "DELETE" and (200 <= status < 300 or status == 404):
             self.response_ids.forget(response_id)
+        self._explain_not_stored(call, exchange, response_id)
+        self._remember(call, exchange)
         return exchange
 
     async def _open_group(self, group: str, call: Call, notice: Notice | None) -> Exchange:
@@ -167,6 +226,7 @@ class Dispatcher:
             raise not_served(call, name, backend.config.apis)
         sent, answer = target
         lease = await backend.acquire(notice, priority=call.priority)
+        await self._with_adapter(backend, sent, lease)
         response = await open_local(backend, lease, sent, self._metrics.upstream_errors)
         relayed: Relayable = response
         if answer is not None:
@@ -179,6 +239,21 @@ class Dispatcher:
         return Exchange(
             call.route, backend.name, relayed, lease, tokens=self._tokens.get(backend.name)
         )
+
+    async def _with_adapter(self, backend: Backend, call: Call, lease: Lease) -> None:
+        """Load the LoRA adapter `call` names on `backend` unless it is loaded
+        (`app.lifecycle.adapters`); the lease is released if it cannot be."""
+        route = call.route
+        loaded = self.adapters.get(backend.name)
+        if route.adapter is None or loaded is None or call.payload.get("model") is None:
+            return
+        try:
+            await loaded.ensure(route.upstream_model, route.adapter, backend.adapters_epoch)
+        except BaseException as exc:
+            lease.release()
+            if isinstance(exc, UpstreamError):
+                self._metrics.upstream_errors.labels(backend.name, exc.kind).inc()
+            raise
 
     def record_stream_error(self, exchange: Exchange, exc: UpstreamError) -> None:
         if exchange.backend in self._backends:

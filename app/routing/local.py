@@ -51,7 +51,10 @@ def with_priority(backend: Backend, call: Call, body: bytes) -> bytes:
         or boundary_of(call.content_type) is not None
     ):
         return body
-    payload = {**call.payload, "model": backend.config.served_model}
+    model = call.route.upstream_model  # a LoRA adapter's own name; else the served id
+    if backend.name not in call.route.members:  # a chain's entry serving another model
+        model = backend.config.served_model
+    payload = {**call.payload, "model": model}
     return json_bytes({**payload, "priority": call.priority.vllm})
 
 

@@ -4,6 +4,10 @@ A name listed by the backends of one replica group (`replica_of:`) routes to all
 (`Route.replicas`); the dispatcher picks one per request (`app.routing.replicas`).
 `Route.backend` is then the group's first member: the name logs and wake notices use
 until a member is picked, and the one whose error a request gets when none can take it.
+
+A LoRA adapter (`adapters:`) is a name of its own: its route sends the adapter's name
+upstream (vLLM picks an adapter by `model`), with its path to load it (`Route.adapter`);
+its entry names the base model's served id as `parent`, as vLLM's `/v1/models` does.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class Route:
     upstream_model: str  # the backend's first model id, always what goes upstream
     replicas: tuple[str, ...] = ()  # a replica group's members listing the name, in order
     group: str | None = None  # the replica group (`replica_of`)
+    adapter: str | None = None  # a LoRA adapter's path (`upstream_model` is its name)
 
     @property
     def rewrites(self) -> bool:
@@ -40,6 +45,7 @@ class ModelEntry:
     is_alias: bool
     group: str | None = None
     replicas: tuple[str, ...] = ()
+    parent: str | None = None  # a LoRA adapter's base model (its served id)
 
 
 class Registry:
@@ -54,9 +60,11 @@ class Registry:
         owners: dict[str, list[str]] = {}
         kinds: dict[str, bool] = {}
         for backend, cfg in backends.items():
-            for name, is_alias in [(m, False) for m in cfg.models] + [
-                (a, True) for a in cfg.aliases
-            ]:
+            for name, is_alias in (
+                [(m, False) for m in cfg.models]
+                + [(a, True) for a in cfg.aliases]
+                + [(a, False) for a in cfg.adapters]
+            ):
                 found = owners.setdefault(name, [])
                 if backend in found:
                     raise ValueError(f"model name {name!r} is configured twice")
@@ -72,9 +80,13 @@ class Registry:
             first = backends[members[0]]
             group = first.replica_of
             replicas = tuple(members) if group is not None else ()
-            upstream = first.served_model
-            routes[name] = Route(name, members[0], upstream, replicas, group)
-            entries.append(ModelEntry(name, members[0], upstream, kinds[name], group, replicas))
+            path = first.adapters.get(name)
+            upstream = first.served_model if path is None else name
+            parent = None if path is None else first.served_model
+            routes[name] = Route(name, members[0], upstream, replicas, group, path)
+            entries.append(
+                ModelEntry(name, members[0], upstream, kinds[name], group, replicas, parent)
+            )
         return cls(routes, entries)
 
     def resolve(self, model: str) -> Route | None:

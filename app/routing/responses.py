@@ -8,10 +8,17 @@ so one key creating responses in a loop cannot push every other key's ids out (i
 without a key share one account). The id is read from the start of the answer: the `id`
 of a response object, or of the `response.created` event that opens a stream (OpenAI and
 vLLM both send it first).
+
+vLLM keeps responses only when the server runs with `VLLM_ENABLE_RESPONSES_API_STORE=1`
+(`vllm/envs.py`); without it `store` is silently ignored and every follow-up, and every
+create naming a `previous_response_id`, answers 404 `Response with id '<id>' not found.`
+(`vllm/entrypoints/openai/responses/serving.py` `_make_not_found_error`). `not_stored`
+turns that 404 into an error saying so.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import OrderedDict
@@ -19,10 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from app.errors import ResponseNotFound
+from app.routing.exchange import Call
 from app.routing.registry import Route
+from app.upstreams.http import Relayable
 
 _RESPONSE_ID: Final = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_\-.]{1,200})"')
 _SCAN_BYTES: Final = 64 * 1024
+_VLLM_NOT_FOUND: Final = "Response with id '"  # vLLM's message, as it starts
+STORE_ENV: Final = "VLLM_ENABLE_RESPONSES_API_STORE=1"
 
 
 def created_response_id(first_chunk: bytes) -> str | None:
@@ -95,3 +107,40 @@ class ResponseIds:
             if oldest.expires > now:
                 return
             self.forget(oldest_id)
+
+
+def not_stored(
+    call: Call, backend: str, answer: Relayable, response_id: str | None
+) -> ResponseNotFound | None:
+    """The error for a local vLLM's 404 `answer` to a call that needs a stored response
+    (a follow-up of `response_id`, or a create naming `previous_response_id`) when the
+    404 is vLLM's "Response with id ... not found"; None for any other answer."""
+    if response_id is None:
+        previous = call.payload.get("previous_response_id")
+        if call.method != "POST" or not isinstance(previous, str):
+            return None
+        response_id, param = previous, "previous_response_id"
+    else:
+        param = "response_id"
+    upstream = _error_message(answer) if answer.complete else None
+    if upstream is None or not upstream.startswith(_VLLM_NOT_FOUND):
+        return None
+    return ResponseNotFound(
+        response_id,
+        message=(
+            f"Backend '{backend}' does not hold the response '{response_id}' (it answered: "
+            f"{upstream[:300]}). vLLM keeps responses only when its server runs with "
+            f"{STORE_ENV} in its environment, and only in memory: a restart forgets them."
+        ),
+        param=param,
+    )
+
+
+def _error_message(answer: Relayable) -> str | None:
+    try:
+        body = json.loads(answer.first_chunk)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None

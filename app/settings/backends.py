@@ -23,6 +23,10 @@ from app.settings.endpoints import Api, MessagesMode, Runner, runner_apis
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
 
+# vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with it set to 1 or
+# true (vllm/envs.py; vllm/entrypoints/serve/lora/api_router.py).
+LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
 
 class TimeoutsConfig(StrictConfig):
     """Network waits of the data plane, and of the control calls to a local vLLM. Streams
@@ -158,6 +162,13 @@ class BackendConfig(StrictConfig):
     # a request for such a name goes to one of them (app/routing/replicas.py).
     replica_of: str | None = Field(default=None, min_length=1)
     role: str | None = None
+    # LoRA adapters: name -> path (vLLM's `lora_path`). Each name is a model name of its
+    # own (routes, key scopes, /v1/models with `parent`), sent upstream as is and loaded on
+    # first use with POST /v1/load_lora_adapter (the server needs --enable-lora and
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING=1). At most `max_loras` (vLLM's --max-loras,
+    # default 1) stay loaded: the least recently used is unloaded first.
+    adapters: dict[str, str] = Field(default_factory=dict)
+    max_loras: PositiveInt = 1
     # What it serves (app/settings/endpoints.py): vLLM's set for `runner`, unless listed.
     runner: Runner = "generate"
     endpoints: list[Api] | None = Field(default=None, min_length=1)
@@ -230,6 +241,14 @@ class BackendConfig(StrictConfig):
                 raise ValueError("names must be non-empty strings")
         return names
 
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, adapters: dict[str, str]) -> dict[str, str]:
+        for name, path in adapters.items():
+            if not name.strip() or not path.strip():
+                raise ValueError("adapter names and paths must be non-empty strings")
+        return adapters
+
     @model_validator(mode="before")
     @classmethod
     def _described_by_a_file(cls, data: Any) -> Any:
@@ -287,6 +306,9 @@ class BackendConfig(StrictConfig):
                 f"asleep_mib: {self.asleep_mib} is more than vram_mib: {self.vram_mib} "
                 "(what it keeps asleep is part of what it holds awake)"
             )
+        clash = sorted(set(self.adapters) & {*self.models, *self.aliases})
+        if clash:
+            raise ValueError(f"adapters: {', '.join(clash)} is also a model id or alias here")
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
         resolve(self.model_info, self.hf_config)  # a description must be usable
@@ -344,6 +366,26 @@ class BackendConfig(StrictConfig):
     @property
     def managed(self) -> bool:
         return self.runtime.kind != "external"
+
+    @property
+    def names(self) -> list[str]:
+        """Every model name it serves: its ids, aliases and LoRA adapters."""
+        return [*self.models, *self.aliases, *self.adapters]
+
+    def lora_warning(self) -> str | None:
+        """Why its adapters may not load, when its configuration shows it: a process
+        backend whose `env:` lacks VLLM_ALLOW_RUNTIME_LORA_UPDATING (vLLM registers
+        /v1/load_lora_adapter only with it; a container's environment is not seen here)."""
+        if not self.adapters or not isinstance(self.runtime, ProcessRuntimeConfig):
+            return None
+        value = self.runtime.env.get(LORA_ENV, "").strip().lower()
+        if value in ("1", "true"):
+            return None
+        return (
+            f"adapters: {', '.join(self.adapters)} are loaded at runtime, but runtime.env does "
+            f"not set {LORA_ENV}=1: vLLM then has no /v1/load_lora_adapter and requests for "
+            "them fail"
+        )
 
     @property
     def served_model(self) -> str:

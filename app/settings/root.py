@@ -191,7 +191,11 @@ class Settings(BaseSettings):
     def _unique_names(self) -> Settings:
         owner: dict[str, str] = {}
         for backend, cfg in self.backends.items():
-            for kind, names in (("models", cfg.models), ("aliases", cfg.aliases)):
+            for kind, names in (
+                ("models", cfg.models),
+                ("aliases", cfg.aliases),
+                ("adapters", list(cfg.adapters)),
+            ):
                 for name in names:
                     first = owner.get(name)
                     if first is not None and first != backend:
@@ -239,6 +243,11 @@ class Settings(BaseSettings):
                     f"upstream model id (models[0]): {cfg.served_model!r} here, "
                     f"{ref.served_model!r} on {other!r}"
                 )
+            if cfg.adapters != ref.adapters:
+                raise ValueError(
+                    f"backends.{backend}.adapters: replicas of {group!r} must serve the same "
+                    f"LoRA adapters (names and paths) as {other!r}"
+                )
             if cfg.apis != ref.apis:
                 raise ValueError(
                     f"backends.{backend}: replicas of {group!r} must serve the same APIs "
@@ -258,7 +267,7 @@ class Settings(BaseSettings):
         """Every model a key names exists, and every key's secret is there."""
         if self.client_keys is None:
             return self
-        known = {n for cfg in self.backends.values() for n in (*cfg.models, *cfg.aliases)}
+        known = {n for cfg in self.backends.values() for n in cfg.names}  # adapters too
         for name, key in self.client_keys.keys.items():
             for model in key.models or ():
                 if model not in known:

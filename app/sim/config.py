@@ -29,6 +29,9 @@ class FakeConfig:
     api_key: list[str] | None = None  # vLLM's --api-key (Bearer, /v1 /v2 /inference /cohere)
     disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json
     allow_runtime_lora: bool | None = None  # None: read VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    # Keep responses (`store`): None reads VLLM_ENABLE_RESPONSES_API_STORE when the app is
+    # built; off, like vLLM's default (`store` silently ignored, follow-ups 404).
+    responses_store: bool | None = None
     embedding_dim: int = 8
     fail_status: int | None = None
     fail_count: int | None = None

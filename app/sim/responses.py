@@ -16,6 +16,13 @@ as ``responses/api_router.py`` writes it (no ``[DONE]``). Errors as in ``serving
 unknown id -> 404 ``Response with id '<id>' not found.``; cancelling a finished
 (non-background) response -> 400 ``Cannot cancel a synchronous response.``.
 
+Like vLLM, responses are kept only when the server runs with
+``VLLM_ENABLE_RESPONSES_API_STORE=1`` (``vllm/envs.py``; ``FakeConfig.responses_store``):
+without it ``store`` is silently turned off (``serving.py`` ``create_responses``), so
+``GET``/``cancel`` of any id and a ``previous_response_id`` answer that 404, and
+``background`` with ``store`` is refused with vLLM's 400. With it, a
+``previous_response_id`` the store does not hold is the same 404.
+
 The text, token timing, faults and stats are the chat endpoint's (``app.sim.generation``):
 the seed is the last user message, ``instructions`` is a system message. As in vLLM a
 response that hit ``max_output_tokens`` is ``"incomplete"`` (``incomplete_details.reason``
@@ -91,9 +98,10 @@ class _Req:
 class ResponsesApi:
     """The Responses endpoints of one fake server (shares its state and generation)."""
 
-    def __init__(self, state: FakeState, gen: GenerationApi) -> None:
+    def __init__(self, state: FakeState, gen: GenerationApi, *, store: bool = False) -> None:
         self.state = state
         self.gen = gen
+        self.enable_store = store  # VLLM_ENABLE_RESPONSES_API_STORE
         self.store: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     # --- validation and bodies ---------------------------------------------------------------
@@ -119,8 +127,23 @@ class ResponsesApi:
         for key in ("stream", "store", "background"):
             if body.get(key) is not None and not isinstance(body[key], bool):
                 raise validation_error([key], "bool_type", "Input should be a valid boolean")
+        if body.get("store") is not False and body.get("background") and not self.enable_store:
+            raise ApiError(  # vllm/entrypoints/openai/responses/serving.py, verbatim
+                400,
+                "This vLLM engine does not support `store=True` and therefore does not "
+                "support the background mode. To enable these features, set the environment "
+                "variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+                param="background",
+            )
         if body.get("background"):
             raise ApiError(400, "background is not supported by the fake vLLM server.")
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            if not isinstance(previous, str):
+                msg = "Input should be a valid string"
+                raise validation_error(["previous_response_id"], "string_type", msg)
+            if previous not in self.store:  # never anything without the store
+                raise _not_found(previous)
         prompt_tokens, seed = chat_prompt(messages)
         max_len = state.config.max_model_len
         if prompt_tokens >= max_len:
@@ -162,7 +185,7 @@ class ResponsesApi:
             max_output_tokens=max_out,
             limited=limited,
             stream=body.get("stream") is True,
-            store=body.get("store") is not False,
+            store=self.enable_store and body.get("store") is not False,
             created=int(time.time()),
         )
 

@@ -5,8 +5,9 @@ Run ``python -m app.sim.vllm --port 8001 --model my-model``. It follows vLLM 0.3
 (``app.sim.routes``), without it every task's at once (a permissive mode for tests). It
 serves ``/health``, ``/version``, ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/v1/messages`` (+ ``/count_tokens``; ``app.sim.messages``),
-``/v1/responses`` (+ ``GET /v1/responses/{id}``,
-``POST /v1/responses/{id}/cancel``; ``app.sim.responses``), ``/tokenize``, ``/detokenize``,
+``/v1/responses`` (+ ``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``;
+``app.sim.responses``; kept only with ``VLLM_ENABLE_RESPONSES_API_STORE=1``, as vLLM),
+``/tokenize``, ``/detokenize``,
 ``/rerank`` (``/v1``, ``/v2``), ``/score`` (``/v1``), ``/pooling``, ``/classify``
 (``app.sim.pooling``), ``/v1/audio/transcriptions``, ``/v1/audio/translations``
 (``app.sim.audio``) and ``/metrics`` in vLLM's shapes, plus ``/v1/audio/speech`` in OpenAI's
@@ -358,7 +359,8 @@ def build_app(config: FakeConfig) -> web.Application:
     gen = GenerationApi(fake)
     if task in (None, "generate"):  # vllm/entrypoints/generate/api_router.py
         add("POST", "/v1/chat/completions", gen.chat_completions, json_only=True)
-        responses = ResponsesApi(fake, gen)  # vllm/entrypoints/openai/responses/api_router.py
+        store = _env_flag(config.responses_store, "VLLM_ENABLE_RESPONSES_API_STORE")
+        responses = ResponsesApi(fake, gen, store=store)  # .../openai/responses/api_router.py
         add("POST", "/v1/responses", responses.create, json_only=True)
         add("GET", "/v1/responses/{response_id}", responses.retrieve)
         add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)

@@ -10,6 +10,8 @@
   server instead. Parameters are query parameters, not a JSON body (but
   `/collective_rpc` takes one).
 - `load()`: `GET /metrics`, parsed by `app.upstreams.vllm_load`; raises only `ScrapeError`.
+- `load_lora_adapter(name, path)`, `unload_lora_adapter(name)`: vLLM's runtime LoRA
+  routes (only with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; `LoraError` otherwise).
 - `asleep_level()`: the level a sleeping server sleeps at, from the `vllm:engine_sleep_state`
   gauge of its `/metrics` (for a server found asleep at gateway start).
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 from app.upstreams.control_http import (
     AsyncClient,
@@ -77,6 +79,10 @@ class ControlError(Exception):
 
 class SleepUnsupported(ControlError):
     """The server does not offer sleep mode (no `VLLM_SERVER_DEV_MODE=1`)."""
+
+
+class LoraError(ControlError):
+    """A LoRA adapter could not be loaded or unloaded; the message says why."""
 
 
 class VllmClient:
@@ -228,6 +234,41 @@ class VllmClient:
                 want = "asleep" if sleeping else "awake"
                 raise ControlError(f"the server did not report {want} within {self._timeout_s:g}s")
             await asyncio.sleep(CONFIRM_POLL_S)
+
+    # -- LoRA adapters ------------------------------------------------------------------
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """`POST /v1/load_lora_adapter` (vllm/entrypoints/serve/lora/api_router.py; body
+        `LoadLoRAAdapterRequest`). `load_inplace`: a server that still lists the adapter
+        (its weights discarded by a level-2 sleep, or a gateway that restarted) loads it
+        again rather than answering 400 "has already been loaded"."""
+        body: dict[str, str | float] = {"lora_name": name, "lora_path": path}
+        await self._lora("/v1/load_lora_adapter", {**body, "load_inplace": True})
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """`POST /v1/unload_lora_adapter`; an adapter the server does not hold (404 "cannot
+        be found") counts as unloaded."""
+        await self._lora("/v1/unload_lora_adapter", {"lora_name": name}, gone_ok=True)
+
+    async def _lora(self, path: str, body: dict[str, Any], *, gone_ok: bool = False) -> None:
+        try:
+            response = await self._client.post(
+                self._base + path, json=body, headers=self._headers, timeout=self._timeout_s
+            )
+        except HTTPError as exc:
+            raise LoraError(f"POST {path}: {type(exc).__name__}: {exc}") from None
+        status = response.status_code
+        if status == 200:
+            return
+        text = response.text[:300]
+        if status == 404 and "detail" in text:  # the route is not there (FastAPI's 404)
+            raise LoraError(
+                f"POST {path} answered 404: the server does not offer runtime LoRA loading "
+                "(start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)"
+            )
+        if status == 404 and gone_ok:
+            return
+        raise LoraError(f"POST {path} answered {status}: {text}")
 
     # -- load -------------------------------------------------------------------------
 

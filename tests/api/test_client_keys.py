@@ -323,7 +323,7 @@ async def test_status_and_metrics_name_keys_but_never_their_secrets() -> None:
 
 async def test_a_stored_response_is_followed_up_only_by_the_key_that_made_it() -> None:
     keys = {"agents": {"key_env": "AGENTS_KEY"}, "batch": {"key_env": "BATCH_KEY"}}
-    async with two_models(keys) as (_, client):
+    async with two_models(keys, responses_store=True) as (_, client):
         created = await client(AGENTS).responses.create(model="orchestrator", input="hi")
         assert (await client(AGENTS).responses.retrieve(created.id)).id == created.id
         with pytest.raises(openai.NotFoundError):

@@ -18,7 +18,7 @@ async def test_one_key_creating_responses_cannot_evict_another_keys_ids(
     keys = {"batch": {"key_env": "BATCH_KEY"}, "family": {"key_env": "FAMILY_KEY"}}
     family = {"authorization": "Bearer sk-family-0123"}
     batch = {"authorization": f"Bearer {SECRET}"}
-    async with fake_vllm(models=["m"]) as fake:
+    async with fake_vllm(models=["m"], responses_store=True) as fake:
         settings = gateway_settings(
             {"b": {"url": fake.url, "models": ["m"]}},
             client_keys={"keys": keys},

@@ -66,12 +66,16 @@ def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 15) -> int:
 
 
 @contextlib.contextmanager
-def fake_vllm_process(model: str, *flags: str, port: int | None = None) -> Iterator[str]:
-    """A fake vLLM process; yields its base URL once /health answers."""
+def fake_vllm_process(
+    model: str, *flags: str, port: int | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """A fake vLLM process (`env` added to its environment); yields its base URL once
+    /health answers."""
     port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.sim.vllm", "--port", str(port), "--model", model, *flags],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

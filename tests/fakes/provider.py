@@ -105,7 +105,8 @@ class FakeProvider:
 async def fake_openai_provider(
     key: str, *, model: str = "cloud-model", **options: Any
 ) -> AsyncIterator[FakeProvider]:
-    app = build_app(FakeConfig(port=0, models=[model], **options))
+    # OpenAI's API keeps responses (`store` defaults to true): the fake's store is on.
+    app = build_app(FakeConfig(port=0, models=[model], **{"responses_store": True, **options}))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     provider: FakeProvider | None = None
     try:

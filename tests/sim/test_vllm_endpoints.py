@@ -21,7 +21,7 @@ MODELS = ["m1", "m2"]
 
 @pytest.fixture
 async def server() -> AsyncIterator[FakeVllmServer]:
-    async with FakeVllmServer(FakeConfig(port=0, models=MODELS)) as srv:
+    async with FakeVllmServer(FakeConfig(port=0, models=MODELS, responses_store=True)) as srv:
         yield srv
 
 
@@ -152,7 +152,7 @@ async def test_responses_stream_event_sequence(
 async def test_responses_store_retrieve_cancel() -> None:
     """vLLM 0.33's route set (vllm/entrypoints/openai/responses/api_router.py): no DELETE
     (405, as Starlette answers a known path), no input_items (404)."""
-    config = FakeConfig(port=0, models=MODELS, task="generate")
+    config = FakeConfig(port=0, models=MODELS, task="generate", responses_store=True)
     async with (
         FakeVllmServer(config) as server,
         httpx.AsyncClient(base_url=server.url, timeout=5) as client,
