@@ -11,6 +11,9 @@
   a time); a stop drains leases up to `drain_timeout_s` before stopping the runtime.
 - The I/O with the server (runtime, health, sleep mode) is `app.lifecycle.server.Server`'s;
   this module decides.
+- What it serves (`served`, `serves()`) and its `max_model_len` are learned from the
+  server each time it becomes ready (`learn()`: a start or wake, or an external server
+  found healthy), kept in `app.lifecycle.served.Served` and saved in the state file.
 - Its fields are written only here: other objects read them and change a backend through
   its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
 """
@@ -30,6 +33,7 @@ from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.queue import TicketQueue
+from app.lifecycle.served import LearnedRecords, Served
 from app.lifecycle.server import Server, StartFailed, exit_text
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
@@ -45,6 +49,7 @@ from app.metrics import Metrics
 from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig
+from app.settings.endpoints import Api
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
@@ -66,7 +71,9 @@ class Backend(Holding):
         wake_notice_s: float = 5.0,
         restart_backoff_s: float = RESTART_BACKOFF_S,
         events: EventLog | None = None,
+        learned: LearnedRecords | None = None,
     ) -> None:
+        """`learned`: where what its server said is remembered across restarts."""
         self.name = name
         self.config = config
         self.runtime = runtime
@@ -106,8 +113,51 @@ class Backend(Holding):
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
+        self._learned_records = learned
+        self._served = Served(config, None if learned is None else learned.get(name, config))
+        self._learn_due = True  # an external server: learn at the next health check passed
         metrics.declare_backend(name)
         metrics.set_backend_state(name, self.state)
+
+    # -- what it serves (app.lifecycle.served) -----------------------------------------
+
+    @property
+    def served(self) -> frozenset[Api]:
+        """The APIs requests may use on it: `endpoints:`, else what its server said, else
+        its `task:` or `runner:` (`Served`)."""
+        return self._served.apis
+
+    def serves(self, api: Api) -> bool:
+        return api in self._served.apis
+
+    @property
+    def serving(self) -> Served:
+        """Where `served` comes from, the routes and `max_model_len` learned."""
+        return self._served
+
+    @property
+    def max_model_len(self) -> int | None:
+        """Its server's `max_model_len` (None: not learned)."""
+        return self._served.max_model_len
+
+    async def learn(self) -> None:
+        """Ask the ready server what it serves and its `max_model_len`; remember it.
+        Never raises: a server that does not answer leaves what was known."""
+        learned = await self.server.learn(self.config.models)
+        if learned is None:
+            return
+        self._learn_due = False
+        if not self._served.learn(learned):
+            return
+        logger.info(
+            "learned what it serves backend=%s source=%s apis=%s max_model_len=%s",
+            self.name,
+            self._served.source,
+            ",".join(sorted(self._served.apis)),
+            learned.max_model_len,
+        )
+        if self._learned_records is not None:
+            self._learned_records.put(self.name, self.config, learned)
 
     @property
     def vram_mib(self) -> int | None:
@@ -253,6 +303,7 @@ class Backend(Holding):
                 level, self._asleep_level = self._asleep_level, None
                 await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
+            await self.learn()  # before it is ready: the first request is routed by it
             duration = time.monotonic() - began
             async with self._lock:
                 if self.state is not BackendState.STARTING:
@@ -489,7 +540,11 @@ class Backend(Holding):
                 await self._fail(f"its server exited with {code}{more}")
                 return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
-            await self.server.check_health()
+            healthy = await self.server.check_health()
+            if not healthy:
+                self._learn_due = True  # it may come back as another server
+            elif self._learn_due and self.state is BackendState.READY:
+                await self.learn()
 
     def _down_pinned(self) -> bool:
         """A pinned backend the watch starts again once its backoff has passed: it failed

@@ -19,6 +19,7 @@ from app.lifecycle.state import SleepOutcome, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+from app.upstreams.vllm_learned import Learned
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,10 @@ class Server:
         self.healthy, self.health_error = ok, error
         self._up_gauge.set(1 if ok else 0)
         return ok
+
+    async def learn(self, model_ids: list[str]) -> Learned | None:
+        """What the ready server serves and its `max_model_len` (None: it did not say)."""
+        return await self.vllm.learn(model_ids)
 
     async def exited(self) -> RuntimeStatus | None:
         """The runtime's status when the server has exited; None while it runs or when the

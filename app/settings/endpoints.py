@@ -1,12 +1,31 @@
-"""What a backend serves: the APIs the gateway routes, and vLLM's default for each runner.
+"""What a backend serves: the APIs the gateway routes, and vLLM's default for each runner
+and task.
 
-A backend's `endpoints:` lists APIs by these names; without it, `runner:` picks vLLM's
-set for that runner. vLLM registers a router only for the tasks its model supports
-(`vllm/entrypoints/openai/api_server.py`, `build_app`: generate -> chat, completions,
-responses; embed/classify/score -> the pooling routes; transcription -> audio), and
+What a backend serves is decided in this order (`app.lifecycle.served.Served`):
+1. `endpoints:`, when listed, always;
+2. else what the backend itself said it serves: the paths of its `GET /openapi.json`,
+   read when it becomes ready and remembered across gateway restarts (`API_PATHS` maps
+   them to these names);
+3. else, when vLLM's docs are off (`--disable-fastapi-docs`: no `/openapi.json`) or
+   before it was first ready, `task:` (`TASK_APIS`), or `runner:` (`RUNNER_APIS`).
+
+vLLM 0.33 registers its routers by the model's supported tasks
+(`vllm/entrypoints/launchers/api_server/routers.py`, `register_api_routers`): generate
+-> chat, completions, responses (`vllm/entrypoints/generate/api_router.py`);
+transcription -> audio (`vllm/entrypoints/speech_to_text/factories.py`); pooling by task
+(`vllm/entrypoints/pooling/factories.py`, `register_pooling_api_routers`): `/pooling` for
+any pooling task, `/classify` only for `classify`, `/v1/embeddings` only for `embed` (or
+`token_embed`), `/score` and `/rerank` only for `embed`/`token_embed` or a `classify`
+model with `num_labels == 1` (`vllm/entrypoints/pooling/utils.py`, `enable_scoring_api`);
 `/tokenize` and `/detokenize` for every model. A request for an API its backend does not
 serve is answered 404 `endpoint_not_served` by the gateway (or passed to the next entry
 of a fallback chain), never sent to an upstream that would 404 it.
+
+`runner:` takes vLLM's `--runner` values that serve requests (`generate`, `pooling`;
+vllm/config/model.py `RunnerOption`, vllm/config/scheduler.py `RunnerType`). A
+transcription-only model (Whisper) runs on vLLM's generate runner with the
+`transcription` task: `task: transcription`; the old `runner: transcription` is read as
+that, with a deprecation warning.
 
 `messages` (Anthropic's `/v1/messages`), `speech` and `images` are served by no vLLM
 runner by default: a backend that speaks them lists them. A backend without `messages`
@@ -15,6 +34,7 @@ still answers `/v1/messages`: the gateway translates to and from `chat`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Final, Literal
 
@@ -37,14 +57,36 @@ class Api(StrEnum):
     IMAGES = "images"  # /v1/images/generations, /v1/images/edits
 
 
-Runner = Literal["generate", "pooling", "transcription"]
+Runner = Literal["generate", "pooling"]
+# vLLM's supported tasks that serve requests (vllm/tasks.py `GenerationTask`, `PoolingTask`).
+Task = Literal["generate", "transcription", "embed", "classify", "token_embed", "token_classify"]
 
 _TOKENIZER: Final = frozenset({Api.TOKENIZE, Api.DETOKENIZE})
 RUNNER_APIS: Final[dict[str, frozenset[Api]]] = {
     "generate": _TOKENIZER | {Api.CHAT, Api.COMPLETIONS, Api.RESPONSES},
+    # Without `task:` a pooling model may be any of them: every pooling route.
     "pooling": _TOKENIZER | {Api.EMBEDDINGS, Api.POOLING, Api.CLASSIFY, Api.SCORE, Api.RERANK},
-    "transcription": _TOKENIZER | {Api.TRANSCRIPTIONS, Api.TRANSLATIONS},
 }
+_SCORING: Final = frozenset({Api.SCORE, Api.RERANK})
+TASK_APIS: Final[dict[str, frozenset[Api]]] = {
+    "generate": RUNNER_APIS["generate"],
+    "transcription": _TOKENIZER | {Api.TRANSCRIPTIONS, Api.TRANSLATIONS},
+    "embed": _TOKENIZER | {Api.EMBEDDINGS, Api.POOLING} | _SCORING,
+    "token_embed": _TOKENIZER | {Api.EMBEDDINGS, Api.POOLING} | _SCORING,
+    # `/score` and `/rerank` too only with `num_labels == 1` (a cross-encoder reranker):
+    # learned from its /openapi.json, or listed under `endpoints:`.
+    "classify": _TOKENIZER | {Api.CLASSIFY, Api.POOLING},
+    "token_classify": _TOKENIZER | {Api.POOLING},
+}
+TASK_RUNNER: Final[dict[str, Runner]] = {
+    "generate": "generate",
+    "transcription": "generate",
+    "embed": "pooling",
+    "token_embed": "pooling",
+    "classify": "pooling",
+    "token_classify": "pooling",
+}
+
 
 # What an OpenAI-compatible cloud provider is asked for (vLLM's own extras are not OpenAI's).
 OPENAI_PROVIDER_APIS: Final = frozenset(
@@ -61,3 +103,32 @@ OPENAI_PROVIDER_APIS: Final = frozenset(
 )
 # Anthropic's provider: chat (translated) and messages (passed through).
 ANTHROPIC_PROVIDER_APIS: Final = frozenset({Api.CHAT, Api.MESSAGES})
+
+
+# The paths of a vLLM `/openapi.json` that are these APIs (the rest: not routed by model).
+API_PATHS: Final[dict[str, Api]] = {
+    "/v1/chat/completions": Api.CHAT,
+    "/v1/completions": Api.COMPLETIONS,
+    "/v1/embeddings": Api.EMBEDDINGS,
+    "/v1/responses": Api.RESPONSES,
+    "/v1/messages": Api.MESSAGES,
+    "/tokenize": Api.TOKENIZE,
+    "/detokenize": Api.DETOKENIZE,
+    "/rerank": Api.RERANK,
+    "/v1/rerank": Api.RERANK,
+    "/v2/rerank": Api.RERANK,
+    "/score": Api.SCORE,
+    "/v1/score": Api.SCORE,
+    "/pooling": Api.POOLING,
+    "/classify": Api.CLASSIFY,
+    "/v1/audio/transcriptions": Api.TRANSCRIPTIONS,
+    "/v1/audio/translations": Api.TRANSLATIONS,
+    "/v1/audio/speech": Api.SPEECH,
+    "/v1/images/generations": Api.IMAGES,
+    "/v1/images/edits": Api.IMAGES,
+}
+
+
+def apis_of_paths(paths: Iterable[str]) -> frozenset[Api]:
+    """The APIs a server serves, from the paths its `/openapi.json` lists."""
+    return frozenset(API_PATHS[p] for p in paths if p in API_PATHS)
