@@ -10,10 +10,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from app.runtimes.base import Runtime
+from app.services import Seams
+from app.settings import BackendConfig
+from tests.fakes.processes import free_port
 from tests.fakes.provider import cloud_settings
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
+from tests.fakes.servers import (
+    FakeServer,
+    FakeVllmRuntime,
+    Gateway,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+)
 
 CLASSIFY = {"model": "bge", "input": "is this good?"}
 
@@ -29,20 +41,22 @@ def embedder(url: str, **fields: Any) -> dict[str, Any]:
 
 
 async def test_classify_to_an_embedder_is_404_from_the_gateway_not_sent() -> None:
-    async with fake_vllm(models=["bge"], task="embed") as fake:
-        async with gateway(gateway_settings({"embedder": embedder(fake.url)})) as gw:
-            response = await gw.client.post("/classify", json=CLASSIFY)
-            assert response.status_code == 404, response.text
-            error = response.json()["error"]
-            assert error["code"] == "endpoint_not_served"
-            assert "/classify (classify)" in error["message"]
-            assert (await fake.stats())["requests"] == []  # the fake never saw it
-            embeddings = await gw.client.post("/v1/embeddings", json=CLASSIFY)
-            assert embeddings.status_code == 200, embeddings.text
-            view = await backend_view(gw, "embedder")
-            assert view["apis_from"] == "openapi"
-            assert "classify" not in view["apis"]
-            assert "embeddings" in view["apis"]
+    async with (
+        fake_vllm(models=["bge"], task="embed") as fake,
+        gateway(gateway_settings({"embedder": embedder(fake.url)})) as gw,
+    ):
+        response = await gw.client.post("/classify", json=CLASSIFY)
+        assert response.status_code == 404, response.text
+        error = response.json()["error"]
+        assert error["code"] == "endpoint_not_served"
+        assert "/classify (classify)" in error["message"]
+        assert (await fake.stats())["requests"] == []  # the fake never saw it
+        embeddings = await gw.client.post("/v1/embeddings", json=CLASSIFY)
+        assert embeddings.status_code == 200, embeddings.text
+        view = await backend_view(gw, "embedder")
+        assert view["apis_from"] == "openapi"
+        assert "classify" not in view["apis"]
+        assert "embeddings" in view["apis"]
 
 
 async def test_a_chain_of_embedder_then_classifier_serves_classify_from_the_classifier(
@@ -156,20 +170,52 @@ async def stored_response(gw_client: Any, fake: FakeServer) -> str:
 
 
 async def test_response_follow_ups_vllm_lacks_are_refused_by_the_gateway() -> None:
-    async with fake_vllm(models=["chat"], task="generate", max_tokens=4) as fake:
-        async with gateway(gateway_settings({"gen": {"url": fake.url, "models": ["chat"]}})) as gw:
-            response_id = await stored_response(gw.client, fake)
-            deleted = await gw.client.delete(f"/v1/responses/{response_id}")
-            assert deleted.status_code == 405, deleted.text
-            assert deleted.json()["error"]["code"] == "method_not_allowed"
-            assert deleted.headers["allow"] == "GET"
-            items = await gw.client.get(f"/v1/responses/{response_id}/input_items")
-            assert items.status_code == 404, items.text
-            assert items.json()["error"]["code"] == "endpoint_not_served"
-            retrieved = await gw.client.get(f"/v1/responses/{response_id}")
-            assert retrieved.status_code == 200, retrieved.text
-            paths = [(r["method"], r["path"]) for r in (await fake.stats())["requests"]]
-            assert paths == [
-                ("POST", "/v1/responses"),
-                ("GET", f"/v1/responses/{response_id}"),
-            ]
+    async with (
+        fake_vllm(models=["chat"], task="generate", max_tokens=4) as fake,
+        gateway(gateway_settings({"gen": {"url": fake.url, "models": ["chat"]}})) as gw,
+    ):
+        response_id = await stored_response(gw.client, fake)
+        deleted = await gw.client.delete(f"/v1/responses/{response_id}")
+        assert deleted.status_code == 405, deleted.text
+        assert deleted.json()["error"]["code"] == "method_not_allowed"
+        assert deleted.headers["allow"] == "GET"
+        items = await gw.client.get(f"/v1/responses/{response_id}/input_items")
+        assert items.status_code == 404, items.text
+        assert items.json()["error"]["code"] == "endpoint_not_served"
+        retrieved = await gw.client.get(f"/v1/responses/{response_id}")
+        assert retrieved.status_code == 200, retrieved.text
+        paths = [(r["method"], r["path"]) for r in (await fake.stats())["requests"]]
+        assert paths == [
+            ("POST", "/v1/responses"),
+            ("GET", f"/v1/responses/{response_id}"),
+        ]
+
+
+async def test_a_lazy_backend_woken_for_what_it_does_not_serve_is_404_unsent(
+    tmp_path: Path,
+) -> None:
+    """Never started before (nothing saved): routed by `runner: pooling`, which claims
+    /classify; the wake learns it is an embedder, and the request is refused, not sent."""
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["bge"], task="embed")
+    lazy = embedder(
+        f"http://127.0.0.1:{port}",
+        runtime={"kind": "process", "command": ["unused: the test's runtime runs it"]},
+        lifecycle="lazy",
+        vram_mib=1000,
+    )
+
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtime
+
+    settings = gateway_settings({"embedder": lazy}, state_dir=tmp_path)
+    async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+        assert (await backend_view(gw, "embedder"))["apis_from"] == "runner"
+        response = await gw.client.post("/classify", json=CLASSIFY)
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "endpoint_not_served"
+        assert runtime.starts == 1
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as fake:
+            sent = (await fake.get("/_fake/stats")).json()["requests"]
+        assert "/classify" not in [r["path"] for r in sent]
+        assert (await backend_view(gw, "embedder"))["apis_from"] == "openapi"

@@ -52,7 +52,8 @@ async def test_chat_asking_more_than_the_context_is_lowered_and_said(
 
 async def test_a_limit_that_fits_is_sent_byte_for_byte() -> None:
     async with world() as (gw, fake):
-        raw = b'{"model": "qwen", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8192}'
+        raw = b'{"model": "qwen", "messages": [{"role": "user", "content": "hi"}], '
+        raw += b'"max_tokens": 8192}'
         response = await gw.client.post(
             "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
         )
@@ -107,11 +108,12 @@ async def test_messages_asking_more_than_the_context_are_lowered_and_said(stream
         assert response.headers[HEADER] == "32000->8192"
         sent = await last_body(fake)
         limits = {k: v for k, v in sent.items() if k in ("max_tokens", "max_completion_tokens")}
-        assert limits and set(limits.values()) == {8192}
+        assert limits
+        assert set(limits.values()) == {8192}
 
 
 async def test_messages_with_the_opt_out_get_the_400_in_anthropics_envelope() -> None:
-    async with world(lower_max_tokens=False) as (gw, fake):
+    async with world(lower_max_tokens=False) as (gw, _fake):
         response = await gw.client.post(
             "/v1/messages", json=MESSAGES, headers={"anthropic-version": "2023-06-01"}
         )
