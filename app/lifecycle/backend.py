@@ -303,7 +303,10 @@ class Backend(Holding):
                 level, self._asleep_level = self._asleep_level, None
                 await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
-            await self.learn()  # before it is ready: the first request is routed by it
+            if not wake or self._served.learned is None:
+                # Before it is ready: the first request is routed by it. A wake brings back
+                # the same server (its routes and max_model_len are those it said before).
+                await self.learn()
             duration = time.monotonic() - began
             async with self._lock:
                 if self.state is not BackendState.STARTING:

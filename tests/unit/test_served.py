@@ -80,6 +80,7 @@ def test_an_openapi_document_gives_routes_and_apis() -> None:
     assert learned.methods_of("/v1/responses/resp_1") == ["GET"]
     assert Learned(None, None).serves_route("GET", "/x") is None
     assert Learned.from_json(learned.to_json()) == learned
+    junk: object
     for junk in ({"routes": [["GET"]]}, {"routes": None, "max_model_len": True}, [], "x"):
         assert Learned.from_json(junk) is None
 
@@ -110,12 +111,14 @@ def test_endpoints_then_learned_then_task_then_runner() -> None:
     assert Served(config(task="embed")).apis == TASK_APIS["embed"]
     served = Served(config(task="classify"))
     assert served.learn(embed_routes) is True
-    assert (served.source, served.apis) == ("openapi", {Api.EMBEDDINGS, Api.POOLING})
+    assert served.source == "openapi"
+    assert served.apis == {Api.EMBEDDINGS, Api.POOLING}
     assert served.learn(embed_routes) is False
     docs_off = Served(config(task="embed"), Learned(None, 512))
     assert (docs_off.source, docs_off.max_model_len) == ("task", 512)
     listed = Served(config(endpoints=["classify"]), embed_routes)
-    assert (listed.source, listed.apis) == ("endpoints", {Api.CLASSIFY})
+    assert listed.source == "endpoints"
+    assert listed.apis == {Api.CLASSIFY}
 
 
 def test_learned_is_saved_for_its_url_and_model(tmp_path: Path) -> None:
