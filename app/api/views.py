@@ -44,9 +44,9 @@ def backend_view(backend: Backend) -> Json:
         "replica_of": cfg.replica_of,  # its replica group (None: not a replica)
         # What requests may use it for: endpoints:, else what its server's /openapi.json
         # listed, else its task: or runner: (`apis_from`), and its learned max_model_len.
-        "apis": sorted(backend.served),
+        "apis": sorted(backend.serving.apis),
         "apis_from": backend.serving.source,
-        "max_model_len": backend.max_model_len,
+        "max_model_len": backend.serving.max_model_len,
         "runtime": backend.runtime.describe(),
         "runtime_detail": backend.runtime_detail,
         "priority": cfg.priority,

@@ -11,9 +11,7 @@
   a time); a stop drains leases up to `drain_timeout_s` before stopping the runtime.
 - The I/O with the server (runtime, health, sleep mode) is `app.lifecycle.server.Server`'s;
   this module decides.
-- What it serves (`served`, `serves()`) and its `max_model_len` are learned from the
-  server each time it becomes ready (`learn()`: a start or wake, or an external server
-  found healthy), kept in `app.lifecycle.served.Served` and saved in the state file.
+- What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
 - Its fields are written only here: other objects read them and change a backend through
   its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
 """
@@ -49,7 +47,6 @@ from app.metrics import Metrics
 from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig
-from app.settings.endpoints import Api
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
@@ -71,9 +68,8 @@ class Backend(Holding):
         wake_notice_s: float = 5.0,
         restart_backoff_s: float = RESTART_BACKOFF_S,
         events: EventLog | None = None,
-        learned: LearnedRecords | None = None,
+        learned: LearnedRecords | None = None,  # what its servers said, kept across restarts
     ) -> None:
-        """`learned`: where what its server said is remembered across restarts."""
         self.name = name
         self.config = config
         self.runtime = runtime
@@ -113,51 +109,20 @@ class Backend(Holding):
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
-        self._learned_records = learned
-        self._served = Served(config, None if learned is None else learned.get(name, config))
+        self._served = Served(config, name=name, records=learned)
         self._learn_due = True  # an external server: learn at the next health check passed
         metrics.declare_backend(name)
         metrics.set_backend_state(name, self.state)
 
-    # -- what it serves (app.lifecycle.served) -----------------------------------------
-
-    @property
-    def served(self) -> frozenset[Api]:
-        """The APIs requests may use on it: `endpoints:`, else what its server said, else
-        its `task:` or `runner:` (`Served`)."""
-        return self._served.apis
-
-    def serves(self, api: Api) -> bool:
-        return api in self._served.apis
-
     @property
     def serving(self) -> Served:
-        """Where `served` comes from, the routes and `max_model_len` learned."""
+        """What it serves and its `max_model_len`: configured, or learned from its server."""
         return self._served
 
-    @property
-    def max_model_len(self) -> int | None:
-        """Its server's `max_model_len` (None: not learned)."""
-        return self._served.max_model_len
-
     async def learn(self) -> None:
-        """Ask the ready server what it serves and its `max_model_len`; remember it.
-        Never raises: a server that does not answer leaves what was known."""
-        learned = await self.server.learn(self.config.models)
-        if learned is None:
-            return
-        self._learn_due = False
-        if not self._served.learn(learned):
-            return
-        logger.info(
-            "learned what it serves backend=%s source=%s apis=%s max_model_len=%s",
-            self.name,
-            self._served.source,
-            ",".join(sorted(self._served.apis)),
-            learned.max_model_len,
-        )
-        if self._learned_records is not None:
-            self._learned_records.put(self.name, self.config, learned)
+        """Ask the ready server what it serves (`serving`); never raises."""
+        if await self.server.learn(self.config.models, self._served):
+            self._learn_due = False
 
     @property
     def vram_mib(self) -> int | None:
@@ -303,10 +268,8 @@ class Backend(Holding):
                 level, self._asleep_level = self._asleep_level, None
                 await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
-            if not wake or self._served.learned is None:
-                # Before it is ready: the first request is routed by it. A wake brings back
-                # the same server (its routes and max_model_len are those it said before).
-                await self.learn()
+            if not wake or self._served.learned is None:  # a wake: the same server as before
+                await self.learn()  # before it is ready: the first request is routed by it
             duration = time.monotonic() - began
             async with self._lock:
                 if self.state is not BackendState.STARTING:
@@ -544,9 +507,8 @@ class Backend(Holding):
                 return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
             healthy = await self.server.check_health()
-            if not healthy:
-                self._learn_due = True  # it may come back as another server
-            elif self._learn_due and self.state is BackendState.READY:
+            self._learn_due = self._learn_due or not healthy  # back as another server?
+            if healthy and self._learn_due and self.state is BackendState.READY:
                 await self.learn()
 
     def _down_pinned(self) -> bool:

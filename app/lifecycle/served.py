@@ -1,7 +1,7 @@
 """What a backend serves, and how long a request it takes: configured, or learned from the
 server when it becomes ready, remembered across gateway restarts.
 
-`Served.apis` is the one answer the data plane asks (`Backend.served`), in this order
+`Served.apis` is the one answer the data plane asks (`Backend.serving`), in this order
 (`app.settings.endpoints`): `endpoints:` when listed; else the APIs of the routes the
 server's `/openapi.json` listed (`Learned.routes`); else vLLM's set for `task:`, else for
 `runner:`. `max_model_len` is the server's, from its `/v1/models`; None until learned.
@@ -29,12 +29,24 @@ Source = Literal["endpoints", "openapi", "task", "runner"]
 
 
 class Served:
-    """One backend's answer to "what does it serve" (see the module docstring)."""
+    """One backend's answer to "what does it serve" (see the module docstring). `name`
+    and `records`: where what its server says is saved, and read back at start."""
 
-    __slots__ = ("_config", "apis", "learned", "source")
+    __slots__ = ("_config", "_name", "_records", "apis", "learned", "source")
 
-    def __init__(self, config: BackendConfig, learned: Learned | None = None) -> None:
+    def __init__(
+        self,
+        config: BackendConfig,
+        learned: Learned | None = None,
+        *,
+        name: str = "",
+        records: LearnedRecords | None = None,
+    ) -> None:
         self._config = config
+        self._name = name
+        self._records = records
+        if learned is None and records is not None:
+            learned = records.get(name, config)
         self.learned = learned
         self.apis, self.source = self._resolve()
 
@@ -47,6 +59,16 @@ class Served:
             return apis_of_paths(paths), "openapi"
         return config.apis, "task" if config.task is not None else "runner"
 
+    def take(self, learned: Learned) -> None:
+        """What its server just said: kept, logged and saved when it changed anything."""
+        if not self.learn(learned):
+            return
+        logger.info("learned what it serves backend=%s source=%s apis=%s max_model_len=%s",
+                    self._name, self.source, ",".join(sorted(self.apis)),
+                    learned.max_model_len)  # fmt: skip
+        if self._records is not None:
+            self._records.put(self._name, self._config, learned)
+
     def learn(self, learned: Learned) -> bool:
         """Take what the server said; True when it changed anything."""
         if learned == self.learned:
@@ -54,6 +76,9 @@ class Served:
         self.learned = learned
         self.apis, self.source = self._resolve()
         return True
+
+    def serves(self, api: Api) -> bool:
+        return api in self.apis
 
     @property
     def max_model_len(self) -> int | None:

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from app.lifecycle.served import Served
 from app.lifecycle.state import SleepOutcome, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
-from app.upstreams.vllm_learned import Learned
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,14 @@ class Server:
         self._up_gauge.set(1 if ok else 0)
         return ok
 
-    async def learn(self, model_ids: list[str]) -> Learned | None:
-        """What the ready server serves and its `max_model_len` (None: it did not say)."""
-        return await self.vllm.learn(model_ids)
+    async def learn(self, model_ids: list[str], served: Served) -> bool:
+        """Ask the ready server what it serves and its `max_model_len`, into `served`;
+        False when it did not answer (what was known stays). Never raises."""
+        learned = await self.vllm.learn(model_ids)
+        if learned is None:
+            return False
+        served.take(learned)
+        return True
 
     async def exited(self) -> RuntimeStatus | None:
         """The runtime's status when the server has exited; None while it runs or when the

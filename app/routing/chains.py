@@ -246,7 +246,7 @@ class ChainCall:
         except BaseException:
             cloud.release(entry, permit)
             raise
-        target = self._call.for_target(backend.serves)
+        target = self._call.for_target(backend.serving.serves)
         if target is None:  # its server said, as it woke, that it does not serve it
             lease.release()
             cloud.release(entry, permit)

@@ -112,7 +112,7 @@ class Cloud:
         self.chains = {c.key: c for c in self.chain_by_model.values()}
         self.missing_keys = missing_keys
         # A provider's (or a backend's not built: its configuration's); a backend serves what
-        # it says (`Backend.served`, learned from its server).
+        # it says (`Backend.serving`, learned from its server).
         self.apis = (
             dict(apis)
             if apis is not None
@@ -152,13 +152,13 @@ class Cloud:
         return found
 
     def served_by(self, entry: str) -> frozenset[Api]:
-        """What `entry` serves: a provider's APIs, a backend's (`Backend.served`), a replica
+        """What `entry` serves: a provider's APIs, a backend's (`Backend.serving`), a replica
         group's first member's (its members serve the same)."""
         members = self.groups.get(entry)
         name = members[0] if members else entry
         backend = self.backends.get(name)
         if backend is not None:
-            return backend.served
+            return backend.serving.apis
         return self.apis.get(name, frozenset())
 
     def serves(self, entry: str, api: Api) -> bool:

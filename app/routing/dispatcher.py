@@ -4,7 +4,7 @@ The dispatcher decides where a request goes: a model with a fallback chain is wa
 `app.routing.chains.ChainCall`; any other goes to its backend. Both open a local backend
 through `app.routing.local.open_local` and return the same `Exchange`.
 
-A backend takes only the APIs it serves (`Backend.served`: `endpoints:`, else what its
+A backend takes only the APIs it serves (`Backend.serving`: `endpoints:`, else what its
 server's /openapi.json listed, else its task's or runner's set): a call it cannot take as
 is nor translated is refused 404 `endpoint_not_served` before anything is woken, and again
 after a wake when the server said then that it does not serve it. A follow-up of a stored
@@ -101,7 +101,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return any(self._cloud.serves(entry, api) for entry in chain.entries)
-        return self._backends[route.backend].serves(api)
+        return self._backends[route.backend].serving.serves(api)
 
     def stored_response(self, response_id: str, key: str | None = None) -> StoredAt:
         """Where a response created through the gateway lives; `ResponseNotFound` if unknown
@@ -163,13 +163,13 @@ class Dispatcher:
 
     async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:
         backend = self._backends[name]
-        if call.for_target(backend.serves) is None:
-            raise not_served(call, name, backend.served)
+        if call.for_target(backend.serving.serves) is None:
+            raise not_served(call, name, backend.serving.apis)
         lease = await backend.acquire(notice, priority=call.priority)
-        target = call.for_target(backend.serves)  # its server may have said more as it woke
+        target = call.for_target(backend.serving.serves)  # its server spoke as it woke
         if target is None:
             lease.release()
-            raise not_served(call, name, backend.served)
+            raise not_served(call, name, backend.serving.apis)
         sent, answer = target
         response, added = await open_local(backend, lease, sent, self._metrics.upstream_errors)
         relayed: Relayable = response

@@ -88,7 +88,7 @@ def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes 
 
 def _lowered(backend: Backend, call: Call, update: dict[str, Any]) -> bytes | None:
     """Put the lowered token limits in `update`; the header value for the first one."""
-    limit = backend.max_model_len
+    limit = backend.serving.max_model_len
     fields = TOKEN_FIELDS.get(call.path)
     if limit is None or fields is None or not backend.config.lower_max_tokens:
         return None

@@ -358,7 +358,7 @@ class BackendConfig(StrictConfig):
     def apis(self) -> frozenset[Api]:
         """The APIs requests may use on this backend as configured: `endpoints:`, else
         vLLM's set for `task:`, else for `runner:`. What it serves once the server said so
-        is `Backend.served` (app/lifecycle/served.py), which only `endpoints:` overrides."""
+        is `Backend.serving` (app/lifecycle/served.py), which only `endpoints:` overrides."""
         if self.endpoints is not None:
             return frozenset(self.endpoints)
         if self.task is not None:
