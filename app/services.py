@@ -34,6 +34,7 @@ from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
+from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
@@ -130,6 +131,7 @@ class Services:
         # started survive restarts here.
         self.store = StateStore(settings.state_dir, metrics=metrics, on_change=self.events.changed)
         self._processes = ProcessRecords(self.store)
+        self._learned = LearnedRecords(self.store)  # what each server said it serves
         gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
         arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
@@ -218,6 +220,7 @@ class Services:
             admission=arbiters[config.host_name] if config.gpus_accounted else Unchecked(),
             wake_notice_s=self.settings.wake_notice_s,
             events=self.events,
+            learned=self._learned,
         )
 
     def _build_arbiter(self, host: str, gpu: GpuConfig, seams: Seams) -> VramArbiter:

@@ -42,6 +42,7 @@ from app.jsonwire import sse_data
 from app.lifecycle.lease import WaitNotice
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
+from app.routing.local import LOWERED_HEADER
 from app.settings.endpoints import Api
 from app.tasks import OpenRelays
 from app.upstreams.usage import UsageStripper
@@ -216,8 +217,9 @@ class RelayResponse(Response):
         """The status line is already sent (200, event stream): relay a stream as is,
         turn anything else into one in-band error event."""
         upstream = exchange.response
-        if exchange.headers:
-            await send(_body(_route_comment(exchange.headers), more=True))
+        comment = _route_comment(exchange.headers or [])
+        if comment:
+            await send(_body(comment, more=True))
         if upstream.status == 200 and upstream.is_event_stream:
             await self._relay_body(exchange, send, watch, sse=True)
             return
@@ -304,11 +306,18 @@ def _body(data: bytes, *, more: bool) -> Message:
 
 
 def _route_comment(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The chain's headers as one SSE comment, for a stream whose headers are already out."""
+    """The gateway's headers (a chain's route, a lowered `max_tokens`) as one SSE comment,
+    for a stream whose headers are already out; empty when there are none."""
     fields = dict(headers)
-    route = fields.get(b"x-microscheduler-route", b"-")
-    fallbacks = fields.get(b"x-microscheduler-fallbacks", b"0")
-    return b": route " + route + b"; fallbacks " + fallbacks + b"\n\n"
+    lines = b""
+    route = fields.get(b"x-microscheduler-route")
+    if route is not None:
+        fallbacks = fields.get(b"x-microscheduler-fallbacks", b"0")
+        lines += b": route " + route + b"; fallbacks " + fallbacks + b"\n"
+    lowered = fields.get(LOWERED_HEADER)
+    if lowered is not None:
+        lines += b": max-tokens-lowered " + lowered + b"\n"
+    return lines + b"\n" if lines else b""
 
 
 def _error_event(err: GatewayError, last_chunk: bytes) -> bytes:

@@ -42,7 +42,11 @@ def backend_view(backend: Backend) -> Json:
         "starting": backend.start_progress(),  # while starting: what it waits for
         "lifecycle": cfg.lifecycle,
         "replica_of": cfg.replica_of,  # its replica group (None: not a replica)
-        "apis": sorted(cfg.apis),  # what requests may use it for (endpoints: / runner:)
+        # What requests may use it for: endpoints:, else what its server's /openapi.json
+        # listed, else its task: or runner: (`apis_from`), and its learned max_model_len.
+        "apis": sorted(backend.serving.apis),
+        "apis_from": backend.serving.source,
+        "max_model_len": backend.serving.max_model_len,
         "runtime": backend.runtime.describe(),
         "runtime_detail": backend.runtime_detail,
         "priority": cfg.priority,

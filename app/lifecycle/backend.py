@@ -11,6 +11,7 @@
   a time); a stop drains leases up to `drain_timeout_s` before stopping the runtime.
 - The I/O with the server (runtime, health, sleep mode) is `app.lifecycle.server.Server`'s;
   this module decides.
+- What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
 - Its fields are written only here: other objects read them and change a backend through
   its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
 """
@@ -30,6 +31,7 @@ from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.queue import TicketQueue
+from app.lifecycle.served import LearnedRecords, Served
 from app.lifecycle.server import Server, StartFailed, exit_text
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
@@ -66,6 +68,7 @@ class Backend(Holding):
         wake_notice_s: float = 5.0,
         restart_backoff_s: float = RESTART_BACKOFF_S,
         events: EventLog | None = None,
+        learned: LearnedRecords | None = None,  # what its servers said, kept across restarts
     ) -> None:
         self.name = name
         self.config = config
@@ -109,8 +112,20 @@ class Backend(Holding):
         self._lock = asyncio.Lock()
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
+        self._served = Served(config, name=name, records=learned)
+        self._learn_due = True  # an external server: learn at the next health check passed
         metrics.declare_backend(name)
         metrics.set_backend_state(name, self.state)
+
+    @property
+    def serving(self) -> Served:
+        """What it serves and its `max_model_len`: configured, or learned from its server."""
+        return self._served
+
+    async def learn(self) -> None:
+        """Ask the ready server what it serves (`serving`); never raises."""
+        if await self.server.learn(self.config.models, self._served):
+            self._learn_due = False
 
     @property
     def vram_mib(self) -> int | None:
@@ -256,6 +271,8 @@ class Backend(Holding):
                 level, self._asleep_level = self._asleep_level, None
                 await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
+            if not wake or self._served.learned is None:  # a wake: the same server as before
+                await self.learn()  # before it is ready: the first request is routed by it
             duration = time.monotonic() - began
             async with self._lock:
                 if self.state is not BackendState.STARTING:
@@ -492,7 +509,10 @@ class Backend(Holding):
                 await self._fail(f"its server exited with {code}{more}")
                 return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
-            await self.server.check_health()
+            healthy = await self.server.check_health()
+            self._learn_due = self._learn_due or not healthy  # back as another server?
+            if healthy and self._learn_due and self.state is BackendState.READY:
+                await self.learn()
 
     def _down_pinned(self) -> bool:
         """A pinned backend the watch starts again once its backoff has passed: it failed

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from app.lifecycle.served import Served
 from app.lifecycle.state import SleepOutcome, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
@@ -57,6 +58,15 @@ class Server:
         self.healthy, self.health_error = ok, error
         self._up_gauge.set(1 if ok else 0)
         return ok
+
+    async def learn(self, model_ids: list[str], served: Served) -> bool:
+        """Ask the ready server what it serves and its `max_model_len`, into `served`;
+        False when it did not answer (what was known stays). Never raises."""
+        learned = await self.vllm.learn(model_ids)
+        if learned is None:
+            return False
+        served.take(learned)
+        return True
 
     async def exited(self) -> RuntimeStatus | None:
         """The runtime's status when the server has exited; None while it runs or when the

@@ -10,7 +10,8 @@ it stops.
   already run (they outlived an earlier gateway) are adopted without an admission check,
   or stopped when a hold or the profile blocks them (a server the yield put to sleep stays
   asleep); pinned ones that do not run are started; lazy ones wait for their first request.
-- Loops, each a named task: the health watch (every `health_interval_s`), the reaper (idle
+- Loops, each a named task: the health watch (every `health_interval_s`; an external
+  server found healthy is asked what it serves, `Backend.learn`), the reaper (idle
   lazy backends, expired zones and yield, every `reaper_interval_s`), the vLLM `/metrics`
   scrape and the GPU poll of each host (every `gpu.poll_interval_s`).
 - `close()`: cancels the loops and bring-ups, stops the backends the gateway runs itself
@@ -71,6 +72,9 @@ class Supervisor:
         # cancelled), within LOOP_STOP_S; stragglers are cancelled.
         self._stopping = asyncio.Event()
         self._gpu_polls: list[asyncio.Task[None]] = []
+        # Set when the first round of the health watch is done: external servers that
+        # answered have said what they serve (`Backend.learn`) by then.
+        self.watched = asyncio.Event()
 
     # -- footprints ---------------------------------------------------------------------
 
@@ -186,6 +190,7 @@ class Supervisor:
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.gather(*(b.watch() for b in self._backends.values()))
+            self.watched.set()
             if not await self._pause(self._settings.health_interval_s):
                 return
 

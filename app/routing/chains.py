@@ -246,8 +246,11 @@ class ChainCall:
         except BaseException:
             cloud.release(entry, permit)
             raise
-        target = self._call.for_target(backend.config.apis.__contains__)
-        assert target is not None  # excluded otherwise (Cloud.excluded)
+        target = self._call.for_target(backend.serving.serves)
+        if target is None:  # its server said, as it woke, that it does not serve it
+            lease.release()
+            cloud.release(entry, permit)
+            return Passed(name, R.UNSUPPORTED_ENDPOINT)
         sent, answer = target
         if name == self._call.route.backend:
             body = sent.body
@@ -257,7 +260,7 @@ class ChainCall:
         first_byte = first_byte_timeout(budget, cloud.clock(), own)
         self._attempts += 1
         try:
-            response = await open_local(
+            response, added = await open_local(
                 backend, lease, sent, cloud.upstream_errors, body=body, first_byte_s=first_byte
             )
         except UpstreamError as err:  # counted, and the lease released, by open_local
@@ -285,7 +288,7 @@ class ChainCall:
             name,
             relayed,
             lease,
-            headers=self._answer_headers(name),
+            headers=self._answer_headers(name) + added,
             tokens=cloud.metrics.token_counter(name),
             hooks=hooks,
         )
@@ -390,7 +393,7 @@ class ChainCall:
         a single backend gives (a 503 would have the client retry what never works)."""
         cloud, call = self._cloud, self._call
         served = "; ".join(
-            f"{e} serves {', '.join(sorted(cloud.apis.get(e, frozenset()))) or 'nothing'}"
+            f"{e} serves {', '.join(sorted(cloud.served_by(e))) or 'nothing'}"
             for e in self._chain.entries
         )
         wanted = " or ".join(str(api) for api in apis)

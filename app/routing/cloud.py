@@ -111,14 +111,13 @@ class Cloud:
         self.chain_by_model = dict(chain_by_model)
         self.chains = {c.key: c for c in self.chain_by_model.values()}
         self.missing_keys = missing_keys
+        # A provider's (or a backend's not built: its configuration's); a backend serves what
+        # it says (`Backend.serving`, learned from its server).
         self.apis = (
             dict(apis)
             if apis is not None
-            else {name: b.config.apis for name, b in backends.items()}
-            | {name: frozenset(a for a in Api if p.supports(a)) for name, p in providers.items()}
+            else {name: frozenset(a for a in Api if p.supports(a)) for name, p in providers.items()}
         )
-        for group, members in self.groups.items():  # its members serve the same APIs
-            self.apis.setdefault(group, self.apis.get(members[0], frozenset()))
         self.clock = clock  # monotonic seconds; tests move it to age circuits
         self.on_event = on_event  # on_event(kind, **fields); set it any time
         self.upstream_errors = metrics.upstream_errors
@@ -135,29 +134,35 @@ class Cloud:
             chains={key: chain.entries for key, chain in config.chains.items()},
             circuit_open={e: self._open_reader(self.circuits.get(e)) for e in entries},
         )
-        self._excluded: dict[tuple[str, tuple[Api, ...]], dict[str, FallbackReason]] = {}
         self._fallback_seen: dict[tuple[str, str, str, FallbackReason], tuple[float, int]] = {}
 
     def _open_reader(self, circuit: Circuit) -> Callable[[], float]:
         return lambda: 1.0 if circuit.state(self.clock()) is CircuitState.OPEN else 0.0
 
     def excluded(self, chain: Chain, apis: tuple[Api, ...]) -> dict[str, FallbackReason]:
-        """Entries of `chain` ruled out by the configuration for a call that any of `apis`
-        can serve (its own, then its translation), with the reason."""
-        key = (chain.key, apis)
-        found = self._excluded.get(key)
-        if found is None:
-            found = {}
-            for entry in chain.entries:
-                if entry in self.missing_keys:
-                    found[entry] = FallbackReason.NO_API_KEY
-                elif not any(self.serves(entry, api) for api in apis):
-                    found[entry] = FallbackReason.UNSUPPORTED_ENDPOINT
-            self._excluded[key] = found
+        """Entries of `chain` ruled out before anything is sent for a call that any of
+        `apis` can serve (its own, then its translation), with the reason. Not cached: a
+        backend's APIs change when its server says what it serves."""
+        found: dict[str, FallbackReason] = {}
+        for entry in chain.entries:
+            if entry in self.missing_keys:
+                found[entry] = FallbackReason.NO_API_KEY
+            elif not any(self.serves(entry, api) for api in apis):
+                found[entry] = FallbackReason.UNSUPPORTED_ENDPOINT
         return found
 
+    def served_by(self, entry: str) -> frozenset[Api]:
+        """What `entry` serves: a provider's APIs, a backend's (`Backend.serving`), a replica
+        group's first member's (its members serve the same)."""
+        members = self.groups.get(entry)
+        name = members[0] if members else entry
+        backend = self.backends.get(name)
+        if backend is not None:
+            return backend.serving.apis
+        return self.apis.get(name, frozenset())
+
     def serves(self, entry: str, api: Api) -> bool:
-        return api in self.apis.get(entry, frozenset())
+        return api in self.served_by(entry)
 
     def emit(self, kind: str, **fields: Any) -> None:
         hook = self.on_event
@@ -341,9 +346,8 @@ def build_cloud(
         chain_by_model,
         metrics,
         missing_keys=frozenset(missing),
-        apis={name: cfg.apis for name, cfg in settings.backends.items()}
-        | {name: cfg.apis for name, cfg in config.providers.items()}
-        | {group: settings.backends[members[0]].apis for group, members in groups.items()},
+        apis={name: cfg.apis for name, cfg in config.providers.items()}
+        | {name: cfg.apis for name, cfg in settings.backends.items() if name not in backends},
         on_event=on_event,
         groups=groups,
     )

@@ -4,8 +4,12 @@ The dispatcher decides where a request goes: a model with a fallback chain is wa
 `app.routing.chains.ChainCall`; any other goes to its backend. Both open a local backend
 through `app.routing.local.open_local` and return the same `Exchange`.
 
-A backend takes only the APIs it serves (`BackendConfig.apis`): a call it cannot take
-as is nor translated is refused 404 `endpoint_not_served` before anything is woken.
+A backend takes only the APIs it serves (`Backend.serving`: `endpoints:`, else what its
+server's /openapi.json listed, else its task's or runner's set): a call it cannot take as
+is nor translated is refused 404 `endpoint_not_served` before anything is woken, and again
+after a wake when the server said then that it does not serve it. A follow-up of a stored
+response on a route its server does not have (vLLM has no `DELETE /v1/responses/{id}`
+and no `input_items`) is refused the same way, once its routes are known.
 A name served by a replica group goes to the member `app.routing.replicas` picks; one
 that fails before the first byte (refused, unreachable, 5xx) is retried once on another
 member, and the second answer or error is the request's. A model with a fallback chain
@@ -24,6 +28,8 @@ from collections.abc import Callable, Mapping
 
 from app.errors import (
     EndpointNotServed,
+    GatewayError,
+    MethodNotAllowed,
     ModelNotFound,
     ResponseNotFound,
     UpstreamError,
@@ -148,7 +154,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return any(self._cloud.serves(entry, api) for entry in chain.entries)
-        return api in self._backends[route.backend].config.apis
+        return self._backends[route.backend].serving.serves(api)
 
     def serves_everywhere(self, route: Route, api: Api) -> bool:
         """Whether every target `route` may reach (its backend or replica group, or every
@@ -156,7 +162,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return all(self._cloud.serves(entry, api) for entry in chain.entries)
-        return all(api in self._backends[name].config.apis for name in route.members)
+        return all(self._backends[name].serving.serves(api) for name in route.members)
 
     def stored_response(self, response_id: str, key: str | None = None) -> StoredAt:
         """Where a response created through the gateway lives; `ResponseNotFound` if unknown
@@ -174,6 +180,9 @@ class Dispatcher:
         delete that succeeds, or finds the response gone, forgets the id; so does a local
         vLLM's 404, explained (`_explain_not_stored`)."""
         if entry in self._backends:
+            backend = self._backends[entry]
+            if backend.serving.serves_route(call.method, call.path) is False:
+                raise route_not_served(call, entry, backend.serving.methods_of(call.path))
             on_wait = None if notice is None else notice.for_backend(entry)
             exchange = await self._open_backend(entry, call, on_wait)
         else:
@@ -221,13 +230,16 @@ class Dispatcher:
 
     async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:
         backend = self._backends[name]
-        target = call.for_target(backend.config.apis.__contains__)
-        if target is None:
-            raise not_served(call, name, backend.config.apis)
-        sent, answer = target
+        if call.for_target(backend.serving.serves) is None:
+            raise not_served(call, name, backend.serving.apis)
         lease = await backend.acquire(notice, priority=call.priority)
+        target = call.for_target(backend.serving.serves)  # its server spoke as it woke
+        if target is None:
+            lease.release()
+            raise not_served(call, name, backend.serving.apis)
+        sent, answer = target
         await self._with_adapter(backend, sent, lease)
-        response = await open_local(backend, lease, sent, self._metrics.upstream_errors)
+        response, added = await open_local(backend, lease, sent, self._metrics.upstream_errors)
         relayed: Relayable = response
         if answer is not None:
             try:
@@ -237,7 +249,12 @@ class Dispatcher:
                 lease.release()
                 raise
         return Exchange(
-            call.route, backend.name, relayed, lease, tokens=self._tokens.get(backend.name)
+            call.route,
+            backend.name,
+            relayed,
+            lease,
+            headers=added or None,
+            tokens=self._tokens.get(backend.name),
         )
 
     async def _with_adapter(self, backend: Backend, call: Call, lease: Lease) -> None:
@@ -266,6 +283,21 @@ def not_served(call: Call, backend: str, serves: frozenset[Api]) -> EndpointNotS
     listed = ", ".join(sorted(serves))
     return EndpointNotServed(
         f"The model '{call.route.name}' is served by backend '{backend}', which does not "
-        f"serve {call.path} ({call.api}); it serves: {listed}. A backend lists what it "
-        "serves under `endpoints:` (or `runner:`) in models.yaml."
+        f"serve {call.path} ({call.api}); it serves: {listed}. What a backend serves is "
+        "what its server's /openapi.json lists, else its `task:` or `runner:`; "
+        "`endpoints:` in models.yaml overrides both."
     )
+
+
+def route_not_served(call: Call, backend: str, methods: list[str]) -> GatewayError:
+    """A route the backend's server does not have (its /openapi.json): 405 with `Allow`
+    when the path has other methods there, else 404 `endpoint_not_served`."""
+    path = call.path.split("?", 1)[0]
+    message = (
+        f"Backend '{backend}' has no {call.method} {path}: its server does not list that "
+        "route (vLLM serves GET /v1/responses/{id} and POST /v1/responses/{id}/cancel, "
+        "not DELETE or input_items)."
+    )
+    if methods:
+        return MethodNotAllowed(message, headers={"allow": ", ".join(methods)})
+    return EndpointNotServed(message)

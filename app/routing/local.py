@@ -1,9 +1,25 @@
 """Opening a request on a local backend: the one path a plain request and a fallback
-chain's local entry both take (lease first, then the upstream; errors counted once)."""
+chain's local entry both take (lease first, then the upstream; errors counted once).
+
+`local_body` is the one place a body for a local backend is rewritten, parsed from the
+call's payload and written once: the key's `priority` (`scheduling: priority`), and a
+`max_tokens` the server cannot give lowered to its `max_model_len`. vLLM 0.33 refuses
+`max_tokens > max_model_len` with a 400 ("max_tokens=32000 cannot be greater than
+max_model_len=8192", vllm/renderers/params.py `TokenizeParams.__post_init__`) but clamps
+prompt + max_tokens to the context itself (vllm/entrypoints/serve/utils/api_utils.py
+`get_max_tokens`), so `max_model_len` is the largest value it takes. The field checked is
+the request's own (`build_tok_params`): chat's `max_completion_tokens` or `max_tokens`
+(chat_completion/protocol.py), completions' `max_tokens` (completion/protocol.py),
+responses' `max_output_tokens` (responses/protocol.py), and native Messages' `max_tokens`
+(anthropic/serving.py makes it chat's `max_tokens` and `max_completion_tokens`); a
+Messages `thinking.budget_tokens` must stay below it (anthropic/protocol.py), so it is
+lowered with it. The answer says so in `x-microscheduler-max-tokens-lowered: 32000->8192`;
+`lower_max_tokens: false` on a backend sends the body as it is.
+"""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import Counter
 
@@ -39,23 +55,59 @@ PRIORITY_PATHS: Final = {
 }
 
 
-def with_priority(backend: Backend, call: Call, body: bytes) -> bytes:
-    """`body` for `backend`: on one with `scheduling: priority`, a JSON request vLLM takes
-    `priority` in is written again from `call.payload` with the client key's priority
-    (replacing any the client sent: a client must not raise its own) and the backend's
-    model. Anything else, and every body for another backend, is sent as it is."""
-    if (
-        backend.config.scheduling != "priority"
-        or call.method != "POST"
-        or PRIORITY_PATHS.get(call.path) is not call.api
-        or boundary_of(call.content_type) is not None
-    ):
-        return body
+# The output-length fields vLLM checks against max_model_len, by gateway path, in the order
+# it reads them (chat reads `max_completion_tokens` first).
+TOKEN_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
+    "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
+    "/v1/messages": ("max_tokens",),
+}
+LOWERED_HEADER: Final = b"x-microscheduler-max-tokens-lowered"
+
+
+def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes | None]:
+    """`body` for `backend`, and the `LOWERED_HEADER` value when a token limit was lowered.
+
+    Written again from `call.payload` (with the backend's model) only when it changes: on
+    a backend with `scheduling: priority`, a JSON request vLLM takes `priority` in gets the
+    client key's (replacing any the client sent: a client must not raise its own); a
+    `max_tokens` (see the module docstring) above the backend's learned `max_model_len` is
+    lowered to it. Anything else is sent as it is."""
+    if call.method != "POST" or boundary_of(call.content_type) is not None:
+        return body, None
+    update: dict[str, Any] = {}
+    if backend.config.scheduling == "priority" and PRIORITY_PATHS.get(call.path) is call.api:
+        update["priority"] = call.priority.vllm
+    lowered = _lowered(backend, call, update)
+    if not update:
+        return body, None
     model = call.route.upstream_model  # a LoRA adapter's own name; else the served id
     if backend.name not in call.route.members:  # a chain's entry serving another model
         model = backend.config.served_model
-    payload = {**call.payload, "model": model}
-    return json_bytes({**payload, "priority": call.priority.vllm})
+    return json_bytes({**call.payload, "model": model, **update}), lowered
+
+
+def _lowered(backend: Backend, call: Call, update: dict[str, Any]) -> bytes | None:
+    """Put the lowered token limits in `update`; the header value for the first one."""
+    limit = backend.serving.max_model_len
+    fields = TOKEN_FIELDS.get(call.path)
+    if limit is None or fields is None or not backend.config.lower_max_tokens:
+        return None
+    payload = call.payload
+    said: bytes | None = None
+    for name in fields:
+        value = payload.get(name)
+        if type(value) is int and value > limit:
+            update[name] = limit
+            if said is None:
+                said = f"{value}->{limit}".encode()
+    thinking = payload.get("thinking")
+    if said is not None and call.path == "/v1/messages" and isinstance(thinking, dict):
+        budget = thinking.get("budget_tokens")
+        if type(budget) is int and budget >= limit:
+            update["thinking"] = {**thinking, "budget_tokens": max(limit - 1, 0)}
+    return said
 
 
 async def open_local(
@@ -66,17 +118,19 @@ async def open_local(
     *,
     body: bytes | None = None,
     first_byte_s: float | None = None,
-) -> UpstreamResponse:
+) -> tuple[UpstreamResponse, list[tuple[bytes, bytes]]]:
     """Open `call` (its path, method, headers, and its body unless `body` replaces it) on
-    the backend whose `lease` the caller holds; with the key's priority on a backend with
-    `scheduling: priority` (`with_priority`).
+    the backend whose `lease` the caller holds, as `local_body` writes it (the key's
+    priority, a `max_tokens` it cannot give lowered); with the headers the gateway adds to
+    the answer for it (`LOWERED_HEADER`), which the caller puts on its `Exchange` (an
+    answer translated back keeps them too).
 
     Transport failures and 5xx answers count in `microscheduler_upstream_errors_total`;
     on any failure the lease is released before the error propagates, so a held slot is
     never leaked. `first_byte_s` overrides the backend's first-byte timeout (a chain gives
     an attempt what is left of its deadline)."""
     try:
-        sent = with_priority(backend, call, call.body if body is None else body)
+        sent, lowered = local_body(backend, call, call.body if body is None else body)
         response = await backend.upstream.open(
             call.path,
             sent,
@@ -93,4 +147,4 @@ async def open_local(
         raise
     if response.status >= 500:
         upstream_errors.labels(backend.name, "http_5xx").inc()
-    return response
+    return response, [] if lowered is None else [(LOWERED_HEADER, lowered)]

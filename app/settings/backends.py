@@ -4,6 +4,7 @@ how it yields, its timeouts and its model description.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,9 +20,20 @@ from pydantic import (
 
 from app.planner.description import resolve
 from app.settings.base import LOCAL_HOST, StrictConfig, http_url
-from app.settings.endpoints import Api, MessagesMode, Runner, runner_apis
+from app.settings.endpoints import (
+    RUNNER_APIS,
+    TASK_APIS,
+    TASK_RUNNER,
+    Api,
+    MessagesMode,
+    Runner,
+    Task,
+    with_messages,
+)
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
+
+logger = logging.getLogger(__name__)
 
 # vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with it set to 1 or
 # true (vllm/envs.py; vllm/entrypoints/serve/lora/api_router.py).
@@ -169,12 +181,19 @@ class BackendConfig(StrictConfig):
     # default 1) stay loaded: the least recently used is unloaded first.
     adapters: dict[str, str] = Field(default_factory=dict)
     max_loras: PositiveInt = 1
-    # What it serves (app/settings/endpoints.py): vLLM's set for `runner`, unless listed.
+    # What it serves (app/settings/endpoints.py): `endpoints:` when listed, else what the
+    # server's /openapi.json said (app/lifecycle/served.py), else vLLM's set for `task`,
+    # else for `runner` (vLLM's --runner).
     runner: Runner = "generate"
+    task: Task | None = None
     endpoints: list[Api] | None = Field(default=None, min_length=1)
     # `/v1/messages`: `auto` passes it through to a generate runner (vLLM 0.33 serves it),
     # `translate` sends it as chat (an older vLLM image), `native` passes it through.
     messages: MessagesMode = "auto"
+    # Lower a request's `max_tokens` (`max_completion_tokens`, `max_output_tokens`) above
+    # the server's max_model_len to it (vLLM refuses it with a 400); `x-microscheduler-
+    # max-tokens-lowered` says so. False: sent as the client wrote it.
+    lower_max_tokens: bool = True
     runtime: RuntimeConfig = Field(default_factory=ExternalRuntimeConfig)
     timeouts: TimeoutOverridesConfig = Field(default_factory=TimeoutOverridesConfig)
     health_path: str = "/health"
@@ -256,6 +275,42 @@ class BackendConfig(StrictConfig):
         if isinstance(data, dict) and data.get("hf_config") and data.get("model_info") is None:
             return {**data, "model_info": {}}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runner_of_task(cls, data: Any) -> Any:
+        """`task:` alone runs on its vLLM runner. `runner: transcription` (a name of the
+        gateway's, not vLLM's): vLLM's generate runner with the `transcription` task, read
+        as that with a warning."""
+        if not isinstance(data, dict):
+            return data
+        task = data.get("task")
+        if data.get("runner") is None and isinstance(task, str) and task in TASK_RUNNER:
+            return {**data, "runner": TASK_RUNNER[task]}
+        if data.get("runner") != "transcription":
+            return data
+        if data.get("task") not in (None, "transcription"):
+            raise ValueError(
+                f"runner: transcription is not a vLLM runner (--runner is generate or "
+                f"pooling) and contradicts task: {data['task']}; a transcription model is "
+                "`runner: generate` with `task: transcription`"
+            )
+        logger.warning(
+            "runner: transcription is deprecated (not a vLLM --runner): read as runner: "
+            "generate with task: transcription; write that in models.yaml"
+        )
+        return {**data, "runner": "generate", "task": "transcription"}
+
+    @model_validator(mode="after")
+    def _runner_and_task(self) -> BackendConfig:
+        if self.task is not None:
+            wanted = TASK_RUNNER[self.task]
+            if self.runner != wanted:
+                raise ValueError(
+                    f"task: {self.task} runs on vLLM's {wanted} runner, not runner: "
+                    f"{self.runner} (leave runner: out, or set it to {wanted})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _messages_or_endpoints(self) -> BackendConfig:
@@ -345,10 +400,13 @@ class BackendConfig(StrictConfig):
 
     @property
     def apis(self) -> frozenset[Api]:
-        """The APIs requests may use on this backend."""
+        """The APIs requests may use on this backend as configured: `endpoints:`, else
+        vLLM's set for `task:`, else for `runner:`. What it serves once the server said so
+        is `Backend.serving` (app/lifecycle/served.py), which only `endpoints:` overrides."""
         if self.endpoints is not None:
             return frozenset(self.endpoints)
-        return runner_apis(self.runner, self.messages)
+        base = TASK_APIS[self.task] if self.task is not None else RUNNER_APIS[self.runner]
+        return with_messages(base, self.messages)
 
     @property
     def weights_bytes(self) -> int | None:

@@ -14,6 +14,8 @@
   routes (only with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; `LoraError` otherwise).
 - `asleep_level()`: the level a sleeping server sleeps at, from the `vllm:engine_sleep_state`
   gauge of its `/metrics` (for a server found asleep at gateway start).
+- `learn()`: what it serves (`GET /openapi.json`) and its `max_model_len` (`GET
+  /v1/models`), each within `LEARN_TIMEOUT_S` (`app.upstreams.vllm_learned`).
 
 Each sleep-mode call waits at most `timeout_s`, per backend (`timeouts.control_s`), by
 default scaled by the size of its weights (`control_timeout_s`): a level-2 wake reloads
@@ -29,6 +31,7 @@ check does not, as before: `/health` is open on vLLM. The requests of clients go
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -42,9 +45,14 @@ from app.upstreams.control_http import (
     StreamError,
     TimeoutException,
 )
+from app.upstreams.vllm_learned import Learned, LearnError, max_model_len_of, routes_of_openapi
 from app.upstreams.vllm_load import BackendLoad, MetricsParseError, ScrapeError, parse_vllm_load
 
+logger = logging.getLogger(__name__)
+
 HEALTH_TIMEOUT_S: Final = 2.0
+# Each of the two reads of `learn()`: a ready vLLM answers both at once.
+LEARN_TIMEOUT_S: Final = 5.0
 # The control timeout when nothing says how large the weights are, and its fixed part:
 # starting the call, mapping memory back, a small model's weights.
 CALL_TIMEOUT_S: Final = 60.0
@@ -269,6 +277,36 @@ class VllmClient:
         if status == 404 and gone_ok:
             return
         raise LoraError(f"POST {path} answered {status}: {text}")
+
+    # -- what it serves ---------------------------------------------------------------
+
+    async def learn(self, model_ids: list[str]) -> Learned | None:
+        """Its routes and `max_model_len`, as a ready server says them; None when it did
+        not answer (then what was known stays). `/openapi.json` answering 404 means vLLM's
+        docs are off (`--disable-fastapi-docs`): `routes` None. Never raises."""
+        try:
+            openapi = await self._client.get(
+                f"{self._base}/openapi.json", headers=self._headers, timeout=LEARN_TIMEOUT_S
+            )
+            models = await self._client.get(
+                f"{self._base}/v1/models", headers=self._headers, timeout=LEARN_TIMEOUT_S
+            )
+        except (HTTPError, InvalidURL, StreamError) as exc:
+            logger.warning("cannot learn what it serves url=%s error=%s: %s", self._base,
+                           type(exc).__name__, exc)  # fmt: skip
+            return None
+        routes: frozenset[tuple[str, str]] | None = None
+        if openapi.status_code == 200:
+            try:
+                routes = routes_of_openapi(openapi.content)
+            except LearnError as exc:
+                logger.warning("its /openapi.json is not vLLM's url=%s error=%s", self._base, exc)
+        elif openapi.status_code != 404:
+            logger.warning("cannot learn its routes url=%s status=%d", self._base,
+                           openapi.status_code)  # fmt: skip
+            return None
+        max_len = max_model_len_of(models.content, model_ids) if models.status_code == 200 else None
+        return Learned(routes, max_len)
 
     # -- load -------------------------------------------------------------------------
 

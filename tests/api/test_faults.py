@@ -125,8 +125,9 @@ async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
     async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
         kept = await gw.client.post("/vram/zones/small/acquire", json={"mib": 100, "holder": "x"})
         assert kept.status_code == 200, kept.text
-        saved = (state_dir / "state.json").read_bytes()
         assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
+        # Read after its start, which saved what its server said it serves.
+        saved = (state_dir / "state.json").read_bytes()
 
         os_error = fault(state_dir, monkeypatch)
         # 30000 MiB needs the lazy backend's 12000: a zone that would evict it.

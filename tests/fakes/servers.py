@@ -100,12 +100,26 @@ async def gateway(
     if configure is not None:
         configure(app)
     async with app.router.lifespan_context(app):
+        # The first health round: external servers have said what they serve; their fakes'
+        # request logs then start empty, as the test's own requests find them.
+        await asyncio.wait_for(app.state.services.supervisor.watched.wait(), 10)
+        await _forget_learning(settings)
         transport = httpx.ASGITransport(app=app, client=(client_host, 50000))
         # `Host: localhost`: admin routes without an admin key accept only the gateway's names.
         async with httpx.AsyncClient(
             transport=transport, base_url="http://localhost", timeout=10
         ) as client:
             yield Gateway(client, registry, app)
+
+
+async def _forget_learning(settings: Settings) -> None:
+    """Empty the request log of each fake vLLM an external backend points at (the
+    gateway's start-up reads of `/openapi.json` and `/v1/models` are no test's requests)."""
+    urls = {cfg.url for cfg in settings.backends.values() if not cfg.managed}
+    async with httpx.AsyncClient(timeout=2) as client:
+        for url in sorted(urls):
+            with contextlib.suppress(httpx.HTTPError):
+                await client.delete(f"{url}/_fake/stats")
 
 
 class FakeVllmRuntime:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from app.errors import InvalidRequest
 from app.settings import BackendConfig
-from app.settings.endpoints import Api, native_messages
+from app.settings.endpoints import Api, with_messages
 from app.upstreams.anthropic import to_openai_chat, tokenize_request
 
 Json = dict[str, Any]
@@ -171,7 +171,10 @@ def test_a_generate_backend_serves_messages_natively_unless_it_opts_out() -> Non
     assert Api.MESSAGES not in backend(runner="pooling").apis
     assert Api.MESSAGES in backend(runner="pooling", messages="native").apis
     assert Api.MESSAGES not in backend(endpoints=["chat"]).apis
-    assert [native_messages("generate"), native_messages("transcription")] == [True, False]
+    assert Api.MESSAGES not in backend(task="transcription").apis  # no generate task
+    learned = frozenset({Api.CHAT, Api.MESSAGES})  # what a server's /openapi.json says
+    assert with_messages(learned, "translate") == {Api.CHAT}
+    assert with_messages(frozenset({Api.CHAT}), "native") == learned
 
 
 def test_messages_with_endpoints_is_refused() -> None:

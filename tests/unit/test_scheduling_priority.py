@@ -10,7 +10,7 @@ import pytest
 
 from app.api.protocol import PROXIED
 from app.routing.exchange import Call
-from app.routing.local import PRIORITY_PATHS, with_priority
+from app.routing.local import PRIORITY_PATHS, local_body
 from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.settings.keys import Priority
@@ -47,14 +47,14 @@ def test_a_priority_backend_gets_the_keys_priority_in_place_of_the_clients(
 ) -> None:
     backend = make_backend(GatedRuntime(), scheduling="priority")
     sent = call(path, api, Priority(priority), input="x \udcff")
-    body = with_priority(backend, sent, sent.body)
+    body, _ = local_body(backend, sent, sent.body)
     assert json.loads(body) == {"model": "m", "priority": vllm, "input": "x \udcff"}
 
 
 def test_a_fcfs_backend_gets_the_body_byte_for_byte() -> None:
     backend = make_backend(GatedRuntime())
     sent = call("/v1/chat/completions", Api.CHAT, Priority.HIGH)
-    assert with_priority(backend, sent, sent.body) is sent.body
+    assert local_body(backend, sent, sent.body)[0] is sent.body
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_requests_vllm_takes_no_priority_in_are_sent_as_they_are(
         ROUTE, path, base.payload, False, base.body, {}, api=api, method=method,
         content_type=content_type, priority=Priority.HIGH,
     )  # fmt: skip
-    assert with_priority(backend, sent, sent.body) is sent.body
+    assert local_body(backend, sent, sent.body)[0] is sent.body
 
 
 # Proxied routes whose vLLM request model has no `priority` (or that vLLM does not serve):
