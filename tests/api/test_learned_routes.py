@@ -171,7 +171,7 @@ async def stored_response(gw_client: Any, fake: FakeServer) -> str:
 
 async def test_response_follow_ups_vllm_lacks_are_refused_by_the_gateway() -> None:
     async with (
-        fake_vllm(models=["chat"], task="generate", max_tokens=4) as fake,
+        fake_vllm(models=["chat"], task="generate", max_tokens=4, responses_store=True) as fake,
         gateway(gateway_settings({"gen": {"url": fake.url, "models": ["chat"]}})) as gw,
     ):
         response_id = await stored_response(gw.client, fake)
