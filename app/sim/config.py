@@ -20,6 +20,9 @@ class FakeConfig:
     tokens_per_second: float = 0.0
     max_tokens: int = 16
     max_model_len: int = 8192
+    # The answer ends (finish_reason `stop`) after this many tokens, as a model's does when
+    # it writes its end-of-sequence token; None: it fills max_tokens (`length`).
+    eos_after: int | None = None
     max_num_seqs: int = 256
     scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy: fcfs | priority
     # The model's task (vLLM's supported task; app.sim.routes.TASKS): its routes only.

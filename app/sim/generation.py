@@ -68,6 +68,14 @@ def _int_field(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
+def ended(eos_after: int | None, count: int, finish: str) -> tuple[int, str]:
+    """The answer's length and finish reason once the model's end of sequence is counted
+    (`--eos-after`): a model that ends before its limit finishes with `stop`."""
+    if eos_after is not None and eos_after < count:
+        return eos_after, "stop"
+    return count, finish
+
+
 def _max_tokens(body: dict[str, Any], chat: bool) -> tuple[int | None, str]:
     """The output limit and the name it came under (chat: ``max_completion_tokens`` wins,
     vllm/entrypoints/openai/chat_completion/protocol.py ``build_tok_params``)."""
@@ -133,6 +141,7 @@ class GenerationApi:
             # vllm/entrypoints/serve/utils/api_utils.py get_max_tokens: prompt + max_tokens
             # beyond the context is clamped to what is left, not refused
             count, finish = min(max_tokens, max_len - prompt_tokens), "length"
+        count, finish = ended(state.config.eos_after, count, finish)
         stream = body.get("stream") is True
         options = body.get("stream_options")
         include_usage = continuous = False

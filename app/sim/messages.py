@@ -23,7 +23,8 @@ Messages one; the text, token timing, faults and stats are the chat endpoint's
 - ``max_tokens`` above ``--max-model-len`` is refused, a prompt that fills the context
   too; otherwise the output is clamped to what is left (vLLM 0.33,
   ``serve/utils/api_utils.py`` ``get_max_tokens``). Like the fake's chat endpoint, the
-  answer is that many tokens long (``stop_reason: max_tokens``).
+  answer is that many tokens long (``stop_reason: max_tokens``), or ``--eos-after`` tokens
+  when fewer (``stop_reason: end_turn``: the model ended it).
 - The answer (``messages_full_converter``): ``{"id": <the chat id>, "type": "message",
   "role": "assistant", "content", "model", "stop_reason", "usage"}`` with ``None`` fields
   left out (``exclude_none``). A stream (``message_stream_converter``, ``exclude_unset``)
@@ -46,7 +47,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from app.sim.generation import GenerationApi
+from app.sim.generation import GenerationApi, ended
 from app.sim.state import FakeState, RequestRun, json_response
 from app.sim.text import ApiError, chat_prompt, dumps, token_texts, validation_error
 from app.sim.tools import tool_to_call
@@ -133,7 +134,8 @@ class MessagesApi:
                 400,
                 f"Input length ({prompt}) exceeds model's maximum context length ({max_len}).",
             )
-        return min(max_tokens, max_len - prompt), "length"  # as the chat endpoint writes
+        count = min(max_tokens, max_len - prompt)  # as the chat endpoint writes
+        return ended(self.state.config.eos_after, count, "length")
 
     async def _complete(self, run: RequestRun, answer: _Answer) -> web.StreamResponse:
         loop = asyncio.get_running_loop()

@@ -520,6 +520,11 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         help="context length, reported in /v1/models; as vLLM 0.33: prompt + max_tokens "
         "beyond it is clamped, max_tokens > N alone is a 400 (default 8192)",
     )  # fmt: skip
+    p.add_argument(
+        "--eos-after", type=nn_int, metavar="N",
+        help="end each answer after N tokens (finish_reason stop) as a real model ends at its "
+        "end-of-sequence token; without it an answer fills max_tokens (finish_reason length)",
+    )  # fmt: skip
     p.add_argument("--max-num-seqs", type=nn_int, default=256)
     p.add_argument(
         "--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",

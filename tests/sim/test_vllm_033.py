@@ -189,3 +189,17 @@ async def test_runtime_lora_adapters(monkeypatch: pytest.MonkeyPatch) -> None:
             headers={"content-type": "application/x-www-form-urlencoded"},
         )
         assert (form.status_code, form.json()) == (400, MEDIA_TYPE_ERROR)
+
+
+@pytest.mark.parametrize(("asked", "written", "finish"), [(100, 5, "stop"), (3, 3, "length")])
+async def test_an_answer_ends_at_its_end_of_sequence(asked: int, written: int, finish: str) -> None:
+    """`--eos-after`: a model ends its answer before max_tokens (finish_reason stop), as a
+    real one does; Claude Code's 32,000 asked is then not 32,000 written."""
+    async with fake_vllm(models=["m"], eos_after=5) as fake:
+        chat = await fake.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": asked})
+        assert chat.json()["usage"]["completion_tokens"] == written
+        assert chat.json()["choices"][0]["finish_reason"] == finish
+        body = {"model": "m", "max_tokens": asked, "messages": [{"role": "user", "content": "hi"}]}
+        message = (await fake.client.post("/v1/messages", json=body)).json()
+        assert message["usage"]["output_tokens"] == written
+        assert message["stop_reason"] == {"stop": "end_turn", "length": "max_tokens"}[finish]
