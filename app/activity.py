@@ -29,6 +29,9 @@ from typing import Any, Final
 
 DEFAULT_SIZE: Final = 1000
 WAIT_HEADER: Final = b"x-microscheduler-wait"
+# Shorter waits are not told (a pinned backend's first health check, a slot freed at
+# once): `0.00s` would say nothing.
+TOLD_WAIT_S: Final = 0.005
 
 
 class WaitKind(StrEnum):
@@ -55,7 +58,8 @@ class Waits:
 
     @property
     def waited(self) -> bool:
-        return bool(self._seconds)
+        """Whether it waited long enough to be told (`TOLD_WAIT_S`)."""
+        return self.total_s >= TOLD_WAIT_S
 
     @property
     def total_s(self) -> float:
@@ -63,14 +67,14 @@ class Waits:
 
     @property
     def reason(self) -> WaitKind:
-        """The kind that took the longest; `none` when it did not wait."""
-        if not self._seconds:
+        """The kind that took the longest; `none` when it did not wait (`waited`)."""
+        if not self.waited:
             return WaitKind.NONE
         return max(self._seconds.items(), key=lambda item: item[1])[0]
 
     def header(self) -> bytes | None:
         """`2.31s; reason=wake` for `x-microscheduler-wait`; None when it did not wait."""
-        if not self._seconds:
+        if not self.waited:
             return None
         return f"{self.total_s:.2f}s; reason={self.reason}".encode()
 

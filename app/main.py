@@ -20,9 +20,7 @@ from app.access.auth import exposure_warnings
 from app.access.origins import OriginPolicy
 from app.activity import Activity
 from app.api import (
-    activity as activity_api,
-)
-from app.api import (
+    activity,
     backends,
     handlers,
     messages,
@@ -49,7 +47,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     metrics = Metrics(registry)
-    activity = Activity(settings.activity_size)  # recorded by the access middleware
+    requests = Activity(settings.activity_size)  # recorded by the access middleware
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,7 +55,7 @@ def create_app(
             settings.host, api_keys=settings.has_client_keys, admin_key=bool(settings.admin_key)
         ):
             logger.warning("exposed: %s", warning)
-        services = Services(settings, metrics, seams or Seams(), activity=activity)
+        services = Services(settings, metrics, seams or Seams(), activity=requests)
         app.state.services = services
         await services.start()
         stopping = _Stopping(services, settings.shutdown_grace_s)
@@ -77,7 +75,7 @@ def create_app(
     app = GatewayApp(
         metrics=metrics,
         access_log=settings.access_log,
-        activity=activity,
+        activity=requests,
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.server.body_timeout_s,
         fast_routes=[*openai.routes, *messages.routes],
@@ -94,7 +92,7 @@ def create_app(
     )
     handlers.install(app)
     app.include_router(ops.router)
-    app.include_router(activity_api.router)
+    app.include_router(activity.router)
     app.include_router(stream.router)
     app.include_router(backends.router)
     app.include_router(vram.router)

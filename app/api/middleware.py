@@ -134,7 +134,7 @@ def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
         status=status,
         prompt_tokens=prompt,
         completion_tokens=completion,
-        wait_s=waits.total_s,
+        wait_s=waits.total_s if waits.waited else 0.0,
         wait_reason=waits.reason,
         fallbacks=ctx.fallbacks,
         duration_s=duration,
