@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +49,23 @@ def plain(url: str, **fields: Any) -> dict[str, Any]:
     return {"url": url, "models": ["m"], **fields}
 
 
+@asynccontextmanager
+async def one_backend() -> AsyncIterator[Gateway]:
+    async with (
+        fake_vllm(models=["m"], max_tokens=4) as vllm,
+        gateway(gateway_settings({"local": plain(vllm.url)})) as gw,
+    ):
+        yield gw
+
+
 async def test_a_chat_is_recorded_with_its_tokens_and_no_prompt_text() -> None:
-    async with fake_vllm(models=["m"], max_tokens=4) as vllm:
-        async with gateway(gateway_settings({"local": plain(vllm.url)})) as gw:
-            await until_backend(gw, "local", state="ready")  # its first health check passed
-            response = await gw.client.post("/v1/chat/completions", json=ask("m"))
-            assert response.status_code == 200
-            assert "x-microscheduler-wait" not in response.headers  # it did not wait
-            usage = response.json()["usage"]
-            (entry,) = await entries(gw)
+    async with one_backend() as gw:
+        await until_backend(gw, "local", state="ready")  # its first health check passed
+        response = await gw.client.post("/v1/chat/completions", json=ask("m"))
+        assert response.status_code == 200
+        assert "x-microscheduler-wait" not in response.headers  # it did not wait
+        usage = response.json()["usage"]
+        (entry,) = await entries(gw)
     assert CANARY not in json.dumps(entry)
     assert entry["key"] == "anonymous"  # no client keys configured
     assert (entry["model"], entry["route"], entry["api"]) == ("m", "local", "chat_completions")
@@ -72,18 +82,17 @@ async def test_a_chat_is_recorded_with_its_tokens_and_no_prompt_text() -> None:
 
 
 async def test_a_stream_is_recorded_when_it_ends_with_its_usage() -> None:
-    async with fake_vllm(models=["m"], max_tokens=4) as vllm:
-        async with gateway(gateway_settings({"local": plain(vllm.url)})) as gw:
-            body = ask("m", stream=True, stream_options={"include_usage": True})
-            async with gw.client.stream("POST", "/v1/chat/completions", json=body) as response:
-                assert response.status_code == 200
-                text = (await response.aread()).decode()
-            assert text.rstrip().endswith("data: [DONE]")
-            (entry,) = await entries(gw)
-            # Without usage in the stream, its tokens are not known (not guessed).
-            plain_stream = await gw.client.post("/v1/chat/completions", json=ask("m", stream=True))
-            assert plain_stream.status_code == 200
-            newest = (await entries(gw))[0]
+    async with one_backend() as gw:
+        body = ask("m", stream=True, stream_options={"include_usage": True})
+        async with gw.client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            text = (await response.aread()).decode()
+        assert text.rstrip().endswith("data: [DONE]")
+        (entry,) = await entries(gw)
+        # Without usage in the stream, its tokens are not known (not guessed).
+        plain_stream = await gw.client.post("/v1/chat/completions", json=ask("m", stream=True))
+        assert plain_stream.status_code == 200
+        newest = (await entries(gw))[0]
     assert (entry["status"], entry["api"], entry["route"]) == (200, "chat_completions", "local")
     assert entry["completion_tokens"] > 0
     assert entry["prompt_tokens"] > 0
