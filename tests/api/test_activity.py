@@ -312,3 +312,26 @@ def test_the_ring_keeps_the_last_entries_only() -> None:
         )  # fmt: skip
     assert len(ring) == 3
     assert [e.completion_tokens for e in ring.recent(10)] == [999, 998, 997]
+
+
+async def test_a_start_held_for_another_models_residency_waits_with_reason_yield(
+    tmp_path: Path,
+) -> None:
+    port_a, port_b = free_port(), free_port()
+    runtimes = {
+        "a": FakeVllmRuntime(port_a, models=["model-a"]),
+        "b": FakeVllmRuntime(port_b, models=["model-b"]),
+    }
+    backends = {  # 20000 + 20000 MiB do not fit in the simulated 32768
+        "a": lazy(port_a, models=["model-a"], vram_mib=20000, priority=10, min_resident_s=0.6),
+        "b": lazy(port_b, models=["model-b"], vram_mib=20000, priority=50),
+    }
+    async with lifecycle_gateway(backends, runtimes, tmp_path) as gw:
+        first = await gw.client.post("/v1/chat/completions", json=ask("model-a", max_tokens=2))
+        assert first.status_code == 200
+        response = await gw.client.post("/v1/chat/completions", json=ask("model-b", max_tokens=2))
+        assert response.status_code == 200
+        assert response.headers["x-microscheduler-wait"].endswith("; reason=yield")
+        newest = (await entries(gw))[0]
+    assert (newest["model"], newest["wait_reason"]) == ("model-b", "yield")
+    assert newest["wait_s"] >= 0.3
