@@ -159,8 +159,8 @@ class RelayResponse(Response):
                 if ctx is not None:
                     ctx.fallbacks = fallbacks_taken(err.headers.get(FALLBACKS_HEADER.decode()))
                 wait = self._wait_header()
-                if wait is not None:
-                    err.headers[WAIT_HEADER.decode()] = wait.decode()
+                if wait is not None:  # a new dict: the error's may be shared
+                    err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
                 if notice is not None and notice.started:
                     await send(_body(dialect.stream_error(err, b""), more=False))
                 else:
