@@ -18,7 +18,9 @@ from prometheus_client import CollectorRegistry
 from app import logs
 from app.access.auth import exposure_warnings
 from app.access.origins import OriginPolicy
+from app.activity import Activity
 from app.api import (
+    activity,
     backends,
     handlers,
     messages,
@@ -45,6 +47,7 @@ def create_app(
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     metrics = Metrics(registry)
+    requests = Activity(settings.activity_size)  # recorded by the access middleware
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,7 +55,7 @@ def create_app(
             settings.host, api_keys=settings.has_client_keys, admin_key=bool(settings.admin_key)
         ):
             logger.warning("exposed: %s", warning)
-        services = Services(settings, metrics, seams or Seams())
+        services = Services(settings, metrics, seams or Seams(), activity=requests)
         app.state.services = services
         await services.start()
         stopping = _Stopping(services, settings.shutdown_grace_s)
@@ -72,6 +75,7 @@ def create_app(
     app = GatewayApp(
         metrics=metrics,
         access_log=settings.access_log,
+        activity=requests,
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.server.body_timeout_s,
         fast_routes=[*openai.routes, *messages.routes],
@@ -88,6 +92,7 @@ def create_app(
     )
     handlers.install(app)
     app.include_router(ops.router)
+    app.include_router(activity.router)
     app.include_router(stream.router)
     app.include_router(backends.router)
     app.include_router(vram.router)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from app.access.auth import Authenticator
 from app.access.origins import OriginPolicy
+from app.activity import Activity
 from app.events import EventLog
 from app.gpu.collector import GpuCollector
 from app.gpu.ledger import read_ledger
@@ -91,9 +92,18 @@ class Seams:
 
 
 class Services:
-    def __init__(self, settings: Settings, metrics: Metrics, seams: Seams) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        seams: Seams,
+        *,
+        activity: Activity | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        # The last requests (`GET /activity`); the access middleware records them.
+        self.activity = activity if activity is not None else Activity(settings.activity_size)
         self.started_at = time.time()
         self.registry = Registry.from_backends(settings.backends)
         # The control plane's HTTP client (health, sleep mode, scrapes); client requests

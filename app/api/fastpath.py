@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.access.origins import OriginPolicy
+from app.activity import Activity
 from app.api.handlers import client_gone, error_response
 from app.api.middleware import BodyGuard, RequestObserver
 from app.api.origin_guard import OriginGuard
@@ -92,10 +93,12 @@ class GatewayApp(FastAPI):
         origins: OriginPolicy,
         client_keys: bool,
         admin_key: bool,
+        activity: Activity | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._observer_metrics = metrics
+        self._activity = activity
         self._access_log = access_log
         self._body_limits = (max_body_bytes, body_timeout_s)
         self._fast = post_handlers(fast_routes)
@@ -116,4 +119,9 @@ class GatewayApp(FastAPI):
             max_body_bytes=max_body_bytes,
             body_timeout_s=body_timeout_s,
         )
-        return RequestObserver(guarded, metrics=self._observer_metrics, access_log=self._access_log)
+        return RequestObserver(
+            guarded,
+            metrics=self._observer_metrics,
+            access_log=self._access_log,
+            activity=self._activity,
+        )

@@ -4,8 +4,11 @@ and the guard on where a browser's request comes from (`Origin`, and CORS for th
 listed in `MICROSCHEDULER_ALLOWED_ORIGINS`).
 
 Each request gets a `RequestContext` in its scope; the relay fills in what only it knows
-(the configured model name, the backend, a client that went away), and this middleware
-records it once the response is over, whatever path the request took.
+(the configured model name, the backend, a client that went away, the answer's tokens,
+the fallbacks taken), and this middleware records it once the response is over,
+whatever path the request took: metrics, the access line, and an `app.activity` entry
+for each request to a model API (not `/v1/models`). The context's `Waits` is the
+request's `app.activity.current_waits` while it is served.
 """
 
 from __future__ import annotations
@@ -13,18 +16,20 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import logs
+from app.activity import Activity, Entry, Waits, current_waits, entry_at
 from app.api.protocol import ENDPOINT_BY_PATH
 from app.errors import PayloadTooLarge, RequestTimeout
 from app.metrics import Metrics
 
 CONTEXT_KEY: Final = "microscheduler.context"
 CLIENT_CLOSED: Final = 499  # nginx's convention: the client went away before the end
+NOT_ACTIVITY: Final = frozenset({"models"})  # listings: not requests to a model
 
 
 @dataclass(slots=True)
@@ -38,6 +43,9 @@ class RequestContext:
     status: int = 0
     first_byte_at: float | None = None
     client_gone: bool = False
+    usage: tuple[int, int] | None = None  # (prompt, completion) tokens of the answer
+    fallbacks: int = 0  # entries of a fallback chain passed over
+    waits: Waits = field(default_factory=Waits)  # app.activity.current_waits
 
 
 def context_of(scope: Scope) -> RequestContext | None:
@@ -46,10 +54,18 @@ def context_of(scope: Scope) -> RequestContext | None:
 
 
 class RequestObserver:
-    def __init__(self, app: ASGIApp, *, metrics: Metrics, access_log: bool) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        access_log: bool,
+        activity: Activity | None = None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.access_log = access_log
+        self.activity = activity
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,10 +85,12 @@ class RequestObserver:
             await send(message)
 
         token = logs.request_id.set(rid)
+        waits_token = current_waits.set(ctx.waits)
         try:
             await self.app(scope, receive, observed_send)
         finally:
             self._record(scope, ctx)
+            current_waits.reset(waits_token)
             logs.request_id.reset(token)
 
     def _record(self, scope: Scope, ctx: RequestContext) -> None:
@@ -94,6 +112,33 @@ class RequestObserver:
                 f"model={ctx.model or '-'} backend={ctx.backend or '-'} key={ctx.key or '-'} "
                 f"duration_ms={(ended - ctx.started) * 1000:.1f}",
             )
+        if (
+            self.activity is not None
+            and ctx.endpoint is not None
+            and ctx.endpoint not in NOT_ACTIVITY
+        ):
+            self.activity.record(_entry(ctx, status, ended))
+
+
+def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
+    """The activity entry of a finished request: names and numbers, never its body."""
+    at, duration = entry_at(ctx.started, ended)
+    waits = ctx.waits
+    prompt, completion = (None, None) if ctx.usage is None else ctx.usage
+    return Entry(
+        at=at,
+        key=ctx.key or None,
+        model=ctx.model or None,
+        route=ctx.backend or None,
+        api=ctx.endpoint or "",
+        status=status,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        wait_s=waits.total_s if waits.waited else 0.0,
+        wait_reason=waits.reason,
+        fallbacks=ctx.fallbacks,
+        duration_s=duration,
+    )
 
 
 def _request_id(scope: Scope) -> str:

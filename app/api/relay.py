@@ -23,6 +23,13 @@ from another entry, and then the exchange's `x-microscheduler-route` and
 `x-microscheduler-fallbacks` headers are added (after wake notices, when the status line
 is already out, they come as one SSE comment, `: route deepseek; fallbacks 1; ...`).
 When a body ends, its last bytes go to `Exchange.body_done` (token usage).
+
+A request that waited before its upstream was opened (its backend's start, a slot, a
+free connection; `app.activity.Waits`) says how long and why in
+`x-microscheduler-wait: 2.31s; reason=wake`; a stream whose status line went out with
+the wake notices says it in one SSE comment before the first event
+(`: wait 2.31s; reason=wake`). Its tokens and the fallbacks taken go to the request's
+context, for its activity entry.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ from typing import Final, Protocol
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from app.activity import WAIT_HEADER, Waits
 from app.api.handlers import error_response
-from app.api.middleware import context_of
+from app.api.middleware import RequestContext, context_of
 from app.errors import GatewayError, GatewayStopping, UpstreamError, UpstreamUnavailable
 from app.jsonwire import sse_data
 from app.lifecycle.lease import WaitNotice
+from app.routing.chains import FALLBACKS_HEADER
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
 from app.routing.local import LOWERED_HEADER
@@ -113,6 +122,7 @@ class RelayResponse(Response):
         self._dialect = dialect
         self._stored = stored
         self._relays = relays
+        self._waits: Waits | None = None
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -120,6 +130,7 @@ class RelayResponse(Response):
         route = self._call.route
         if ctx is not None:
             ctx.model, ctx.backend = route.name, route.backend
+            self._waits = ctx.waits
         dialect = self._dialect
         relays = self._relays
         if relays is not None and relays.stopping:
@@ -146,6 +157,11 @@ class RelayResponse(Response):
                 if self._call.key is not None:
                     self._call.key.finish("error")
                 watch.stop()
+                if ctx is not None:
+                    ctx.fallbacks = fallbacks_taken(err.headers.get(FALLBACKS_HEADER.decode()))
+                wait = self._wait_header()
+                if wait is not None:  # a new dict: the error's may be shared
+                    err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
                 if notice is not None and notice.started:
                     await send(_body(dialect.stream_error(err, b""), more=False))
                 else:
@@ -181,8 +197,13 @@ class RelayResponse(Response):
             watch.stop()
             if exchange is not None:
                 exchange.finish()
+                if ctx is not None:
+                    _took(ctx, exchange)
             if self._call.key is not None:
                 self._call.key.finish("served" if exchange is not None else "cancelled")
+
+    def _wait_header(self) -> bytes | None:
+        return None if self._waits is None else self._waits.header()
 
     async def _end(self, scope: Scope, receive: Receive, out: _Progress, err: GatewayError) -> None:
         """End the response with `err`, however far it got: an error response if nothing
@@ -206,6 +227,9 @@ class RelayResponse(Response):
         headers = upstream.headers + _SSE_EXTRA_HEADERS if sse else upstream.headers
         if exchange.headers:
             headers = headers + exchange.headers
+        wait = self._wait_header()
+        if wait is not None:
+            headers = [*headers, (WAIT_HEADER, wait)]
         if self._call.key is not None:
             headers = headers + self._call.key.headers()
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
@@ -220,6 +244,9 @@ class RelayResponse(Response):
         comment = _route_comment(exchange.headers or [])
         if comment:
             await send(_body(comment, more=True))
+        wait = self._wait_header()
+        if wait is not None:
+            await send(_body(b": wait " + wait + b"\n\n", more=True))
         if upstream.status == 200 and upstream.is_event_stream:
             await self._relay_body(exchange, send, watch, sse=True)
             return
@@ -295,6 +322,22 @@ class RelayResponse(Response):
         self._dispatcher.record_stream_error(exchange, error)
         logger.warning("upstream stream ended without [DONE] backend=%s", exchange.backend)
         await send(_body(self._dialect.stream_error(error, last), more=False))
+
+
+def _took(ctx: RequestContext, exchange: Exchange) -> None:
+    """What the answer took, for the request's activity entry: its tokens, the fallbacks."""
+    ctx.usage = exchange.usage
+    if exchange.headers:
+        ctx.fallbacks = fallbacks_taken(dict(exchange.headers).get(FALLBACKS_HEADER))
+
+
+def fallbacks_taken(value: bytes | str | None) -> int:
+    """The count of `x-microscheduler-fallbacks` (`0`, `2; a=local_stopped; ...`)."""
+    if value is None:
+        return 0
+    text = value.decode() if isinstance(value, bytes) else value
+    head = text.split(";", 1)[0].strip()
+    return int(head) if head.isdigit() else 0
 
 
 def _without_done(tail: bytes) -> bool:

@@ -57,6 +57,8 @@ def backend_view(backend: Backend) -> Json:
         "pool_waiting": backend.upstream.pool_waiting,  # for a free connection (max_connections)
         "idle_s": round(backend.idle_s(), 1),
         "idle_ttl_s": cfg.idle_ttl_s,
+        # Seconds until its idle stop (None: pinned, no idle_ttl_s, not ready, or busy).
+        "idle_stop_in_s": _seconds(backend.idle_stop_in_s()),
         "min_resident_s": cfg.min_resident_s,
         # While it lasts, the seconds left: another model's start waits, not evicts it.
         "protected_for_s": round(protected_for_s(backend), 1) or None,

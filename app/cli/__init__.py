@@ -1,4 +1,5 @@
-"""`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status`.
+"""`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
+ps | start | stop | activity`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -15,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from app.cli.activity import add_activity_command
+from app.cli.backends import add_backend_commands
 from app.cli.common import EXIT_CODES_HELP
 from app.cli.gaming import add_gaming_commands
 from app.cli.plan import add_plan_command
@@ -43,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_command(commands)
     add_gaming_commands(commands)
     add_status_command(commands)
+    add_backend_commands(commands)
+    add_activity_command(commands)
     return parser
 
 

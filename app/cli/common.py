@@ -120,3 +120,11 @@ def positive_int(text: str) -> int:
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    """`rows` (the first one the header) as lines of left-aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]

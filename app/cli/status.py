@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from app.cli.common import OK, UNREACHABLE, error
+from app.cli.common import table as _table
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
@@ -35,13 +36,6 @@ def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     status.add_argument("--watch", action="store_true", help="follow the live status")
     status.add_argument("--json", action="store_true", help="print the /status document")
     status.set_defaults(func=run_status)
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
 
 
 def _mib(value: Any) -> str:

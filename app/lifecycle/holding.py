@@ -10,6 +10,9 @@ for it (the queue), and `acquire()`, the data plane's only way in.
   order, whenever a slot may have freed: on a lease's release, on becoming ready, on a
   ticket's arrival while ready. A stop begun on the ready backend still serves the
   tickets queued before it (`TicketQueue.collate`; the drain waits for them too).
+- The time a request is held is counted on it (`app.activity.add_wait`): `queue` for a
+  slot, `wake` for the start, and of that, `yield` while the start waited for memory
+  other models hold (`Server.vram_waited_s`).
 
 `app.lifecycle.backend.Backend` is the one subclass: it owns these fields and the
 lifecycle (`_next_step`, `_unavailable`, `start_progress`); they are split only to keep
@@ -22,10 +25,12 @@ import asyncio
 import math
 import time
 
+from app.activity import WaitKind, add_wait
 from app.errors import GatewayError, WakeTimeout
 from app.lifecycle.blocks import Blocks
 from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.queue import Ticket, TicketQueue, WaitReason, no_slot, queue_full
+from app.lifecycle.server import Server
 from app.lifecycle.state import BackendState
 from app.settings import BackendConfig
 from app.settings.keys import Priority
@@ -41,6 +46,7 @@ class Holding:
     _queue: TicketQueue
     _leases: Leases
     _wake_notice_s: float
+    server: Server
 
     def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
@@ -78,6 +84,21 @@ class Holding:
     def idle_s(self, now: float | None = None) -> float:
         """Seconds since the last request ended (0 while requests are in flight)."""
         return self._leases.idle_s(now)
+
+    def idle_stop_in_s(self, now: float | None = None) -> float | None:
+        """Seconds until the reaper stops (or puts to sleep) this backend as idle past
+        `idle_ttl_s`; None when no idle stop is counting down: pinned, no TTL, not ready,
+        or requests in flight or held."""
+        ttl = self.config.idle_ttl_s
+        if (
+            self.config.lifecycle != "lazy"
+            or ttl <= 0
+            or self.state is not BackendState.READY
+            or self._leases.in_flight
+            or self._queue
+        ):
+            return None
+        return max(0.0, ttl - self._leases.idle_s(now))
 
     async def acquire(
         self,
@@ -149,11 +170,16 @@ class Holding:
                         return None
                     task, joined_start = step
             slot = ticket is not None and ticket.reason is WaitReason.SLOT
-            done = await wait_without_owning(
-                task, began=began, deadline=deadline, on_wait=on_wait,
-                every_s=self._wake_notice_s,
-                detail=self._slot_detail if slot else self.start_progress,
-            )  # fmt: skip
+            waited_from, vram_from = time.monotonic(), self.server.vram_waited_s
+            try:
+                done = await wait_without_owning(
+                    task, began=began, deadline=deadline, on_wait=on_wait,
+                    every_s=self._wake_notice_s,
+                    detail=self._slot_detail if slot else self.start_progress,
+                )  # fmt: skip
+            finally:
+                if ticket is not None:
+                    self._count_wait(slot, waited_from, vram_from)
             if not done and ticket is not None and ticket.lease is not None:
                 continue  # granted as the deadline passed: the loop hands the lease over
             if not done:
@@ -170,6 +196,18 @@ class Holding:
                 and (ticket is None or (ticket.lease is None and not ticket.collated))
             ):
                 raise self._unavailable()
+
+    def _count_wait(self, slot: bool, since: float, vram_since: float) -> None:
+        """Count the request's wait since `since`: for a slot, or for the start (the part
+        its start waited for memory other models hold, `yield`)."""
+        waited = time.monotonic() - since
+        if slot:
+            add_wait(WaitKind.QUEUE, waited)
+            return
+        held = min(waited, max(0.0, self.server.vram_waited_s - vram_since))
+        if held > 0:
+            add_wait(WaitKind.YIELD, held)
+        add_wait(WaitKind.WAKE, waited - held)
 
     def _serves(self, ticket: Ticket) -> bool:
         """Whether `ticket` may have a slot: the backend is ready, or draining a stop that

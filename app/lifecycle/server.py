@@ -45,6 +45,8 @@ class Server:
         self._waiting: tuple[float, str] | None = None
         # While admission waits for memory other models hold: says what it waits for.
         self._vram_wait: Callable[[], str] | None = None
+        self._vram_waited_s = 0.0  # how long such waits took, in all (ended ones)
+        self._vram_wait_began: float | None = None
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -171,10 +173,19 @@ class Server:
     def waiting_for_vram(self, progress: Callable[[], str]) -> Iterator[None]:
         """Admission waits for memory before the launch: `start_progress` is `progress()`."""
         self._vram_wait = progress
+        self._vram_wait_began = began = time.monotonic()
         try:
             yield
         finally:
-            self._vram_wait = None
+            self._vram_wait = self._vram_wait_began = None
+            self._vram_waited_s += time.monotonic() - began
+
+    @property
+    def vram_waited_s(self) -> float:
+        """Seconds its starts have waited for memory other models hold, in all (the wait
+        under way included): a request held for the start counts its share as `yield`."""
+        began = self._vram_wait_began
+        return self._vram_waited_s + (0.0 if began is None else time.monotonic() - began)
 
     async def stop(self) -> None:
         """Stop a server the gateway manages (nothing for an external one)."""

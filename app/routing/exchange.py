@@ -111,8 +111,9 @@ class Exchange:
 
     `backend` is the entry that answers (a backend, or a provider for a chain: `cloud`);
     `headers` are added to the response (a chain's `x-microscheduler-*`). Its tokens
-    count for the entry (`tokens`) and the client's key (`key`), read from the end of the
-    body unless `tail_usage` is False (a translated stream counts them itself)."""
+    count for the entry (`tokens`) and the client's key (`key`), and are kept in `usage`
+    (the request's activity entry), read from the end of the body unless `tail_usage` is
+    False (a translated stream counts them itself)."""
 
     __slots__ = (
         "_lease",
@@ -126,6 +127,7 @@ class Exchange:
         "route",
         "tail_usage",
         "tokens",
+        "usage",
     )
 
     def __init__(
@@ -152,17 +154,19 @@ class Exchange:
         self.tail_usage = tail_usage
         self.key: KeyUse | None = None
         self.completed = False
+        self.usage: tuple[int, int] | None = None  # (prompt, completion), once counted
 
     def body_done(self, tail: bytes) -> None:
         """The body was relayed to its end; `tail` is its last bytes (usage is read there)."""
         self.completed = True
-        if self.tail_usage and (self.tokens is not None or self.key is not None):
+        if self.tail_usage:
             usage = usage_in_tail(tail)
             if usage is not None:
                 self.count(*usage)
 
     def count(self, prompt: int, completion: int) -> None:
         """The answer's tokens, for its entry and its client's key."""
+        self.usage = (prompt, completion)
         if self.tokens is not None:
             self.tokens.add(prompt, completion)
         if self.key is not None:

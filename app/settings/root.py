@@ -122,6 +122,8 @@ class Settings(BaseSettings):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     access_log: bool = True
+    # How many of the last requests `GET /activity` keeps (in memory, oldest dropped).
+    activity_size: PositiveInt = 1000
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     admin_key: SecretStr | None = None
     # Accept no client key on a non-loopback address even when chains reach paid providers.

@@ -28,6 +28,7 @@ from typing import Final, Protocol
 
 import aiohttp
 
+from app.activity import WaitKind, add_wait
 from app.errors import UpstreamBadStatus, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from app.settings import TimeoutsConfig
 from app.upstreams.sse_comments import MAX_PEEK_BYTES, content_start, may_start_with_comment
@@ -371,9 +372,11 @@ class HttpUpstream:
             await slots.acquire()
         finally:
             self.pool_waiting -= 1
+            waited = loop.time() - started
+            add_wait(WaitKind.LIMIT, waited)  # the request's own (its activity, its header)
             if self._observer is not None:
                 self._observer.waiting(-1)
-                self._observer.waited(loop.time() - started)
+                self._observer.waited(waited)
         return True
 
     def _give_slot(self) -> None:

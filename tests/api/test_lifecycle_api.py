@@ -123,7 +123,7 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     text = response.text
-    comments = [line for line in text.splitlines() if line.startswith(":")]
+    comments = [line for line in text.splitlines() if line.startswith(": waking")]
     assert len(comments) >= 2
     assert comments[0].startswith(": waking lazy ")
     # A start that waits says why, in the comments and in /backends, not a silent wait.

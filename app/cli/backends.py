@@ -1,0 +1,129 @@
+"""`microscheduler ps | start NAME | stop NAME`: a running gateway's backends, like
+`ollama ps`, and starting or stopping one (its admin API: `GET /status`,
+`POST /backends/{name}/start`, `POST /backends/{name}/stop`).
+
+`ps` columns: the backend, its state, its lifecycle, the VRAM it holds now (MiB per GPU:
+measured at its last start, else what admission counts; asleep, what it keeps; `-` when
+it holds none), the requests in flight, those queued (held for its start or for a slot),
+and the idle countdown: the time until its idle stop (`idle_ttl_s`), `-` when none counts
+down (pinned, no idle_ttl_s, not ready, or busy).
+
+`start` waits until the backend is ready (a start takes what a wake takes: admission may
+evict idle models to make room), `stop` until it is stopped (requests in flight drain
+first); both print its state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+from urllib.parse import quote
+
+from app.cli.common import OK, seconds, table
+from app.cli.gateway import (
+    GatewayRefused,
+    JsonDict,
+    Unreachable,
+    add_url_option,
+    call,
+    reported,
+    url_of,
+)
+
+# A start waits for the model to load (start_timeout_s, 300 s by default), a stop for the
+# requests in flight to drain.
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def add_backend_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    ps = subparsers.add_parser(
+        "ps", help="the backends: state, VRAM held, requests, idle countdown"
+    )
+    add_url_option(ps)
+    ps.add_argument("--json", action="store_true", help="print the /status backends")
+    ps.set_defaults(func=run_ps)
+    for verb, what in (("start", "start a backend and wait until it is ready"),
+                       ("stop", "drain a backend's requests, then stop it")):  # fmt: skip
+        command = subparsers.add_parser(verb, help=what)
+        command.add_argument("name", help="the backend (as in models.yaml)")
+        add_url_option(command)
+        command.add_argument(
+            "--timeout",
+            type=seconds,
+            default=DEFAULT_TIMEOUT_S,
+            help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
+        )
+        command.add_argument("--json", action="store_true", help="print the gateway's answer")
+        command.set_defaults(func=run_start if verb == "start" else run_stop)
+
+
+def run_ps(args: argparse.Namespace) -> int:
+    try:
+        status = call("GET", url_of(args), "/status", timeout=10)
+    except (Unreachable, GatewayRefused) as exc:
+        return reported("ps", exc)
+    backends = status.get("backends") or []
+    print(json.dumps(backends) if args.json else render_ps(backends))
+    return OK
+
+
+def run_start(args: argparse.Namespace) -> int:
+    return _act(args, "start")
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    return _act(args, "stop")
+
+
+def _act(args: argparse.Namespace, verb: str) -> int:
+    path = f"/backends/{quote(args.name, safe='')}/{verb}"
+    try:
+        view = call("POST", url_of(args), path, timeout=args.timeout)
+    except (Unreachable, GatewayRefused) as exc:
+        return reported(verb, exc)
+    if args.json:
+        print(json.dumps(view))
+        return OK
+    line = f"{view['name']}: {view['state']}"
+    if verb == "start" and view.get("last_start_s") is not None:
+        line += f" (its last start took {view['last_start_s']:.1f} s)"
+    print(line)
+    return OK
+
+
+def held_mib(backend: JsonDict) -> int | None:
+    """MiB per GPU it holds now (None: none)."""
+    if not backend.get("holds_vram"):
+        return None
+    if backend.get("asleep_mib") is not None:
+        return int(backend["asleep_mib"])
+    vram = backend.get("vram") or {}
+    mib = vram.get("measured_mib") or vram.get("admission_mib") or backend.get("vram_mib")
+    return None if mib is None else int(mib)
+
+
+def countdown(value: Any) -> str:
+    """`4m 12s`, `38s`, `1h 2m`; `-` for None."""
+    if value is None:
+        return "-"
+    left = max(0, round(float(value)))
+    hours, rest = divmod(left, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def render_ps(backends: list[JsonDict]) -> str:
+    if not backends:
+        return "no backends"
+    rows = [["backend", "state", "lifecycle", "VRAM MiB", "in flight", "queued", "idle stop in"]]
+    for b in backends:
+        mib = held_mib(b)
+        rows.append([b["name"], b["state"], b["lifecycle"], "-" if mib is None else f"{mib:,}",
+                     str(b["in_flight"]), str(b["waiting"]),
+                     countdown(b.get("idle_stop_in_s"))])  # fmt: skip
+    return "\n".join(table(rows))
