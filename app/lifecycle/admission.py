@@ -68,6 +68,9 @@ class Admission(Protocol):
         """Whether its start would fit without evicting anything, by the last GPU sample
         (no I/O); None: unknown (no telemetry, no sample or no footprint)."""
 
+    def went_idle(self) -> None:
+        """A backend's last request in flight ended (starts waiting for its turn may go)."""
+
 
 class Unchecked:
     """Admission when there is no GPU to check: every start is allowed."""
@@ -79,6 +82,9 @@ class Unchecked:
         return _unmeasured()
 
     def fits_now(self, backend: Claimant) -> bool | None:
+        return None
+
+    def went_idle(self) -> None:
         return None
 
 
