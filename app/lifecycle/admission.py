@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from app.lifecycle.server import Server
 from app.settings import BackendConfig, ReleaseConfig
@@ -124,8 +124,19 @@ def sleep_level(how: ReleaseConfig, *, managed: bool) -> int | None:
     return how.level if how.method == "sleep" and managed else None
 
 
+# How a `lifecycle: standby` backend is put to sleep after its load at gateway start: level
+# 1, so its first request costs a wake (weights back from host RAM), not a load.
+STANDBY_RELEASE: Final = ReleaseConfig(method="sleep", level=1)
+
+
+def standby_level(config: BackendConfig, *, managed: bool) -> int | None:
+    """The sleep level a standby backend is put to sleep with after its load; None: stop it.
+    The one place that chooses it (like `sleep_level` for the other releases)."""
+    return sleep_level(STANDBY_RELEASE, managed=managed)
+
+
 def may_have_slept(config: BackendConfig, yield_override: str | None) -> bool:
     """Whether any of its ways to give memory back is sleep mode (a GPU profile's yield
     method included): then a server found running at gateway start may be asleep."""
     methods = (config.yield_.method, yield_override, config.idle.method, config.eviction.method)
-    return "sleep" in methods
+    return "sleep" in methods or config.lifecycle == "standby"

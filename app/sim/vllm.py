@@ -52,7 +52,7 @@ from app.sim.metrics import CONTENT_TYPE
 from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
 from app.sim.routes import TASKS, RouteTable, api_key_middleware
-from app.sim.state import FakeState, error_response, json_response
+from app.sim.state import FakeState, error_response, json_response, process_started
 from app.sim.text import ApiError, dumps, query_error, validation_error
 
 __all__ = [
@@ -230,10 +230,22 @@ class FakeVllm(FakeState):
         "sleeping" while some memory still sleeps (vllm/v1/engine/core.py ``wake_up``)."""
         self.record(request, None)
         tags: list[str] | None = request.query.getall("tags", []) or None
+        engine = self.engine
+        weights = engine.sleep_level == 1 and "weights" in engine.sleeping_tags
+        if weights and (tags is None or "weights" in tags):  # level 1: from host RAM
+            await self._modelled_wake()
         fully_awake = self.engine.wake_up(tags)
         self.vram.follow(self.engine.memory_sleeping)
         body = {"status": "awake" if fully_awake else "sleeping", "tags": tags}
         return json_response(dumps(body))
+
+    async def _modelled_wake(self) -> None:
+        """Take the wake's modelled time (``--wake-gib-per-s``), counted in the stats."""
+        seconds = self.config.wake_s()
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        self.stats.wakes += 1
+        self.stats.wake_s += seconds
 
     async def is_sleeping(self, request: web.Request) -> web.StreamResponse:
         """True while paused at any level, 0 included (vllm/v1/engine/core.py
@@ -262,6 +274,8 @@ class FakeVllm(FakeState):
         if method != "reload_weights":
             return error_response(ApiError(400, f"fake vLLM: unsupported method {method!r}"))
         try:
+            if "weights" not in self.engine.sleeping_tags:  # level 2: the weights from disk
+                await self._modelled_wake()
             self.engine.reload_weights()
         except ValueError as exc:
             return error_response(ApiError(500, str(exc), "InternalServerError"))
@@ -300,6 +314,11 @@ class FakeVllm(FakeState):
                     "running": self.engine.running,
                     "waiting": self.engine.waiting,
                     "listening_since": self.listening_since,
+                    "process_started": self.process_started,
+                    "startup_delay_s": self.config.startup_delay,
+                    "wakes": stats.wakes,
+                    "wake_s": stats.wake_s,
+                    "pid": os.getpid(),
                     "vram_mib": self.vram.held_mib,
                     "vram_gpus": list(self.vram.gpus),
                     "vram_ledger_file": self.vram.ledger_file,
@@ -452,6 +471,7 @@ async def serve(config: FakeConfig) -> None:
     else:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     server = FakeVllmServer(config)
+    server.fake.process_started = process_started()
     vram = server.fake.vram
     try:
         vram.start(config.port or None)  # vLLM allocates while loading, before /health
@@ -569,6 +589,21 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         "--gpu", dest="gpus", type=_gpu_list, action="extend", metavar="N",
         help="GPU index(es) the footprint is on, each in full; repeatable or comma list "
         "(default: 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-sleep-mode", action="store_true",
+        help="vLLM's flag; accepted (the fake's sleep mode needs VLLM_SERVER_DEV_MODE=1 only)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wake-gib-per-s", type=nn_float, default=0.0, metavar="R",
+        help="model a wake's time: the weights copied back at R GiB/s by a level-1 /wake_up "
+        "and read again by a level-2 reload_weights, reported in /_fake/stats (default 0: "
+        "instant)",
+    )  # fmt: skip
+    p.add_argument(
+        "--weights-mib", type=nn_int, metavar="N",
+        help="the weights' size for --wake-gib-per-s (default: what a sleep frees, "
+        "--vram-mib minus the asleep footprint)",
     )  # fmt: skip
     ns = p.parse_args(argv)
     if ns.fail_count is not None and ns.fail_status is None:
