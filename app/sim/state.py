@@ -227,15 +227,11 @@ class FakeState:
 
 
 def process_started() -> float | None:
-    """time.time() when this process began (Linux /proc), else None."""
+    """time.time() when this process began (Linux /proc, to the clock tick), else None."""
     try:
         stat = Path("/proc/self/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, ValueError, IndexError, StopIteration):
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, since boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
