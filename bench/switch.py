@@ -167,6 +167,7 @@ def phase_switches(tmp: Path, setup: Setup, method: str, switches: int) -> dict[
                 modelled = after["startup_delay_s"]
                 boot = after["listening_since"] - (after["process_started"] or 0.0)
             else:
+                assert before is not None
                 modelled = after["wake_s"] - before["wake_s"]
                 boot = modelled
             rows.append({"ttfb_s": first, "modelled_s": modelled, "cold": float(cold),

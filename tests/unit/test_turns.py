@@ -10,7 +10,7 @@ import time
 
 from app.lifecycle.state import BackendState
 from tests.fakes.waits import until
-from tests.unit.test_arbiter import Rig, rig, rigs, settle, state_of, unavailable, within
+from tests.unit.test_arbiter import Rig, Rigs, rig, rigs, settle, state_of, unavailable, within
 
 __all__ = ["rig", "rigs"]  # the fixtures, shared with test_arbiter
 
@@ -21,7 +21,7 @@ def swaps(rig: Rig, backend: str, evicted: str) -> float | None:
     )
 
 
-async def test_two_equal_lazy_models_that_do_not_fit_together_alternate(rigs) -> None:  # type: ignore[no-untyped-def]
+async def test_two_equal_lazy_models_that_do_not_fit_together_alternate(rigs: Rigs) -> None:
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000)
     second = rig.add("second", vram_mib=11000)
@@ -39,7 +39,7 @@ async def test_two_equal_lazy_models_that_do_not_fit_together_alternate(rigs) ->
     assert swaps(rig, "first", "second") == 1
 
 
-async def test_a_higher_priority_idle_backend_is_not_evicted_by_a_lower_one(rigs) -> None:  # type: ignore[no-untyped-def]
+async def test_a_higher_priority_idle_backend_is_not_evicted_by_a_lower_one(rigs: Rigs) -> None:
     rig = rigs.make(total_mib=16000)
     high = await rig.ready("high", vram_mib=11000, priority=60)
     low = rig.add("low", vram_mib=11000, priority=50)
@@ -49,7 +49,7 @@ async def test_a_higher_priority_idle_backend_is_not_evicted_by_a_lower_one(rigs
     assert state_of(high) is BackendState.READY
 
 
-async def test_a_pinned_equal_is_not_evicted(rigs) -> None:  # type: ignore[no-untyped-def]
+async def test_a_pinned_equal_is_not_evicted(rigs: Rigs) -> None:
     rig = rigs.make(total_mib=16000)
     pinned = await rig.ready("pinned", vram_mib=11000, pinned=True)
     lazy = rig.add("lazy", vram_mib=11000)
@@ -58,7 +58,7 @@ async def test_a_pinned_equal_is_not_evicted(rigs) -> None:  # type: ignore[no-u
     assert state_of(pinned) is BackendState.READY
 
 
-async def test_a_busy_equal_keeps_the_gpu_until_its_last_request_ends(rigs) -> None:  # type: ignore[no-untyped-def]
+async def test_a_busy_equal_keeps_the_gpu_until_its_last_request_ends(rigs: Rigs) -> None:
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
     second = rig.add("second", vram_mib=11000)
@@ -84,7 +84,7 @@ async def test_a_busy_equal_keeps_the_gpu_until_its_last_request_ends(rigs) -> N
     assert swaps(rig, "second", "first") == 1
 
 
-async def test_a_busy_equal_is_evicted_after_its_hold_its_requests_drained(rigs) -> None:  # type: ignore[no-untyped-def]
+async def test_a_busy_equal_is_evicted_after_its_hold_its_requests_drained(rigs: Rigs) -> None:
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000, max_hold_s=0.3)
     second = rig.add("second", vram_mib=11000)
@@ -100,7 +100,7 @@ async def test_a_busy_equal_is_evicted_after_its_hold_its_requests_drained(rigs)
     assert first.last_drain_timed_out is False
 
 
-async def test_a_start_waiting_for_a_busy_equal_gives_up_at_its_start_timeout(rigs) -> None:  # type: ignore[no-untyped-def]
+async def test_a_start_waiting_for_a_busy_equal_gives_up_at_its_start_timeout(rigs: Rigs) -> None:
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
     second = rig.add("second", vram_mib=11000, start_timeout_s=0.3)
