@@ -77,7 +77,6 @@ def run_check_config(args: argparse.Namespace) -> int:
         where = "" if backend.host is None else f" on {backend.host}"
         print(f"  {name}: {backend.url} [{backend.runtime.kind}{where}] serves {served}")
     for name, backend in settings.backends.items():
-        warning = backend.lora_warning()
-        if warning is not None:
+        for warning in backend.warnings():
             print(f"warning: backends.{name}.{warning}")
     return OK

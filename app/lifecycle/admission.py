@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from app.lifecycle.server import Server
 from app.settings import BackendConfig, ReleaseConfig
@@ -68,6 +68,9 @@ class Admission(Protocol):
         """Whether its start would fit without evicting anything, by the last GPU sample
         (no I/O); None: unknown (no telemetry, no sample or no footprint)."""
 
+    def went_idle(self) -> None:
+        """A backend's last request in flight ended (starts waiting for its turn may go)."""
+
 
 class Unchecked:
     """Admission when there is no GPU to check: every start is allowed."""
@@ -79,6 +82,9 @@ class Unchecked:
         return _unmeasured()
 
     def fits_now(self, backend: Claimant) -> bool | None:
+        return None
+
+    def went_idle(self) -> None:
         return None
 
 
@@ -118,8 +124,19 @@ def sleep_level(how: ReleaseConfig, *, managed: bool) -> int | None:
     return how.level if how.method == "sleep" and managed else None
 
 
+# How a `lifecycle: standby` backend is put to sleep after its load at gateway start: level
+# 1, so its first request costs a wake (weights back from host RAM), not a load.
+STANDBY_RELEASE: Final = ReleaseConfig(method="sleep", level=1)
+
+
+def standby_level(config: BackendConfig, *, managed: bool) -> int | None:
+    """The sleep level a standby backend is put to sleep with after its load; None: stop it.
+    The one place that chooses it (like `sleep_level` for the other releases)."""
+    return sleep_level(STANDBY_RELEASE, managed=managed)
+
+
 def may_have_slept(config: BackendConfig, yield_override: str | None) -> bool:
     """Whether any of its ways to give memory back is sleep mode (a GPU profile's yield
     method included): then a server found running at gateway start may be asleep."""
     methods = (config.yield_.method, yield_override, config.idle.method, config.eviction.method)
-    return "sleep" in methods
+    return "sleep" in methods or config.lifecycle == "standby"

@@ -4,9 +4,12 @@
   GPUs for the whole start (two vLLM instances profiling memory at once break each
   other), checks free VRAM against its footprint (`Backend.vram_mib`: `vram_mib`, the
   profile's share or the planner's estimate), evicts lower-priority lazy backends when
-  needed and waits until the probe shows the memory back. A lazy backend inside its
-  `min_resident_s` is not evicted for a start: the start waits for the protection to end
-  (out of the GPUs' locks, up to its own `start_timeout_s`), then evicts it.
+  needed and waits until the probe shows the memory back. A start evicts lazy backends of
+  its own priority too when they are idle (equals take turns: "Swap in seconds"), and busy
+  ones after their `max_hold_s`. A lazy backend inside its `min_resident_s` (or a busy
+  equal inside its hold) is not evicted for a start: the start waits for the protection to
+  end or the equal to go idle (out of the GPUs' locks, up to its own `start_timeout_s`),
+  then evicts it.
 - Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
   what it stopped until `release_zone()` or expiry. Zones are saved in the state file
   and re-applied when the gateway starts again (`app.lifecycle.zone_book`, its base).
@@ -44,7 +47,7 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.holdings import holders, residents
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
-from app.lifecycle.residency import may_evict, wait_out
+from app.lifecycle.residency import IdleSignal, may_evict, wait_out
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore
 from app.lifecycle.zone_book import ZoneBook
@@ -86,6 +89,8 @@ class VramArbiter(ZoneBook):
         self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Sleeps are measured one at a time, so one's window does not see another's.
         self._measuring = asyncio.Lock()
+        # A backend went idle: a start waiting for an equal's turn plans again at once.
+        self._idle = IdleSignal()
 
     def _gpu(self, gpu: int) -> str:
         return gpu_name(self.host, gpu)
@@ -163,6 +168,7 @@ class VramArbiter(ZoneBook):
                             room,
                             before,
                             below_priority=backend.config.priority,
+                            equal_priority=backend.config.priority,
                             stop_reason=StopReason.EVICTION,
                             requester=backend.name,
                         )
@@ -185,7 +191,11 @@ class VramArbiter(ZoneBook):
                     return
             # Out of the GPUs' locks: nothing is launched meanwhile, so other starts that
             # fit, zones and the yield need not wait for this one.
-            await wait_out(backend, wait.plan, str(wait), deadline)
+            await wait_out(backend, wait.plan, str(wait), deadline, self._idle)
+
+    def went_idle(self) -> None:
+        """A backend's last request ended: wake the starts waiting for its turn."""
+        self._idle.pulse()
 
     def fits_now(self, backend: Claimant) -> bool | None:
         """Whether its start would fit without evicting, by the monitor's last snapshot
@@ -248,6 +258,7 @@ class VramArbiter(ZoneBook):
         requester: str,
         block: tuple[str, str, BlockKind, float | None] | None = None,
         force: bool = False,
+        equal_priority: int | None = None,
     ) -> tuple[tuple[str, ...], GpuSnapshot | None]:
         """Evict what `plan_eviction` picks and wait for the memory; return who was stopped
         and the last reading (the one that showed the room). `reading` is the probe's
@@ -264,7 +275,7 @@ class VramArbiter(ZoneBook):
             raise _NoRoom(
                 f"{self._gpu(unknown[0])} is not present (the probe sees {reading.usable_indices})"
             )
-        plan = self._plan(need, reading, requester, below_priority, force)
+        plan = self._plan(need, reading, requester, below_priority, force, equal_priority)
         if not plan.fits:
             stopping = self._stopping_on(need, requester)
             if stopping:
@@ -274,7 +285,7 @@ class VramArbiter(ZoneBook):
                 reading = await self.read_gpus()
                 if reading is None:
                     return (), None
-                plan = self._plan(need, reading, requester, below_priority, force)
+                plan = self._plan(need, reading, requester, below_priority, force, equal_priority)
         if not plan.fits:
             refusal = self._refusal(need, reading, plan, below_priority, force)
             raise _NoRoom(refusal) if plan.wait_s is None else _Protected(refusal, plan)
@@ -289,12 +300,14 @@ class VramArbiter(ZoneBook):
         requester: str,
         below: int | None,
         force: bool = False,
+        equal: int | None = None,
     ) -> Placement:
         return plan_eviction(
             need,
             self._admissible_free(reading),
             self._residents(exclude=requester),
             below_priority=below,
+            equal_priority=equal,
             force=force,
         )
 

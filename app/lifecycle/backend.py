@@ -102,7 +102,7 @@ class Backend(Holding):
         self._asleep_level: int | None = None
         changed = None if events is None else events.changed
         self._queue = TicketQueue(name, metrics, changed)
-        self._leases = Leases(name, metrics, changed, on_release=self._grant)
+        self._leases = Leases(name, metrics, changed, on_release=self._released)
         self.last_start_s: float | None = None
         self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
@@ -179,7 +179,20 @@ class Backend(Holding):
 
     @property
     def lazy(self) -> bool:
-        return self.config.lifecycle == "lazy"
+        """Started on demand and evictable: `lazy`, and `standby` (which is loaded once at
+        gateway start and put to sleep)."""
+        return self.config.lifecycle in ("lazy", "standby")
+
+    @property
+    def standby(self) -> bool:
+        return self.config.lifecycle == "standby"
+
+    def _released(self) -> None:
+        """A lease was given back: its slot to a queued ticket; when none is left in
+        flight, admission hears it (a start may be waiting for this equal's turn)."""
+        self._grant()
+        if not self._leases.in_flight:
+            self.admission.went_idle()
 
     @property
     def healthy(self) -> bool | None:

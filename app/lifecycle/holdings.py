@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from app.lifecycle.backend import Backend
 from app.lifecycle.placement import Holder, Resident
-from app.lifecycle.residency import protected_for_s
+from app.lifecycle.residency import hold_for_s, protected_for_s
 from app.lifecycle.state import BackendState
 from app.lifecycle.zones import Zone
 
@@ -29,6 +29,7 @@ def residents(backends: Iterable[Backend], exclude: str | None = None) -> list[R
             idle_s=b.idle_s(now),
             evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
             protected_s=protected_for_s(b, now),
+            hold_s=hold_for_s(b, now),
         )
         for b in backends
         if b.holds_vram and b.counted_mib and b.name != exclude
@@ -42,16 +43,23 @@ def holders(
     below_priority: int | None,
     force: bool,
 ) -> list[Holder]:
-    """What holds memory on `gpu`, each with why a start below `below_priority` (None: a
-    zone) could not evict it."""
+    """What holds memory on `gpu`, each with why a start of priority `below_priority`
+    (it evicts lower ones, and equals that are idle or past their hold) or (`force`) a
+    zone below that ceiling (None: any) could not evict it."""
     found = []
     for r in residents(backends.values()):
         if gpu not in r.gpus:
             continue
         if not r.lazy:
             note = "pinned"
-        elif below_priority is not None and r.priority >= below_priority:
+        elif below_priority is not None and (
+            r.priority > below_priority or (force and r.priority == below_priority)
+        ):
             note = f"priority {r.priority}, not below {below_priority}"
+        elif below_priority is not None and r.priority == below_priority and r.busy:
+            note = f"priority {r.priority} and busy" + (
+                f", its turn ends in {math.ceil(r.hold_s)}s (max_hold_s)" if r.hold_s > 0 else ""
+            )
         elif not r.evictable:
             note = "starting or stopping"
         elif r.protected_s > 0 and not force:

@@ -1,11 +1,18 @@
 """What to evict to free N MiB on some GPUs, and who holds the memory. Pure: no I/O.
 
-Rules (issue: VRAM admission and eviction):
-- only lazy backends are evicted; pinned ones never make room for another model;
-- only backends below a priority ceiling (a backend evicts lower priorities only; a zone
-  may name its own ceiling);
-- idle backends go first, then lower priority, then the longest idle; a busy backend is
-  evicted only when idle ones do not suffice (its stop drains before it stops);
+Rules (issue: VRAM admission and eviction; "Swap in seconds" item 1):
+- only lazy (and standby) backends are evicted; pinned ones never make room for another
+  model;
+- only backends below a priority ceiling (a backend evicts lower priorities; a zone
+  may name its own ceiling); with `equal_priority`, a start also evicts backends of its
+  own priority, but only idle ones (nothing in flight): equals take turns. A busy equal
+  keeps the GPU while its requests come, up to its `max_hold_s` from its ready (its
+  `hold_s` left): until then the start waits (`wait_s`, like `min_resident_s`; the
+  arbiter plans again as soon as it goes idle), after it the equal is evicted like a
+  lower one (its stop drains: its batch is served, later requests wait for its turn);
+- idle backends go first, then lower priority, then the longest idle (least recently
+  used); a busy backend is evicted only when idle ones do not suffice (its stop drains
+  before it stops);
 - nothing is evicted unless the whole need can be met: a refusal leaves everything running;
 - a backend inside its `min_resident_s` is not evicted for another backend's start; when
   only such backends stand in the way, the plan says how long until it fits (`wait_s`), so
@@ -33,6 +40,13 @@ class Resident:
     evictable: bool = True  # False while it is starting or stopping
     # Seconds of its `min_resident_s` left: until then only a forced plan evicts it.
     protected_s: float = 0.0
+    # Busy: seconds of its `max_hold_s` left, during which a start of equal priority waits
+    # for it to go idle instead of evicting it (0: the hold is over, or it is idle).
+    hold_s: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +59,9 @@ class Placement:
     # `wait_s` seconds it fits by evicting them (`protected`, those protected now).
     wait_s: float | None = None
     protected: tuple[str, ...] = ()
+    # Of `protected`: busy equals inside their `max_hold_s` (the wait ends sooner when
+    # they go idle); the others are inside their `min_resident_s`.
+    holding: tuple[str, ...] = ()
 
 
 def plan_eviction(
@@ -53,28 +70,33 @@ def plan_eviction(
     residents: Sequence[Resident],
     *,
     below_priority: int | None = None,
+    equal_priority: int | None = None,
     force: bool = False,
 ) -> Placement:
     """Choose backends to stop so each GPU in `need_mib` has that much free.
 
     `free_mib` is what admission may count as free now; `below_priority=None` allows any
-    priority (zones for outside workloads), else only residents with a lower priority.
-    `force` (zones, the yield) evicts residents inside their `min_resident_s` too.
+    priority (zones for outside workloads), else only residents with a lower priority,
+    and (`equal_priority`, a backend's start: its own priority) equals when idle or past
+    their hold. `force` (zones, the yield) evicts residents inside their `min_resident_s`
+    too.
     """
     deficit = {gpu: need - free_mib.get(gpu, 0) for gpu, need in need_mib.items()}
     if all(d <= 0 for d in deficit.values()):
         return Placement(fits=True)
 
+    def allowed(r: Resident) -> bool:
+        if below_priority is None or r.priority < below_priority:
+            return True
+        return r.priority == equal_priority
+
     candidates = sorted(
         (
-            r
+            _held(r, equal_priority) if r.priority == equal_priority else r
             for r in residents
-            if r.lazy
-            and r.evictable
-            and (below_priority is None or r.priority < below_priority)
-            and any(g in deficit for g in r.gpus)
+            if r.lazy and r.evictable and allowed(r) and any(g in deficit for g in r.gpus)
         ),
-        key=lambda r: (r.in_flight > 0, r.priority, -r.idle_s, r.name),
+        key=lambda r: (r.busy, r.priority, -r.idle_s, r.name),
     )
     if force:
         return _pick(deficit, candidates)
@@ -88,8 +110,18 @@ def plan_eviction(
         if later.fits:
             protected = {r.name for r in candidates if r.protected_s > 0}
             names = tuple(n for n in later.evict if n in protected)
-            return replace(plan, wait_s=wait_s, protected=names)
+            held = {r.name for r in candidates if r.busy and r.protected_s == r.hold_s > 0}
+            holding = tuple(n for n in names if n in held)
+            return replace(plan, wait_s=wait_s, protected=names, holding=holding)
     return plan
+
+
+def _held(resident: Resident, equal_priority: int | None) -> Resident:
+    """An equal's turn: while busy and inside its hold, it is protected like inside its
+    `min_resident_s` (for the longer of the two)."""
+    if resident.busy and resident.hold_s > 0:
+        return replace(resident, protected_s=max(resident.protected_s, resident.hold_s))
+    return resident
 
 
 def _pick(deficit: Mapping[int, int], candidates: Sequence[Resident]) -> Placement:

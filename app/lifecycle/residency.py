@@ -1,7 +1,10 @@
 """`min_resident_s`: once a lazy backend is ready, another backend's start does not evict
-it for that long; the start waits instead (zones and the yield force past it). Without it,
-two models that do not fit together and take turns with requests swap at every turn, and
-each swap costs a full model load (llama-swap #612).
+it for that long; the start waits instead (zones and the yield force past it).
+`max_hold_s`: a busy lazy backend keeps the GPU against a start of equal priority for that
+long from its ready; the start waits for it to go idle (woken at once when it does:
+`IdleSignal`) or for the hold to end. Without them, two models that do not fit together
+and take turns with requests swap at every turn, and each swap costs a wake or a full
+model load (llama-swap #612).
 
 The waiting start sleeps outside the GPUs' locks: nothing is launched meanwhile, so other
 starts that fit, zones and the yield are not held up by it, and the protected backend
@@ -11,6 +14,7 @@ keeps serving (its data plane never touches admission).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -37,39 +41,79 @@ def protected_for_s(backend: Backend, now: float | None = None) -> float:
     return max(0.0, since + backend.config.min_resident_s - now)
 
 
+def hold_for_s(backend: Backend, now: float | None = None) -> float:
+    """Busy: seconds of its `max_hold_s` left, during which a start of equal priority
+    waits for it (0: idle, not ready, not lazy, or the hold is over)."""
+    since = backend.ready_since
+    if (
+        backend.state is not BackendState.READY
+        or since is None
+        or not backend.lazy
+        or not backend.in_flight
+    ):
+        return 0.0
+    now = time.monotonic() if now is None else now
+    return max(0.0, since + backend.config.max_hold_s - now)
+
+
 def may_evict(starter: Backend, victim: Backend) -> bool:
-    """Whether the configuration lets a start of `starter` evict `victim`."""
+    """Whether the configuration lets a start of `starter` evict `victim` (an equal only
+    when idle or past its hold: see `app.lifecycle.placement`)."""
     return (
         victim.lazy
         and victim is not starter
-        and victim.config.priority < starter.config.priority
+        and victim.config.priority <= starter.config.priority
         and bool(set(victim.config.gpus) & set(starter.config.gpus))
     )
 
 
-async def wait_out(backend: Claimant, plan: Placement, refusal: str, deadline: float) -> None:
-    """Sleep while the residents `plan` waits for are protected (at most `RESIDENCY_POLL_S`:
-    the caller plans again after); `start_progress` says so meanwhile. Raises
-    `AdmissionRefused` (with `refusal`, what holds the memory) when the wait would end
-    after `deadline`."""
+async def wait_out(
+    backend: Claimant, plan: Placement, refusal: str, deadline: float, idle: IdleSignal
+) -> None:
+    """Sleep while the residents `plan` waits for are protected (at most `RESIDENCY_POLL_S`,
+    or until a backend goes idle: the caller plans again after); `start_progress` says so
+    meanwhile. Raises `AdmissionRefused` (with `refusal`, what holds the memory) when the
+    wait would end after `deadline`."""
     wait_s = plan.wait_s
     assert wait_s is not None
     now = time.monotonic()
     names = ", ".join(plan.protected)
-    if now + wait_s > deadline:
+    # A busy equal's turn may end sooner (when it goes idle): wait for it up to the
+    # deadline; a min_resident_s ends when it ends: refuse at once when that is too late.
+    if now + wait_s > deadline and (not plan.holding or now >= deadline):
         raise AdmissionRefused(
-            f"{refusal}; {names} stay resident for {math.ceil(wait_s)}s more (min_resident_s), "
-            f"longer than this start waits ({backend.config.start_timeout_s:g}s, "
+            f"{refusal}; {names} stay resident for {math.ceil(wait_s)}s more "
+            f"({'min_resident_s' if not plan.holding else 'busy, max_hold_s'}), longer than "
+            f"this start waits ({backend.config.start_timeout_s:g}s, "
             "start_timeout_s)"
         )
-    until = now + wait_s
+    until = min(now + wait_s, deadline)
     verb = "is" if len(plan.protected) == 1 else "are"
+
+    why = "min_resident_s" if not plan.holding else "busy, max_hold_s"
 
     def progress() -> str:
         left = math.ceil(max(0.0, until - time.monotonic()))
-        return f"waiting for VRAM: {names} {verb} resident for {left}s more (min_resident_s)"
+        return f"waiting for VRAM: {names} {verb} resident for {left}s more ({why})"
 
-    logger.info("start waits for min_resident_s backend=%s residents=%s wait_s=%.1f",
-                backend.name, names, wait_s)  # fmt: skip
+    logger.info("start waits for min_resident_s/max_hold_s backend=%s residents=%s "
+                "wait_s=%.1f", backend.name, names, wait_s)  # fmt: skip
     with backend.server.waiting_for_vram(progress):
-        await asyncio.sleep(min(wait_s, RESIDENCY_POLL_S))
+        await idle.wait(min(until - now, RESIDENCY_POLL_S))
+
+
+class IdleSignal:
+    """Pulsed when a backend's last request ends: starts waiting for an equal's turn plan
+    again at once (no poll delay added to a switch)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def pulse(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the next pulse, at most `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)

@@ -79,6 +79,7 @@ class StopReason(enum.StrEnum):
     SHUTDOWN = "shutdown"  # the gateway stops its own processes
     YIELD = "yield"  # POST /vram/yield
     PROFILE = "profile"  # a GPU profile disabled it
+    STANDBY = "standby"  # lifecycle: standby, put to sleep after its load at gateway start
 
 
 class StartOutcome(enum.StrEnum):
@@ -91,7 +92,13 @@ class StartOutcome(enum.StrEnum):
 
 
 # The reasons a backend is put to sleep for (`microscheduler_backend_sleeps_total`).
-SLEEP_REASONS: Final = (StopReason.IDLE, StopReason.EVICTION, StopReason.YIELD, StopReason.ADMIN)
+SLEEP_REASONS: Final = (
+    StopReason.IDLE,
+    StopReason.EVICTION,
+    StopReason.YIELD,
+    StopReason.ADMIN,
+    StopReason.STANDBY,
+)
 
 
 class SleepOutcome(enum.StrEnum):

@@ -10,6 +10,8 @@ it stops.
   already run (they outlived an earlier gateway) are adopted without an admission check,
   or stopped when a hold or the profile blocks them (a server the yield put to sleep stays
   asleep); pinned ones that do not run are started; lazy ones wait for their first request.
+  Standby ones, once the others are up, are loaded one at a time when they fit without
+  evicting anything, and put to sleep (level 1) as soon as they are ready (`standby`).
 - Loops, each a named task: the health watch (every `health_interval_s`; an external
   server found healthy is asked what it serves, `Backend.learn`), the reaper (idle
   lazy backends, expired zones and yield, every `reaper_interval_s`), the vLLM `/metrics`
@@ -27,7 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
+from app.errors import BackendUnavailable
 from app.gpu.poller import GpuMonitor
+from app.lifecycle import admission as rules
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
@@ -156,8 +160,39 @@ class Supervisor:
         before a start counts on it), then every backend is brought up, each in its task."""
         if self._sweep is not None:
             await self._sweep()
+        first = []
         for name, backend in self._backends.items():
-            self._start_tasks.append(spawn(self._bring_up(backend), name=f"startup:{name}"))
+            first.append(spawn(self._bring_up(backend), name=f"startup:{name}"))
+        self._start_tasks += first
+        standby = [b for b in self._backends.values() if b.standby]
+        if standby:
+            if first:
+                await asyncio.wait(first)  # pinned ones first: they must run
+            for backend in standby:  # one at a time (two vLLM loads at once break each other)
+                await self._standby(backend)
+
+    async def _standby(self, backend: Backend) -> None:
+        """Load a standby backend and put it to sleep; left as it is when blocked, already
+        asleep or busy, and left stopped (its first request cold-starts it) when it does
+        not fit without evicting something."""
+        if backend.blocks or backend.state not in (BackendState.STOPPED, BackendState.READY):
+            return
+        if backend.state is BackendState.STOPPED:
+            if backend.admission.fits_now(backend) is False:
+                logger.warning("standby backend not loaded: it does not fit without evicting "
+                               "backend=%s", backend.name)  # fmt: skip
+                return
+            await backend.start_logged("standby")
+        if backend.state is not BackendState.READY or backend.in_flight:
+            return  # failed, refused, or a request got to it first: it stays as it is
+        level = rules.standby_level(backend.config, managed=backend.runtime.managed)
+        try:
+            if level is None:
+                await backend.stop(StopReason.STANDBY)
+            else:
+                await backend.sleep(StopReason.STANDBY, level=level)
+        except BackendUnavailable as exc:
+            logger.error("standby sleep failed backend=%s error=%s", backend.name, exc.message)
 
     async def _bring_up(self, backend: Backend) -> None:
         if not backend.runtime.managed:
@@ -177,7 +212,7 @@ class Supervisor:
                 await backend.stop(blocked.stop_reason, drain_timeout_s=0)
             return
         if not backend.lazy and backend.state is BackendState.STOPPED:
-            await backend.start_logged("startup")
+            await backend.start_logged("startup")  # standby ones: `_standby`, after these
 
     # -- loops --------------------------------------------------------------------------
 

@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 # vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with it set to 1 or
 # true (vllm/envs.py; vllm/entrypoints/serve/lora/api_router.py).
 LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# vLLM serves /sleep, /wake_up and /is_sleeping only with this set to 1 (vllm/envs.py,
+# vllm/entrypoints/serve/dev), and sleeps only with the engine flag.
+SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
+SLEEP_FLAG = "--enable-sleep-mode"
 
 
 class TimeoutsConfig(StrictConfig):
@@ -208,14 +212,24 @@ class BackendConfig(StrictConfig):
     # `priority`: requests carry vLLM's `priority` from the client key (the server needs
     # `--scheduling-policy priority`); `fcfs`: their bodies are relayed untouched.
     scheduling: Literal["fcfs", "priority"] = "fcfs"
-    # Lifecycle (see README "Model lifecycle").
-    lifecycle: Literal["pinned", "lazy"] = "pinned"
+    # Lifecycle (see README "Model lifecycle"): `pinned` runs all the time; `lazy` starts
+    # on its first request; `standby` is started once at gateway start and put to sleep
+    # (level 1) as soon as it is ready, so its first request costs a wake, not a cold start
+    # (it needs vLLM's sleep mode: VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode), and is
+    # evicted like a lazy one.
+    lifecycle: Literal["pinned", "lazy", "standby"] = "pinned"
     idle_ttl_s: NonNegativeFloat = 0.0
     # Lazy only: once ready, another model's start does not evict it for this long (it
-    # waits instead, up to its own start_timeout_s), so two models that do not fit together
-    # do not swap at every request. A zone or a yield still evicts it; idle_ttl_s still
-    # stops it. 0: no protection.
+    # waits instead, up to its own start_timeout_s), even when idle. A zone or a yield
+    # still evicts it; idle_ttl_s still stops it. 0: no protection.
     min_resident_s: NonNegativeFloat = 0.0
+    # Lazy only: how long, from its ready, it keeps the GPU against a start of equal
+    # priority while requests keep it busy (the other model's requests wait, each up to its
+    # max_wait_s). An idle backend is evicted by equals at once (past min_resident_s), a
+    # busy one after this (its requests drained first). So two models that do not fit
+    # together and take turns serve their requests in batches instead of swapping at every
+    # request. 0: a busy equal is evicted at once (drained): a swap at every turn.
+    max_hold_s: NonNegativeFloat = 30.0
     priority: int = 50
     # The machine whose GPUs it uses: a name in `hosts:`; none: the gateway's own (the
     # top-level docker: and gpu:). A kubernetes backend with a host is admitted on that
@@ -335,11 +349,11 @@ class BackendConfig(StrictConfig):
                     "accounts: the gateway's admission does not count it (remove the key, "
                     "or name the node in host: to admit it on that host's GPUs)"
                 )
-        if self.lifecycle == "lazy":
+        if self.lifecycle in ("lazy", "standby"):
             if self.runtime.kind == "external":
                 raise ValueError(
-                    "lifecycle: lazy needs a runtime the gateway can start (docker, process or "
-                    "kubernetes), not external"
+                    f"lifecycle: {self.lifecycle} needs a runtime the gateway can start "
+                    "(docker, process or kubernetes), not external"
                 )
             if (
                 self.gpus_accounted
@@ -348,13 +362,14 @@ class BackendConfig(StrictConfig):
                 and self.hf_config is None
             ):
                 raise ValueError(
-                    "vram_mib: is required for lifecycle: lazy (used for admission), unless "
-                    "model_info: or hf_config: describes the model to plan it from"
+                    f"vram_mib: is required for lifecycle: {self.lifecycle} (used for "
+                    "admission), unless model_info: or hf_config: describes the model to plan "
+                    "it from"
                 )
         elif self.min_resident_s > 0:
             raise ValueError(
-                "min_resident_s: applies to lifecycle: lazy only (a pinned backend is never "
-                "evicted for another model)"
+                "min_resident_s: applies to lifecycle: lazy or standby only (a pinned backend "
+                "is never evicted for another model)"
             )
         if self.asleep_mib is not None and self.asleep_mib > (self.vram_mib or self.asleep_mib):
             raise ValueError(
@@ -444,6 +459,32 @@ class BackendConfig(StrictConfig):
             f"not set {LORA_ENV}=1: vLLM then has no /v1/load_lora_adapter and requests for "
             "them fail"
         )
+
+    def sleep_mode_warning(self) -> str | None:
+        """Why a `standby` backend may not sleep, when its configuration shows it: a process
+        backend whose `env:` lacks VLLM_SERVER_DEV_MODE=1 or whose command lacks
+        --enable-sleep-mode (vLLM then has no /sleep, or refuses it: the backend is stopped
+        after its first load instead, and its first request is a cold start). A container's
+        environment and command are not seen here."""
+        if self.lifecycle != "standby" or not isinstance(self.runtime, ProcessRuntimeConfig):
+            return None
+        missing = []
+        if self.runtime.env.get(SLEEP_ENV, "").strip() != "1":
+            missing.append(f"runtime.env does not set {SLEEP_ENV}=1")
+        if SLEEP_FLAG not in self.runtime.command:
+            missing.append(f"runtime.command lacks {SLEEP_FLAG}")
+        if not missing:
+            return None
+        return (
+            f"lifecycle: standby needs vLLM's sleep mode, but {' and '.join(missing)}: it "
+            "would be stopped after its first load instead of put to sleep, and its first "
+            "request would be a cold start"
+        )
+
+    def warnings(self) -> list[str]:
+        """What `check-config` says about it beyond errors (each `key: ...`)."""
+        found = (self.lora_warning(), self.sleep_mode_warning())
+        return [w for w in found if w is not None]
 
     @property
     def served_model(self) -> str:

@@ -50,6 +50,23 @@ class FakeConfig:
     vram_asleep_mib: int | None = None  # while asleep (level 1 or 2); None: vram_mib // 8
     sim_gpu_dir: str | None = None  # the ledger directory; None reports nothing
     gpus: list[int] = field(default_factory=lambda: [0])
+    # vLLM's --enable-sleep-mode: accepted (sleep mode here needs VLLM_SERVER_DEV_MODE=1 only).
+    enable_sleep_mode: bool = False
+    # The modelled time of a wake: the weights (`weights_mib`; None: what a sleep frees,
+    # --vram-mib minus the asleep footprint) copied back at this rate, in GiB/s, by a level-1
+    # `/wake_up` and read again by a level-2 `reload_weights`. 0: instant.
+    wake_gib_per_s: float = 0.0
+    weights_mib: int | None = None
+
+    def wake_s(self) -> float:
+        """Seconds a wake of the weights takes (0: not modelled)."""
+        if self.wake_gib_per_s <= 0:
+            return 0.0
+        weights = self.weights_mib
+        if weights is None:
+            asleep = self.vram_asleep_mib
+            weights = self.vram_mib - (self.vram_mib // 8 if asleep is None else asleep)
+        return max(0, weights) / 1024 / self.wake_gib_per_s
 
     def faults(self) -> Faults:
         return Faults(**{f.name: getattr(self, f.name) for f in fields(Faults)})

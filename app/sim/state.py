@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -45,10 +47,14 @@ class Stats:
     failed: int = 0
     dropped: int = 0
     in_flight: int = 0
+    # Modelled waits (`FakeConfig.wake_s`): how many wakes of the weights, their seconds.
+    wakes: int = 0
+    wake_s: float = 0.0
 
     def reset(self) -> None:
         self.requests.clear()
         self.completed = self.aborted = self.failed = self.dropped = 0
+        self.wakes, self.wake_s = 0, 0.0
 
 
 class RequestRun:
@@ -87,6 +93,9 @@ class FakeState:
         self.faults = config.faults()
         self.stats = Stats()
         self.listening_since: float | None = None  # time.time() when the port opened
+        # time.time() when its process began (None: in a test's process); with
+        # `listening_since`, the whole boot a cold start waited for.
+        self.process_started: float | None = None
         self.engine = FakeEngine(config.max_num_seqs)
         self.metrics = FakeMetrics(self.models[0])
         self.vram = FakeVram(config)
@@ -215,3 +224,14 @@ class FakeState:
         self.engine.abort_all()
         for task in list(self._tasks):
             task.cancel()
+
+
+def process_started() -> float | None:
+    """time.time() when this process began (Linux /proc, to the clock tick), else None."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, since boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))

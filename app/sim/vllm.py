@@ -45,15 +45,15 @@ from aiohttp import web
 
 from app.sim.audio import AudioApi
 from app.sim.config import FakeConfig
-from app.sim.engine import PauseMode
 from app.sim.generation import GenerationApi
 from app.sim.messages import MessagesApi
 from app.sim.metrics import CONTENT_TYPE
 from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
 from app.sim.routes import TASKS, RouteTable, api_key_middleware
-from app.sim.state import FakeState, error_response, json_response
-from app.sim.text import ApiError, dumps, query_error, validation_error
+from app.sim.sleep_mode import SleepMode
+from app.sim.state import error_response, json_response, process_started
+from app.sim.text import ApiError, dumps, validation_error
 
 __all__ = [
     "FakeConfig",
@@ -65,10 +65,8 @@ __all__ = [
     "serve",
 ]
 
-_PAUSE_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "wait", "keep": "keep"}
 
-
-class FakeVllm(FakeState):
+class FakeVllm(SleepMode):
     """The non-generation endpoints: health, models, metrics, sleep mode, LoRA, test controls."""
 
     routes: RouteTable  # set by build_app
@@ -191,86 +189,6 @@ class FakeVllm(FakeState):
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         return json_response(self.routes.openapi())
 
-    # --- sleep mode (VLLM_SERVER_DEV_MODE=1 only) --------------------------------------------
-
-    async def sleep(self, request: web.Request) -> web.StreamResponse:
-        """vllm/entrypoints/serve/dev/sleep/api_router.py ``sleep``: ``level`` an int in
-        0..2 (default 1), ``mode`` abort|wait|keep (FastAPI validates both: a 400
-        validation error), ``{"status": "sleeping", "level": N}``."""
-        self.record(request, None)
-        level_s, mode = request.query.get("level", "1"), request.query.get("mode", "abort")
-        try:
-            level = int(level_s.strip())
-        except ValueError:
-            msg = "Input should be a valid integer, unable to parse string as an integer"
-            return error_response(query_error("level", "int_parsing", msg, level_s))
-        if not 0 <= level <= 2:
-            kind, bound, msg = (
-                ("greater_than_equal", "ge", "greater than or equal to 0")
-                if level < 0
-                else ("less_than_equal", "le", "less than or equal to 2")
-            )
-            ctx = {bound: 0 if level < 0 else 2}
-            err = query_error("level", kind, f"Input should be {msg}", level_s, ctx)
-            return error_response(err)
-        pause_mode = _PAUSE_MODES.get(mode)
-        if pause_mode is None:
-            expected = "'abort', 'wait' or 'keep'"
-            msg = f"Input should be {expected}"
-            return error_response(
-                query_error("mode", "literal_error", msg, mode, {"expected": expected})
-            )
-        await self.engine.sleep(level, pause_mode)
-        self.vram.follow(self.engine.memory_sleeping)
-        return json_response(dumps({"status": "sleeping", "level": level}))
-
-    async def wake_up(self, request: web.Request) -> web.StreamResponse:
-        """vllm/entrypoints/serve/dev/sleep/api_router.py ``wake_up``: ``tags``
-        repeatable, none = all; ``{"status": "awake"|"sleeping", "tags": [...]|null}``,
-        "sleeping" while some memory still sleeps (vllm/v1/engine/core.py ``wake_up``)."""
-        self.record(request, None)
-        tags: list[str] | None = request.query.getall("tags", []) or None
-        fully_awake = self.engine.wake_up(tags)
-        self.vram.follow(self.engine.memory_sleeping)
-        body = {"status": "awake" if fully_awake else "sleeping", "tags": tags}
-        return json_response(dumps(body))
-
-    async def is_sleeping(self, request: web.Request) -> web.StreamResponse:
-        """True while paused at any level, 0 included (vllm/v1/engine/core.py
-        ``is_sleeping``: scheduler paused or executor sleeping)."""
-        self.record(request, None)
-        return json_response(dumps({"is_sleeping": self.engine.is_sleeping}))
-
-    async def collective_rpc(self, request: web.Request) -> web.StreamResponse:
-        """``{"method": "reload_weights"}`` (the step of a level-2 wake between the tags);
-        vLLM runs any worker method, the fake knows this one only: others answer 400.
-        vLLM answers ``{"results": [...]}``, one result per worker."""
-        raw = await request.read()
-        try:  # vllm/entrypoints/serve/dev/rpc/api_router.py: HTTPExceptions, not validation
-            body = json.loads(raw)
-        except ValueError as exc:
-            self.record(request, None)
-            msg = f"JSON decode error: {exc}"
-            return error_response(ApiError(400, msg, "Bad Request"))
-        self.record(request, body)
-        if not isinstance(body, dict):
-            msg = "Request body must be a JSON object"
-            return error_response(ApiError(400, msg, "Bad Request"))
-        method = body.get("method")
-        if method is None:  # vllm/entrypoints/serve/dev/rpc/api_router.py: an HTTPException
-            return error_response(ApiError(400, "Missing 'method' in request body", "Bad Request"))
-        if method != "reload_weights":
-            return error_response(ApiError(400, f"fake vLLM: unsupported method {method!r}"))
-        try:
-            self.engine.reload_weights()
-        except ValueError as exc:
-            return error_response(ApiError(500, str(exc), "InternalServerError"))
-        return json_response(dumps({"results": [None]}))
-
-    async def reset_prefix_cache(self, request: web.Request) -> web.StreamResponse:
-        self.record(request, None)
-        return web.Response(status=200)  # the fake keeps no prefix cache
-
     # --- test controls -----------------------------------------------------------------------
 
     async def get_faults(self, request: web.Request) -> web.StreamResponse:
@@ -300,6 +218,11 @@ class FakeVllm(FakeState):
                     "running": self.engine.running,
                     "waiting": self.engine.waiting,
                     "listening_since": self.listening_since,
+                    "process_started": self.process_started,
+                    "startup_delay_s": self.config.startup_delay,
+                    "wakes": stats.wakes,
+                    "wake_s": stats.wake_s,
+                    "pid": os.getpid(),
                     "vram_mib": self.vram.held_mib,
                     "vram_gpus": list(self.vram.gpus),
                     "vram_ledger_file": self.vram.ledger_file,
@@ -452,6 +375,7 @@ async def serve(config: FakeConfig) -> None:
     else:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
     server = FakeVllmServer(config)
+    server.fake.process_started = process_started()
     vram = server.fake.vram
     try:
         vram.start(config.port or None)  # vLLM allocates while loading, before /health
@@ -574,6 +498,21 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         "--gpu", dest="gpus", type=_gpu_list, action="extend", metavar="N",
         help="GPU index(es) the footprint is on, each in full; repeatable or comma list "
         "(default: 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-sleep-mode", action="store_true",
+        help="vLLM's flag; accepted (the fake's sleep mode needs VLLM_SERVER_DEV_MODE=1 only)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wake-gib-per-s", type=nn_float, default=0.0, metavar="R",
+        help="model a wake's time: the weights copied back at R GiB/s by a level-1 /wake_up "
+        "and read again by a level-2 reload_weights, reported in /_fake/stats (default 0: "
+        "instant)",
+    )  # fmt: skip
+    p.add_argument(
+        "--weights-mib", type=nn_int, metavar="N",
+        help="the weights' size for --wake-gib-per-s (default: what a sleep frees, "
+        "--vram-mib minus the asleep footprint)",
     )  # fmt: skip
     ns = p.parse_args(argv)
     if ns.fail_count is not None and ns.fail_status is None:

@@ -167,7 +167,8 @@ def test_invalid_optional_file_is_named(tmp_path: Path) -> None:
             ISSUE_EXAMPLE.replace(
                 "role: orchestrator", "role: orchestrator\n    min_resident_s: 30"
             ),
-            "models.yaml: backends.orchestrator: min_resident_s: applies to lifecycle: lazy only",
+            "models.yaml: backends.orchestrator: min_resident_s: applies to lifecycle: lazy or "
+            "standby only",
         ),
         ("backends: {}\n", "models.yaml: backends: Dictionary should have at least 1 item"),
         ("timeouts: {}\n", "models.yaml: backends: is required"),

@@ -1,0 +1,347 @@
+"""What a model switch costs, and what the gateway adds to it.
+
+Run `.venv/bin/python bench/switch.py`; `--quick` for a smoke run, `--json PATH` to keep the
+numbers. The gateway is a real process on a simulated 16,000 MiB GPU; its two backends are
+lazy fake vLLM processes of equal priority (dev mode, sleep mode on) of 11,000 MiB each, so
+they never fit together and every turn is a switch. The fake models its own waits: a cold
+start waits `--startup-delay`, a wake copies its weights back at `--wake-gib-per-s`; it
+reports both (`/_fake/stats`: `wake_s`, `process_started`, `listening_since`).
+
+Phases:
+1. Switches, once with `eviction: {method: stop}`, once with `{method: sleep}`: one client
+   alternates streaming chat requests between the two models; each request after the
+   first of each model is a switch. The fake answers at once (no modelled TTFT). Per
+   switch: the time to the first body byte (TTFB), the fake's
+   modelled wait (the wake, or the startup delay of a cold start) and the gateway's share:
+   TTFB minus that modelled wait. A cold start also waits for the fake's Python process to
+   boot (imports; no vLLM model of it): reported, and taken out in a second column.
+2. Collation (sleep eviction): clients of both models send requests at once, each as soon
+   as its last one is answered, with `max_hold_s` set and with `max_hold_s: 0` (a busy
+   model is evicted at once, drained: a swap at every turn). Reported: switches (the
+   gateway's `microscheduler_swaps_total`), the longest any request waited, and its bound
+   (`max_wait_s`); every request must be answered.
+
+Targets (reported, not enforced): the gateway adds <= 50 ms to a sleep switch (p50 and p95);
+with collation, fewer switches for the same requests and none waits past its bound. Exit
+code 1 only when something broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.overhead import HOST, Proc, free_port, log, ms, pct
+
+MODELS = ("alpha", "beta")
+GPU_MIB, MODEL_MIB, ASLEEP_MIB = 16000, 11000, 1000
+TARGET_MS = 50.0
+
+
+def call(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=120)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"content-type": "application/json"} if data else {}
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw or b"null")
+        except ValueError:
+            return response.status, raw.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def chat(port: int, model: str, *, stream: bool) -> tuple[int, float, float]:
+    """(status, seconds to the first body byte, seconds to the end)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "stream": stream}  # fmt: skip
+    conn = http.client.HTTPConnection(HOST, port, timeout=120)
+    try:
+        sent = time.monotonic()
+        conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                     {"content-type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        response.read(1)
+        first = time.monotonic() - sent
+        response.read()
+        return response.status, first, time.monotonic() - sent
+    finally:
+        conn.close()
+
+
+def fake_stats(port: int) -> dict[str, Any] | None:
+    try:
+        status, stats = call(port, "GET", "/_fake/stats")
+    except OSError:
+        return None  # stopped: no process
+    return stats if status == 200 else None
+
+
+class Setup:
+    def __init__(self, quick: bool) -> None:
+        self.startup_delay = 0.3 if quick else 2.0
+        self.wake_gib_per_s = 40.0 if quick else 10.0  # 9.4 GiB of weights: 0.24 s / 0.94 s
+        self.ttft = 0.05
+
+
+def start_gateway(
+    tmp: Path, ports: dict[str, int], setup: Setup, ttft: float, **fields: Any
+) -> Proc:
+    ledger = tmp / "sim-gpu"
+    config = tmp / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    backends = {}
+    for name, port in ports.items():
+        command = [
+            "{python}", "-m", "app.sim.vllm", "--port", str(port), "--model", name,
+            "--max-tokens", "2", "--ttft", str(ttft),
+            "--startup-delay", str(setup.startup_delay), "--enable-sleep-mode",
+            "--wake-gib-per-s", str(setup.wake_gib_per_s), "--vram-mib", str(MODEL_MIB),
+            "--vram-asleep-mib", str(ASLEEP_MIB), "--sim-gpu-dir", str(ledger),
+        ]  # fmt: skip
+        backends[name] = {
+            "url": f"http://{HOST}:{port}",
+            "models": [name],
+            "lifecycle": "lazy",
+            "vram_mib": MODEL_MIB,
+            "asleep_mib": ASLEEP_MIB,
+            "runtime": {"kind": "process", "command": command,
+                        "env": {"VLLM_SERVER_DEV_MODE": "1"}},
+            **fields,
+        }  # fmt: skip
+    models = {"gpu": {"probe": "sim", "sim": {"total_mib": GPU_MIB, "ledger_dir": str(ledger)}},
+              "backends": backends}  # fmt: skip
+    (config / "models.yaml").write_text(json.dumps(models))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")
+    env["MICROSCHEDULER_ACCESS_LOG"] = "false"
+    args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
+    proc = Proc("gateway", args, env, "", tmp / "gateway.log")
+    proc.wait_ready(["/health", "/ready"])
+    return proc
+
+
+def swaps(port: int) -> float:
+    status, text = call(port, "GET", "/metrics")
+    if status != 200 or not isinstance(text, str):
+        raise RuntimeError(f"/metrics answered {status}")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("microscheduler_swaps_total{")
+    )
+
+
+def phase_switches(tmp: Path, setup: Setup, method: str, switches: int) -> dict[str, Any]:
+    ports = {name: free_port() for name in MODELS}
+    # No modelled generation time here: the switch is all there is to the first byte.
+    gw = start_gateway(tmp / method, ports, setup, 0.0, eviction={"method": method, "level": 1})
+    rows: list[dict[str, float]] = []
+    try:
+        for turn in range(switches + 2):
+            name = MODELS[turn % 2]
+            before = fake_stats(ports[name])
+            status, first, _ = chat(gw.port, name, stream=True)
+            if status != 200:
+                raise RuntimeError(f"{method}: request {turn} for {name} answered {status}")
+            after = fake_stats(ports[name])
+            if after is None:
+                raise RuntimeError(f"{method}: {name} answered but reports no stats")
+            if turn < 2:
+                continue  # each model's first request is its first start, not a switch
+            cold = before is None or before["pid"] != after["pid"]
+            if cold:
+                modelled = after["startup_delay_s"]
+                boot = after["listening_since"] - (after["process_started"] or 0.0)
+            else:
+                assert before is not None
+                modelled = after["wake_s"] - before["wake_s"]
+                boot = modelled
+            rows.append({"ttfb_s": first, "modelled_s": modelled, "cold": float(cold),
+                         "gateway_s": first - modelled, "beyond_boot_s": first - boot})  # fmt: skip
+            log(f"{method} switch {turn}: ttfb {ms(first):.0f} ms, gateway "
+                f"{ms(first - modelled):.1f} ms{' (cold)' if cold else ''}")  # fmt: skip
+        counted = swaps(gw.port)
+    finally:
+        gw.stop()
+
+    def stat(key: str) -> dict[str, float]:
+        values = [r[key] for r in rows]
+        return {"p50_ms": ms(pct(values, 50)), "p95_ms": ms(pct(values, 95))}
+
+    return {
+        "method": method,
+        "switches": len(rows),
+        "gateway_swaps": counted,
+        "cold_starts": int(sum(r["cold"] for r in rows)),
+        "ttfb": stat("ttfb_s"),
+        "modelled": stat("modelled_s"),
+        "gateway": stat("gateway_s"),
+        "beyond_boot": stat("beyond_boot_s"),
+    }
+
+
+def phase_collation(
+    tmp: Path, setup: Setup, hold_s: float, clients: int, requests: int, max_wait_s: float
+) -> dict[str, Any]:
+    ports = {name: free_port() for name in MODELS}
+    fields = {"eviction": {"method": "sleep", "level": 1}, "max_hold_s": hold_s,
+              "max_wait_s": max_wait_s}  # fmt: skip
+    gw = start_gateway(tmp / f"hold-{hold_s:g}", ports, setup, setup.ttft, **fields)
+    waits: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(model: str) -> None:
+        for _ in range(requests):
+            try:
+                status, _, total = chat(gw.port, model, stream=False)
+            except OSError as exc:
+                status, total = 0, 0.0
+                with lock:
+                    errors.append(str(exc))
+            with lock:
+                waits.append(total)
+                if status != 200:
+                    errors.append(f"{model}: {status}")
+
+    try:
+        for name in MODELS:  # both loaded once (the second evicts the first): warm
+            if chat(gw.port, name, stream=False)[0] != 200:
+                raise RuntimeError(f"warm-up request for {name} failed")
+        before = swaps(gw.port)
+        threads = [threading.Thread(target=client, args=(MODELS[i % 2],))
+                   for i in range(clients * 2)]  # fmt: skip
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=max_wait_s * requests + 60)
+        wall = time.monotonic() - began
+        counted = swaps(gw.port) - before
+    finally:
+        gw.stop()
+    return {
+        "max_hold_s": hold_s,
+        "requests": len(waits),
+        "errors": len(errors),
+        "error_kinds": sorted(set(errors))[:5],
+        "switches": counted,
+        "wall_s": round(wall, 2),
+        "max_wait_s": round(max(waits, default=0.0), 3),
+        "p50_wait_s": round(pct(waits, 50), 3) if waits else 0.0,
+        "bound_s": max_wait_s,
+    }
+
+
+def render(res: dict[str, Any]) -> str:
+    s = res["setup"]
+    lines = [
+        f"Model switches: two lazy fakes of {MODEL_MIB} MiB on a {GPU_MIB} MiB sim GPU; "
+        f"startup delay {s['startup_delay_s']:g} s, wake {s['wake_gib_per_s']:g} GiB/s "
+        f"({res['machine']})",
+        "",
+        "| Eviction | switches | TTFB p50 / p95 | fake's modelled wait p50 | gateway's share "
+        "p50 / p95 | share without the fake's process boot p50 / p95 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for p in res["switch_phases"]:
+        lines.append(
+            f"| {p['method']} | {p['switches']} | {p['ttfb']['p50_ms']:.0f} / "
+            f"{p['ttfb']['p95_ms']:.0f} ms | {p['modelled']['p50_ms']:.0f} ms | "
+            f"{p['gateway']['p50_ms']:.1f} / {p['gateway']['p95_ms']:.1f} ms | "
+            f"{p['beyond_boot']['p50_ms']:.1f} / {p['beyond_boot']['p95_ms']:.1f} ms |"
+        )
+    lines += [
+        "",
+        "| Collation (sleep) | requests | switches | longest wait | p50 wait | bound "
+        "(max_wait_s) | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in res["collation"]:
+        lines.append(
+            f"| max_hold_s {c['max_hold_s']:g} | {c['requests']} | {c['switches']:.0f} | "
+            f"{c['max_wait_s']:.2f} s | {c['p50_wait_s']:.2f} s | {c['bound_s']:g} s | "
+            f"{c['errors']} |"
+        )
+    lines += ["", "Targets (reported, not enforced):"]
+    lines += [f"- {t['name']}: {t['value']} -> {t['verdict']}" for t in res["targets"]]
+    lines += ["", f"Command: {res['command']}"]
+    return "\n".join(lines)
+
+
+def judge(res: dict[str, Any]) -> list[dict[str, Any]]:
+    sleep = next(p for p in res["switch_phases"] if p["method"] == "sleep")
+    held, thrash = res["collation"]
+    added = sleep["gateway"]["p95_ms"]
+    fewer = held["switches"] < thrash["switches"]
+    bounded = all(c["max_wait_s"] <= c["bound_s"] and not c["errors"] for c in res["collation"])
+    return [
+        {"name": "gateway's share of a sleep switch, p95 <= 50 ms", "value": f"{added:.1f} ms",
+         "verdict": "PASS" if added <= TARGET_MS else "MISS"},
+        {"name": "collation: fewer switches than max_hold_s 0",
+         "value": f"{held['switches']:.0f} vs {thrash['switches']:.0f}",
+         "verdict": "PASS" if fewer else "MISS"},
+        {"name": "no request waits past max_wait_s, none refused",
+         "value": f"longest {max(c['max_wait_s'] for c in res['collation']):.2f} s",
+         "verdict": "PASS" if bounded else "MISS"},
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/switch.py", description=__doc__.split("\n")[0])
+    p.add_argument("--switches", type=int, default=20)
+    p.add_argument("--clients", type=int, default=2, help="per model, in the collation phase")
+    p.add_argument("--requests", type=int, default=15, help="per client, collation phase")
+    p.add_argument("--hold", type=float, default=2.0, help="max_hold_s of the collation phase")
+    p.add_argument("--quick", action="store_true", help="a smoke run: few switches, short waits")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    setup = Setup(a.quick)
+    switches, requests, hold = (4, 4, 0.5) if a.quick else (a.switches, a.requests, a.hold)
+    max_wait_s = 20.0
+    with tempfile.TemporaryDirectory(prefix="bench-switch-") as tmp:
+        try:
+            phases = [phase_switches(Path(tmp), setup, m, switches) for m in ("stop", "sleep")]
+            collation = [
+                phase_collation(Path(tmp), setup, h, a.clients, requests, max_wait_s)
+                for h in (hold, 0.0)
+            ]
+        except (RuntimeError, OSError, ValueError, KeyError) as exc:
+            log(f"FAILED: {exc}")
+            return 1
+    res: dict[str, Any] = {
+        "quick": a.quick,
+        "machine": f"{os.cpu_count()} cores, Python {sys.version.split()[0]}",
+        "setup": {
+            "startup_delay_s": setup.startup_delay,
+            "wake_gib_per_s": setup.wake_gib_per_s,
+            "ttft_s": setup.ttft,
+        },
+        "switch_phases": phases,
+        "collation": collation,
+        "command": f"python bench/switch.py --switches {switches} --clients {a.clients} "
+        f"--requests {requests} --hold {hold:g}" + (" --quick" if a.quick else ""),
+    }
+    res["targets"] = judge(res)
+    print(render(res))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Equals take turns in admission ("Swap in seconds" item 1): two lazy backends of the same
+priority that do not fit together alternate instead of the second being refused. The
+arbiter with real `Backend`s, gated fake runtimes and the simulated GPU (the rig of
+tests/unit/test_arbiter.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from app.lifecycle.state import BackendState
+from tests.fakes.waits import until
+from tests.unit.test_arbiter import Rig, Rigs, rig, rigs, settle, state_of, unavailable, within
+
+__all__ = ["rig", "rigs"]  # the fixtures, shared with test_arbiter
+
+
+def swaps(rig: Rig, backend: str, evicted: str) -> float | None:
+    return rig.metrics.registry.get_sample_value(
+        "microscheduler_swaps_total", {"backend": backend, "evicted": evicted}
+    )
+
+
+async def test_two_equal_lazy_models_that_do_not_fit_together_alternate(rigs: Rigs) -> None:
+    rig = rigs.make(total_mib=16000)
+    first = await rig.ready("first", vram_mib=11000)
+    second = rig.add("second", vram_mib=11000)
+
+    lease = await within(second.acquire())  # was: 503 backend_no_vram, first kept idle
+    lease.release()
+    assert state_of(first) is BackendState.STOPPED
+    assert state_of(second) is BackendState.READY
+
+    lease = await within(first.acquire())  # and back
+    lease.release()
+    assert state_of(second) is BackendState.STOPPED
+    assert state_of(first) is BackendState.READY
+    assert swaps(rig, "second", "first") == 1
+    assert swaps(rig, "first", "second") == 1
+
+
+async def test_a_higher_priority_idle_backend_is_not_evicted_by_a_lower_one(rigs: Rigs) -> None:
+    rig = rigs.make(total_mib=16000)
+    high = await rig.ready("high", vram_mib=11000, priority=60)
+    low = rig.add("low", vram_mib=11000, priority=50)
+    error = await unavailable(low)
+    assert error.kind == "no_vram"
+    assert "backend high 11000 MiB (priority 60, not below 50)" in error.message
+    assert state_of(high) is BackendState.READY
+
+
+async def test_a_pinned_equal_is_not_evicted(rigs: Rigs) -> None:
+    rig = rigs.make(total_mib=16000)
+    pinned = await rig.ready("pinned", vram_mib=11000, pinned=True)
+    lazy = rig.add("lazy", vram_mib=11000)
+    error = await unavailable(lazy)
+    assert "backend pinned 11000 MiB (pinned)" in error.message
+    assert state_of(pinned) is BackendState.READY
+
+
+async def test_a_busy_equal_keeps_the_gpu_until_its_last_request_ends(rigs: Rigs) -> None:
+    rig = rigs.make(total_mib=16000)
+    first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
+    second = rig.add("second", vram_mib=11000)
+    serving = [await within(first.acquire()), await within(first.acquire())]
+
+    waiting = asyncio.create_task(second.acquire())
+    progress = await until(second.start_progress, what="the start to say what it waits for")
+    assert "first is resident for " in progress
+    assert "(busy, max_hold_s)" in progress
+    serving.pop().release()
+    await settle()
+    assert state_of(first) is BackendState.READY  # one request still in flight
+    more = await within(first.acquire())  # the resident's own requests keep coming
+    more.release()
+    assert not waiting.done()
+
+    began = time.monotonic()
+    serving.pop().release()  # idle: its turn is over, at once (no poll)
+    lease = await within(waiting, 2.0)
+    assert time.monotonic() - began < 0.5
+    lease.release()
+    assert state_of(first) is BackendState.STOPPED
+    assert swaps(rig, "second", "first") == 1
+
+
+async def test_a_busy_equal_is_evicted_after_its_hold_its_requests_drained(rigs: Rigs) -> None:
+    rig = rigs.make(total_mib=16000)
+    first = await rig.ready("first", vram_mib=11000, max_hold_s=0.3)
+    second = rig.add("second", vram_mib=11000)
+    busy = await within(first.acquire())
+
+    waiting = asyncio.create_task(second.acquire())
+    await until(lambda: state_of(first) is BackendState.STOPPING, what="the hold to end")
+    assert not waiting.done()  # the drain serves the request in flight first
+    busy.release()
+    lease = await within(waiting)
+    lease.release()
+    assert state_of(first) is BackendState.STOPPED
+    assert first.last_drain_timed_out is False
+
+
+async def test_a_start_waiting_for_a_busy_equal_gives_up_at_its_start_timeout(rigs: Rigs) -> None:
+    rig = rigs.make(total_mib=16000)
+    first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
+    second = rig.add("second", vram_mib=11000, start_timeout_s=0.3)
+    busy = await within(first.acquire())
+    began = time.monotonic()
+    # The hold ends later than the start may wait, but the equal may go idle before: the
+    # start waits for that up to its start_timeout_s, then gives up.
+    error = await unavailable(second)
+    assert time.monotonic() - began >= 0.3
+    assert error.kind == "no_vram"
+    assert "(priority 50 and busy, its turn ends in " in error.message
+    assert "longer than this start waits (0.3s, start_timeout_s)" in error.message
+    assert state_of(first) is BackendState.READY
+    busy.release()
