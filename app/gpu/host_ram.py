@@ -101,10 +101,14 @@ def build_ram_query(selector: str, lookback_s: int) -> str:
 def node_memory(body: object, *, wall: float, mono: float) -> RamReading:
     """The newest MemTotal and MemAvailable of a `/api/v1/query` answer (matrix or
     vector). Raises `ProbeError` when one is missing or several hosts answer."""
+    result = body.get("data", {}).get("result") if isinstance(body, dict) else None
+    if (
+        not isinstance(body, dict)
+        or body.get("status") != "success"
+        or not isinstance(result, list)
+    ):
+        raise ProbeError("answered an unexpected body", reason="bad_response")
     try:
-        assert isinstance(body, dict) and body.get("status") == "success"
-        result = body["data"]["result"]
-        assert isinstance(result, list)
         newest: dict[str, tuple[float, float]] = {}
         instances: dict[str, str] = {}
         for series in result:
@@ -121,7 +125,7 @@ def node_memory(body: object, *, wall: float, mono: float) -> RamReading:
                 )
             if name in (MEM_TOTAL, MEM_AVAILABLE):
                 newest[name] = max(newest.get(name, (0.0, 0.0)), (float(ts), float(raw)))
-    except (AssertionError, KeyError, TypeError, ValueError, IndexError):
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError):
         raise ProbeError("answered an unexpected body", reason="bad_response") from None
     missing = [m for m in (MEM_TOTAL, MEM_AVAILABLE) if m not in newest]
     if missing:

@@ -43,11 +43,15 @@ async def test_the_meminfo_source_reads_its_file_and_the_monitor_keeps_it(
     path.write_text(FIXTURE.read_text())
     monitor = HostRamMonitor(MeminfoSource(path), host="local", poll_interval_s=1.0)
     reading = await monitor.read()
-    assert reading is not None and reading.available_mib == 40000
-    assert monitor.up and monitor.error is None
+    assert reading is not None
+    assert reading.available_mib == 40000
+    assert monitor.up
+    assert monitor.error is None
     path.unlink()  # a failed read keeps the last good reading, and says why
     assert await monitor.read() == reading
-    assert not monitor.up and monitor.error is not None and "cannot read" in monitor.error
+    assert not monitor.up
+    assert monitor.error is not None
+    assert "cannot read" in monitor.error
 
 
 async def test_the_real_proc_meminfo_reads() -> None:

@@ -28,14 +28,16 @@ def test_level_1_while_it_fits_the_budget_with_the_numbers_in_the_reason() -> No
     assert release == Release(1, "sleep level 1: fits the host RAM budget (3,200 of 16,384 MiB)")
     # The other sleepers' charges count.
     release = choose_release(AUTO, me(), ram(Sleeper("a", 8000, 50.0)))
-    assert release.level == 1 and "(11,200 of 16,384 MiB)" in release.reason
+    assert release.level == 1
+    assert "(11,200 of 16,384 MiB)" in release.reason
 
 
 def test_the_least_recently_used_sleeper_is_stopped_to_make_room() -> None:
     sleepers = (Sleeper("old", 6000, 10.0), Sleeper("older", 6000, 5.0), Sleeper("new", 4000, 90))
     release = choose_release(AUTO, me(), ram(*sleepers))
     # 16,000 charged + 3,200 > 16,384: stopping "older" (6,000) is enough.
-    assert release.level == 1 and release.make_room == ("older",)
+    assert release.level == 1
+    assert release.make_room == ("older",)
     assert "(13,200 of 16,384 MiB) after stopping" in release.reason
 
 
@@ -49,7 +51,8 @@ def test_sleepers_used_more_recently_than_the_candidate_are_kept() -> None:
 
 def test_weights_larger_than_the_budget_never_sleep_at_level_1() -> None:
     release = choose_release(AUTO, me(20000), ram(Sleeper("a", 1000, 1.0)))
-    assert release.level == 2 and release.make_room == ()
+    assert release.level == 2
+    assert release.make_room == ()
     assert "weights (20,000 MiB) exceed the host RAM budget (16,384 MiB)" in release.reason
     # An explicit level-1 sleep is deepened, not refused: it was asked to sleep.
     assert choose_release(SLEEP_L1, me(20000), ram()).level == 2
@@ -90,7 +93,8 @@ def test_methods_that_do_not_look_at_the_budget(
     how: ReleaseConfig, candidate: Candidate, level: int | None, reason: str
 ) -> None:
     release = choose_release(how, candidate, ram(Sleeper("full", 16384, 1.0)))
-    assert release.level == level and release.reason.startswith(reason)
+    assert release.level == level
+    assert release.reason.startswith(reason)
     assert release.make_room == ()
 
 
@@ -98,11 +102,13 @@ def test_unknown_weights_or_budget_auto_avoids_level_1_sleep_keeps_it() -> None:
     assert choose_release(AUTO, me(None), ram()).level == 2
     assert choose_release(AUTO, me(), ram(budget=None)).level == 2
     release = choose_release(SLEEP_L1, me(), ram(budget=None))
-    assert release.level == 1 and "unknown host RAM" in release.reason
+    assert release.level == 1
+    assert "unknown host RAM" in release.reason
     assert choose_release(AUTO_L1, me(None), ram()).level is None
 
 
 def test_its_own_charge_is_not_counted_twice() -> None:
     # A backend found asleep and asked again is one of the sleepers already.
     release = choose_release(AUTO, me(10000), ram(Sleeper("me", 10000, 1.0)))
-    assert release.level == 1 and "(10,000 of 16,384 MiB)" in release.reason
+    assert release.level == 1
+    assert "(10,000 of 16,384 MiB)" in release.reason
