@@ -68,11 +68,19 @@ def backend_view(backend: Backend) -> Json:
         "holds_vram": backend.holds_vram,
         "blocked_by": sorted(backend.blocks.values()),
         "yield_method": backend.yield_method,
-        # How an idle stop and an eviction free its memory (stop, or sleep at a level).
-        "idle": {"method": cfg.idle.method, "level": cfg.idle.level},
-        "eviction": {"method": cfg.eviction.method, "level": cfg.eviction.level},
-        # Asleep: the MiB per GPU it still holds, as admission counts them (else None).
+        # How an idle stop and an eviction free its memory (stop, or sleep at a level;
+        # `auto`: the deepest level it may go, level 1 within the host RAM budget).
+        "idle": {"method": cfg.idle.method, "level": cfg.idle.sleep_level},
+        "eviction": {"method": cfg.eviction.method, "level": cfg.eviction.sleep_level},
+        "sleep_mode": backend.sleep_supported,
+        # Asleep: the MiB per GPU it still holds, as admission counts them (else None),
+        # and the level it sleeps at (None: awake, or not known).
         "asleep_mib": backend.asleep_mib,
+        "asleep_level": backend.asleep_level,
+        # The host RAM its weights take asleep at level 1 (MiB), and where that is from:
+        # measured (vLLM's load), model (the planner's weights) or vram_mib.
+        "host_ram_charge_mib": backend.ram_charge_mib,
+        "host_ram_charge_from": backend.ram_charge_source[1],
     }
 
 

@@ -79,6 +79,7 @@ class StopReason(enum.StrEnum):
     SHUTDOWN = "shutdown"  # the gateway stops its own processes
     YIELD = "yield"  # POST /vram/yield
     PROFILE = "profile"  # a GPU profile disabled it
+    HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
 
 
 class StartOutcome(enum.StrEnum):

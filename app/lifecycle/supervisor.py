@@ -126,6 +126,9 @@ class Supervisor:
             spawn(self._scrape_loop(), name="vllm-scrape"),
         ]
         for host in self._hosts.values():
+            if host.ram.monitor is not None:  # its RAM for /status and the metrics
+                poll = host.ram.monitor.run()
+                self._gpu_polls.append(spawn(poll, name=f"host-ram-poll:{host.name}"))
             if host.monitor is None:
                 continue
             # A sample's socket (Prometheus) is the source's own: the poll is cancelled at
