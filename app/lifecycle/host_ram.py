@@ -65,6 +65,8 @@ class HostRamView:
     age_s: float | None
     total_mib: int | None
     available_mib: int | None
+    total_bytes: int | None
+    available_bytes: int | None
     budget_mib: int | None
     budget_from: str  # sleep_budget_mib, 50% of MemTotal, unknown
     reserve_mib: int
@@ -185,6 +187,8 @@ class HostRamBook:
             age_s=None if age is None else round(age, 3),
             total_mib=None if reading is None else reading.total_mib,
             available_mib=None if reading is None else reading.available_mib,
+            total_bytes=None if reading is None else reading.total_bytes,
+            available_bytes=None if reading is None else reading.available_bytes,
             budget_mib=budget,
             budget_from=budget_from,
             reserve_mib=self.config.reserve_mib,
@@ -230,9 +234,9 @@ class HostRamCollector(Collector):
         for view in views:
             labels = [view.host]
             up.add_metric(labels, 1.0 if view.up else 0.0)
-            if view.total_mib is not None and view.available_mib is not None:
-                total.add_metric(labels, float(view.total_mib * MIB))
-                available.add_metric(labels, float(view.available_mib * MIB))
+            if view.total_bytes is not None and view.available_bytes is not None:
+                total.add_metric(labels, float(view.total_bytes))
+                available.add_metric(labels, float(view.available_bytes))
             if view.budget_mib is not None:
                 budget.add_metric(labels, float(view.budget_mib * MIB))
             reserve.add_metric(labels, float(view.reserve_mib * MIB))
