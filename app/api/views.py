@@ -80,8 +80,8 @@ def backend_view(backend: Backend) -> Json:
         "asleep_level": backend.asleep_level,
         # The host RAM its weights take asleep at level 1 (MiB), and where that is from:
         # measured (vLLM's load), model (the planner's weights) or vram_mib.
-        "host_ram_charge_mib": backend.ram_charge_mib,
-        "host_ram_charge_from": backend.ram_charge_source[1],
+        "host_ram_charge_mib": backend.ram_charge[0],
+        "host_ram_charge_from": backend.ram_charge[1],
     }
 
 

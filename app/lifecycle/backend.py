@@ -30,7 +30,7 @@ from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.queue import TicketQueue
-from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
+from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted, ram_charge
 from app.lifecycle.server import Server, StartFailed, exit_text
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
@@ -193,20 +193,14 @@ class Backend(Holding):
         self._loaded_weights_bytes = weights_bytes
 
     @property
-    def ram_charge_mib(self) -> int | None:
-        """MiB of host RAM its weights hold asleep at level 1: measured at load, else
-        the planner's weights (`BackendConfig.weights_bytes`); None: unknown."""
-        return _mib_up(self.ram_charge_source[0])
+    def ram_charge(self) -> tuple[int | None, str | None]:
+        """(MiB of host RAM its weights hold asleep at level 1, where from), by
+        `app.lifecycle.release.ram_charge`."""
+        return ram_charge(self._loaded_weights_bytes, self.config)
 
     @property
-    def ram_charge_source(self) -> tuple[int | None, str | None]:
-        """(bytes, where from: `measured`, `model`, `vram_mib`) of `ram_charge_mib`."""
-        if self._loaded_weights_bytes is not None:
-            return self._loaded_weights_bytes, "measured"
-        weights = self.config.weights_bytes
-        if weights is None:
-            return None, None
-        return weights, "vram_mib" if self.config.model_info is None else "model"
+    def ram_charge_mib(self) -> int | None:
+        return self.ram_charge[0]
 
     @property
     def releasing_level(self) -> int | None:
@@ -674,7 +668,3 @@ class Backend(Holding):
             target,
             reason or "-",
         )
-
-
-def _mib_up(value: int | None) -> int | None:
-    return None if value is None else -(-value // (1024 * 1024))

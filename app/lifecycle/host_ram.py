@@ -174,7 +174,7 @@ class HostRamBook:
         monitor = self.monitor
         reading = None if monitor is None else monitor.reading
         sleepers = tuple(
-            SleeperView(b.name, b.ram_charge_mib or 0, b.ram_charge_source[1], pending)
+            SleeperView(b.name, b.ram_charge_mib or 0, b.ram_charge[1], pending)
             for b, pending in self._charged()
         )
         age = None if monitor is None else monitor.age_s()

@@ -35,7 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.settings import ReleaseConfig
+from app.settings import BackendConfig, ReleaseConfig
+
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,20 @@ def _level1(candidate: Candidate, ram: RamState) -> Release | str:
         f"host RAM reserve ({_mib(available)} MiB available, {_mib(charge)} MiB of weights, "
         f"{_mib(ram.reserve_mib)} MiB kept free)"
     )
+
+
+def ram_charge(loaded_bytes: int | None, config: BackendConfig) -> tuple[int | None, str | None]:
+    """(MiB, where from) a backend's level-1 sleep holds in host RAM: its weights as vLLM
+    measured them at load (`measured`, "Model loading took X GiB" summed over its GPUs),
+    else the planner's weights of its model description (`model`), else `vram_mib` on
+    each of its GPUs (`vram_mib`: weights plus KV cache, more than the weights); (None,
+    None): unknown."""
+    if loaded_bytes is not None:
+        return -(-loaded_bytes // MIB), "measured"
+    weights = config.weights_bytes
+    if weights is None:
+        return None, None
+    return -(-weights // MIB), "vram_mib" if config.model_info is None else "model"
 
 
 class ReleaseSubject(Protocol):

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from app.lifecycle.release import Candidate, RamState, Release, Sleeper, choose_release
-from app.settings import ReleaseConfig
+from app.lifecycle.release import (
+    Candidate,
+    RamState,
+    Release,
+    Sleeper,
+    choose_release,
+    ram_charge,
+)
+from app.settings import BackendConfig, ReleaseConfig
+from app.settings.model_info import ModelInfoConfig
 
 AUTO = ReleaseConfig()
 AUTO_L1 = ReleaseConfig(method="auto", level=1)
@@ -112,3 +120,16 @@ def test_its_own_charge_is_not_counted_twice() -> None:
     release = choose_release(AUTO, me(10000), ram(Sleeper("me", 10000, 1.0)))
     assert release.level == 1
     assert "(10,000 of 16,384 MiB)" in release.reason
+
+
+def test_the_charge_is_the_measured_load_else_the_planners_weights_else_vram_mib() -> None:
+    backend = BackendConfig.model_validate(
+        {"url": "http://127.0.0.1:1", "models": ["m"], "vram_mib": 1000, "gpus": [0, 1]}
+    )
+    assert ram_charge(None, backend) == (2000, "vram_mib")  # on each of its GPUs
+    assert ram_charge(3 * 1024**3 + 1, backend) == (3073, "measured")  # rounded up
+    described = backend.model_copy(
+        update={"model_info": ModelInfoConfig(layers=32, kv_heads=8, head_dim=128, weights_gib=2.5)}
+    )
+    assert ram_charge(None, described) == (2560, "model")
+    assert ram_charge(None, backend.model_copy(update={"vram_mib": None})) == (None, None)
