@@ -240,7 +240,10 @@ class Services:
         if host == LOCAL_HOST:
             source = seams.ram_source or MeminfoSource()
         elif arbiter.monitor is not None and isinstance(arbiter.monitor.source, PrometheusSource):
-            source = NodeExporterSource(arbiter.monitor.source, config.selector)
+            prometheus = arbiter.monitor.source
+            source = NodeExporterSource(
+                prometheus, config.selector, min_interval_s=prometheus.query_interval_s
+            )
         monitor = (
             None
             if source is None

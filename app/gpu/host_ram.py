@@ -147,18 +147,29 @@ class NodeExporterSource:
 
     name = "prometheus"
 
-    def __init__(self, prometheus: PrometheusSource, selector: str) -> None:
+    def __init__(
+        self, prometheus: PrometheusSource, selector: str, *, min_interval_s: float = 0.0
+    ) -> None:
         self._prometheus = prometheus
         self.query = build_ram_query(selector, prometheus.lookback_s)
+        # At most one query this often (the GPU probe's query_interval_s): Prometheus has
+        # nothing newer than its last scrape, and release decisions ask at every release.
+        self._min_interval_s = min_interval_s
+        self._last: tuple[float, RamReading] | None = None
 
     async def sample(self) -> RamReading:
+        now = time.monotonic()
+        if self._last is not None and now - self._last[0] < self._min_interval_s:
+            return self._last[1]
         body = await self._prometheus.instant(self.query)
         try:
-            return node_memory(body, wall=time.time(), mono=time.monotonic())
+            reading = node_memory(body, wall=time.time(), mono=time.monotonic())
         except ProbeError as exc:
             raise ProbeError(
                 f"Prometheus at {self._prometheus.url} {exc}", reason=exc.reason
             ) from None
+        self._last = (now, reading)
+        return reading
 
 
 class HostRamMonitor:

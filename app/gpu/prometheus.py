@@ -264,6 +264,10 @@ class PrometheusSource:
         return self._config.lookback_s
 
     @property
+    def query_interval_s(self) -> float:
+        return self._config.query_interval_s
+
+    @property
     def url(self) -> str:
         return self._config.url
 

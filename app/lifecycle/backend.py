@@ -373,20 +373,25 @@ class Backend(Holding):
         """The reaper's stop (or sleep, per `idle.method`), decided under the lock so a
         request that just arrived wins. Asleep it stays so (its residue is small and
         evictable: no second TTL) until a request wakes it or something stops it."""
-        await self.release_policy.refresh()
+        if not self._idle_past_ttl(now):
+            return False
+        await self.release_policy.refresh()  # the host's RAM, only when it may go
         async with self._lock:
-            ttl = self.config.idle_ttl_s
-            if not (
-                self.lazy
-                and ttl > 0
-                and self.state is BackendState.READY
-                and self._leases.idle_s(now) >= ttl
-            ):
+            if not self._idle_past_ttl(now):
                 return False
             release = self.release_policy.choose(self, self.config.idle, StopReason.IDLE)
             self._begin_stop(StopReason.IDLE, None, release=release)
         await self._stopped()
         return True
+
+    def _idle_past_ttl(self, now: float) -> bool:
+        ttl = self.config.idle_ttl_s
+        return (
+            self.lazy
+            and ttl > 0
+            and self.state is BackendState.READY
+            and self._leases.idle_s(now) >= ttl
+        )
 
     async def sleep(
         self, reason: StopReason, *, level: int, drain_timeout_s: float | None = None

@@ -22,6 +22,7 @@ from app.runtimes.base import Runtime
 from app.services import Seams
 from app.settings import BackendConfig
 from tests.fakes.processes import free_port
+from tests.fakes.prometheus import dcgm_gpu, fake_prometheus, node_memory
 from tests.fakes.servers import (
     FakeVllmRuntime,
     Gateway,
@@ -233,3 +234,47 @@ async def test_a_yield_takes_the_same_choice(tmp_path: Path) -> None:
 async def _asleep_at(gw: Gateway, name: str, level: int) -> bool:
     views = (await gw.client.get("/backends")).json()["backends"]
     return any(v["name"] == name and v["asleep_level"] == level for v in views)
+
+
+async def test_another_hosts_ram_is_read_from_node_exporter(tmp_path: Path) -> None:
+    series = [
+        *dcgm_gpu(0),
+        *node_memory(host="node-c", total_bytes=128 * GIB, available_bytes=96 * GIB),
+        *node_memory(host="node-d", total_bytes=64 * GIB, available_bytes=1 * GIB),
+    ]
+    async with fake_prometheus(*series) as prometheus:
+        settings = gateway_settings(
+            {"b": {"url": "http://127.0.0.1:9", "models": ["m"], "host": "node-c"}},
+            state_dir=tmp_path,
+            host_ram={"sleep_budget_mib": 2048},  # the local host's; node-c's is its own
+            hosts={
+                "node-c": {
+                    "gpu": {
+                        "probe": "prometheus",
+                        "poll_interval_s": 0.05,
+                        "prometheus": {"url": prometheus.url, "query_interval_s": 0},
+                    },
+                    "host_ram": {"selector": '{instance="node-c:9100"}', "poll_interval_s": 0.05},
+                }
+            },
+        )
+        async with gateway(settings) as gw:
+
+            async def node_c() -> dict[str, Any] | None:
+                hosts = (await gw.client.get("/status")).json()["hosts"]
+                ram: dict[str, Any] = next(h for h in hosts if h["name"] == "node-c")["host_ram"]
+                return ram if ram["up"] else None
+
+            ram = await until(node_c, what="node-c's RAM read")
+            metrics = (await gw.client.get("/metrics")).text
+    assert (ram["probe"], ram["total_mib"], ram["available_mib"]) == (
+        "prometheus",
+        128 * 1024,
+        96 * 1024,
+    )
+    assert (ram["budget_mib"], ram["budget_from"]) == (64 * 1024, "50% of MemTotal")
+    assert (ram["charged_mib"], ram["sleepers"]) == (0, [])
+    node = {"host": "node-c"}
+    assert sample(metrics, "microscheduler_host_ram_total_bytes", node) == 128 * GIB
+    assert sample(metrics, "microscheduler_host_ram_available_bytes", node) == 96 * GIB
+    assert any("node_memory_MemAvailable_bytes" in q for q in prometheus.queries)
