@@ -4,8 +4,9 @@ Labels come from configuration only (backend names, configured model names, a fi
 of endpoints and error kinds), never from request data, so cardinality stays bounded.
 Children are cached: the hot path does a dict lookup, not `labels()`.
 
-The GPU series are `app.gpu.collector`'s; the load scraped from each vLLM is
-`app.upstreams.vllm_load`'s.
+The GPU series are `app.gpu.collector`'s; the host RAM series (`microscheduler_host_ram_*`,
+label `host`: the budget of level-1 sleepers) are `app.lifecycle.host_ram`'s; the load
+scraped from each vLLM is `app.upstreams.vllm_load`'s.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from app.access.origins import OriginPolicy
 from app.activity import Activity
 from app.events import EventLog
 from app.gpu.collector import GpuCollector
+from app.gpu.host_ram import HostRamMonitor, MeminfoSource, NodeExporterSource, RamSource
 from app.gpu.ledger import read_ledger
 from app.gpu.nvml import NvmlSource
 from app.gpu.poller import GpuMonitor
@@ -33,6 +34,7 @@ from app.lifecycle.admission import Unchecked
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
+from app.lifecycle.host_ram import HostRamBook, HostRamCollector
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.served import LearnedRecords
@@ -82,6 +84,7 @@ class Seams:
     `gpu_source_factory=None` builds the source `gpu.probe` names (it receives the
     gateway's placed-memory callback, which the simulated GPU without a ledger reports
     as used); it replaces the local host's source only (`hosts:` use their config).
+    `ram_source` replaces the local host's RAM reading (/proc/meminfo).
     """
 
     control_transport: AsyncBaseTransport | None = None
@@ -89,6 +92,7 @@ class Seams:
     kube_transport: AsyncBaseTransport | None = None
     runtime_factory: RuntimeFactory | None = None
     gpu_source_factory: GpuSourceFactory | None = None
+    ram_source: RamSource | None = None  # the local host's RAM (default /proc/meminfo)
 
 
 class Services:
@@ -147,13 +151,18 @@ class Services:
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
         if monitors:
             metrics.registry.register(GpuCollector(monitors))
+        books = {name: self._build_ram_book(name, arbiters[name], seams) for name in gpus}
+        metrics.registry.register(HostRamCollector(books))
         runtime_factory = seams.runtime_factory or self._build_runtime
         self.backends = {
-            name: self._build_backend(name, cfg, runtime_factory(name, cfg), arbiters)
+            name: self._build_backend(name, cfg, runtime_factory(name, cfg), arbiters, books)
             for name, cfg in settings.backends.items()
         }
         self.hosts = Hosts(
-            {name: self._build_host(name, gpu, arbiters[name]) for name, gpu in gpus.items()}
+            {
+                name: self._build_host(name, gpu, arbiters[name], books[name])
+                for name, gpu in gpus.items()
+            }
         )
         self.profiles = ProfileSwitch(
             settings.gpu_profiles,
@@ -201,6 +210,7 @@ class Services:
         config: BackendConfig,
         runtime: Runtime,
         arbiters: dict[str, VramArbiter],
+        books: dict[str, HostRamBook],
     ) -> Backend:
         headers = _upstream_auth(name, config)
         return Backend(
@@ -231,7 +241,28 @@ class Services:
             wake_notice_s=self.settings.wake_notice_s,
             events=self.events,
             learned=self._learned,
+            # A kubernetes backend without `host:` runs on a node nobody here reads.
+            release=books[config.host_name] if config.gpus_accounted else None,
         )
+
+    def _build_ram_book(self, host: str, arbiter: VramArbiter, seams: Seams) -> HostRamBook:
+        """A host's RAM book: /proc/meminfo for the gateway's own machine, node-exporter
+        through the Prometheus of its GPU probe for another (none: no reading)."""
+        config = self.settings.host_ram_of(host)
+        source: RamSource | None = None
+        if host == LOCAL_HOST:
+            source = seams.ram_source or MeminfoSource()
+        elif arbiter.monitor is not None and isinstance(arbiter.monitor.source, PrometheusSource):
+            prometheus = arbiter.monitor.source
+            source = NodeExporterSource(
+                prometheus, config.selector, min_interval_s=prometheus.query_interval_s
+            )
+        monitor = (
+            None
+            if source is None
+            else HostRamMonitor(source, host=host, poll_interval_s=config.poll_interval_s)
+        )
+        return HostRamBook(host, config, monitor, self.events)
 
     def _build_arbiter(self, host: str, gpu: GpuConfig, seams: Seams) -> VramArbiter:
         """A host's arbiter over its GPU monitor (none: no telemetry, admission off)."""
@@ -281,13 +312,16 @@ class Services:
             host=host,
         )
 
-    def _build_host(self, name: str, gpu: GpuConfig, arbiter: VramArbiter) -> Host:
+    def _build_host(
+        self, name: str, gpu: GpuConfig, arbiter: VramArbiter, ram: HostRamBook
+    ) -> Host:
         backends = {
             n: b
             for n, b in self.backends.items()
             if b.config.gpus_accounted and b.config.host_name == name
         }
         arbiter.attach(backends)
+        ram.attach(backends)
         vram_yield = VramYield(
             arbiter,
             backends,
@@ -300,7 +334,7 @@ class Services:
             if gpu.auto_yield.enabled
             else None
         )
-        return Host(name, gpu, arbiter, vram_yield, auto_yield, backends)
+        return Host(name, gpu, arbiter, vram_yield, auto_yield, backends, ram)
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessRuntimeConfig):

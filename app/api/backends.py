@@ -17,6 +17,7 @@ from app.errors import Conflict, ErrorCode, NotFound
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import StopReason
 from app.services import Services
+from app.settings import ReleaseConfig
 
 router = APIRouter(tags=["admin"], dependencies=[AdminDep])
 
@@ -64,17 +65,23 @@ async def stop_backend(name: str, services: ServicesDep) -> dict[str, Any]:
 
 @router.post("/backends/{name}/sleep")
 async def sleep_backend(name: str, services: ServicesDep) -> dict[str, Any]:
-    """Drains, then puts the server to sleep (vLLM sleep mode, its `yield.level`): the
-    process stays and wakes in seconds. For backends with `yield.method: sleep`; a server
+    """Drains, then puts the server to sleep (vLLM sleep mode, its `yield.level`, level 1
+    only within its host RAM budget): the process stays and wakes in seconds. For
+    backends with sleep mode (`sleep_mode`, or a `method: sleep`); a server
     that turns out not to offer sleep mode is stopped instead (the answer's state says)."""
     backend = _backend(services, name)
     if not backend.runtime.managed:
         raise Conflict(
             f"backend {name!r} is not managed by the gateway ({backend.runtime.describe()})"
         )
-    if backend.yield_method != "sleep":
+    if not backend.sleep_supported:
         raise Conflict(
-            f"backend {name!r} does not use sleep mode (yield.method: {backend.yield_method})"
+            f"backend {name!r} does not use sleep mode (yield.method: {backend.yield_method}; "
+            "sleep_mode: true says its server offers it)"
         )
-    await backend.sleep(StopReason.ADMIN, level=backend.config.yield_.level)
+    how = backend.yield_how
+    method = "sleep" if how.method == "sleep" else "auto"
+    await backend.give_back(
+        StopReason.ADMIN, ReleaseConfig.model_validate({"method": method, "level": how.level})
+    )
     return backend_view(backend)

@@ -14,6 +14,7 @@ from typing import Any
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
+from app.lifecycle.host_ram import HostRamView
 from app.lifecycle.hosts import Host
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.residency import protected_for_s
@@ -74,11 +75,19 @@ def backend_view(backend: Backend) -> Json:
         "holds_vram": backend.holds_vram,
         "blocked_by": sorted(backend.blocks.values()),
         "yield_method": backend.yield_method,
-        # How an idle stop and an eviction free its memory (stop, or sleep at a level).
-        "idle": {"method": cfg.idle.method, "level": cfg.idle.level},
-        "eviction": {"method": cfg.eviction.method, "level": cfg.eviction.level},
-        # Asleep: the MiB per GPU it still holds, as admission counts them (else None).
+        # How an idle stop and an eviction free its memory (stop, or sleep at a level;
+        # `auto`: the deepest level it may go, level 1 within the host RAM budget).
+        "idle": {"method": cfg.idle.method, "level": cfg.idle.sleep_level},
+        "eviction": {"method": cfg.eviction.method, "level": cfg.eviction.sleep_level},
+        "sleep_mode": backend.sleep_supported,
+        # Asleep: the MiB per GPU it still holds, as admission counts them (else None),
+        # and the level it sleeps at (None: awake, or not known).
         "asleep_mib": backend.asleep_mib,
+        "asleep_level": backend.asleep_level,
+        # The host RAM its weights take asleep at level 1 (MiB), and where that is from:
+        # measured (vLLM's load), model (the planner's weights) or vram_mib.
+        "host_ram_charge_mib": backend.ram_charge[0],
+        "host_ram_charge_from": backend.ram_charge[1],
     }
 
 
@@ -364,6 +373,37 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
             "placed_mib": host.arbiter.placed_mib(),
         },
         "backends": list(host.backends),
+        "host_ram": host_ram_view(host.ram.view()),
+    }
+
+
+def host_ram_view(view: HostRamView) -> Json:
+    """A host's RAM in `/status` (MiB): what the probe read, the budget of level-1
+    sleepers and what they are charged, each sleeper with its charge (for a bar:
+    `charged_mib` of `budget_mib`, within `total_mib`, `available_mib` free now)."""
+    return {
+        "probe": view.probe,
+        "up": view.up,
+        "error": view.error,
+        "age_s": view.age_s,
+        "total_mib": view.total_mib,
+        "available_mib": view.available_mib,
+        "budget_mib": view.budget_mib,
+        "budget_from": view.budget_from,
+        "reserve_mib": view.reserve_mib,
+        "charged_mib": view.charged_mib,
+        "free_budget_mib": (
+            None if view.budget_mib is None else max(0, view.budget_mib - view.charged_mib)
+        ),
+        "sleepers": [
+            {
+                "backend": s.backend,
+                "charged_mib": s.charged_mib,
+                "charged_from": s.charged_from,
+                "pending": s.pending,
+            }
+            for s in view.sleepers
+        ],
     }
 
 
@@ -392,6 +432,7 @@ def status_view(services: Services) -> Json:
             "uptime_s": round(time.time() - services.started_at, 1),
         },
         "gpu": local["gpu"],
+        "host_ram": local["host_ram"],
         "backends": backends,
         "holds": local["holds"],
         "hosts": hosts,

@@ -254,8 +254,25 @@ class PrometheusSource:
     async def close(self) -> None:
         await self._client.aclose()
 
+    async def instant(self, promql: str) -> object:
+        """The body of one instant query `promql` (another reader of the same Prometheus
+        with the same URL, headers and token: `app.gpu.host_ram`). Raises `ProbeError`."""
+        return await self._get(promql)
+
+    @property
+    def lookback_s(self) -> int:
+        return self._config.lookback_s
+
+    @property
+    def query_interval_s(self) -> float:
+        return self._config.query_interval_s
+
+    @property
+    def url(self) -> str:
+        return self._config.url
+
     async def _sample(self) -> GpuSnapshot:
-        body = await self._get()
+        body = await self._get(self._query)
         try:
             found = readings(body)
         except _BadResponse as exc:
@@ -284,7 +301,7 @@ class PrometheusSource:
             extra={"url": self._config.url, "selector": self._config.selector},
         )
 
-    async def _get(self) -> object:
+    async def _get(self, query: str) -> object:
         headers = {}
         token_env = self._config.bearer_token_env
         if token_env is not None:
@@ -298,7 +315,7 @@ class PrometheusSource:
             headers["authorization"] = f"Bearer {token}"
         try:
             response = await self._client.get(
-                self._endpoint, params={"query": self._query}, headers=headers
+                self._endpoint, params={"query": query}, headers=headers
             )
         except TimeoutException:
             raise self._error(

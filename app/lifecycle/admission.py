@@ -118,21 +118,9 @@ def wake_mib(footprint: int | None, asleep: int | None) -> int | None:
     return footprint - min(footprint, asleep if asleep is not None else footprint)
 
 
-def sleep_level(how: ReleaseConfig, *, managed: bool) -> int | None:
-    """The sleep level to give memory back with, per `how`; None: stop it. A server the
-    gateway does not manage is never put to sleep (nor stopped: `stop` does nothing)."""
-    return how.level if how.method == "sleep" and managed else None
-
-
 # How a `lifecycle: standby` backend is put to sleep after its load at gateway start: level
 # 1, so its first request costs a wake (weights back from host RAM), not a load.
 STANDBY_RELEASE: Final = ReleaseConfig(method="sleep", level=1)
-
-
-def standby_level(config: BackendConfig, *, managed: bool) -> int | None:
-    """The sleep level a standby backend is put to sleep with after its load; None: stop it.
-    The one place that chooses it (like `sleep_level` for the other releases)."""
-    return sleep_level(STANDBY_RELEASE, managed=managed)
 
 
 def may_have_slept(config: BackendConfig, yield_override: str | None) -> bool:

@@ -23,8 +23,10 @@ granted but not yet filled by its workload is still counted.
 
 A backend asleep counts only what it still holds (`app.lifecycle.admission`), is an
 eviction candidate for that much (evicting it stops it), and its wake is admitted for
-what it takes back. Eviction puts a backend with `eviction.method: sleep` to sleep
-instead of stopping it, and stops it after all when the sleep did not free enough.
+what it takes back. Eviction puts a backend with `eviction.method: sleep` (or `auto`,
+with sleep mode) to sleep instead of stopping it, at the level its host RAM budget
+allows (`app.lifecycle.release`), and stops it after all when the sleep did not free
+enough.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from app.errors import Conflict, InvalidRequest
 from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
-from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, sleep_level, wake_mib
+from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.holdings import holders, residents
@@ -352,14 +354,14 @@ class VramArbiter(ZoneBook):
 
     async def _release(self, victims: list[Backend], reason: StopReason) -> list[Backend]:
         """Stop the victims, or put to sleep those an eviction may (`eviction.method:
-        sleep`, ready); return those asleep now."""
+        auto` or `sleep`, ready); return those asleep now."""
 
         async def one(victim: Backend) -> bool:
-            level = None
-            if reason is StopReason.EVICTION:  # zones and yields always stop
-                level = sleep_level(victim.config.eviction, managed=victim.runtime.managed)
-            if level is not None and victim.state is BackendState.READY:
-                return await victim.sleep(reason, level=level) is SleepOutcome.SLEPT
+            # Zones and yields always stop; an eviction gives back as `eviction:` says,
+            # the sleep level chosen against the host RAM budget (`Backend.give_back`).
+            if reason is StopReason.EVICTION and victim.state is BackendState.READY:
+                outcome = await victim.give_back(reason, victim.config.eviction)
+                return outcome is SleepOutcome.SLEPT
             await victim.stop(reason)
             return False
 

@@ -31,6 +31,7 @@ from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.queue import TicketQueue
+from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted, ram_charge
 from app.lifecycle.served import LearnedRecords, Served
 from app.lifecycle.server import Server, StartFailed, exit_text
 from app.lifecycle.state import (
@@ -46,7 +47,7 @@ from app.lifecycle.state import (
 from app.metrics import Metrics
 from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime, RuntimeFailure
-from app.settings import BackendConfig
+from app.settings import BackendConfig, ReleaseConfig
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
@@ -69,6 +70,7 @@ class Backend(Holding):
         restart_backoff_s: float = RESTART_BACKOFF_S,
         events: EventLog | None = None,
         learned: LearnedRecords | None = None,  # what its servers said, kept across restarts
+        release: ReleasePolicy | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -76,6 +78,13 @@ class Backend(Holding):
         self.upstream = upstream  # the data plane: client requests (aiohttp)
         self.server = Server(name, runtime, vllm, metrics)  # the control plane's I/O
         self.admission: Admission = admission or Unchecked()
+        # How it gives memory back (sleep level or stop): its host's RAM book decides.
+        self.release_policy: ReleasePolicy = release or Unbudgeted()
+        # What its weights took on its GPUs when it last loaded, as vLLM said it ("Model
+        # loading took X GiB", summed over its GPUs); None: not seen.
+        self._loaded_weights_bytes: int | None = None
+        # The level of the sleep its stop task is going to (None: a stop, or no task).
+        self._releasing_level: int | None = None
         self._events = events
         # How a yield frees its memory; a GPU profile may override the config.
         self._yield_method_override: str | None = None
@@ -165,8 +174,53 @@ class Backend(Holding):
 
     @property
     def yield_method(self) -> str:
-        """How a yield frees its memory: `stop` or `sleep`."""
+        """How a yield frees its memory: `auto`, `stop` or `sleep`."""
         return self._yield_method_override or self.config.yield_.method
+
+    @property
+    def yield_how(self) -> ReleaseConfig:
+        """`yield:` with a GPU profile's method, if any."""
+        how = self.config.yield_
+        override = self._yield_method_override
+        if override is None or override == how.method:
+            return how
+        return ReleaseConfig.model_validate({"method": override, "level": how.level})
+
+    @property
+    def sleep_supported(self) -> bool:
+        """Whether its server offers sleep mode (a GPU profile's `sleep_mode` wins)."""
+        if self._yield_method_override is not None:
+            return self._yield_method_override == "sleep"
+        return self.config.sleep_supported
+
+    @property
+    def managed(self) -> bool:
+        return self.runtime.managed
+
+    @property
+    def last_used(self) -> float:
+        """Monotonic time a request of it last began or ended."""
+        return self._leases.last_used
+
+    def record_loaded_weights(self, weights_bytes: int) -> None:
+        """What vLLM said its weights took when it loaded ("Model loading took X GiB",
+        summed over its GPUs): the host RAM a level-1 sleep charges from now on."""
+        self._loaded_weights_bytes = weights_bytes
+
+    @property
+    def ram_charge(self) -> tuple[int | None, str | None]:
+        """(MiB of host RAM its weights hold asleep at level 1, where from), by
+        `app.lifecycle.release.ram_charge`."""
+        return ram_charge(self._loaded_weights_bytes, self.config)
+
+    @property
+    def ram_charge_mib(self) -> int | None:
+        return self.ram_charge[0]
+
+    @property
+    def releasing_level(self) -> int | None:
+        """While stopping: the level it is going to sleep at (None: a stop)."""
+        return self._releasing_level if self.state is BackendState.STOPPING else None
 
     def set_yield_method(self, method: str | None) -> None:
         """A GPU profile's choice of yield method; None: the backend's own config."""
@@ -349,34 +403,51 @@ class Backend(Holding):
         """The reaper's stop (or sleep, per `idle.method`), decided under the lock so a
         request that just arrived wins. Asleep it stays so (its residue is small and
         evictable: no second TTL) until a request wakes it or something stops it."""
+        if not self._idle_past_ttl(now):
+            return False
+        await self.release_policy.refresh()  # the host's RAM, only when it may go
         async with self._lock:
-            ttl = self.config.idle_ttl_s
-            if not (
-                self.lazy
-                and ttl > 0
-                and self.state is BackendState.READY
-                and self._leases.idle_s(now) >= ttl
-            ):
+            if not self._idle_past_ttl(now):
                 return False
-            level = rules.sleep_level(self.config.idle, managed=self.runtime.managed)
-            self._begin_stop(StopReason.IDLE, None, sleep_level=level)
+            release = self.release_policy.choose(self, self.config.idle, StopReason.IDLE)
+            self._begin_stop(StopReason.IDLE, None, release=release)
         await self._stopped()
         return True
+
+    def _idle_past_ttl(self, now: float) -> bool:
+        ttl = self.config.idle_ttl_s
+        return (
+            self.lazy
+            and ttl > 0
+            and self.state is BackendState.READY
+            and self._leases.idle_s(now) >= ttl
+        )
 
     async def sleep(
         self, reason: StopReason, *, level: int, drain_timeout_s: float | None = None
     ) -> SleepOutcome:
-        """Drain, then put the server to sleep (vLLM sleep mode); `SLEPT` or `STOPPED`.
+        """`give_back` with `method: sleep` at `level` (the host RAM budget may deepen a
+        level-1 sleep to level 2)."""
+        how = ReleaseConfig(method="sleep", level=1 if level == 1 else 2)
+        return await self.give_back(reason, how, drain_timeout_s=drain_timeout_s)
+
+    async def give_back(
+        self, reason: StopReason, how: ReleaseConfig, *, drain_timeout_s: float | None = None
+    ) -> SleepOutcome:
+        """Drain, then put the server to sleep or stop it, as its host's RAM book
+        chooses for `how` (`app.lifecycle.release`); `SLEPT` or `STOPPED`.
 
         A server without sleep mode (404: no `VLLM_SERVER_DEV_MODE=1`) is stopped
         instead, and the log says why. A backend that is not ready is stopped. Raises
         like `stop()`."""
+        await self.release_policy.refresh()
         async with self._lock:
             state = self.state
-            if state is BackendState.SLEEPING:
-                return SleepOutcome.SLEPT
+            if state is BackendState.SLEEPING and how.method != "stop":
+                return SleepOutcome.SLEPT  # taken as it is: its sleep already gave back
             if state is BackendState.READY and self.runtime.managed:
-                self._begin_stop(reason, drain_timeout_s, sleep_level=level)
+                release = self.release_policy.choose(self, how, reason)
+                self._begin_stop(reason, drain_timeout_s, release=release)
             elif state is BackendState.STOPPED:
                 return SleepOutcome.STOPPED
         if state is not BackendState.READY or not self.runtime.managed:
@@ -385,6 +456,17 @@ class Backend(Holding):
         await self._stopped()
         self._raise_if_failed()
         return SleepOutcome.SLEPT if self.state is BackendState.SLEEPING else SleepOutcome.STOPPED
+
+    async def stop_if_asleep(self, reason: StopReason) -> bool:
+        """Stop it when it is asleep now (not when a request has begun to wake it);
+        True when it was. Raises like `stop()`."""
+        async with self._lock:
+            if self.state is not BackendState.SLEEPING:
+                return False
+            self._begin_stop(reason, None)
+        await self._stopped()
+        self._raise_if_failed()
+        return True
 
     async def start_logged(self, why: str) -> None:
         """`start()` for a background task: a start that fails is logged, not raised (the
@@ -401,18 +483,20 @@ class Backend(Holding):
         await asyncio.wait({task})
 
     def _begin_stop(
-        self, reason: StopReason, drain_timeout_s: float | None, *, sleep_level: int | None = None
+        self, reason: StopReason, drain_timeout_s: float | None, *, release: Release | None = None
     ) -> None:
         """Under the lock: -> stopping, with the one stop task (which ends in `sleeping`
-        instead when `sleep_level` is given and the server offers sleep mode)."""
+        instead when `release` says sleep and the server offers sleep mode)."""
         start_task = self._start_task
+        sleep_level = None if release is None else release.level
+        self._releasing_level = sleep_level
         what = "stop" if sleep_level is None else f"sleep (level {sleep_level})"
         if self.state is BackendState.READY:
             self._queue.collate()  # served before the stop: their drain waits for them
         self._set_state(BackendState.STOPPING, f"{what} requested ({reason})")
         drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop_task = spawn(
-            self._run_stop(reason, drain, start_task, sleep_level), name=f"stop:{self.name}"
+            self._run_stop(reason, drain, start_task, release), name=f"stop:{self.name}"
         )
 
     async def _run_stop(
@@ -420,8 +504,9 @@ class Backend(Holding):
         reason: StopReason,
         drain_s: float,
         start_task: asyncio.Task[None] | None,
-        sleep_level: int | None = None,
+        release: Release | None = None,
     ) -> None:
+        sleep_level = None if release is None else release.level
         if start_task is not None and not start_task.done():
             start_task.cancel()
             await asyncio.wait({start_task})
@@ -446,7 +531,9 @@ class Backend(Holding):
         # Collated tickets still queued wait for the stop now, like the later ones.
         self._queue.uncollate()
         self._queue.wake_all()
-        if sleep_level is not None:
+        if release is not None and sleep_level is not None:
+            if release.make_room:  # the least recently used level-1 sleepers go first
+                await self.release_policy.make_room(release, self.name)
             async with self.admission.measure_sleep(self) as freed:
                 slept = await self.server.sleep(sleep_level, reason)
             if slept is SleepOutcome.SLEPT:
@@ -470,7 +557,9 @@ class Backend(Holding):
         """At gateway start: take over a server that is already running (it outlived a
         previous gateway), without an admission check since its memory is already in
         use. Leaves a server that is not running stopped."""
-        may_sleep = rules.may_have_slept(self.config, self._yield_method_override)
+        may_sleep = self.sleep_supported or rules.may_have_slept(
+            self.config, self._yield_method_override
+        )
         running, asleep = await self.server.found_running(may_sleep=may_sleep)
         if not running:
             return

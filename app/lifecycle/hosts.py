@@ -3,7 +3,8 @@
 
 A `Host` bundles what is per machine: its GPU monitor (none: no telemetry, admission off
 there), its `VramArbiter` (admission, eviction and zones on its GPUs, which never see
-another host's backends), its `VramYield` and, when configured, its automatic yield. A
+another host's backends), its `VramYield`, when configured its automatic yield, and its
+`HostRamBook` (its RAM, the budget of its level-1 sleepers). A
 backend belongs to the host its `host:` names; a kubernetes backend without one belongs to
 none (the cluster's scheduler places it).
 
@@ -22,6 +23,7 @@ from app.gpu.poller import GpuMonitor
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
+from app.lifecycle.host_ram import HostRamBook
 from app.lifecycle.vram_yield import VramYield
 from app.settings import LOCAL_HOST, GpuConfig
 
@@ -34,6 +36,7 @@ class Host:
     vram_yield: VramYield
     auto_yield: AutoYield | None
     backends: Mapping[str, Backend]  # those whose GPUs it accounts
+    ram: HostRamBook  # its RAM, and how its backends give their memory back
 
     @property
     def monitor(self) -> GpuMonitor | None:

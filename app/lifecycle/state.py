@@ -80,6 +80,7 @@ class StopReason(enum.StrEnum):
     YIELD = "yield"  # POST /vram/yield
     PROFILE = "profile"  # a GPU profile disabled it
     STANDBY = "standby"  # lifecycle: standby, put to sleep after its load at gateway start
+    HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
 
 
 class StartOutcome(enum.StrEnum):

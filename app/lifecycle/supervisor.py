@@ -134,6 +134,9 @@ class Supervisor:
             spawn(self._scrape_loop(), name="vllm-scrape"),
         ]
         for host in self._hosts.values():
+            if host.ram.monitor is not None:  # its RAM for /status and the metrics
+                poll = host.ram.monitor.run()
+                self._gpu_polls.append(spawn(poll, name=f"host-ram-poll:{host.name}"))
             if host.monitor is None:
                 continue
             # A sample's socket (Prometheus) is the source's own: the poll is cancelled at
@@ -185,12 +188,8 @@ class Supervisor:
             await backend.start_logged("standby")
         if backend.state is not BackendState.READY or backend.in_flight:
             return  # failed, refused, or a request got to it first: it stays as it is
-        level = rules.standby_level(backend.config, managed=backend.runtime.managed)
-        try:
-            if level is None:
-                await backend.stop(StopReason.STANDBY)
-            else:
-                await backend.sleep(StopReason.STANDBY, level=level)
+        try:  # level 1 as the host RAM budget allows (`Backend.give_back`)
+            await backend.give_back(StopReason.STANDBY, rules.STANDBY_RELEASE)
         except BackendUnavailable as exc:
             logger.error("standby sleep failed backend=%s error=%s", backend.name, exc.message)
 

@@ -3,7 +3,8 @@ back afterwards. Built on the arbiter's zones: a yield is the zone named `yield`
 is saved, survives restarts and blocks what it took like any zone.
 
 - `yield_vram()` blocks the yieldable backends of the GPU (lazy ones, and pinned ones
-  when asked), then drains and stops (or puts to sleep, per backend `yield.method`) the
+  when asked), then drains and stops (or puts to sleep, per backend `yield.method` and
+  its host RAM budget: `app.lifecycle.release`) the
   ones holding memory, lowest priority first, until the probe shows `min_free_mib` free
   or nothing is left. It answers what it measured: `freed_mib` is free memory after
   minus before, as the probe saw it, never the sum of configured sizes.
@@ -258,8 +259,10 @@ class VramYield:
         """Stop (or put to sleep) `backends` together; True when any was taken."""
 
         async def one(backend: Backend) -> SleepOutcome:
-            if sleep and backend.yield_method == "sleep":
-                return await backend.sleep(StopReason.YIELD, level=backend.config.yield_.level)
+            if sleep and backend.state in (BackendState.READY, BackendState.SLEEPING):
+                # `yield:` (or a GPU profile's method), the sleep level chosen against
+                # the host RAM budget like an idle stop's or an eviction's.
+                return await backend.give_back(StopReason.YIELD, backend.yield_how)
             await backend.stop(StopReason.YIELD)
             return SleepOutcome.STOPPED
 

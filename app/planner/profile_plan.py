@@ -264,7 +264,7 @@ def _plan_gpu(
         chosen = profile.models.get(backend)
         sleep = chosen.sleep_mode if chosen is not None else None
         if sleep is None:
-            sleep = config.yield_.method == "sleep"
+            sleep = config.sleep_supported
         argv, env = vllm_command(
             config,
             planned,

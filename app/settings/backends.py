@@ -38,8 +38,9 @@ logger = logging.getLogger(__name__)
 # vLLM registers /v1/load_lora_adapter and /v1/unload_lora_adapter only with it set to 1 or
 # true (vllm/envs.py; vllm/entrypoints/serve/lora/api_router.py).
 LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
-# vLLM serves /sleep, /wake_up and /is_sleeping only with this set to 1 (vllm/envs.py,
-# vllm/entrypoints/serve/dev), and sleeps only with the engine flag.
+# vLLM's sleep mode needs both: /sleep, /wake_up and /is_sleeping are registered only in
+# dev mode (vllm/envs.py; vllm/entrypoints/serve/dev/sleep/api_router.py), and the engine
+# flag sets up the cumem allocator that sleeps.
 SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
 SLEEP_FLAG = "--enable-sleep-mode"
 
@@ -161,12 +162,26 @@ class ReleaseConfig(StrictConfig):
     `sleep` uses vLLM's sleep mode (`POST /sleep?level=N`; the server needs
     `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode`), which keeps the process and
     wakes in seconds; when the server does not offer it, the backend is stopped instead.
-    Level 1 offloads the weights to CPU RAM, level 2 discards them: both free the same
-    GPU memory (weights and KV cache), level 2 also spares the host RAM.
+    Level 1 offloads the weights to pinned host RAM, level 2 discards them: both free the
+    same GPU memory (weights and KV cache), level 2 also spares the host RAM.
+
+    `auto` (the default): a backend with sleep mode (`BackendConfig.sleep_supported`)
+    sleeps at level 1 while its weights fit its host's RAM budget (`host_ram:`), else at
+    level 2, else it is stopped; a backend without sleep mode is stopped. `level` caps how
+    deep `auto` goes (`level: 1`: level 1 or stop) and is the level of `sleep` (default 1).
+    A level-1 sleep of either method is subject to the host RAM budget
+    (`app.lifecycle.release`).
     """
 
-    method: Literal["stop", "sleep"] = "stop"
-    level: Literal[1, 2] = 1
+    method: Literal["auto", "stop", "sleep"] = "auto"
+    level: Literal[1, 2] | None = None
+
+    @property
+    def sleep_level(self) -> int:
+        """The level of `sleep`, the deepest level of `auto`."""
+        if self.level is not None:
+            return self.level
+        return 1 if self.method == "sleep" else 2
 
 
 class BackendConfig(StrictConfig):
@@ -244,6 +259,10 @@ class BackendConfig(StrictConfig):
     yield_: ReleaseConfig = Field(default_factory=ReleaseConfig, alias="yield")
     idle: ReleaseConfig = Field(default_factory=ReleaseConfig)  # how an idle stop frees it
     eviction: ReleaseConfig = Field(default_factory=ReleaseConfig)  # how eviction frees it
+    # Whether its server offers vLLM sleep mode (VLLM_SERVER_DEV_MODE=1 and
+    # --enable-sleep-mode), which `auto` release methods use; None: inferred
+    # (`sleep_supported`).
+    sleep_mode: bool | None = None
     # MiB it keeps on each GPU while asleep (CUDA context, graphs: 0.5-6 GiB), counted by
     # admission when the probe did not show what its sleep freed; None: its whole footprint.
     asleep_mib: NonNegativeInt | None = None
@@ -437,6 +456,25 @@ class BackendConfig(StrictConfig):
         return None
 
     @property
+    def sleep_supported(self) -> bool:
+        """Whether its server offers sleep mode: `sleep_mode:` when set; else a process
+        runtime whose `env:` sets VLLM_SERVER_DEV_MODE=1 and whose command has
+        --enable-sleep-mode (vLLM needs both: reference/vllm-0.33.md), or any of
+        `yield:`/`idle:`/`eviction:` with `method: sleep` (the config says it sleeps).
+        A container's environment is not seen here: say `sleep_mode: true`."""
+        if self.sleep_mode is not None:
+            return self.sleep_mode
+        if not self.managed:
+            return False
+        if any(how.method == "sleep" for how in (self.yield_, self.idle, self.eviction)):
+            return True
+        runtime = self.runtime
+        if isinstance(runtime, ProcessRuntimeConfig):
+            dev = runtime.env.get(SLEEP_ENV, "").strip().lower() in ("1", "true")
+            return dev and SLEEP_FLAG in runtime.command
+        return False
+
+    @property
     def managed(self) -> bool:
         return self.runtime.kind != "external"
 
@@ -469,7 +507,7 @@ class BackendConfig(StrictConfig):
         if self.lifecycle != "standby" or not isinstance(self.runtime, ProcessRuntimeConfig):
             return None
         missing = []
-        if self.runtime.env.get(SLEEP_ENV, "").strip() != "1":
+        if self.runtime.env.get(SLEEP_ENV, "").strip().lower() not in ("1", "true"):
             missing.append(f"runtime.env does not set {SLEEP_ENV}=1")
         if SLEEP_FLAG not in self.runtime.command:
             missing.append(f"runtime.command lacks {SLEEP_FLAG}")

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     field_validator,
@@ -109,6 +110,23 @@ _MATCHER = (
 SELECTOR_RE: Final = re.compile(rf"\{{\s*(?:{_MATCHER}\s*(?:,\s*{_MATCHER}\s*)*,?\s*)?\}}")
 
 
+def label_matchers(value: str, *, example: str, metrics: str) -> str:
+    """`value` checked as PromQL label matchers in braces (empty: none)."""
+    value = value.strip()
+    if not value:
+        return value
+    if SELECTOR_RE.fullmatch(value) is None:
+        raise ValueError(
+            f"must be PromQL label matchers in braces, like {example} or "
+            f'{{instance=~"node-c:.*"}}, got {value!r}'
+        )
+    if re.search(r"(?:^|[{,\s])__name__\s*[=!]", value):
+        raise ValueError(
+            f"must not match __name__ (the probe picks {metrics} itself), got {value!r}"
+        )
+    return value
+
+
 class PrometheusProbeConfig(StrictConfig):
     """Where `gpu.probe: prometheus` reads another host's GPUs: a Prometheus (or any server
     with its HTTP query API) that scrapes that host's dcgm-exporter.
@@ -147,19 +165,7 @@ class PrometheusProbeConfig(StrictConfig):
     @field_validator("selector")
     @classmethod
     def _label_matchers(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            return value
-        if SELECTOR_RE.fullmatch(value) is None:
-            raise ValueError(
-                "must be PromQL label matchers in braces, like "
-                f'{{Hostname="node-c"}} or {{instance=~"node-c:.*"}}, got {value!r}'
-            )
-        if re.search(r"(?:^|[{,\s])__name__\s*[=!]", value):
-            raise ValueError(
-                f"must not match __name__ (the probe picks the DCGM metrics itself), got {value!r}"
-            )
-        return value
+        return label_matchers(value, example='{Hostname="node-c"}', metrics="the DCGM metrics")
 
     @field_validator("headers")
     @classmethod
@@ -212,6 +218,44 @@ class GpuConfig(StrictConfig):
         return self
 
 
+class HostRamConfig(StrictConfig):
+    """The host RAM that level-1 sleepers may hold on a machine (vLLM sleep level 1 copies
+    a backend's weights to *pinned* host memory, which the kernel can neither swap nor
+    reclaim: enough level-1 sleepers run the host out of memory).
+
+    - `sleep_budget_mib`: what the weights of the level-1 sleepers together may hold.
+      None (default): half of the host's MemTotal. Half, because the rest is needed by
+      what else runs there: the OS, the vLLM processes themselves (several GiB each
+      awake or asleep), and the page cache that makes level-2 wakes and cold starts read
+      the weights from RAM instead of disk. 0: no level-1 sleep on this host.
+    - `reserve_mib` (4096): a level-1 sleep must leave at least this much of MemAvailable
+      free (MemAvailable measures what else uses the host now, which a budget of
+      MemTotal cannot).
+    - `selector`: on another host, the PromQL label matchers of its node-exporter's
+      series (`node_memory_MemTotal_bytes`, `node_memory_MemAvailable_bytes`), read from
+      the Prometheus of its `gpu.prometheus`, e.g. `{instance="node-c:9100"}`. The
+      gateway's own machine reads /proc/meminfo.
+    - `poll_interval_s`: how often /status and the metrics get a new reading (a release
+      decision reads it afresh).
+
+    Without a reading (another host without a Prometheus probe, or node-exporter down)
+    the budget is `sleep_budget_mib` if set, else unknown: then `auto` sleeps at level 2
+    and an explicit `method: sleep, level: 1` is kept (app/lifecycle/release.py).
+    """
+
+    sleep_budget_mib: NonNegativeInt | None = None
+    reserve_mib: NonNegativeInt = 4096
+    selector: str = ""
+    poll_interval_s: PositiveFloat = 5.0
+
+    @field_validator("selector")
+    @classmethod
+    def _label_matchers(cls, value: str) -> str:
+        return label_matchers(
+            value, example='{instance="node-c:9100"}', metrics="the node_memory metrics"
+        )
+
+
 # Lowercase only: an environment override (MICROSCHEDULER_HOSTS__NODE_C__...) arrives
 # lowercased, and must name the same host as the YAML, not make a second one.
 HOST_NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -224,13 +268,18 @@ class HostConfig(StrictConfig):
     - `docker`: the socket proxy of that machine's Docker Engine, for its `runtime: docker`
       backends (none: the host runs only kubernetes or external backends).
     - `gpu`: how the gateway sees that machine's GPUs, as the top-level `gpu:` (probe,
-      staleness, reclaim wait, auto yield); required. `nvml` reads the GPUs of the
+      staleness, reclaim wait, auto yield); required.
+    - `host_ram`: its RAM budget for level-1 sleepers (`HostRamConfig`); its RAM is read
+      from node-exporter through the Prometheus of `gpu.prometheus`. `nvml` reads the GPUs of the
       gateway's own machine, so it is refused here: use `prometheus` (dcgm-exporter on
       that machine), `sim`, or `none` (admission off on that host).
     """
 
     docker: DockerConfig | None = None
     gpu: GpuConfig
+    # Its host RAM budget and node-exporter selector; None: the top-level `host_ram:`'s
+    # budget and reserve (the selector is per host).
+    host_ram: HostRamConfig | None = None
 
     @field_validator("gpu")
     @classmethod

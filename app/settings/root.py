@@ -27,12 +27,13 @@ from pydantic_settings import (
 )
 
 from app.settings.backends import BackendConfig, TimeoutsConfig
-from app.settings.base import StrictConfig
+from app.settings.base import LOCAL_HOST, StrictConfig
 from app.settings.cloud import CloudConfig, cross_check
 from app.settings.hosts import (
     DockerConfig,
     GpuConfig,
     HostConfig,
+    HostRamConfig,
     KubernetesConfig,
     check_hosts,
 )
@@ -154,6 +155,9 @@ class Settings(BaseSettings):
     docker: DockerConfig = Field(default_factory=DockerConfig)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    # The host RAM level-1 sleepers may hold on the gateway's machine, and by default on
+    # every host (`hosts.NAME.host_ram` overrides it there).
+    host_ram: HostRamConfig = Field(default_factory=HostRamConfig)
     # Other machines: each with its Docker proxy and GPU probe (`app.settings.hosts`).
     hosts: dict[str, HostConfig] = Field(default_factory=dict)
     backends: dict[str, BackendConfig] = Field(min_length=1)
@@ -332,6 +336,14 @@ class Settings(BaseSettings):
                 "network)."
             )
         return self
+
+    def host_ram_of(self, host: str) -> HostRamConfig:
+        """The host RAM settings of `host` (`local`: the top-level `host_ram:`). Another
+        host without its own takes the top-level budget and reserve, not its selector."""
+        if host == LOCAL_HOST or host not in self.hosts:
+            return self.host_ram
+        own = self.hosts[host].host_ram
+        return own if own is not None else self.host_ram.model_copy(update={"selector": ""})
 
     def backend_timeouts(self, name: str) -> TimeoutsConfig:
         return self.backends[name].timeouts.apply(self.timeouts)

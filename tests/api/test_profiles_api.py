@@ -137,7 +137,10 @@ async def test_sleep_mode_in_a_profile_sets_the_yield_method(tmp_path: Path) -> 
     async with profile_gateway(tmp_path, fakes()) as gw:
         views = {v["name"]: v for v in (await gw.client.get("/backends")).json()["backends"]}
         assert views["reasoning"]["yield_method"] == "sleep"  # dev: sleep_mode: true
-        assert views["orchestrator"]["yield_method"] == "stop"
+        # Its own (default) method, auto: without sleep mode, that is a stop.
+        assert views["orchestrator"]["yield_method"] == "auto"
+        assert views["orchestrator"]["sleep_mode"] is False
+        assert views["reasoning"]["sleep_mode"] is True
 
 
 async def test_an_unknown_profile_is_404_in_openais_shape(tmp_path: Path) -> None:

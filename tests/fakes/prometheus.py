@@ -104,6 +104,19 @@ def dcgm_gpu(
     ]
 
 
+def node_memory(
+    *, host: str = "node-c", total_bytes: float, available_bytes: float, port: int = 9100
+) -> list[Series]:
+    """The two meminfo series of node-exporter on `host` (its meminfo collector, bytes),
+    with the `job` and `instance` labels a Prometheus adds."""
+    labels = {"job": "node-exporter", "instance": f"{host}:{port}"}
+    return [
+        Series({"__name__": "node_memory_MemTotal_bytes", **labels}, total_bytes),
+        Series({"__name__": "node_memory_MemAvailable_bytes", **labels}, available_bytes),
+        Series({"__name__": "node_memory_MemFree_bytes", **labels}, available_bytes / 4),
+    ]
+
+
 def exposition(series: list[Series]) -> str:
     """`series` as a dcgm-exporter `/metrics` page (text format 0.0.4), without the `job`
     and `instance` labels a Prometheus adds when it scrapes."""

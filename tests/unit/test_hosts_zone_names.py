@@ -21,7 +21,7 @@ def hosts(tmp_path: Path, *names: str) -> Hosts:
 
     def host(name: str) -> Host:
         arbiter = VramArbiter(None, store, reclaim_timeout_s=1.0, host=name)
-        return Host(name, GpuConfig(probe="none"), arbiter, none, None, {})
+        return Host(name, GpuConfig(probe="none"), arbiter, none, None, {}, none)
 
     return Hosts({name: host(name) for name in ("local", *names)})
 

@@ -263,13 +263,13 @@ LAZY_BACKEND = {
 }
 
 
-def test_idle_and_eviction_stop_by_default_and_yield_reads_as_before() -> None:
+def test_idle_and_eviction_are_auto_by_default_and_yield_reads_as_before() -> None:
     backend = BackendConfig.model_validate(
         {**LAZY_BACKEND, "yield": {"method": "sleep", "level": 2}}
     )
-    assert (backend.yield_.method, backend.yield_.level) == ("sleep", 2)
-    assert (backend.idle.method, backend.idle.level) == ("stop", 1)
-    assert (backend.eviction.method, backend.eviction.level) == ("stop", 1)
+    assert (backend.yield_.method, backend.yield_.sleep_level) == ("sleep", 2)
+    assert (backend.idle.method, backend.idle.sleep_level) == ("auto", 2)
+    assert (backend.eviction.method, backend.eviction.sleep_level) == ("auto", 2)
     assert backend.asleep_mib is None
 
 
@@ -282,8 +282,8 @@ def test_idle_and_eviction_take_the_same_methods_as_yield() -> None:
             "asleep_mib": 1000,
         }
     )
-    assert (backend.idle.method, backend.idle.level) == ("sleep", 2)
-    assert (backend.eviction.method, backend.eviction.level) == ("sleep", 1)
+    assert (backend.idle.method, backend.idle.sleep_level) == ("sleep", 2)
+    assert (backend.eviction.method, backend.eviction.sleep_level) == ("sleep", 1)
     assert backend.asleep_mib == 1000
 
 

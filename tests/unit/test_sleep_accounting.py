@@ -20,7 +20,6 @@ from app.lifecycle.admission import (
     asleep_mib,
     asleep_reason,
     may_have_slept,
-    sleep_level,
     wake_mib,
 )
 from app.lifecycle.arbiter import VramArbiter
@@ -28,7 +27,7 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
 from app.metrics import Metrics
-from app.settings import BackendConfig, ReleaseConfig, TimeoutsConfig
+from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
 from tests.fakes.runtimes import FakeRuntime
@@ -55,12 +54,6 @@ def test_a_wake_takes_back_its_footprint_minus_what_it_kept() -> None:
     assert wake_mib(16000, None) == 0  # counted whole while asleep: nothing more to find
     assert wake_mib(16000, 20000) == 0
     assert wake_mib(None, 2000) is None
-
-
-def test_only_sleep_on_a_managed_server_is_a_sleep() -> None:
-    assert sleep_level(ReleaseConfig(method="sleep", level=2), managed=True) == 2
-    assert sleep_level(ReleaseConfig(method="sleep"), managed=False) is None
-    assert sleep_level(ReleaseConfig(), managed=True) is None
 
 
 # -- a rig ------------------------------------------------------------------------------------
