@@ -34,7 +34,7 @@ from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
-from app.lifecycle.store import ProcessRecords, StateStore
+from app.lifecycle.store import ProcessRecords, StartDurations, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics
@@ -130,6 +130,7 @@ class Services:
         # started survive restarts here.
         self.store = StateStore(settings.state_dir, metrics=metrics, on_change=self.events.changed)
         self._processes = ProcessRecords(self.store)
+        self._durations = StartDurations(self.store)  # for the eta of a start
         gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
         arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
@@ -218,6 +219,7 @@ class Services:
             admission=arbiters[config.host_name] if config.gpus_accounted else Unchecked(),
             wake_notice_s=self.settings.wake_notice_s,
             events=self.events,
+            durations=self._durations,
         )
 
     def _build_arbiter(self, host: str, gpu: GpuConfig, seams: Seams) -> VramArbiter:
@@ -297,6 +299,7 @@ class Services:
                 env=child_environment(self.settings, name, os.environ),
                 book=self._processes,
                 launch=launch_hash(config),
+                output_dir=self.settings.state_dir / "logs",
                 port=urlsplit(config.url).port,
             )
         if isinstance(config.runtime, DockerRuntimeConfig):

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
-from app.lifecycle.backend import Backend
+from app.lifecycle.backend import Backend, LoadStatus
 from app.lifecycle.hosts import Host
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.residency import protected_for_s
@@ -40,6 +40,8 @@ def backend_view(backend: Backend) -> Json:
         # A pinned backend that is down: seconds until the watch starts it again.
         "restart_in_s": _seconds(backend.restart_in_s),
         "starting": backend.start_progress(),  # while starting: what it waits for
+        # While starting: vLLM's phase, the share done, seconds left by its last start.
+        "load": load_view(backend.load()),
         "lifecycle": cfg.lifecycle,
         "replica_of": cfg.replica_of,  # its replica group (None: not a replica)
         "apis": sorted(cfg.apis),  # what requests may use it for (endpoints: / runner:)
@@ -74,6 +76,12 @@ def backend_view(backend: Backend) -> Json:
         # Asleep: the MiB per GPU it still holds, as admission counts them (else None).
         "asleep_mib": backend.asleep_mib,
     }
+
+
+def load_view(load: LoadStatus | None) -> Json | None:
+    if load is None:
+        return None
+    return {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
 
 
 def _seconds(value: float | None) -> float | None:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 
 from app.errors import BackendUnavailable, GatewayError, UnavailableKind
 from app.events import EventLog
@@ -41,6 +42,7 @@ from app.lifecycle.state import (
     check_transition,
     refusal,
 )
+from app.lifecycle.store import StartDurations
 from app.metrics import Metrics
 from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime, RuntimeFailure
@@ -48,8 +50,19 @@ from app.settings import BackendConfig
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
+from app.upstreams.vllm_output import LAUNCHING
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStatus:
+    """A start in progress: its phase, the share done (0-100), seconds left (None: not
+    known)."""
+
+    phase: str
+    percent: int
+    eta_s: int | None
 
 
 class Backend(Holding):
@@ -66,12 +79,20 @@ class Backend(Holding):
         wake_notice_s: float = 5.0,
         restart_backoff_s: float = RESTART_BACKOFF_S,
         events: EventLog | None = None,
+        durations: StartDurations | None = None,
     ) -> None:
+        """`durations`: where its last cold start's duration is kept (its next start's
+        `eta_s`); None: not kept."""
         self.name = name
         self.config = config
         self.runtime = runtime
         self.upstream = upstream  # the data plane: client requests (aiohttp)
-        self.server = Server(name, runtime, vllm, metrics)  # the control plane's I/O
+        changed = None if events is None else events.changed
+        # The control plane's I/O; a change of the load progress shows in /status/stream.
+        self.server = Server(name, runtime, vllm, metrics, on_progress=changed)
+        self._durations = durations
+        self._start_began: float | None = None  # monotonic: the start in progress began
+        self._waking = False
         self.admission: Admission = admission or Unchecked()
         self._events = events
         # How a yield frees its memory; a GPU profile may override the config.
@@ -97,7 +118,6 @@ class Backend(Holding):
         self._asleep_mib: int | None = None
         # Asleep: the level it slept at, which its wake needs (None: not known, or awake).
         self._asleep_level: int | None = None
-        changed = None if events is None else events.changed
         self._queue = TicketQueue(name, metrics, changed)
         self._leases = Leases(name, metrics, changed, on_release=self._grant)
         self.last_start_s: float | None = None
@@ -181,6 +201,23 @@ class Backend(Holding):
             return None
         return self.server.start_progress
 
+    def load(self) -> LoadStatus | None:
+        """While starting: how far it has come (`app.upstreams.vllm_output` phases) and
+        the seconds left by its last measured cold start (None: never measured)."""
+        if self.state is not BackendState.STARTING or self._start_began is None:
+            return None
+        elapsed = time.monotonic() - self._start_began
+        last = None if self._durations is None else self._durations.get(self.name)
+        eta = None if last is None or self._waking else round(max(0.0, last - elapsed))
+        if self.server.waiting_for_memory:
+            return LoadStatus("waiting_for_vram", 0, eta)
+        if self._waking:
+            return LoadStatus("waking", 0, eta)
+        progress = self.server.load
+        if progress is None:
+            return LoadStatus(LAUNCHING, 0, eta)
+        return LoadStatus(progress.phase, progress.percent, eta)
+
     @property
     def runtime_detail(self) -> str | None:
         return self.server.runtime_detail
@@ -242,6 +279,7 @@ class Backend(Holding):
 
     async def _run_start(self, adopt: bool, wake: bool = False) -> None:
         began = time.monotonic()
+        self._start_began, self._waking = began, wake
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
@@ -265,6 +303,8 @@ class Backend(Holding):
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
+            if not (wake or adopt) and self._durations is not None:
+                self._durations.put(self.name, duration)
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(
                 "backend ready backend=%s runtime=%s start_s=%.2f",
@@ -291,6 +331,7 @@ class Backend(Holding):
             raise
         finally:
             self._metrics.starts.labels(self.name, outcome).inc()
+            await self.server.end_watch()
 
     async def stop(self, reason: StopReason, *, drain_timeout_s: float | None = None) -> None:
         """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent.
