@@ -1,4 +1,5 @@
-"""`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status`.
+"""`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
+logs`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -17,6 +18,7 @@ from importlib import metadata
 
 from app.cli.common import EXIT_CODES_HELP
 from app.cli.gaming import add_gaming_commands
+from app.cli.logs import add_logs_command
 from app.cli.plan import add_plan_command
 from app.cli.profile import add_profile_command
 from app.cli.serve import add_serve_commands
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_command(commands)
     add_gaming_commands(commands)
     add_status_command(commands)
+    add_logs_command(commands)
     return parser
 
 

@@ -36,10 +36,11 @@ SEED_BYTES: Final = 256 * 1024  # read back from the file when a server is adopt
 class OutputSource(Protocol):
     """A runtime whose server's output the gateway can read."""
 
-    def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
-        """The last `tail` lines (each with its terminator); with `follow`, then the new
-        ones as they come, until the server exits or the caller stops reading. Raises
-        `RuntimeFailure` when the output cannot be read."""
+    async def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
+        """Opens the output: the last `tail` lines (each with its terminator); with
+        `follow`, then the new ones as they come, until the server exits or the caller
+        stops reading. Raises `RuntimeFailure` when it cannot be opened (the iterator may
+        raise it too, when the source fails later)."""
         ...
 
     def run_output(self) -> AsyncIterator[str]:

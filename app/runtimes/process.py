@@ -180,7 +180,7 @@ class ProcessRuntime:
         except TimeoutError:
             task.cancel()
 
-    def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
+    async def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
         return self._ring.logs(tail, follow)
 
     def run_output(self) -> AsyncIterator[str]:
