@@ -60,9 +60,15 @@ class LineSplitter:
         lines: list[str] = []
         start = 0
         for index, char in enumerate(text):
+            if char == "\r":
+                if index + 1 == len(text):
+                    break  # a "\r\n" may be cut here: decide with the next chunk
+                if text[index + 1] == "\n":
+                    continue  # "\r\n" (a TTY's newline): one line, ended at the "\n"
+                if index == start:
+                    start = index + 1  # tqdm's "\r" before its first bar: nothing to end
+                    continue
             if char == "\n" or char == "\r":
-                if char == "\r" and index + 1 < len(text) and text[index + 1] == "\n":
-                    continue  # "\r\n": one line, ended at the "\n"
                 lines.append(text[start : index + 1])
                 start = index + 1
         rest = text[start:]

@@ -75,19 +75,24 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         first = watch_start(gw, "llm")
         phases = list(dict.fromkeys(load["phase"] for load in first))
         # The phases advance in vLLM's order (the poll may miss a short one).
-        order = ["launching", "loading_model", "loading_weights", "profiling",
-                 "allocating_kv_cache", "capturing_graphs", "warming_up", "starting_server"]  # fmt: skip
+        order = [
+            *("launching", "loading_model", "loading_weights", "profiling"),
+            *("allocating_kv_cache", "capturing_graphs", "warming_up", "starting_server"),
+        ]
         assert phases == [p for p in order if p in phases]
         assert {"loading_weights", "capturing_graphs"} <= set(phases)
         percents = [load["percent"] for load in first]
-        assert percents == sorted(percents) and percents[-1] > percents[0]
+        assert percents == sorted(percents)
+        assert percents[-1] > percents[0]
         assert len(set(percents)) >= 5  # the tqdm bars move it, not only the phases
         assert all(load["eta_s"] is None for load in first)  # never measured before
         httpx.post(f"{gw.url}/backends/llm/stop", headers=ADMIN, timeout=30)
         second = watch_start(gw, "llm")
         etas = [load["eta_s"] for load in second]
-        assert etas and all(isinstance(eta, int) for eta in etas)
-        assert etas[0] >= 2 and etas == sorted(etas, reverse=True)  # counts down from ~3 s
+        assert etas
+        assert all(isinstance(eta, int) for eta in etas)
+        assert etas[0] >= 2
+        assert etas == sorted(etas, reverse=True)
 
 
 def test_a_failed_kv_cache_check_is_quoted_with_its_hint() -> None:
@@ -110,7 +115,8 @@ def test_a_failed_kv_cache_check_is_quoted_with_its_hint() -> None:
     for text in (message, reason):
         assert "exited with code 1 before it was ready" in text
         assert vllm_said in text
-        assert "microscheduler plan context" in text and "--max-model-len" in text
+        assert "microscheduler plan context" in text
+        assert "--max-model-len" in text
         assert "(EngineCore_DP0 pid=" not in text  # the message, without vLLM's prefix
         assert "Traceback" not in text  # only the decisive line
     assert len(reason) < 1200
@@ -136,7 +142,8 @@ def test_the_logs_of_a_process_backend_admin_only_and_followed() -> None:
 
         # Nothing runs yet: a followed output of a stopped backend ends at once.
         follow()
-        assert got == [] and ended.is_set()
+        assert got == []
+        assert ended.is_set()
         ended.clear()
         with contextlib.suppress(httpx.ReadTimeout):  # it waits for the start: not here
             httpx.post(f"{gw.url}/backends/llm/start", headers=ADMIN, timeout=0.5)
@@ -154,7 +161,8 @@ def test_the_logs_of_a_process_backend_admin_only_and_followed() -> None:
         assert "\rCapturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|" in text
         tail = httpx.get(f"{gw.url}/backends/llm/logs?tail=2", headers=ADMIN, timeout=5)
         assert tail.status_code == 200
-        assert len(tail.text.splitlines()) == 2 and "shutting down" in tail.text
+        assert len(tail.text.splitlines()) == 2
+        assert "shutting down" in tail.text
         cli = subprocess.run(
             [sys.executable, "-m", "app.cli", "logs", "llm", "--tail", "3", "--url", gw.url],
             cwd=ROOT, env={**os.environ, **KEY_ENV}, capture_output=True, text=True, timeout=30,
@@ -164,5 +172,6 @@ def test_the_logs_of_a_process_backend_admin_only_and_followed() -> None:
         print(f"--- GET /backends/llm/logs?tail=2\n{tail.text}--- microscheduler logs llm "
               f"--tail 3\n{cli.stdout}")  # fmt: skip
         bad = httpx.get(f"{gw.url}/backends/llm/logs?tail=-1", headers=ADMIN, timeout=5)
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tail"
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "tail"
         assert httpx.get(f"{gw.url}/backends/nope/logs", headers=ADMIN).status_code == 404
