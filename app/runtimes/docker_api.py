@@ -131,8 +131,9 @@ def _permission_hint(method: str, path: str) -> str:
     if re.fullmatch(r"/containers/[^/]+/logs", path):
         return (
             "allow reading container logs: GET /containers/{id}/logs?stdout=1&stderr=1&"
-            "tail=N[&follow=1] (microscheduler's haproxy config allows it; Tecnativa and "
-            "linuxserver socket proxies: CONTAINERS=1)"
+            "tail=N[&follow=1] (microscheduler's haproxy config allows it; Tecnativa "
+            "docker-socket-proxy: CONTAINERS=1; linuxserver socket-proxy: CONTAINERS=1 "
+            "ALLOW_LOGS=1)"
         )
     if path == "/_ping":
         return "allow ping (PING=1 on Tecnativa and linuxserver socket proxies; on by default)"

@@ -266,7 +266,7 @@ FAILURES: Final[tuple[Failure, ...]] = (
             r"is not supported anymore|is not supported in-tree)"
         ),
         "this vLLM cannot run the model's architecture: upgrade vLLM (or install the "
-        "plugin it names) or choose another model",
+        "plugin it names), try --model-impl transformers, or choose another --model",
     ),
     Failure(
         "port_in_use",
