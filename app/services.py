@@ -33,8 +33,9 @@ from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.hosts import Host, Hosts
+from app.lifecycle.load import StartDurations
 from app.lifecycle.profile_switch import ProfileSwitch
-from app.lifecycle.store import ProcessRecords, StartDurations, StateStore
+from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics

@@ -13,8 +13,9 @@ from typing import Any
 
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
-from app.lifecycle.backend import Backend, LoadStatus
+from app.lifecycle.backend import Backend
 from app.lifecycle.hosts import Host
+from app.lifecycle.load import LoadStatus
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState

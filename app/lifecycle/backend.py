@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 
 from app.errors import BackendUnavailable, GatewayError, UnavailableKind
 from app.events import EventLog
@@ -30,6 +29,7 @@ from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
+from app.lifecycle.load import LoadStatus, StartDurations, load_status
 from app.lifecycle.queue import TicketQueue
 from app.lifecycle.server import Server, StartFailed, exit_text
 from app.lifecycle.state import (
@@ -42,7 +42,6 @@ from app.lifecycle.state import (
     check_transition,
     refusal,
 )
-from app.lifecycle.store import StartDurations
 from app.metrics import Metrics
 from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime, RuntimeFailure
@@ -50,19 +49,8 @@ from app.settings import BackendConfig
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
-from app.upstreams.vllm_output import LAUNCHING
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadStatus:
-    """A start in progress: its phase, the share done (0-100), seconds left (None: not
-    known)."""
-
-    phase: str
-    percent: int
-    eta_s: int | None
 
 
 class Backend(Holding):
@@ -81,18 +69,14 @@ class Backend(Holding):
         events: EventLog | None = None,
         durations: StartDurations | None = None,
     ) -> None:
-        """`durations`: where its last cold start's duration is kept (its next start's
-        `eta_s`); None: not kept."""
         self.name = name
         self.config = config
         self.runtime = runtime
         self.upstream = upstream  # the data plane: client requests (aiohttp)
-        changed = None if events is None else events.changed
-        # The control plane's I/O; a change of the load progress shows in /status/stream.
-        self.server = Server(name, runtime, vllm, metrics, on_progress=changed)
-        self._durations = durations
-        self._start_began: float | None = None  # monotonic: the start in progress began
-        self._waking = False
+        changed = None if events is None else events.changed  # pushes /status/stream
+        self.server = Server(name, runtime, vllm, metrics, on_progress=changed)  # its I/O
+        self._durations = durations or StartDurations(None)  # its last cold start: eta
+        self._starting: tuple[float, bool] | None = None  # the start's began (monotonic), wake
         self.admission: Admission = admission or Unchecked()
         self._events = events
         # How a yield frees its memory; a GPU profile may override the config.
@@ -201,22 +185,12 @@ class Backend(Holding):
             return None
         return self.server.start_progress
 
-    def load(self) -> LoadStatus | None:
-        """While starting: how far it has come (`app.upstreams.vllm_output` phases) and
-        the seconds left by its last measured cold start (None: never measured)."""
-        if self.state is not BackendState.STARTING or self._start_began is None:
+    def load(self) -> LoadStatus | None:  # while starting: how far (app.lifecycle.load)
+        if self.state is not BackendState.STARTING or self._starting is None:
             return None
-        elapsed = time.monotonic() - self._start_began
-        last = None if self._durations is None else self._durations.get(self.name)
-        eta = None if last is None or self._waking else round(max(0.0, last - elapsed))
-        if self.server.waiting_for_memory:
-            return LoadStatus("waiting_for_vram", 0, eta)
-        if self._waking:
-            return LoadStatus("waking", 0, eta)
-        progress = self.server.load
-        if progress is None:
-            return LoadStatus(LAUNCHING, 0, eta)
-        return LoadStatus(progress.phase, progress.percent, eta)
+        began, waking = self._starting
+        last = self._durations.get(self.name)
+        return load_status(time.monotonic() - began, last, self.server, waking=waking)
 
     @property
     def runtime_detail(self) -> str | None:
@@ -279,7 +253,7 @@ class Backend(Holding):
 
     async def _run_start(self, adopt: bool, wake: bool = False) -> None:
         began = time.monotonic()
-        self._start_began, self._waking = began, wake
+        self._starting = (began, wake)
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
@@ -303,8 +277,7 @@ class Backend(Holding):
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
-            if not (wake or adopt) and self._durations is not None:
-                self._durations.put(self.name, duration)
+            self._durations.record(self.name, duration, cold=not (wake or adopt))
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(
                 "backend ready backend=%s runtime=%s start_s=%.2f",

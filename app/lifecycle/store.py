@@ -288,28 +288,3 @@ class ProcessRecords:
 
     def _save(self, section: dict[str, Any]) -> None:
         self._store.put(PROCESSES, section)
-
-
-START_DURATIONS = "start_durations"
-
-
-class StartDurations:
-    """The `start_durations` section: each backend's last measured cold start in seconds
-    (launch to healthy, admission included; wakes and adoptions are not measured), for
-    the `eta_s` of its next start. Written with `StateStore.put`: a write that fails only
-    loses an estimate."""
-
-    def __init__(self, store: StateStore) -> None:
-        self._store = store
-
-    def get(self, backend: str) -> float | None:
-        raw = self._store.section(START_DURATIONS, {})
-        value = raw.get(backend) if isinstance(raw, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            return float(value)
-        return None
-
-    def put(self, backend: str, seconds: float) -> None:
-        raw = self._store.section(START_DURATIONS, {})
-        section = {**(raw if isinstance(raw, dict) else {}), backend: round(seconds, 3)}
-        self._store.put(START_DURATIONS, section)

@@ -12,12 +12,16 @@ message`` (``vllm/logger.py`` ``_FORMAT``, ``_DATE_FORMAT = "%m-%d %H:%M:%S"``).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import TextIO
+
+from app.sim.config import FakeConfig
 
 SHARDS = 4
 GRAPHS = 20
@@ -72,7 +76,7 @@ class StartupLog:
         for n in range(SHARDS + 1):
             pct = 100 * n / SHARDS
             bar = SHARD_BAR.format(desc=desc, percentage=pct, n=n, total=SHARDS)
-            steps.append(lambda bar=bar: self._write("\r" + bar))
+            steps.append(functools.partial(self._write, "\r" + bar))
         steps += [
             # model_executor/model_loader/default_loader.py:507
             lambda: self.engine(
@@ -109,7 +113,7 @@ class StartupLog:
             pct = 100 * n / GRAPHS
             done = "█" * (n // 2)
             bar = f"{desc}: {pct:3.0f}%|{done:<10}| {n}/{GRAPHS} [00:01<00:00, 25.31it/s]"
-            steps.append(lambda bar=bar: self._write("\r" + bar))
+            steps.append(functools.partial(self._write, "\r" + bar))
         steps += [
             lambda: self._write("\n"),
             # v1/worker/gpu_model_runner.py:6517
@@ -182,3 +186,24 @@ async def play(steps: list[Callable[[], None]], over_s: float, stop: asyncio.Eve
         if stop.is_set():
             return False
     return True
+
+
+def add_startup_log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--print-startup-log", action="store_true",
+        help="print vLLM 0.33's start-up lines (load phases, tqdm bars) over --startup-delay",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fail-kv-cache", action="store_true",
+        help="fail like vLLM's KV-cache check: its start-up lines, the error, then exit 1",
+    )  # fmt: skip
+
+
+async def print_startup(config: FakeConfig, stop: asyncio.Event) -> None:
+    """The start-up lines over `startup_delay` (port closed); exits 1 after the KV-cache
+    failure (`fail_kv_cache`) and 0 when stopped meanwhile, as the fake does."""
+    log = StartupLog(config.models[0], config.port, config.max_model_len)
+    if not await play(log.steps(fail_kv_cache=config.fail_kv_cache), config.startup_delay, stop):
+        raise SystemExit(0)
+    if config.fail_kv_cache:
+        raise SystemExit(1)

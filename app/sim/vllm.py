@@ -52,7 +52,7 @@ from app.sim.metrics import CONTENT_TYPE
 from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
 from app.sim.routes import TASKS, RouteTable, api_key_middleware
-from app.sim.startup_log import StartupLog, play
+from app.sim.startup_log import add_startup_log_options, print_startup
 from app.sim.state import FakeState, error_response, json_response
 from app.sim.text import ApiError, dumps, query_error, validation_error
 
@@ -464,13 +464,7 @@ async def serve(config: FakeConfig) -> None:
             gpus = ",".join(map(str, vram.gpus))
             _log(f"reporting vram={vram.held_mib}MiB gpus={gpus} ledger={vram.ledger_file}")
         if config.print_startup_log or config.fail_kv_cache:
-            log = StartupLog(config.models[0], config.port, config.max_model_len)
-            steps = log.steps(fail_kv_cache=config.fail_kv_cache)
-            if not await play(steps, config.startup_delay, stop):
-                _log("stopped before startup completed")
-                return
-            if config.fail_kv_cache:
-                raise SystemExit(1)
+            await print_startup(config, stop)  # as vLLM 0.33 does, or its KV-cache failure
         elif config.startup_delay > 0:
             _log(f"loading (startup delay {config.startup_delay:g}s, port closed)")
             with contextlib.suppress(TimeoutError):
@@ -521,14 +515,7 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         metavar="NAME", help="served model name(s); repeatable (default: fake-model)",
     )  # fmt: skip
     p.add_argument("--startup-delay", type=nn_float, default=0.0, metavar="S")
-    p.add_argument(
-        "--print-startup-log", action="store_true",
-        help="print vLLM 0.33's start-up lines (load phases, tqdm bars) over --startup-delay",
-    )  # fmt: skip
-    p.add_argument(
-        "--fail-kv-cache", action="store_true",
-        help="fail like vLLM's KV-cache check: its start-up lines, the error, then exit 1",
-    )  # fmt: skip
+    add_startup_log_options(p)
     p.add_argument("--ttft", type=nn_float, default=0.0, metavar="S")
     p.add_argument("--tokens-per-second", type=nn_float, default=0.0, metavar="R")
     p.add_argument("--max-tokens", type=nn_int, default=16)
