@@ -27,6 +27,7 @@ from app.api import (
     openai,
     openapi,
     ops,
+    output,
     profiles,
     stream,
     ui,
@@ -95,6 +96,7 @@ def create_app(
     app.include_router(activity.router)
     app.include_router(stream.router)
     app.include_router(backends.router)
+    app.include_router(output.router)
     app.include_router(vram.router)
     app.include_router(profiles.router)
     app.router.routes.extend(openai.routes)

@@ -36,6 +36,7 @@ from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.host_ram import HostRamBook, HostRamCollector
 from app.lifecycle.hosts import Host, Hosts
+from app.lifecycle.load import StartDurations
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import ProcessRecords, StateStore
@@ -146,6 +147,7 @@ class Services:
         self.store = StateStore(settings.state_dir, metrics=metrics, on_change=self.events.changed)
         self._processes = ProcessRecords(self.store)
         self._learned = LearnedRecords(self.store)  # what each server said it serves
+        self._durations = StartDurations(self.store)  # for the eta of a start
         gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
         arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
@@ -243,6 +245,7 @@ class Services:
             learned=self._learned,
             # A kubernetes backend without `host:` runs on a node nobody here reads.
             release=books[config.host_name] if config.gpus_accounted else None,
+            durations=self._durations,
         )
 
     def _build_ram_book(self, host: str, arbiter: VramArbiter, seams: Seams) -> HostRamBook:
@@ -344,6 +347,7 @@ class Services:
                 env=child_environment(self.settings, name, os.environ),
                 book=self._processes,
                 launch=launch_hash(config),
+                output_dir=self.settings.state_dir / "logs",
                 port=urlsplit(config.url).port,
             )
         if isinstance(config.runtime, DockerRuntimeConfig):

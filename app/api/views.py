@@ -16,6 +16,7 @@ from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
 from app.lifecycle.host_ram import HostRamView
 from app.lifecycle.hosts import Host
+from app.lifecycle.load import LoadStatus
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState
@@ -41,6 +42,8 @@ def backend_view(backend: Backend) -> Json:
         # A pinned backend that is down: seconds until the watch starts it again.
         "restart_in_s": _seconds(backend.restart_in_s),
         "starting": backend.start_progress(),  # while starting: what it waits for
+        # While starting: vLLM's phase, the share done, seconds left by its last start.
+        "load": load_view(backend.load()),
         "lifecycle": cfg.lifecycle,
         "replica_of": cfg.replica_of,  # its replica group (None: not a replica)
         # What requests may use it for: endpoints:, else what its server's /openapi.json
@@ -89,6 +92,12 @@ def backend_view(backend: Backend) -> Json:
         "host_ram_charge_mib": backend.ram_charge[0],
         "host_ram_charge_from": backend.ram_charge[1],
     }
+
+
+def load_view(load: LoadStatus | None) -> Json | None:
+    if load is None:
+        return None
+    return {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
 
 
 def _seconds(value: float | None) -> float | None:

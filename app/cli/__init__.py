@@ -1,5 +1,5 @@
 """`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
-ps | start | stop | activity`.
+ps | start | stop | activity | logs`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -20,6 +20,7 @@ from app.cli.activity import add_activity_command
 from app.cli.backends import add_backend_commands
 from app.cli.common import EXIT_CODES_HELP
 from app.cli.gaming import add_gaming_commands
+from app.cli.logs import add_logs_command
 from app.cli.plan import add_plan_command
 from app.cli.profile import add_profile_command
 from app.cli.serve import add_serve_commands
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_command(commands)
     add_backend_commands(commands)
     add_activity_command(commands)
+    add_logs_command(commands)
     return parser
 
 

@@ -155,3 +155,22 @@ def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
                     event, data = "message", []
     except (TransportError, InvalidURL) as exc:
         raise _unreachable(url, exc) from None
+
+
+def stream_text(url: str, path: str, params: dict[str, str]) -> Iterator[str]:
+    """The text/plain answer of an admin GET, chunk by chunk as it comes (no read
+    timeout: a followed output may be quiet for long)."""
+    headers, has_key = _headers()
+    headers["Accept"] = "text/plain"
+    timeout = Timeout(None, connect=CONNECT_TIMEOUT_S)
+    try:
+        with (
+            sync_client(base_url=url, headers=headers, timeout=timeout) as client,
+            client.stream("GET", path, params=params) as response,
+        ):
+            if response.is_error:
+                response.read()
+                raise _refused(response, has_key)
+            yield from response.iter_text()
+    except (TransportError, InvalidURL) as exc:
+        raise _unreachable(url, exc) from None

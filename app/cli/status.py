@@ -38,6 +38,15 @@ def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     status.set_defaults(func=run_status)
 
 
+def _load(load: JsonDict | None) -> str | None:
+    """`loading_weights 40%, ~12 s left` while a backend starts."""
+    if not load:
+        return None
+    eta = load.get("eta_s")
+    left = "" if eta is None else f", ~{eta} s left"
+    return f"{load.get('phase')} {load.get('percent')}%{left}"
+
+
 def _mib(value: Any) -> str:
     return "-" if value is None else f"{value:,}"
 
@@ -67,7 +76,8 @@ def render(status: JsonDict, url: str) -> str:
     for b in status.get("backends", []):
         vram = b.get("vram", {})
         mib = vram.get("measured_mib") or vram.get("admission_mib")
-        reasons = [b.get("starting"), b.get("reason"), *(b.get("blocked_by") or [])]
+        reasons = [_load(b.get("load")), b.get("starting"), b.get("reason"),
+                   *(b.get("blocked_by") or [])]  # fmt: skip
         why = "; ".join(x for x in reasons if x)
         rows.append([b["name"], b["state"], b["lifecycle"], str(b["in_flight"]),
                      str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
@@ -120,7 +130,8 @@ def _render_hosts(status: JsonDict, hosts: list[JsonDict], url: str) -> str:
     for b in status.get("backends", []):
         vram = b.get("vram", {})
         mib = vram.get("measured_mib") or vram.get("admission_mib")
-        reasons = [b.get("starting"), b.get("reason"), *(b.get("blocked_by") or [])]
+        reasons = [_load(b.get("load")), b.get("starting"), b.get("reason"),
+                   *(b.get("blocked_by") or [])]  # fmt: skip
         why = "; ".join(x for x in reasons if x)
         rows.append([b["name"], b.get("host") or "cluster", b["state"], b["lifecycle"],
                      str(b["in_flight"]), str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip

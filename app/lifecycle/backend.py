@@ -30,6 +30,7 @@ from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
+from app.lifecycle.load import LoadStatus, StartDurations, load_status
 from app.lifecycle.queue import TicketQueue
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted, ram_charge
 from app.lifecycle.served import LearnedRecords, Served
@@ -71,12 +72,16 @@ class Backend(Holding):
         events: EventLog | None = None,
         learned: LearnedRecords | None = None,  # what its servers said, kept across restarts
         release: ReleasePolicy | None = None,
+        durations: StartDurations | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.runtime = runtime
         self.upstream = upstream  # the data plane: client requests (aiohttp)
-        self.server = Server(name, runtime, vllm, metrics)  # the control plane's I/O
+        changed = None if events is None else events.changed  # pushes /status/stream
+        self.server = Server(name, runtime, vllm, metrics, on_progress=changed)  # its I/O
+        self._durations = durations or StartDurations(None)  # its last cold start: eta
+        self._starting: tuple[float, bool] | None = None  # the start's began (monotonic), wake
         self.admission: Admission = admission or Unchecked()
         # How it gives memory back (sleep level or stop): its host's RAM book decides.
         self.release_policy: ReleasePolicy = release or Unbudgeted()
@@ -109,7 +114,6 @@ class Backend(Holding):
         self._asleep_mib: int | None = None
         # Asleep: the level it slept at, which its wake needs (None: not known, or awake).
         self._asleep_level: int | None = None
-        changed = None if events is None else events.changed
         self._queue = TicketQueue(name, metrics, changed)
         self._leases = Leases(name, metrics, changed, on_release=self._released)
         self.last_start_s: float | None = None
@@ -263,6 +267,13 @@ class Backend(Holding):
             return None
         return self.server.start_progress
 
+    def load(self) -> LoadStatus | None:  # while starting: how far (app.lifecycle.load)
+        if self.state is not BackendState.STARTING or self._starting is None:
+            return None
+        began, waking = self._starting
+        last = self._durations.get(self.name)
+        return load_status(time.monotonic() - began, last, self.server, waking=waking)
+
     @property
     def runtime_detail(self) -> str | None:
         return self.server.runtime_detail
@@ -324,6 +335,7 @@ class Backend(Holding):
 
     async def _run_start(self, adopt: bool, wake: bool = False) -> None:
         began = time.monotonic()
+        self._starting = (began, wake)
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
@@ -349,6 +361,7 @@ class Backend(Holding):
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
+            self._durations.record(self.name, duration, cold=not (wake or adopt))
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(
                 "backend ready backend=%s runtime=%s start_s=%.2f",
@@ -375,6 +388,7 @@ class Backend(Holding):
             raise
         finally:
             self._metrics.starts.labels(self.name, outcome).inc()
+            await self.server.end_watch()
 
     async def stop(self, reason: StopReason, *, drain_timeout_s: float | None = None) -> None:
         """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent.

@@ -4,6 +4,11 @@ status) and the vLLM in it (health, sleep mode), with what was last seen of its 
 All the I/O of a backend's lifecycle happens here; `Backend` decides when, under its
 lock, and owns the state. Nothing here changes a backend's state: failures are raised
 (`StartFailed`, `RuntimeFailure`) or returned for the backend to act on.
+
+While a start it launched waits for health, it reads the server's output (a runtime that
+offers it: `app.runtimes.output.OutputSource`) for vLLM's start-up phases (`load`) and
+keeps the last `RECENT_LINES`; a start that fails quotes the decisive ones
+(`app.upstreams.vllm_output.explain`: recognised lines only, bounded, with a hint).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
@@ -19,7 +25,10 @@ from app.lifecycle.served import Served
 from app.lifecycle.state import SleepOutcome, StopReason
 from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
+from app.runtimes.output import OutputSource
+from app.tasks import cancel_and_wait, spawn
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+from app.upstreams.vllm_output import LoadProgress, LoadTracker, explain
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +36,8 @@ READINESS_POLL_S: Final = 0.05  # /health while starting: a refused connection i
 # Whether the server still runs, while starting: a Docker inspect through the proxy each
 # time, so not at every health poll.
 STATUS_POLL_S: Final = 0.5
+RECENT_LINES: Final = 200  # of a start's output, kept to explain its failure
+OUTPUT_GRACE_S: Final = 2.0  # after its exit, for the rest of its output to be read
 
 
 class StartFailed(Exception):
@@ -34,7 +45,15 @@ class StartFailed(Exception):
 
 
 class Server:
-    def __init__(self, name: str, runtime: Runtime, vllm: VllmClient, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        name: str,
+        runtime: Runtime,
+        vllm: VllmClient,
+        metrics: Metrics,
+        on_progress: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_progress`: called when the load progress of a start changes."""
         self.name = name
         self.runtime = runtime
         self.vllm = vllm
@@ -47,6 +66,11 @@ class Server:
         self._vram_wait: Callable[[], str] | None = None
         self._vram_waited_s = 0.0  # how long such waits took, in all (ended ones)
         self._vram_wait_began: float | None = None
+        # The start being watched: its progress and last lines, and the task reading them.
+        self._tracker: LoadTracker | None = None
+        self._recent: deque[str] = deque(maxlen=RECENT_LINES)
+        self._reader: asyncio.Task[None] | None = None
+        self._on_progress = on_progress
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -86,6 +110,7 @@ class Server:
         `VllmClient.wake_up`). Raises `RuntimeFailure` or `StartFailed`."""
         if not wake:
             await self.runtime.start()
+            await self._watch_output()
             return
         try:
             await self.vllm.wake_up(level=level)
@@ -94,6 +119,42 @@ class Server:
             logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)
             await self.runtime.stop()
             raise StartFailed(f"wake from sleep failed ({exc}); stopped it") from None
+
+    async def _watch_output(self) -> None:
+        await cancel_and_wait(self._reader)
+        self._recent.clear()
+        self._tracker = LoadTracker()
+        if isinstance(self.runtime, OutputSource):
+            reader = self._read_output(self.runtime, self._tracker)
+            self._reader = spawn(reader, name=f"start-output:{self.name}")
+
+    async def _read_output(self, source: OutputSource, tracker: LoadTracker) -> None:
+        try:
+            async for line in source.run_output():
+                self._recent.append(line)
+                if tracker.feed(line) and self._on_progress is not None:
+                    self._on_progress()
+        except RuntimeFailure as exc:
+            logger.info("cannot read its output while starting backend=%s error=%s",
+                        self.name, exc)  # fmt: skip
+
+    @property
+    def load(self) -> LoadProgress | None:
+        """The progress of the start it watches (None when it watches none)."""
+        return None if self._tracker is None else self._tracker.progress
+
+    async def end_watch(self) -> None:
+        """The start is over (ready, failed or cancelled): stop reading its output."""
+        await cancel_and_wait(self._reader)
+        self._reader = self._tracker = None
+
+    async def _explanation(self) -> str:
+        """What its output says about a failed start (after waiting up to
+        `OUTPUT_GRACE_S` for the reader to reach the end of an exited server's output)."""
+        reader = self._reader
+        if reader is not None and not reader.done():
+            await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
+        return explain(self._recent)
 
     async def wait_healthy(self, start_timeout_s: float) -> None:
         """Poll the health check until it passes; fail at once if the server exits.
@@ -121,7 +182,8 @@ class Server:
                         self.runtime_detail = status.detail
                         if not status.running and not status.stopped_by_owner:
                             code, more = exit_text(status)
-                            raise StartFailed(f"exited with {code} before it was ready{more}")
+                            why = await self._explanation()
+                            raise StartFailed(f"exited with {code} before it was ready{more}{why}")
                         # Stopped by its owner: wait for the owner to run it again.
                         owner_stopped = not status.running
                         runtime_ready = False if owner_stopped else status.ready
@@ -142,7 +204,7 @@ class Server:
                         )
                     raise StartFailed(
                         f"not healthy {start_timeout_s:g}s after start (start_timeout_s); "
-                        "stopped it"
+                        f"stopped it{await self._explanation()}"
                     )
                 await asyncio.sleep(READINESS_POLL_S)
         finally:
@@ -168,6 +230,11 @@ class Server:
             error = "refused"
         waited = int(time.monotonic() - began)
         return f"health check to {self.vllm.health_url} {error} for {waited} s; {running}"
+
+    @property
+    def waiting_for_memory(self) -> bool:
+        """Admission waits for memory before the launch."""
+        return self._vram_wait is not None
 
     @contextlib.contextmanager
     def waiting_for_vram(self, progress: Callable[[], str]) -> Iterator[None]:

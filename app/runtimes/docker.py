@@ -1,21 +1,32 @@
 """A backend run as an existing Docker container, started and stopped through the API.
 
 The container is created outside the gateway (compose, `docker create`); the gateway only
-starts, stops and inspects it, usually through a socket proxy. Containers outlive the
-gateway: on shutdown they keep running and are adopted when the gateway starts again.
+starts, stops and inspects it, and reads its output, usually through a socket proxy.
+Containers outlive the gateway: on shutdown they keep running and are adopted when the
+gateway starts again.
+
+Its output (`logs`, `run_output`) is the engine's (`GET /containers/{id}/logs`), read as
+it comes: demultiplexed from Docker's 8-byte frames, or raw text when the container has a
+TTY (`Config.Tty`). The engine keeps a container's output across its restarts, so the
+output of a run the gateway just started is followed from its end (`tail=0`); a run that
+was already going (adopted) from its last `RUN_TAIL` lines.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from typing import Final
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
-from app.runtimes.docker_api import ContainerInfo, DockerApi, DockerError
+from app.runtimes.docker_api import ContainerInfo, Demultiplexer, DockerApi, DockerError
+from app.runtimes.output import LineSplitter
 from app.settings import DockerRuntimeConfig
 
 logger = logging.getLogger(__name__)
 
 _STILL_UP = frozenset({"running", "restarting", "paused"})
+RUN_TAIL: Final = 500  # lines of an adopted run read back for its load progress
 
 
 class DockerRuntime:
@@ -29,6 +40,7 @@ class DockerRuntime:
         self._config = config
         self._api = api
         self._config_key = f"backends.{backend}.runtime.container"
+        self._fresh = True  # the last start started it (its earlier output is another run's)
 
     @property
     def container(self) -> str:
@@ -36,6 +48,7 @@ class DockerRuntime:
 
     async def start(self) -> None:
         already_running = await self._api.start(self.container, config_key=self._config_key)
+        self._fresh = not already_running
         logger.info(
             "container started backend=%s container=%s already_running=%s",
             self._backend,
@@ -90,6 +103,36 @@ class DockerRuntime:
 
     def describe(self) -> str:
         return f"docker container {self.container!r} via {self._api.url}"
+
+    async def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
+        info = await self._api.inspect(self.container, config_key=self._config_key)
+        raw = await self._api.logs(
+            self.container, tail=tail, follow=follow, config_key=self._config_key
+        )
+        return _lines(raw, tty=info.tty)
+
+    async def run_output(self) -> AsyncIterator[str]:
+        lines = await self.logs(tail=0 if self._fresh else RUN_TAIL, follow=True)
+        async for line in lines:
+            yield line
+
+
+async def _lines(raw: AsyncIterator[bytes], *, tty: bool) -> AsyncIterator[str]:
+    """Lines of a container's output: stdout and stderr each split on their own."""
+    frames = None if tty else Demultiplexer()
+    splitters: dict[int, LineSplitter] = {}
+    try:
+        async for chunk in raw:
+            for stream, payload in [(1, chunk)] if frames is None else frames.feed(chunk):
+                for line in splitters.setdefault(stream, LineSplitter()).feed(payload):
+                    yield line
+        for splitter in splitters.values():
+            for line in splitter.flush():
+                yield line
+    finally:
+        closer = getattr(raw, "aclose", None)
+        if closer is not None:
+            await closer()
 
 
 def _status_of(info: ContainerInfo) -> RuntimeStatus:

@@ -1,4 +1,4 @@
-"""A small async client for the Docker Engine API: ping, inspect, start and stop.
+"""A small async client for the Docker Engine API: ping, inspect, start, stop and logs.
 
 It talks to a socket proxy (`http://docker-proxy:2375`) or straight to the engine's Unix
 socket (`unix:///var/run/docker.sock`). The API version is negotiated the way the official
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,6 +88,7 @@ class ContainerInfo:
     health: str | None
     started_at: str
     finished_at: str
+    tty: bool = False  # `Config.Tty`: its output is raw text, not multiplexed frames
 
     @property
     def running(self) -> bool:
@@ -125,6 +127,13 @@ def _permission_hint(method: str, path: str) -> str:
             f"allow container {verb} (microscheduler's haproxy config allows it; "
             f"Tecnativa docker-socket-proxy: CONTAINERS=1 POST=1; "
             f"linuxserver socket-proxy: CONTAINERS=1 {flag}=1)"
+        )
+    if re.fullmatch(r"/containers/[^/]+/logs", path):
+        return (
+            "allow reading container logs: GET /containers/{id}/logs?stdout=1&stderr=1&"
+            "tail=N[&follow=1] (microscheduler's haproxy config allows it; Tecnativa "
+            "docker-socket-proxy: CONTAINERS=1; linuxserver socket-proxy: CONTAINERS=1 "
+            "ALLOW_LOGS=1)"
         )
     if path == "/_ping":
         return "allow ping (PING=1 on Tecnativa and linuxserver socket proxies; on by default)"
@@ -264,6 +273,42 @@ class DockerApi:
         )
         return response.status_code == 304
 
+    async def logs(
+        self, container: str, *, tail: int, follow: bool, config_key: str | None = None
+    ) -> AsyncIterator[bytes]:
+        """Open `GET /containers/{container}/logs?stdout=1&stderr=1&tail=N[&follow=1]` (this
+        query, in this order: the socket proxy allows exactly it); the body's bytes as
+        they come (multiplexed frames unless the container has a TTY: `demultiplex`).
+        A followed output has no read timeout: it ends when the container stops or the
+        caller stops reading."""
+        version = await self._negotiated()
+        query = f"stdout=1&stderr=1&tail={int(tail)}" + ("&follow=1" if follow else "")
+        path = f"/containers/{container}/logs"
+        timeout = Timeout(self._timeout_s, read=None) if follow else self._timeout
+        response = await self._send(
+            "GET",
+            f"/v{version}{path}?{query}",
+            call_path=path,
+            http_timeout=timeout,
+            ok=(200,),
+            container=container,
+            config_key=config_key,
+            stream=True,
+        )
+        return self._body(response, f"GET {path}")
+
+    async def _body(self, response: Response, call: str) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except HTTPError as exc:
+            raise DockerError(
+                f"the Docker API at {self._url} failed during {call}: {_describe(exc)}",
+                reason="unexpected",
+            ) from None
+        finally:
+            await response.aclose()
+
     async def _negotiated(self) -> str:
         version = self._version
         if version is not None:
@@ -313,11 +358,14 @@ class DockerApi:
         ok: tuple[int, ...],
         container: str | None = None,
         config_key: str | None = None,
+        stream: bool = False,
     ) -> Response:
+        """`stream`: the body is left unread on success (the caller reads and closes it)."""
         timeout = http_timeout or self._timeout
         call = f"{method} {call_path}"
         try:
-            response = await self._client.request(method, url, params=params, timeout=timeout)
+            request = self._client.build_request(method, url, params=params, timeout=timeout)
+            response = await self._client.send(request, stream=stream)
         except (ConnectError, ConnectTimeout) as exc:
             raise DockerError(
                 f"cannot reach the Docker API at {self._url}: {_describe(exc)} "
@@ -342,6 +390,13 @@ class DockerApi:
         )
         if response.status_code in ok:
             return response
+        if stream:
+            try:
+                await response.aread()
+            except HTTPError:
+                pass
+            finally:
+                await response.aclose()
         raise self._status_error(response, method, call_path, container, config_key)
 
     def _reach_hint(self) -> str:
@@ -398,6 +453,30 @@ def _describe(exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
+class Demultiplexer:
+    """Docker's multiplexed output (a container without a TTY): frames of an 8-byte header
+    `[stream, 0, 0, 0, size as uint32 big-endian]` (stream 1 stdout, 2 stderr) and `size`
+    bytes of payload, cut anywhere by the transport."""
+
+    HEADER = 8
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The whole frames so far: (stream, payload)."""
+        self._buffer += data
+        frames: list[tuple[int, bytes]] = []
+        while len(self._buffer) >= self.HEADER:
+            size = int.from_bytes(self._buffer[4:8], "big")
+            end = self.HEADER + size
+            if len(self._buffer) < end:
+                break
+            frames.append((self._buffer[0], bytes(self._buffer[self.HEADER : end])))
+            del self._buffer[:end]
+        return frames
+
+
 def _container_info(body: Any) -> ContainerInfo:
     state = body["State"]
     health = state.get("Health")
@@ -411,4 +490,5 @@ def _container_info(body: Any) -> ContainerInfo:
         health=str(health["Status"]) if isinstance(health, dict) else None,
         started_at=str(state.get("StartedAt", "")),
         finished_at=str(state.get("FinishedAt", "")),
+        tty=bool((body.get("Config") or {}).get("Tty", False)),
     )

@@ -1,4 +1,5 @@
-"""A small async client for the Kubernetes API: get, merge-patch, list and watch.
+"""A small async client for the Kubernetes API: get, merge-patch, list, watch and a pod's
+log (text/plain, chunked while it follows).
 
 Plain httpx, like the Docker client: four kinds of call are all the runtime needs, and a
 generated client would bring a second HTTP stack (docs/reference/scale_out.md, "Python
@@ -166,6 +167,42 @@ class KubeApi:
                     return
             except HTTPError as exc:
                 raise _transport_failure(exc, call, self.url) from None
+
+    async def text_stream(
+        self, path: str, call: Call, params: Mapping[str, str], *, follow: bool
+    ) -> AsyncIterator[bytes]:
+        """Open a text/plain GET (a pod's log) and return its bytes as they come; a
+        followed one has no read timeout (it ends when the container stops or the caller
+        stops reading)."""
+        connection, client = self._connect()
+        read = None if follow else self._config.timeout_s
+        timeout = Timeout(self._config.timeout_s, read=read)
+        request = client.build_request(
+            "GET", path, params=dict(params), headers=self._auth(connection, reread=False),
+            timeout=timeout,
+        )  # fmt: skip
+        try:
+            response = await client.send(request, stream=True)
+        except HTTPError as exc:
+            raise _transport_failure(exc, call, self.url) from None
+        if response.status_code >= 400:
+            try:
+                await response.aread()
+            except HTTPError:
+                pass
+            finally:
+                await response.aclose()
+            raise self._failure(response, call, connection)
+        return self._body(response, call)
+
+    async def _body(self, response: Response, call: Call) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except HTTPError as exc:
+            raise _transport_failure(exc, call, self.url) from None
+        finally:
+            await response.aclose()
 
     async def _json(self, method: str, path: str, call: Call, **kwargs: Any) -> Any:
         connection, client = self._connect()

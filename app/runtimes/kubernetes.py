@@ -17,6 +17,11 @@ is the other way round). Workloads outlive the gateway and are adopted.
   readiness as for any runtime; the endpoint is required on top of it.
 - stop: PATCH replicas to 0, then wait (up to `stop_timeout_s`) until its pods are gone.
 
+Output (`logs`, `run_output`): the newest pod of the workload, `GET .../pods/{pod}/log`
+(`tailLines`, `follow=true`; its Role needs `get` on `pods/log`). While a start waits, the
+run's output is read once the pod's container has started (the log answers 400 before),
+from its first lines (a new pod's log is its own).
+
 `scale: external`: another owner (KEDA, an HPA) writes its replicas, and the gateway never
 does: no PATCH at all, so its Role needs no `patch` on `deployments/scale` or
 `statefulsets/scale` (get is still read). start only reads the scale and starts the
@@ -32,10 +37,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.runtimes.kube_api import Call, KubeApi, KubeError
+from app.runtimes.output import LineSplitter
 from app.settings import KubernetesRuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -44,6 +51,8 @@ WATCH_TIMEOUT_S: Final = 290  # the API server's own default is 30-60 min; short
 WATCH_RETRY_S: Final = 1.0  # after a failed list or watch (not a 410: that relists at once)
 WHY_CACHE_S: Final = 2.0  # pods/events reads at most this often while not ready
 STOP_POLL_S: Final = 1.0
+RUN_TAIL: Final = 5000  # lines of a new pod's log read back for its load progress
+LOG_WAIT_S: Final = 1.0  # while a start waits for its pod's container to run
 
 
 class EndpointWatch:
@@ -283,7 +292,7 @@ class KubernetesRuntime:
         pods = await self._pods(selector)
         if not pods:
             return f"no pod yet (the {self._resource[:-1]} controller has not created one)"
-        pod = max(pods, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp", "")))
+        pod = _newest(pods)
         name = _name(pod)
         status = pod.get("status") or {}
         phase = status.get("phase", "Unknown")
@@ -323,9 +332,64 @@ class KubernetesRuntime:
         newest = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime")))
         return str(newest.get("message", reason))
 
+    async def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
+        scale = await self._scale()
+        selector = _selector(scale)
+        pods = await self._pods(selector) if selector else []
+        if not pods:
+            raise RuntimeFailure(f"{self._what} has no pod (0 replicas, or not created yet)")
+        pod = _newest(pods)
+        params = {"tailLines": str(tail)}
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if len(containers) > 1:
+            params["container"] = str(containers[0].get("name", ""))
+        if follow:
+            params["follow"] = "true"
+        name = _name(pod)
+        raw = await self._api.text_stream(
+            f"/api/v1/namespaces/{self._ns}/pods/{name}/log",
+            Call("get", "pods/log", self._ns, name),
+            params,
+            follow=follow,
+        )
+        return _lines(raw)
+
+    async def run_output(self) -> AsyncIterator[str]:
+        while True:
+            try:
+                lines = await self.logs(tail=RUN_TAIL, follow=True)
+            except KubeError as exc:
+                if exc.status not in (400, 404):  # 400: its container has not started yet
+                    raise
+            except RuntimeFailure:  # no pod yet
+                pass
+            else:
+                break
+            await asyncio.sleep(LOG_WAIT_S)
+        async for line in lines:
+            yield line
+
     def describe(self) -> str:
         owner = ", scaled by its owner" if self._external else ""
         return f"kubernetes {self._what} via {self._api.url}{owner}"
+
+
+def _newest(pods: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(pods, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp", "")))
+
+
+async def _lines(raw: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    splitter = LineSplitter()
+    try:
+        async for chunk in raw:
+            for line in splitter.feed(chunk):
+                yield line
+        for line in splitter.flush():
+            yield line
+    finally:
+        closer = getattr(raw, "aclose", None)
+        if closer is not None:
+            await closer()
 
 
 def _replicas(scale: dict[str, Any]) -> int:

@@ -1,8 +1,16 @@
 """A backend run as a local command in its own process group.
 
 Stop sends SIGTERM to the whole group, waits `stop_grace_s`, then SIGKILLs what is left,
-so a server that forks workers (vLLM does) leaves nothing behind. The command's output
-is logged line by line under the backend's name.
+so a server that forks workers (vLLM does) leaves nothing behind.
+
+Its stdout and stderr go to one file in the state directory (`logs/NAME.log`, mode 0600:
+it may hold prompts), opened in append mode, not to a pipe: when the gateway crashes the
+server keeps writing (a pipe with no reader would kill a server that does not ignore
+SIGPIPE, and fill and block one that does), and the next gateway, adopting it, reads the
+same file on. The gateway reads it every `TAIL_POLL_S` into an in-memory ring
+(`app.runtimes.output`) that serves `GET /backends/NAME/logs` and the load progress; past
+`output.FILE_MAX_BYTES` it is copied to `NAME.log.1` and truncated (the server keeps its
+descriptor; with append mode its next write lands at the new end).
 
 It starts with the environment it is given: the gateway's minus every secret the
 configuration names, plus its own `env:` (`app.runtimes.child_env`).
@@ -27,10 +35,12 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Final
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
+from app.runtimes.output import OutputFile, OutputRing
 from app.runtimes.process_record import (
     ProcessRecord,
     RecordBook,
@@ -47,6 +57,7 @@ logger = logging.getLogger(__name__)
 PYTHON = "{python}"
 EXIT_POLL_S: Final = 0.1  # an adopted process (not our child): how often to look for its exit
 KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long it may take to disappear
+TAIL_POLL_S: Final = 0.1  # how often its output file is read while it runs
 
 
 class ProcessRuntime:
@@ -62,11 +73,13 @@ class ProcessRuntime:
         env: Mapping[str, str],
         book: RecordBook,
         launch: str,
+        output_dir: Path,
         port: int | None = None,
     ) -> None:
         """`env`: the whole environment it starts with (`app.runtimes.child_env`);
         `book`: where started processes are recorded; `launch`: the hash of the backend's
-        launch settings (`process_record.launch_hash`); `port`: its server's, recorded."""
+        launch settings (`process_record.launch_hash`); `output_dir`: where its output
+        file is (`STATE_DIR/logs`); `port`: its server's, recorded."""
         self._backend = backend
         self._config = config
         self._env = dict(env)
@@ -75,7 +88,9 @@ class ProcessRuntime:
         self._port = port
         self._proc: asyncio.subprocess.Process | None = None
         self._adopted: ProcessRecord | None = None  # a server an earlier gateway started
-        self._log_task: asyncio.Task[None] | None = None
+        self._output = OutputFile(output_dir / f"{backend}.log")
+        self._ring = OutputRing()
+        self._tail_task: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -90,14 +105,22 @@ class ProcessRuntime:
             return
         self._adopted = None
         command = [sys.executable if word == PYTHON else word for word in self._config.command]
+        await self._end_tail()  # the last run's output, read to its end
+        try:
+            fd = self._output.open_for_child()
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"backend {self._backend!r}: cannot open its output file "
+                f"{self._output.path} (state_dir): {exc.strerror or exc}"
+            ) from None
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *command,
                 env=self._env,
                 cwd=self._config.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stdout=fd,
+                stderr=fd,
                 start_new_session=True,  # own process group, so stop reaches its children
             )
         except OSError as exc:
@@ -105,12 +128,11 @@ class ProcessRuntime:
                 f"backends.{self._backend}.runtime.command: cannot run "
                 f"{self._config.command[0]!r}: {exc.strerror or exc}"
             ) from None
+        finally:
+            os.close(fd)
         logger.info("process started backend=%s pid=%d", self._backend, self._proc.pid)
         self._record(self._proc.pid, tuple(command))
-        assert self._proc.stdout is not None
-        self._log_task = spawn(
-            self._pump_output(self._proc.stdout), name=f"process-output:{self._backend}"
-        )
+        self._begin_tail()
 
     def _record(self, pid: int, cmdline: tuple[str, ...]) -> None:
         """`cmdline`: the argv it was started with, which /proc shows once the exec is
@@ -131,10 +153,42 @@ class ProcessRuntime:
             )
         )
 
-    async def _pump_output(self, stream: asyncio.StreamReader) -> None:
-        prefix = f"[{self._backend}]"
-        while line := await stream.readline():
-            logger.info("%s %s", prefix, line.decode(errors="replace").rstrip())
+    def _begin_tail(self) -> None:
+        self._ring.extend(self._output.read())  # an earlier run's last lines
+        self._ring.begin_run()
+        proc, adopted = self._proc, self._adopted
+        self._tail_task = spawn(self._tail(proc, adopted), name=f"process-output:{self._backend}")
+
+    async def _tail(
+        self, proc: asyncio.subprocess.Process | None, adopted: ProcessRecord | None
+    ) -> None:
+        """Read its output file into the ring until it exited, then to the file's end."""
+        try:
+            while _running(proc, adopted):
+                self._ring.extend(self._output.read())
+                await asyncio.sleep(TAIL_POLL_S)
+            self._ring.extend(self._output.read() + self._output.flush())
+        finally:
+            self._ring.end_run()
+
+    async def _end_tail(self) -> None:
+        task, self._tail_task = self._tail_task, None
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(task, 2.0)
+        except TimeoutError:
+            task.cancel()
+
+    async def logs(self, *, tail: int, follow: bool) -> AsyncIterator[str]:
+        return self._ring.logs(tail, follow)
+
+    def run_output(self) -> AsyncIterator[str]:
+        return self._ring.run_output()
+
+    @property
+    def output_file(self) -> Path:
+        return self._output.path
 
     async def status(self) -> RuntimeStatus:
         if self._proc is None and self._adopted is None:
@@ -158,6 +212,10 @@ class ProcessRuntime:
         if verdict(record, observe(record.pid), self._launch) is not Verdict.ADOPT:
             return None  # `sweep_orphans` deals with it
         logger.info("adopting process backend=%s pid=%d", self._backend, record.pid)
+        # Its output goes on into the same file: read on from its last lines.
+        self._ring.extend(self._output.skip_to_end())
+        self._adopted = record
+        self._begin_tail()
         return record
 
     def _adopted_status(self, record: ProcessRecord) -> RuntimeStatus:
@@ -173,6 +231,7 @@ class ProcessRuntime:
         if adopted is not None:
             await terminate(adopted)
             self._book.drop(self._backend)
+            await self._end_tail()
             return
         proc = self._proc
         if proc is None:
@@ -192,15 +251,17 @@ class ProcessRuntime:
         _signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()
         self._book.drop(self._backend)
-        if self._log_task is not None:
-            try:
-                await asyncio.wait_for(self._log_task, 2.0)
-            except TimeoutError:
-                self._log_task.cancel()
+        await self._end_tail()
         logger.info("process stopped backend=%s exit_code=%s", self._backend, proc.returncode)
 
     def describe(self) -> str:
         return f"process {' '.join(self._config.command)!r}"
+
+
+def _running(proc: asyncio.subprocess.Process | None, adopted: ProcessRecord | None) -> bool:
+    if adopted is not None:
+        return same_process(adopted, observe(adopted.pid))
+    return proc is not None and proc.returncode is None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

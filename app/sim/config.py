@@ -16,6 +16,10 @@ class FakeConfig:
     port: int = 8000
     models: list[str] = field(default_factory=lambda: ["fake-model"])
     startup_delay: float = 0.0
+    # Print vLLM 0.33's start-up lines over startup_delay (app.sim.startup_log).
+    print_startup_log: bool = False
+    # Fail like vLLM's KV-cache check: its lines, then exit 1 (implies the start-up lines).
+    fail_kv_cache: bool = False
     ttft: float = 0.0
     tokens_per_second: float = 0.0
     max_tokens: int = 16

@@ -52,6 +52,7 @@ from app.sim.pooling import PoolingApi
 from app.sim.responses import ResponsesApi
 from app.sim.routes import TASKS, RouteTable, api_key_middleware
 from app.sim.sleep_mode import SleepMode
+from app.sim.startup_log import add_startup_log_options, print_startup
 from app.sim.state import error_response, json_response, process_started
 from app.sim.text import ApiError, dumps, validation_error
 
@@ -386,7 +387,9 @@ async def serve(config: FakeConfig) -> None:
         if vram.enabled:
             gpus = ",".join(map(str, vram.gpus))
             _log(f"reporting vram={vram.held_mib}MiB gpus={gpus} ledger={vram.ledger_file}")
-        if config.startup_delay > 0:
+        if config.print_startup_log or config.fail_kv_cache:
+            await print_startup(config, stop)  # as vLLM 0.33 does, or its KV-cache failure
+        elif config.startup_delay > 0:
             _log(f"loading (startup delay {config.startup_delay:g}s, port closed)")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), config.startup_delay)
@@ -436,6 +439,7 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         metavar="NAME", help="served model name(s); repeatable (default: fake-model)",
     )  # fmt: skip
     p.add_argument("--startup-delay", type=nn_float, default=0.0, metavar="S")
+    add_startup_log_options(p)
     p.add_argument("--ttft", type=nn_float, default=0.0, metavar="S")
     p.add_argument("--tokens-per-second", type=nn_float, default=0.0, metavar="R")
     p.add_argument("--max-tokens", type=nn_int, default=16)

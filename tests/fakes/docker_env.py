@@ -240,8 +240,10 @@ def create_fake_vllm_container(
     extra_args: Sequence[str] = (),
     stop_timeout_s: int | None = None,
     labels: dict[str, str] | None = None,
+    tty: bool = False,
 ) -> str:
-    """Create (not start) the container; a leftover of the same name is removed first."""
+    """Create (not start) the container (`tty`: with a terminal, so its output is raw,
+    not multiplexed); a leftover of the same name is removed first."""
     image = fake_vllm_image(engine)
     body: dict[str, Any] = {
         "Image": image,
@@ -256,6 +258,7 @@ def create_fake_vllm_container(
             "HOME=/tmp",
         ],
         "Labels": {**(labels or {}), TEST_LABEL: "1"},
+        "Tty": tty,
         "HostConfig": {
             "NetworkMode": "host",
             "Init": True,  # docker-init as PID 1: SIGTERM works even before Python is up
@@ -293,6 +296,7 @@ def fake_vllm_container(
     extra_args: Sequence[str] = (),
     stop_timeout_s: int | None = None,
     engine: DockerEngine | None = None,
+    tty: bool = False,
 ) -> Iterator[str]:
     """A created (not started) fake-vLLM container named `name` on 127.0.0.1:`port`.
 
@@ -308,6 +312,7 @@ def fake_vllm_container(
         startup_delay=startup_delay,
         extra_args=extra_args,
         stop_timeout_s=stop_timeout_s,
+        tty=tty,
     )
     try:
         yield name

@@ -26,6 +26,12 @@ note on where each behaviour comes from (written from the references, not from o
   detection of changes" and "Watch bookmarks"; apiserver watch cache `cacher`).
 - `GET /api/v1/namespaces/{ns}/pods?labelSelector=a=b` (equality selectors only) and
   `GET /api/v1/namespaces/{ns}/events?fieldSelector=involvedObject.name=POD`.
+- `GET /api/v1/namespaces/{ns}/pods/{name}/log?tailLines=N[&follow=true]`: the
+  container's output as `text/plain` (the core/v1 "read log of the specified Pod"
+  operation, `PodLogOptions`: `tailLines`, `follow`), chunked while following, which ends
+  when the pod goes; a pod whose container has not started is 400 `BadRequest`
+  `container "vllm" in pod "X" is waiting to start: ContainerCreating` (the kubelet's
+  wording); RBAC on `pods/log` verb `get`.
 - Errors are `Status` objects (`apimachinery/pkg/api/errors/errors.go`): 401
   `Unauthorized` without a known bearer token; 403 `Forbidden` with the message
   `deployments.apps "x" is forbidden: User "system:serviceaccount:NS:SA" cannot patch
@@ -34,7 +40,9 @@ note on where each behaviour comes from (written from the references, not from o
 
 Test controls (plain methods, same event loop): `unschedulable(message)` (new pods stay
 Pending with a `FailedScheduling` event), `container_waiting(reason, message)`,
+`start_containers()` (Running, not Ready: an endpoint only once `make_ready()`),
 `ready_after_s` (None: only `make_ready()`), `deny(verb, resource)`, `tokens`,
+`write_log(text)` (appends to the newest pod's log, followers get it at once),
 `expire_watches()` (drops the history and closes open watches, so the next watch from an
 old version gets the 410), and `calls` (method, path, content type) to assert on.
 """
@@ -120,6 +128,8 @@ class FakeKube:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _timers: list[asyncio.TimerHandle] = field(default_factory=list)
     _pod_seq: int = 0
+    logs: dict[str, str] = field(default_factory=dict)  # pod -> its container's output
+    _log_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     # -- controls ---------------------------------------------------------------------------
 
@@ -153,6 +163,17 @@ class FakeKube:
     def container_waiting(self, reason: str, message: str) -> None:
         self._waiting = (reason, message)
 
+    def start_containers(self) -> None:
+        """The pods' containers run (their logs can be read) but are not ready yet."""
+        for pod in self.pods.values():
+            pod["status"] = {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "vllm", "ready": False,
+                                       "state": {"running": {}}}],
+            }  # fmt: skip
+        self._sync_endpoints()
+
     def make_ready(self) -> None:
         for pod in self.pods.values():
             pod["status"] = {
@@ -160,6 +181,16 @@ class FakeKube:
                 "conditions": [{"type": "Ready", "status": "True"}],
             }
         self._sync_endpoints()
+
+    def write_log(self, text: str) -> None:
+        """The newest pod's container writes `text`."""
+        newest = max(self.pods, key=lambda name: self.pods[name]["metadata"]["name"])
+        self.logs[newest] = self.logs.get(newest, "") + text
+        self._wake_logs()
+
+    def _wake_logs(self) -> None:
+        self._log_changed.set()
+        self._log_changed = asyncio.Event()
 
     def expire_watches(self) -> None:
         """Compact the history (every version seen so far is now too old) and end the open
@@ -197,7 +228,12 @@ class FakeKube:
                 {
                     "addresses": [f"10.0.0.{i + 10}"],
                     "conditions": {
-                        "ready": p["status"]["phase"] == "Running",
+                        # The pod's Ready condition (its readinessProbe), as the
+                        # EndpointSlice controller sets it.
+                        "ready": any(
+                            c.get("type") == "Ready" and c.get("status") == "True"
+                            for c in p["status"].get("conditions") or []
+                        ),
                         "serving": True,
                         "terminating": False,
                     },
@@ -217,6 +253,7 @@ class FakeKube:
         if replicas == 0:
             for name in mine:
                 del self.pods[name]
+            self._wake_logs()
         elif not mine:
             self._pod_seq += 1
             name = f"{workload.name}-7d9f8-{self._pod_seq:05d}"
@@ -431,6 +468,41 @@ class FakeKube:
                 )
         return response
 
+    async def pod_log(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        denied = self._forbidden("get", "pods/log", name)
+        if denied is not None:
+            return denied
+        pod = self.pods.get(name)
+        if pod is None or request.match_info["ns"] != self.namespace:
+            return _error(404, "NotFound", f'pods "{name}" not found',
+                          {"name": name, "kind": "pods"})  # fmt: skip
+        if pod["status"].get("phase") != "Running":
+            return _error(400, "BadRequest", f'container "vllm" in pod "{name}" is waiting '
+                          "to start: ContainerCreating")  # fmt: skip
+        tail = request.query.get("tailLines")
+        text = self.logs.get(name, "")
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(tail) :]) if int(tail) > 0 else ""
+        if request.query.get("follow") != "true":
+            return web.Response(text=text, content_type="text/plain")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(text.encode())
+        sent = len(self.logs.get(name, ""))
+        while name in self.pods:
+            changed = self._log_changed
+            now = self.logs.get(name, "")
+            if len(now) > sent:
+                await response.write(now[sent:].encode())
+                sent = len(now)
+                continue
+            await changed.wait()
+        await response.write_eof()
+        return response
+
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
         apps = "/apis/apps/v1/namespaces/{ns}/{resource}/{name}/scale"
@@ -438,6 +510,7 @@ class FakeKube:
         app.router.add_route("PATCH", apps, self.scale)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self.pods_list)
         app.router.add_get("/api/v1/namespaces/{ns}/events", self.events_list)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self.pod_log)
         app.router.add_get(
             "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self.endpointslices
         )

@@ -21,6 +21,7 @@ EXPECTED_RULES = {
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"get", "list", "watch"},
+    ("", "pods/log"): {"get"},  # the backends' output (GET /backends/{name}/logs)
 }
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -111,9 +112,16 @@ async def test_observe_reads_a_real_process_start_time_and_command_line() -> Non
 SERVER = ["{python}", "-c", "import time; time.sleep(60)"]
 
 
+# The output file of backend "b": one per test process, shared by a runtime and the one
+# that adopts its process.
+OUTPUT_DIR = Path(tempfile.gettempdir()) / f"microscheduler-test-output-{os.getpid()}"
+
+
 def runtime(book: MemoryBook, launch: str = "h") -> ProcessRuntime:
     config = ProcessRuntimeConfig(kind="process", command=SERVER, stop_grace_s=2)
-    return ProcessRuntime("b", config, env=dict(os.environ), book=book, launch=launch)
+    return ProcessRuntime(
+        "b", config, env=dict(os.environ), book=book, launch=launch, output_dir=OUTPUT_DIR
+    )
 
 
 @pytest.fixture
