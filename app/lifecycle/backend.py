@@ -357,6 +357,9 @@ class Backend(Holding):
                 if self.state is not BackendState.STARTING:
                     return  # a stop took over
                 self.last_start_s = duration
+                if self.server.loaded_weights_gib is not None:  # the host RAM a sleep holds
+                    per_gpu = self.server.loaded_weights_gib * 2**30
+                    self.record_loaded_weights(round(per_gpu * len(self.config.gpus)))
                 self._leases.touch()
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)

@@ -71,6 +71,8 @@ class Server:
         self._recent: deque[str] = deque(maxlen=RECENT_LINES)
         self._reader: asyncio.Task[None] | None = None
         self._on_progress = on_progress
+        # What vLLM said its weights took on one GPU at its last load (GiB; None: not said).
+        self.loaded_weights_gib: float | None = None
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -134,6 +136,8 @@ class Server:
                 self._recent.append(line)
                 if tracker.feed(line) and self._on_progress is not None:
                     self._on_progress()
+                if tracker.weights_gib is not None:
+                    self.loaded_weights_gib = tracker.weights_gib
         except RuntimeFailure as exc:
             logger.info("cannot read its output while starting backend=%s error=%s",
                         self.name, exc)  # fmt: skip

@@ -148,6 +148,9 @@ def _bar_span(index: int) -> tuple[int, int]:
     return start, following
 
 
+_MODEL_LOADED: Final = next(m.pattern for m in MILESTONES if m.key == "model_loaded")
+
+
 def progress_of(text: str) -> LoadProgress | None:
     """The progress one line (or one `\\r` segment of a tqdm bar) shows; None when it is
     none of the milestones."""
@@ -164,6 +167,14 @@ def progress_of(text: str) -> LoadProgress | None:
     return None
 
 
+def loaded_weights_gib(text: str) -> float | None:
+    """The GiB vLLM says its weights took on a GPU ("Model loading took X GiB memory";
+    vllm/v1/worker/gpu_model_runner.py logs it with `info_once`, scope "local": once per
+    node, rank 0's share, so a backend's weights are that times its GPUs)."""
+    found = _MODEL_LOADED.search(message(text))
+    return None if found is None else float(found.group("gib"))
+
+
 class LoadTracker:
     """The progress of one start, from the lines it writes. Its phase follows the newest
     milestone; its percent never goes back."""
@@ -171,12 +182,14 @@ class LoadTracker:
     def __init__(self) -> None:
         self.progress = LoadProgress(LAUNCHING, 0)
         self.lines = 0  # milestones seen
+        self.weights_gib: float | None = None  # "Model loading took X GiB": one GPU's
 
     def feed(self, text: str) -> bool:
         """One line or `\\r` segment; True when the progress changed."""
         seen = progress_of(text)
         if seen is None:
             return False
+        self.weights_gib = loaded_weights_gib(text) or self.weights_gib
         self.lines += 1
         new = LoadProgress(seen.phase, max(seen.percent, self.progress.percent))
         changed = new != self.progress

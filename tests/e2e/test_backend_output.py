@@ -5,6 +5,7 @@ start quoting vLLM's decisive line with a hint, and its output through
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.sim.startup_log import WEIGHTS_GIB
 from tests.fakes.processes import ROOT, GatewayProcess, free_port, gateway_process
 from tests.fakes.waits import until_sync
 
@@ -86,6 +88,11 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         assert percents[-1] > percents[0]
         assert len(set(percents)) >= 5  # the tqdm bars move it, not only the phases
         assert all(load["eta_s"] is None for load in first)  # never measured before
+        # "Model loading took 15.27 GiB ..." on its one GPU: the host RAM a level-1 sleep
+        # is charged from now on (the planner's estimate or vram_mib before).
+        shown = status_of(gw, "llm")
+        assert shown["host_ram_charge_from"] == "measured"
+        assert shown["host_ram_charge_mib"] == math.ceil(WEIGHTS_GIB * 1024)
         httpx.post(f"{gw.url}/backends/llm/stop", headers=ADMIN, timeout=30)
         second = watch_start(gw, "llm")
         etas = [load["eta_s"] for load in second]

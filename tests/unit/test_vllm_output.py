@@ -14,6 +14,7 @@ from app.upstreams.vllm_output import (
     LoadTracker,
     diagnose,
     explain,
+    loaded_weights_gib,
     message,
     progress_of,
 )
@@ -180,3 +181,19 @@ def test_only_decisive_lines_are_quoted_bounded_and_the_specific_first() -> None
 def test_every_entry_names_its_vllm_source() -> None:
     sources = [m.source for m in MILESTONES] + [f.source for f in FAILURES]
     assert all(".py:" in source for source in sources)
+
+
+def test_the_weights_vllm_loaded_are_read_from_its_line() -> None:
+    """vllm/v1/worker/gpu_model_runner.py: "Model loading took %s GiB memory and %.6f
+    seconds" (info_once, scope local: rank 0's share of one node)."""
+    line = (
+        "(EngineCore_DP0 pid=7) INFO 11-26 07:50:01 [gpu_model_runner.py:5089] "
+        "Model loading took 15.27 GiB memory and 3.912345 seconds"
+    )
+    assert loaded_weights_gib(line) == 15.27
+    assert loaded_weights_gib("Available KV cache memory: 1.2 GiB") is None
+    tracker = LoadTracker()
+    tracker.feed(line)
+    tracker.feed("(EngineCore_DP0 pid=7) INFO 11-26 07:50:02 [gpu_worker.py:773] "
+                 "Available KV cache memory: 1.2 GiB")  # fmt: skip
+    assert tracker.weights_gib == 15.27
