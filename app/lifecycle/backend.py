@@ -12,7 +12,10 @@
 - The I/O with the server (runtime, health, sleep mode) is `app.lifecycle.server.Server`'s;
   this module decides.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
-- Its fields are written only here: other objects read them and change a backend through
+- Its fields are written only here and in its halves, split off to keep each module
+  readable: `app.lifecycle.holding` (the requests that hold it), `app.lifecycle.memory`
+  (what it holds, on its GPUs and asleep in host RAM) and `app.lifecycle.watched` (the
+  periodic check, pinned restarts). Other objects read them and change a backend through
   its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
 """
 
@@ -31,10 +34,11 @@ from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.load import LoadStatus, StartDurations, load_status
+from app.lifecycle.memory import Memory
 from app.lifecycle.queue import TicketQueue
-from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted, ram_charge
+from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
 from app.lifecycle.served import LearnedRecords, Served
-from app.lifecycle.server import Server, StartFailed, exit_text
+from app.lifecycle.server import Server, StartFailed
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
     BackendState,
@@ -45,8 +49,8 @@ from app.lifecycle.state import (
     check_transition,
     refusal,
 )
+from app.lifecycle.watched import Watched
 from app.metrics import Metrics
-from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig, ReleaseConfig
 from app.tasks import cancel_and_wait, spawn
@@ -56,7 +60,7 @@ from app.upstreams.vllm import VllmClient
 logger = logging.getLogger(__name__)
 
 
-class Backend(Holding):
+class Backend(Holding, Memory, Watched):
     def __init__(
         self,
         name: str,
@@ -85,35 +89,17 @@ class Backend(Holding):
         self.admission: Admission = admission or Unchecked()
         # How it gives memory back (sleep level or stop): its host's RAM book decides.
         self.release_policy: ReleasePolicy = release or Unbudgeted()
-        # What its weights took on its GPUs when it last loaded, as vLLM said it ("Model
-        # loading took X GiB", summed over its GPUs); None: not seen.
-        self._loaded_weights_bytes: int | None = None
-        # The level of the sleep its stop task is going to (None: a stop, or no task).
-        self._releasing_level: int | None = None
         self._events = events
-        # How a yield frees its memory; a GPU profile may override the config.
-        self._yield_method_override: str | None = None
         self.last_drain_timed_out = False  # the last stop went ahead with requests in flight
         # Moves when the server loses what was loaded at runtime (LoRA adapters,
         # app.lifecycle.adapters): stopped, failed, or asleep at any level but 1.
         self.adapters_epoch = 0
-        # GPU memory used after its last start minus before it, as the probe saw it (starts
-        # on a GPU are one at a time, so the difference is this backend's).
-        self._measured_mib: int | None = None
-        # What admission counts for it: `vram_mib`, else the active profile's share, else
-        # the planner's estimate from its model description (the supervisor keeps it current).
-        self._footprint: Footprint | None = (
-            None if config.vram_mib is None else Footprint(config.vram_mib, "vram_mib")
-        )
         self._metrics = metrics
         self._wake_notice_s = wake_notice_s
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
-        # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
-        self._asleep_mib: int | None = None
-        # Asleep: the level it slept at, which its wake needs (None: not known, or awake).
-        self._asleep_level: int | None = None
+        self._init_memory(config)
         self._queue = TicketQueue(name, metrics, changed)
         self._leases = Leases(name, metrics, changed, on_release=self._released)
         self.last_start_s: float | None = None
@@ -141,63 +127,6 @@ class Backend(Holding):
             self._learn_due = False
 
     @property
-    def vram_mib(self) -> int | None:
-        """MiB it holds on each of its GPUs, for admission; None: not checked."""
-        return None if self._footprint is None else self._footprint.mib
-
-    @property
-    def footprint(self) -> Footprint | None:
-        return self._footprint
-
-    def plan(self, footprint: Footprint | None) -> None:
-        """Admission counts `footprint` from the next start on (None: not checked)."""
-        self._footprint = footprint
-
-    @property
-    def asleep_mib(self) -> int | None:
-        """While asleep: the MiB per GPU admission counts for it (None: its footprint)."""
-        return self._asleep_mib
-
-    @property
-    def asleep_level(self) -> int | None:
-        """While asleep: the level it slept at (None: not known, e.g. found asleep)."""
-        return self._asleep_level
-
-    @property
-    def counted_mib(self) -> int | None:
-        """MiB per GPU admission counts for it while it holds memory."""
-        return self.vram_mib if self._asleep_mib is None else self._asleep_mib
-
-    @property
-    def measured_mib(self) -> int | None:
-        return self._measured_mib
-
-    def record_measured(self, mib: int) -> None:
-        """What the GPU showed its last start used (admission measures it)."""
-        self._measured_mib = mib
-
-    @property
-    def yield_method(self) -> str:
-        """How a yield frees its memory: `auto`, `stop` or `sleep`."""
-        return self._yield_method_override or self.config.yield_.method
-
-    @property
-    def yield_how(self) -> ReleaseConfig:
-        """`yield:` with a GPU profile's method, if any."""
-        how = self.config.yield_
-        override = self._yield_method_override
-        if override is None or override == how.method:
-            return how
-        return ReleaseConfig.model_validate({"method": override, "level": how.level})
-
-    @property
-    def sleep_supported(self) -> bool:
-        """Whether its server offers sleep mode (a GPU profile's `sleep_mode` wins)."""
-        if self._yield_method_override is not None:
-            return self._yield_method_override == "sleep"
-        return self.config.sleep_supported
-
-    @property
     def managed(self) -> bool:
         return self.runtime.managed
 
@@ -205,30 +134,6 @@ class Backend(Holding):
     def last_used(self) -> float:
         """Monotonic time a request of it last began or ended."""
         return self._leases.last_used
-
-    def record_loaded_weights(self, weights_bytes: int) -> None:
-        """What vLLM said its weights took when it loaded ("Model loading took X GiB",
-        summed over its GPUs): the host RAM a level-1 sleep charges from now on."""
-        self._loaded_weights_bytes = weights_bytes
-
-    @property
-    def ram_charge(self) -> tuple[int | None, str | None]:
-        """(MiB of host RAM its weights hold asleep at level 1, where from), by
-        `app.lifecycle.release.ram_charge`."""
-        return ram_charge(self._loaded_weights_bytes, self.config)
-
-    @property
-    def ram_charge_mib(self) -> int | None:
-        return self.ram_charge[0]
-
-    @property
-    def releasing_level(self) -> int | None:
-        """While stopping: the level it is going to sleep at (None: a stop)."""
-        return self._releasing_level if self.state is BackendState.STOPPING else None
-
-    def set_yield_method(self, method: str | None) -> None:
-        """A GPU profile's choice of yield method; None: the backend's own config."""
-        self._yield_method_override = method
 
     @property
     def blocks(self) -> Blocks:
@@ -600,75 +505,6 @@ class Backend(Holding):
         keeps doing what it was told (the engine finishes a stop on its own)."""
         for task in (self._start_task, self._stop_task):
             await cancel_and_wait(task)
-
-    async def check_health(self) -> bool:
-        """One health check of its server; records the outcome. Never raises."""
-        return await self.server.check_health()
-
-    async def watch(self) -> None:
-        """One periodic check: health, whether a managed server died while ready, and a
-        restart of a failed pinned backend once its backoff has passed."""
-        if self._down_pinned() and self._retry_in() == 0:
-            async with self._lock:
-                if self._down_pinned() and not self._blocks:
-                    logger.info(
-                        "restarting pinned backend backend=%s failures=%d",
-                        self.name,
-                        self._backoff.failures,
-                    )
-                    self._begin_start(adopt=False)
-            return
-        if self.state in (BackendState.READY, BackendState.SLEEPING) and self.runtime.managed:
-            exited = await self.server.exited()
-            if exited is not None and exited.stopped_by_owner:
-                await self._stopped_by_owner()
-                return
-            if exited is not None:
-                code, more = exit_text(exited)
-                await self._fail(f"its server exited with {code}{more}")
-                return
-        if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
-            healthy = await self.server.check_health()
-            self._learn_due = self._learn_due or not healthy  # back as another server?
-            if healthy and self._learn_due and self.state is BackendState.READY:
-                await self.learn()
-
-    def _down_pinned(self) -> bool:
-        """A pinned backend the watch starts again once its backoff has passed: it failed
-        (its start, or its server died), or admission found no room for its start."""
-        down = self.state is BackendState.FAILED or (
-            self.state is BackendState.STOPPED and self._refused
-        )
-        return down and not self.lazy and self.runtime.managed
-
-    @property
-    def restart_in_s(self) -> float | None:
-        """A pinned backend that is down: seconds until the watch starts it again (the
-        backoff doubles from 5 s to 5 min with each failure in a row); None otherwise."""
-        return self._retry_in() if self._down_pinned() else None
-
-    def _log_retry(self) -> None:
-        if self._down_pinned():
-            logger.warning(
-                "pinned backend down, restarting in the background backend=%s "
-                "retry_in_s=%.0f failures=%d",
-                self.name,
-                self._retry_in(),
-                self._backoff.failures,
-            )
-
-    async def _stopped_by_owner(self) -> None:
-        """Its owner stopped it (kubernetes `scale: external`: KEDA or an HPA scaled it to 0):
-        stopped, not failed, releasing what it held as a stop does; the next request starts
-        it again, held until the owner runs it. Not counted in `backend_stops_total`,
-        which counts the gateway's stops."""
-        async with self._lock:
-            if self.state not in (BackendState.READY, BackendState.SLEEPING):
-                return
-            why = "scaled to 0 by its owner"
-            self._set_state(BackendState.STOPPING, why)
-            self._set_state(BackendState.STOPPED, f"{why}; the next request waits for it to "
-                            "scale up")  # fmt: skip
 
     async def _fail(self, reason: str, *, holds_vram: bool = False) -> None:
         async with self._lock:

@@ -1,0 +1,130 @@
+"""The memory half of a backend: what it holds, on its GPUs and (asleep) in host RAM.
+
+- On its GPUs: `footprint` (what admission counts: `vram_mib`, a GPU profile's share, or
+  the planner's estimate; the supervisor keeps it current, `plan`), `measured_mib` (what
+  the probe saw its last start take), and while asleep `asleep_mib` and `asleep_level`.
+- How it gives memory back: its `yield:` (a GPU profile may override the method) and
+  whether its server has sleep mode; the choice itself is its host's RAM book's
+  (`app.lifecycle.release`).
+- In host RAM asleep at level 1: its weights (`ram_charge`), as vLLM said it loaded
+  them, else as the planner or `vram_mib` estimates.
+
+`app.lifecycle.backend.Backend` is the one subclass and the one writer of these fields
+(`_init_memory`, and its start, sleep and stop); they are split only to keep each module
+readable, as `app.lifecycle.holding` is.
+"""
+
+from __future__ import annotations
+
+from app.lifecycle.release import ram_charge
+from app.lifecycle.state import BackendState
+from app.planner.footprint import Footprint
+from app.settings import BackendConfig, ReleaseConfig
+
+
+class Memory:
+    # Set by Backend.__init__.
+    config: BackendConfig
+    state: BackendState
+
+    def _init_memory(self, config: BackendConfig) -> None:
+        # What admission counts for it: `vram_mib`, else the active profile's share, else
+        # the planner's estimate from its model description (the supervisor keeps it current).
+        self._footprint: Footprint | None = (
+            None if config.vram_mib is None else Footprint(config.vram_mib, "vram_mib")
+        )
+        # GPU memory used after its last start minus before it, as the probe saw it (starts
+        # on a GPU are one at a time, so the difference is this backend's).
+        self._measured_mib: int | None = None
+        # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
+        self._asleep_mib: int | None = None
+        # Asleep: the level it slept at, which its wake needs (None: not known, or awake).
+        self._asleep_level: int | None = None
+        # What its weights took on its GPUs when it last loaded, as vLLM said it ("Model
+        # loading took X GiB", summed over its GPUs); None: not seen.
+        self._loaded_weights_bytes: int | None = None
+        # The level of the sleep its stop task is going to (None: a stop, or no task).
+        self._releasing_level: int | None = None
+        # How a yield frees its memory; a GPU profile may override the config.
+        self._yield_method_override: str | None = None
+
+    @property
+    def vram_mib(self) -> int | None:
+        """MiB it holds on each of its GPUs, for admission; None: not checked."""
+        return None if self._footprint is None else self._footprint.mib
+
+    @property
+    def footprint(self) -> Footprint | None:
+        return self._footprint
+
+    def plan(self, footprint: Footprint | None) -> None:
+        """Admission counts `footprint` from the next start on (None: not checked)."""
+        self._footprint = footprint
+
+    @property
+    def asleep_mib(self) -> int | None:
+        """While asleep: the MiB per GPU admission counts for it (None: its footprint)."""
+        return self._asleep_mib
+
+    @property
+    def asleep_level(self) -> int | None:
+        """While asleep: the level it slept at (None: not known, e.g. found asleep)."""
+        return self._asleep_level
+
+    @property
+    def counted_mib(self) -> int | None:
+        """MiB per GPU admission counts for it while it holds memory."""
+        return self.vram_mib if self._asleep_mib is None else self._asleep_mib
+
+    @property
+    def measured_mib(self) -> int | None:
+        return self._measured_mib
+
+    def record_measured(self, mib: int) -> None:
+        """What the GPU showed its last start used (admission measures it)."""
+        self._measured_mib = mib
+
+    @property
+    def yield_method(self) -> str:
+        """How a yield frees its memory: `auto`, `stop` or `sleep`."""
+        return self._yield_method_override or self.config.yield_.method
+
+    @property
+    def yield_how(self) -> ReleaseConfig:
+        """`yield:` with a GPU profile's method, if any."""
+        how = self.config.yield_
+        override = self._yield_method_override
+        if override is None or override == how.method:
+            return how
+        return ReleaseConfig.model_validate({"method": override, "level": how.level})
+
+    @property
+    def sleep_supported(self) -> bool:
+        """Whether its server offers sleep mode (a GPU profile's `sleep_mode` wins)."""
+        if self._yield_method_override is not None:
+            return self._yield_method_override == "sleep"
+        return self.config.sleep_supported
+
+    def record_loaded_weights(self, weights_bytes: int) -> None:
+        """What vLLM said its weights took when it loaded ("Model loading took X GiB",
+        summed over its GPUs): the host RAM a level-1 sleep charges from now on."""
+        self._loaded_weights_bytes = weights_bytes
+
+    @property
+    def ram_charge(self) -> tuple[int | None, str | None]:
+        """(MiB of host RAM its weights hold asleep at level 1, where from), by
+        `app.lifecycle.release.ram_charge`."""
+        return ram_charge(self._loaded_weights_bytes, self.config)
+
+    @property
+    def ram_charge_mib(self) -> int | None:
+        return self.ram_charge[0]
+
+    @property
+    def releasing_level(self) -> int | None:
+        """While stopping: the level it is going to sleep at (None: a stop)."""
+        return self._releasing_level if self.state is BackendState.STOPPING else None
+
+    def set_yield_method(self, method: str | None) -> None:
+        """A GPU profile's choice of yield method; None: the backend's own config."""
+        self._yield_method_override = method
