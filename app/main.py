@@ -7,8 +7,9 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from app.activity import Activity
 from app.api import (
     activity,
     backends,
+    config,
     handlers,
     messages,
     openai,
@@ -41,12 +43,23 @@ from app.settings import Settings
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ReloadOptions:
+    sighup: bool = False  # SIGHUP reloads (serve installs it; the default kills the process)
+    watch: bool = False  # poll the config directory's files (`serve --watch-config`)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # `serve --host/--port`
+
+
 def create_app(
     settings: Settings,
     *,
     seams: Seams | None = None,
     registry: CollectorRegistry | None = None,
+    reload: ReloadOptions | None = None,
 ) -> FastAPI:
+    """`reload`: how `serve` reloads its configuration (SIGHUP, `--watch-config`, the
+    command line's values to apply at every load); `POST /config/reload` always works."""
+    reload = reload or ReloadOptions()
     metrics = Metrics(registry)
     requests = Activity(settings.activity_size)  # recorded by the access middleware
 
@@ -58,9 +71,13 @@ def create_app(
             logger.warning("exposed: %s", warning)
         services = Services(settings, metrics, seams or Seams(), activity=requests)
         app.state.services = services
+        services.reloader.overrides = dict(reload.overrides)
         await services.start()
         stopping = _Stopping(services, settings.shutdown_grace_s)
         restore_signals = _on_stop_signal(stopping)
+        forget_sighup = _on_sighup(services) if reload.sighup else (lambda: None)
+        if reload.watch:
+            services.reloader.watch()
         # What start-up built lives as long as the app: keep it out of every later GC pass
         # (full collections of it paused the loop for ~50 ms under load).
         gc.collect()
@@ -69,6 +86,7 @@ def create_app(
             yield
         finally:
             restore_signals()
+            forget_sighup()
             stopping.cancel()
             await services.close()
             logs.drain()  # no request is left: write the queued access lines
@@ -99,6 +117,7 @@ def create_app(
     app.include_router(output.router)
     app.include_router(vram.router)
     app.include_router(profiles.router)
+    app.include_router(config.router)
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
@@ -172,3 +191,13 @@ def _on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
             signal.signal(signum, handler)
 
     return restore
+
+
+def _on_sighup(services: Services) -> Callable[[], None]:
+    """SIGHUP reloads the configuration (`Reloader.on_signal`) instead of ending the
+    process; returns what removes the handler. Only in the main thread (the loop's)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, services.reloader.on_signal)
+    return lambda: loop.remove_signal_handler(signal.SIGHUP)
