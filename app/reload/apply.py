@@ -189,6 +189,9 @@ class Reloader:
 
     async def _apply(self, plan: ReloadPlan, settings: Settings) -> None:
         services = self._services
+        old = services.settings
+        # First: what builds backends (their environment, timeouts) reads it.
+        services.settings = settings
         going = {name: services.backends[name] for name in (*plan.removed, *plan.restart)}
         for backend in going.values():
             backend.block(BLOCK_KEY, "a configuration reload", BlockKind.DISABLED)
@@ -198,7 +201,7 @@ class Reloader:
             backend.upstream.timeouts = settings.backend_timeouts(name)
         for name in plan.added:
             self._register(services.build_backend(name, settings.backends[name]))
-        self._swap(settings, keep=(*plan.unchanged, *plan.in_place))
+        self._swap(old, settings, keep=(*plan.unchanged, *plan.in_place))
         await asyncio.gather(*(self._take_down(b) for b in going.values()))
         for name in plan.removed:
             await self._unregister(name)
@@ -207,19 +210,19 @@ class Reloader:
             self._register(services.build_backend(name, settings.backends[name]))
         if plan.restart or plan.removed:
             # Its per-backend parts (LoRA adapters, token counters) for the new objects.
-            self._swap(settings, keep=(*plan.unchanged, *plan.in_place))
+            self._swap(settings, settings, keep=(*plan.unchanged, *plan.in_place))
         services.supervisor.plan_footprints()
         for name in (*plan.added, *plan.restart, *plan.in_place):
             backend = services.backends[name]
             if not backend.lazy and backend.state is BackendState.STOPPED:
                 self._tasks.spawn(_bring_up(backend), name=f"reload-start:{name}")
 
-    def _swap(self, settings: Settings, *, keep: tuple[str, ...]) -> None:
+    def _swap(self, old: Settings, settings: Settings, *, keep: tuple[str, ...]) -> None:
         """Build the routing pieces for `settings` and swap them in at once."""
         services = self._services
         registry = Registry.from_backends(settings.backends)
         cloud = services.cloud
-        if _cloud_inputs(services.settings) != _cloud_inputs(settings):
+        if _cloud_inputs(old) != _cloud_inputs(settings):
             cloud = build_cloud(
                 settings,
                 registry,
@@ -250,7 +253,6 @@ class Reloader:
         dispatcher.adapters.update({n: a for n, a in old.adapters.items() if n in keep})
         auth = Authenticator(keys, settings.admin_key, OriginPolicy.from_settings(settings))
         # The swap: no await from here to the end.
-        services.settings = settings
         services.registry = registry
         services.cloud = cloud
         services.keys = keys
