@@ -59,7 +59,7 @@ class EventLog:
 
     def listen(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call `listener` (synchronous, must not wait) with every event recorded
-        (the notifications, `app.notify`)."""
+        (the notifications, `app.notify.notifier`)."""
         self._listeners.append(listener)
 
     def record(self, kind: str, **fields: Any) -> None:

@@ -37,6 +37,7 @@ from app.api import (
 )
 from app.api.fastpath import GatewayApp
 from app.metrics import Metrics
+from app.reload.apply import Reloader
 from app.services import Seams, Services
 from app.settings import Settings
 
@@ -71,13 +72,13 @@ def create_app(
             logger.warning("exposed: %s", warning)
         services = Services(settings, metrics, seams or Seams(), activity=requests)
         app.state.services = services
-        services.reloader.overrides = dict(reload.overrides)
+        reloader = app.state.reloader = Reloader(services, reload.overrides)
         await services.start()
         stopping = _Stopping(services, settings.shutdown_grace_s)
         restore_signals = _on_stop_signal(stopping)
-        forget_sighup = _on_sighup(services) if reload.sighup else (lambda: None)
+        forget_sighup = _on_sighup(reloader) if reload.sighup else (lambda: None)
         if reload.watch:
-            services.reloader.watch()
+            reloader.watch()
         # What start-up built lives as long as the app: keep it out of every later GC pass
         # (full collections of it paused the loop for ~50 ms under load).
         gc.collect()
@@ -88,6 +89,7 @@ def create_app(
             restore_signals()
             forget_sighup()
             stopping.cancel()
+            await reloader.close()
             await services.close()
             logs.drain()  # no request is left: write the queued access lines
 
@@ -193,11 +195,11 @@ def _on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
     return restore
 
 
-def _on_sighup(services: Services) -> Callable[[], None]:
+def _on_sighup(reloader: Reloader) -> Callable[[], None]:
     """SIGHUP reloads the configuration (`Reloader.on_signal`) instead of ending the
     process; returns what removes the handler. Only in the main thread (the loop's)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, services.reloader.on_signal)
+    loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
     return lambda: loop.remove_signal_handler(signal.SIGHUP)

@@ -43,8 +43,8 @@ from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics
-from app.notify import Notifier
-from app.reload.apply import Reloader
+from app.notify.notifier import Notifier
+from app.reload.record import ConfigRecord
 from app.routing.cloud import Cloud, build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -212,7 +212,8 @@ class Services:
         )
         self.retired: list[Cloud] = []  # clouds a reload replaced: closed with the gateway
         self.wire_hooks()
-        self.reloader = Reloader(self)
+        # The configuration running (`/status` config); `app.reload` reloads it.
+        self.config_record = ConfigRecord(settings.config_dir, metrics.registry)
 
     def wire_hooks(self) -> None:
         """The notifications' hooks on the cloud and the keys (again after a reload)."""
@@ -408,7 +409,6 @@ class Services:
 
     async def close(self) -> None:
         """Stop the background work, then close what was opened, in reverse order."""
-        await self.reloader.close()
         await self.supervisor.close()
         await self.notifier.close()
         await self.store.close()  # after the reaper: a last try to save an ended hold

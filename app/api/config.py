@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from app.api.deps import AdminDep, ServicesDep
+from app.api.deps import AdminDep
+from app.reload.apply import Reloader
 
 router = APIRouter(tags=["config"], dependencies=[AdminDep])
 
 
 @router.post("/config/reload")
-async def reload_config(services: ServicesDep) -> dict[str, Any]:
-    return await services.reloader.reload("api")
+async def reload_config(request: Request) -> dict[str, Any]:
+    reloader: Reloader = request.app.state.reloader  # built by the lifespan (app.main)
+    return await reloader.reload("api")

@@ -454,6 +454,6 @@ def status_view(services: Services) -> Json:
         "keys": [key.view() for key in services.keys.keys],
         "events": services.events.recent(),
         # The configuration running: its files' hash, when and how it was (re)loaded.
-        "config": services.reloader.view(),
+        "config": services.config_record.view(),
         "notifications": services.notifier.view(),
     }

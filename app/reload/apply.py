@@ -20,19 +20,17 @@ A valid one is applied as its plan (`app.reload.plan`) says, in this order:
 
 Every reload is counted (`microscheduler_config_reloads_total{result}`: ok, refused,
 failed), recorded on the event log (`config_reload`) and its hash, time and source are
-in `/status` (`config`).
+in `/status` (`config`, `app.reload.record`). The reloader is built by the app's lifespan
+(`app.main`), after the services it reloads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
-
-from prometheus_client import Counter
 
 from app.access.auth import Authenticator
 from app.access.origins import OriginPolicy
@@ -45,29 +43,16 @@ from app.reload.watch import WATCH_INTERVAL_S, ConfigWatcher, config_digest
 from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
+from app.services import Services
 from app.settings import ConfigError, Settings, load_settings
 from app.tasks import OwnedTasks
 
 if TYPE_CHECKING:
     from app.lifecycle.backend import Backend
-    from app.services import Services
 
 logger = logging.getLogger(__name__)
 
 BLOCK_KEY: Final = "reload"
-RESULTS: Final = ("ok", "refused", "failed")
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """The configuration running now: its files' digest, when and how it was loaded."""
-
-    hash: str
-    loaded_at: float
-    source: str  # startup, api, sighup, watch
-
-    def view(self) -> dict[str, Any]:
-        return {"hash": self.hash, "loaded_at": self.loaded_at, "source": self.source}
 
 
 def refusal(problems: list[str]) -> InvalidRequest:
@@ -87,28 +72,7 @@ class Reloader:
         self.overrides: dict[str, Any] = dict(overrides or {})
         self._lock = asyncio.Lock()
         self._tasks = OwnedTasks()
-        self.loaded = Loaded(config_digest(services.settings.config_dir), time.time(), "startup")
-        self.restart_required: tuple[str, ...] = ()
-        self.last_refused: dict[str, Any] | None = None
-        self.total = Counter(
-            "config_reloads",
-            "Configuration reloads, by result: ok (applied), refused (invalid: the running "
-            "configuration stays), failed (an error while applying).",
-            ["result"],
-            namespace="microscheduler",
-            registry=services.metrics.registry,
-        )
-        for result in RESULTS:
-            self.total.labels(result)
-
-    def view(self) -> dict[str, Any]:
-        """`/status`'s `config`."""
-        return {
-            **self.loaded.view(),
-            "directory": str(self._services.settings.config_dir),
-            "restart_required": list(self.restart_required),
-            "last_refused": self.last_refused,
-        }
+        self.record = services.config_record
 
     # -- triggers -----------------------------------------------------------------------
 
@@ -127,11 +91,9 @@ class Reloader:
         self._tasks.spawn(self._quiet(self.reload("sighup")), name="config-reload")
 
     @staticmethod
-    async def _quiet(reload: Any) -> None:
-        try:
+    async def _quiet(reload: Awaitable[object]) -> None:
+        with contextlib.suppress(InvalidRequest):  # refused: logged and counted by `reload`
             await reload
-        except InvalidRequest:
-            pass  # refused: logged and counted by `reload`
 
     async def close(self) -> None:
         await self._tasks.close()
@@ -155,14 +117,11 @@ class Reloader:
             try:
                 await self._apply(plan, effective(services.settings, new, plan))
             except Exception:
-                self.total.labels("failed").inc()
+                self.record.failed()
                 services.events.record("config_reload", result="failed", source=source)
                 logger.exception("config reload failed while applying source=%s", source)
                 raise
-            self.loaded = Loaded(digest, time.time(), source)
-            self.restart_required = plan.restart_required
-            self.last_refused = None
-            self.total.labels("ok").inc()
+            self.record.applied(digest, source, plan.restart_required)
             summary = plan.summary()
             services.events.record(
                 "config_reload", result="ok", source=source, hash=digest, **summary
@@ -174,11 +133,10 @@ class Reloader:
             if plan.restart_required:
                 logger.warning("config reload: changes that need a restart were not applied "
                                "keys=%s", ",".join(plan.restart_required))  # fmt: skip
-            return {**summary, "config": self.loaded.view()}
+            return {**summary, "config": self.record.loaded.view()}
 
     def _refused(self, source: str, problems: list[str]) -> InvalidRequest:
-        self.total.labels("refused").inc()
-        self.last_refused = {"at": time.time(), "source": source, "problems": problems}
+        self.record.refused(source, problems)
         self._services.events.record(
             "config_reload", result="refused", source=source, problems=len(problems)
         )

@@ -139,9 +139,7 @@ def test_a_reload_adds_changes_and_removes_backends_while_a_stream_goes_on(
         assert after["config"]["source"] == "api"
         assert after["config"]["hash"] != before["hash"]
         assert after["config"]["restart_required"] == ["shutdown_grace_s"]
-        assert any(
-            e["kind"] == "config_reload" and e["result"] == "ok" for e in after["events"]
-        )
+        assert any(e["kind"] == "config_reload" and e["result"] == "ok" for e in after["events"])
         metrics = httpx.get(gw.url + "/metrics", timeout=5).text
         assert 'microscheduler_config_reloads_total{result="ok"} 1.0' in metrics
         stop(gw.proc)
@@ -179,9 +177,9 @@ def test_a_refused_reload_lists_every_problem_and_keeps_the_running_config(
         write(config_dir, cross)
         crossed = reload(gw)
         assert crossed.status_code == 400
-        assert "'steady' is already served by backend 'steady'" in crossed.json()["error"][
-            "message"
-        ]
+        assert (
+            "'steady' is already served by backend 'steady'" in crossed.json()["error"]["message"]
+        )
 
         after = status(gw)
         assert after["config"]["hash"] == before["hash"]
@@ -216,8 +214,6 @@ def test_watch_config_picks_up_a_change(tmp_path: Path, paced: str) -> None:
     with gateway_process(config_dir=config_dir, args=["--watch-config"]) as gw:
         models["backends"]["steady"]["aliases"] = ["calm"]
         write(config_dir, models)
-        until_sync(
-            lambda: status(gw)["config"]["source"] == "watch", what="the watched reload"
-        )
+        until_sync(lambda: status(gw)["config"]["source"] == "watch", what="the watched reload")
         listed = httpx.get(gw.url + "/v1/models", timeout=5).json()["data"]
         assert "calm" in {m["id"] for m in listed}

@@ -82,9 +82,7 @@ def test_nothing_changed_is_an_empty_plan() -> None:
 
 
 def test_a_backend_on_a_host_the_gateway_does_not_run_is_a_problem() -> None:
-    remote = {
-        "node-b": {"docker": {"url": "http://127.0.0.1:2375"}, "gpu": {"probe": "none"}}
-    }
+    remote = {"node-b": {"docker": {"url": "http://127.0.0.1:2375"}, "gpu": {"probe": "none"}}}
     docker = {"kind": "docker", "container": "c"}
     new = settings(
         {**BASE, "far": backend(9009, "far", host="node-b", runtime=docker)}, hosts=remote
