@@ -202,4 +202,8 @@ def _on_sighup(reloader: Reloader) -> Callable[[], None]:
         return lambda: None
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
-    return lambda: loop.remove_signal_handler(signal.SIGHUP)
+
+    def forget() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return forget

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from app.jsonwire import json_bytes
 from app.settings.notify import NotifyTarget
 from app.tasks import cancel_and_wait, spawn
-from app.upstreams.control_http import AsyncBaseTransport, HTTPError, async_client
+from app.upstreams.control_http import AsyncBaseTransport, AsyncClient, HTTPError, async_client
 
 logger = logging.getLogger(__name__)
 
@@ -198,10 +198,10 @@ class Notifier:
                 finally:
                     self._queue.task_done()
 
-    async def _deliver(self, client: Any, target: NotifyTarget, item: _Item) -> None:
+    async def _deliver(self, client: AsyncClient, target: NotifyTarget, item: _Item) -> None:
         counts = self._counts[item.target]
         host = where(target)
-        error = "?"
+        error: str | None = "?"
         for attempt in range(1, ATTEMPTS + 1):
             error, retry = await self._post(client, target, item)
             if error is None:
@@ -222,7 +222,7 @@ class Notifier:
                        item.event, item.target, host, error)  # fmt: skip
 
     async def _post(
-        self, client: Any, target: NotifyTarget, item: _Item
+        self, client: AsyncClient, target: NotifyTarget, item: _Item
     ) -> tuple[str | None, bool]:
         """(None, _) when sent; else (why, whether to try again)."""
         text = text_of(item.event, item.fields)

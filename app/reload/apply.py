@@ -198,17 +198,17 @@ class Reloader:
             [*settings.backends, *providers],
             on_change=services.events.changed,
         ).keeping(services.keys)
-        old = services.dispatcher
+        running = services.dispatcher
         dispatcher = Dispatcher(
             registry,
             services.backends,
             services.metrics,
             cloud,
-            old.response_ids,
+            running.response_ids,
             load_of=services.vllm_load.load_of,
-            replicas=old.replicas,
+            replicas=running.replicas,
         )
-        dispatcher.adapters.update({n: a for n, a in old.adapters.items() if n in keep})
+        dispatcher.adapters.update({n: a for n, a in running.adapters.items() if n in keep})
         auth = Authenticator(keys, settings.admin_key, OriginPolicy.from_settings(settings))
         # The swap: no await from here to the end.
         services.registry = registry

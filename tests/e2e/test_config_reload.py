@@ -52,7 +52,8 @@ def write(config_dir: Path, models: dict[str, Any]) -> None:
 
 
 def status(gw: GatewayProcess) -> dict[str, Any]:
-    return httpx.get(gw.url + "/status", timeout=5).json()
+    found: dict[str, Any] = httpx.get(gw.url + "/status", timeout=5).json()
+    return found
 
 
 def reload(gw: GatewayProcess) -> httpx.Response:
@@ -91,7 +92,7 @@ def test_a_reload_adds_changes_and_removes_backends_while_a_stream_goes_on(
 ) -> None:
     config_dir = tmp_path / "config"
     config_dir.mkdir()
-    models = {
+    models: dict[str, Any] = {
         "backends": {
             "steady": {"url": paced, "models": ["steady"]},
             "tuned": {"url": paced, "models": ["tuned-model"], "priority": 10},
