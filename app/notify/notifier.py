@@ -140,7 +140,9 @@ class Notifier:
 
     def configure(self, targets: Sequence[NotifyTarget]) -> None:
         """New targets (a reload): notifications queued before go to the old ones' index
-        only if it still exists; counts start again."""
+        only if it still exists; counts start again when the targets changed."""
+        if tuple(targets) == self._targets:
+            return
         self._targets = tuple(targets)
         self._counts = [_Counts() for _ in self._targets]
 
