@@ -15,9 +15,13 @@ than buffered without end.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Final
+
+logger = logging.getLogger(__name__)
 
 MAX_EVENTS: Final = 100
 MAX_QUEUED: Final = 256
@@ -50,7 +54,13 @@ class EventLog:
     def __init__(self, maxlen: int = MAX_EVENTS) -> None:
         self._events: deque[dict[str, Any]] = deque(maxlen=maxlen)
         self._subscribers: set[Subscription] = set()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._seq = 0
+
+    def listen(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` (synchronous, must not wait) with every event recorded
+        (the notifications, `app.notify.notifier`)."""
+        self._listeners.append(listener)
 
     def record(self, kind: str, **fields: Any) -> None:
         self._seq += 1
@@ -63,6 +73,11 @@ class EventLog:
             else:
                 sub.events.append(event)
             sub.wake.set()
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # an observer must never break what recorded the event
+                logger.exception("event listener failed kind=%s", kind)
 
     def changed(self) -> None:
         """Something `/status` shows changed without an event (counts, a GPU sample)."""

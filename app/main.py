@@ -7,8 +7,9 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from app.activity import Activity
 from app.api import (
     activity,
     backends,
+    config,
     handlers,
     messages,
     openai,
@@ -35,10 +37,18 @@ from app.api import (
 )
 from app.api.fastpath import GatewayApp
 from app.metrics import Metrics
+from app.reload.apply import Reloader
 from app.services import Seams, Services
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReloadOptions:
+    sighup: bool = False  # SIGHUP reloads (serve installs it; the default kills the process)
+    watch: bool = False  # poll the config directory's files (`serve --watch-config`)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # `serve --host/--port`
 
 
 def create_app(
@@ -46,7 +56,11 @@ def create_app(
     *,
     seams: Seams | None = None,
     registry: CollectorRegistry | None = None,
+    reload: ReloadOptions | None = None,
 ) -> FastAPI:
+    """`reload`: how `serve` reloads its configuration (SIGHUP, `--watch-config`, the
+    command line's values to apply at every load); `POST /config/reload` always works."""
+    reload = reload or ReloadOptions()
     metrics = Metrics(registry)
     requests = Activity(settings.activity_size)  # recorded by the access middleware
 
@@ -58,9 +72,13 @@ def create_app(
             logger.warning("exposed: %s", warning)
         services = Services(settings, metrics, seams or Seams(), activity=requests)
         app.state.services = services
+        reloader = app.state.reloader = Reloader(services, reload.overrides)
         await services.start()
         stopping = _Stopping(services, settings.shutdown_grace_s)
         restore_signals = _on_stop_signal(stopping)
+        forget_sighup = _on_sighup(reloader) if reload.sighup else (lambda: None)
+        if reload.watch:
+            reloader.watch()
         # What start-up built lives as long as the app: keep it out of every later GC pass
         # (full collections of it paused the loop for ~50 ms under load).
         gc.collect()
@@ -69,7 +87,9 @@ def create_app(
             yield
         finally:
             restore_signals()
+            forget_sighup()
             stopping.cancel()
+            await reloader.close()
             await services.close()
             logs.drain()  # no request is left: write the queued access lines
 
@@ -99,6 +119,7 @@ def create_app(
     app.include_router(output.router)
     app.include_router(vram.router)
     app.include_router(profiles.router)
+    app.include_router(config.router)
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
@@ -172,3 +193,17 @@ def _on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
             signal.signal(signum, handler)
 
     return restore
+
+
+def _on_sighup(reloader: Reloader) -> Callable[[], None]:
+    """SIGHUP reloads the configuration (`Reloader.on_signal`) instead of ending the
+    process; returns what removes the handler. Only in the main thread (the loop's)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reloader.on_signal)
+
+    def forget() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return forget

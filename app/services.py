@@ -43,7 +43,9 @@ from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import Metrics, PoolMetrics
-from app.routing.cloud import build_cloud
+from app.notify.notifier import Notifier
+from app.reload.record import ConfigRecord
+from app.routing.cloud import Cloud, build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
 from app.routing.responses import ResponseIds
@@ -117,28 +119,28 @@ class Services:
             timeout=DEFAULT_TIMEOUT_S, transport=seams.control_transport
         )
         self.events = EventLog()
+        # Notifications (`notify:`), fed by the events; the reloader swaps their targets.
+        self.notifier = Notifier(settings.notify, metrics.registry)
+        self.events.listen(self.notifier.on_event)
+        self._seams = seams
+        self.key_metrics = KeyMetrics(metrics.registry)
         self.relays = OpenRelays()  # ended in-band when the gateway stops (app.main)
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         self.keys = KeyRing.build(
             (key.get_secret_value() for key in settings.api_keys),
             settings.client_keys,
-            KeyMetrics(metrics.registry),
+            self.key_metrics,
             [*settings.backends, *providers],
             on_change=self.events.changed,
         )
         self.auth = Authenticator(
             self.keys, settings.admin_key, OriginPolicy.from_settings(settings)
         )
-        # One Docker client per host that runs docker backends (the local host's is
-        # `self.docker`).
+        # One Docker client per host that runs docker backends.
         self.dockers: dict[str, DockerApi] = {}
         for cfg in settings.backends.values():
-            host = cfg.host_name
-            if isinstance(cfg.runtime, DockerRuntimeConfig) and host not in self.dockers:
-                docker = settings.docker if host == LOCAL_HOST else settings.hosts[host].docker
-                assert docker is not None  # settings.hosts.check_hosts refuses it
-                where = {} if host == LOCAL_HOST else {"url_key": f"hosts.{host}.docker.url"}
-                self.dockers[host] = DockerApi(docker, transport=seams.docker_transport, **where)
+            if isinstance(cfg.runtime, DockerRuntimeConfig):
+                self._docker(cfg.host_name)
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
             self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
@@ -155,11 +157,14 @@ class Services:
             metrics.registry.register(GpuCollector(monitors))
         books = {name: self._build_ram_book(name, arbiters[name], seams) for name in gpus}
         metrics.registry.register(HostRamCollector(books))
-        runtime_factory = seams.runtime_factory or self._build_runtime
+        self._runtime_factory = seams.runtime_factory or self._build_runtime
         self.backends = {
-            name: self._build_backend(name, cfg, runtime_factory(name, cfg), arbiters, books)
+            name: self._build_backend(name, cfg, self._runtime_factory(name, cfg), arbiters, books)
             for name, cfg in settings.backends.items()
         }
+        # Each host's backends (the dicts its arbiter, RAM book and yield read; a reload
+        # adds and removes entries in place).
+        self.host_backends: dict[str, dict[str, Backend]] = {}
         self.hosts = Hosts(
             {
                 name: self._build_host(name, gpu, arbiters[name], books[name])
@@ -174,7 +179,7 @@ class Services:
             self.events,
             on_switch=self._replan,
         )
-        vllm_load = VllmLoadMetrics(metrics.registry)
+        self.vllm_load = vllm_load = VllmLoadMetrics(metrics.registry)
         for name in self.backends:
             vllm_load.declare(name)
         wanted = {
@@ -205,6 +210,30 @@ class Services:
             ),
             load_of=vllm_load.load_of,
         )
+        self.retired: list[Cloud] = []  # clouds a reload replaced: closed with the gateway
+        self.wire_hooks()
+        # The configuration running (`/status` config); `app.reload` reloads it.
+        self.config_record = ConfigRecord(settings.config_dir, metrics.registry)
+
+    def wire_hooks(self) -> None:
+        """The notifications' hooks on the cloud and the keys (again after a reload)."""
+        self.cloud.on_cloud_fallback = self._fell_to_cloud
+        for key in self.keys.keys:
+            key.on_budget = self.events.record
+
+    def _fell_to_cloud(self, **fields: object) -> None:
+        # The first per key per hour is an event (and so a notification), not every one.
+        if self.notifier.first_this_hour(str(fields["key"])):
+            self.events.record("fallback_to_cloud", **fields)
+
+    def build_backend(self, name: str, config: BackendConfig) -> Backend:
+        """A backend added or rebuilt by a reload (on the hosts already running)."""
+        arbiters = {n: h.arbiter for n, h in self.hosts.items()}
+        books = {n: h.ram for n, h in self.hosts.items()}
+        runtime = self._runtime_factory(name, config)
+        backend = self._build_backend(name, config, runtime, arbiters, books)
+        self.vllm_load.declare(name)
+        return backend
 
     def _build_backend(
         self,
@@ -323,6 +352,7 @@ class Services:
             for n, b in self.backends.items()
             if b.config.gpus_accounted and b.config.host_name == name
         }
+        self.host_backends[name] = backends
         arbiter.attach(backends)
         ram.attach(backends)
         vram_yield = VramYield(
@@ -351,26 +381,42 @@ class Services:
                 port=urlsplit(config.url).port,
             )
         if isinstance(config.runtime, DockerRuntimeConfig):
-            return DockerRuntime(name, config.runtime, self.dockers[config.host_name])
+            return DockerRuntime(name, config.runtime, self._docker(config.host_name))
         if isinstance(config.runtime, KubernetesRuntimeConfig):
-            assert self.kube is not None
+            if self.kube is None:  # the first kubernetes backend, added by a reload
+                self.kube = KubeApi(self.settings.kubernetes, transport=self._seams.kube_transport)
             return KubernetesRuntime(name, config.runtime, self.kube)
         return ExternalRuntime(config.url)
+
+    def _docker(self, host: str) -> DockerApi:
+        """The Docker client of `host`, built on first use."""
+        if host not in self.dockers:
+            settings = self.settings
+            docker = settings.docker if host == LOCAL_HOST else settings.hosts[host].docker
+            assert docker is not None  # settings.hosts.check_hosts refuses it
+            where = {} if host == LOCAL_HOST else {"url_key": f"hosts.{host}.docker.url"}
+            transport = self._seams.docker_transport
+            self.dockers[host] = DockerApi(docker, transport=transport, **where)
+        return self.dockers[host]
 
     def _replan(self) -> None:
         # The supervisor is built after the profile switch that calls this on a switch.
         self.supervisor.plan_footprints()
 
     async def start(self) -> None:
+        self.notifier.start()
         await self.supervisor.start()
 
     async def close(self) -> None:
         """Stop the background work, then close what was opened, in reverse order."""
         await self.supervisor.close()
+        await self.notifier.close()
         await self.store.close()  # after the reaper: a last try to save an ended hold
         for backend in self.backends.values():
             await backend.upstream.close()
         await self.cloud.close()
+        for cloud in self.retired:
+            await cloud.close()
         await self.control_client.aclose()
         for docker in self.dockers.values():
             await docker.aclose()

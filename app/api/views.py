@@ -453,4 +453,7 @@ def status_view(services: Services) -> Json:
         # Client keys: scope, limits and use in this process (names only, never secrets).
         "keys": [key.view() for key in services.keys.keys],
         "events": services.events.recent(),
+        # The configuration running: its files' hash, when and how it was (re)loaded.
+        "config": services.config_record.view(),
+        "notifications": services.notifier.view(),
     }

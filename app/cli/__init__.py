@@ -1,5 +1,5 @@
 """`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
-ps | start | stop | activity | logs`.
+ps | start | stop | activity | logs | reload`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -23,6 +23,7 @@ from app.cli.gaming import add_gaming_commands
 from app.cli.logs import add_logs_command
 from app.cli.plan import add_plan_command
 from app.cli.profile import add_profile_command
+from app.cli.reload import add_reload_command
 from app.cli.serve import add_serve_commands
 from app.cli.status import add_status_command
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_commands(commands)
     add_activity_command(commands)
     add_logs_command(commands)
+    add_reload_command(commands)
     return parser
 
 

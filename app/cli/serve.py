@@ -17,6 +17,11 @@ def add_serve_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     add_config_option(serve)
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
+    serve.add_argument(
+        "--watch-config",
+        action="store_true",
+        help="reload the configuration when its files change (polled every 2 s)",
+    )
     serve.set_defaults(func=guarded(run_serve, lambda _: "serve"))
 
     check = subparsers.add_parser("check-config", help="validate the configuration and exit")
@@ -28,12 +33,13 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app import logs
-    from app.main import create_app
+    from app.main import ReloadOptions, create_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_config(args.config, **overrides)
     logs.configure(settings.log_level)
-    uvicorn.run(create_app(settings), **server_options(settings))
+    reload = ReloadOptions(sighup=True, watch=args.watch_config, overrides=overrides)
+    uvicorn.run(create_app(settings, reload=reload), **server_options(settings))
     return OK
 
 

@@ -74,6 +74,9 @@ class ClientKey:
         )
         self._clock, self._wall = clock, wall
         self._on_change = on_change  # what /status shows of it changed (live page)
+        # on_budget(level, **fields): the daily cloud tokens passed 80 % or 100 % (set by
+        # the services: a notification).
+        self.on_budget: Callable[..., None] | None = None
         self._metrics = metrics
         self._outcomes = {o: _Count(metrics.requests.labels(name, o)) for o in OUTCOMES}
         self._limited = {limit: _Count(metrics.limited.labels(name, limit)) for limit in LIMITS}
@@ -188,7 +191,16 @@ class ClientKey:
         if self._tpm is not None:
             self._tpm.add(self._clock(), total)
         if cloud and self._daily is not None:
-            self._daily.add(self._wall(), total)
+            wall = self._wall()
+            before = self._daily.spent(wall)
+            self._daily.add(wall, total)
+            self._budget_crossed(before, self._daily.spent(wall), self._daily.limit)
+
+    def _budget_crossed(self, before: int, after: int, limit: int) -> None:
+        """Tell `on_budget` when this day's cloud tokens pass 80 % or all of the budget."""
+        for level, share in (("budget_80", 0.8), ("budget_exhausted", 1.0)):
+            if before < limit * share <= after and self.on_budget is not None:
+                self.on_budget(level, key=self.name, spent=after, daily_cloud_tokens=limit)
 
     def view(self) -> dict[str, Any]:
         """What `/status` and the page show: settings and use, never the secret."""
@@ -304,6 +316,19 @@ class KeyRing:
             ANONYMOUS, _NO_LIMITS, metrics, clock=clock, wall=wall, on_change=on_change
         )
         return cls({}, anonymous)
+
+    def keeping(self, running: KeyRing) -> KeyRing:
+        """This ring, with the running ring's key objects (their use, windows and daily
+        budget) wherever a key kept its name, secret and settings (a config reload)."""
+        found = {}
+        for digest, key in self._by_digest.items():
+            before = running._by_digest.get(digest)
+            same = before is not None and before.name == key.name and before.config == key.config
+            found[digest] = before if same and before is not None else key
+        anonymous = self.anonymous
+        if anonymous is not None and running.anonymous is not None:
+            anonymous = running.anonymous
+        return KeyRing(found, anonymous)
 
     def identify(self, token: bytes) -> ClientKey | None:
         return self._by_digest.get(hashlib.sha256(token).digest())

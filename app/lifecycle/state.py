@@ -81,6 +81,7 @@ class StopReason(enum.StrEnum):
     PROFILE = "profile"  # a GPU profile disabled it
     STANDBY = "standby"  # lifecycle: standby, put to sleep after its load at gateway start
     HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
+    RELOAD = "reload"  # a config reload removed it or changed what needs a restart
 
 
 class StartOutcome(enum.StrEnum):

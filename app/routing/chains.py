@@ -170,6 +170,8 @@ class ChainCall:
                 outcome = await self._local(entry, permit, budget, notice, last)
             if isinstance(outcome, Exchange):
                 self._count_fallbacks(outcome.backend)
+                if entry in cloud.providers and self._passed:
+                    cloud.fell_to_cloud(chain.key, entry, key, [p.entry for p in self._passed])
                 return outcome
             if outcome.refusal is not None and not chain.policy.moves_on(
                 outcome.reason, key_triggers

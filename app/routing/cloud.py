@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from app.keys.ring import ANONYMOUS, KeyUse
 from app.lifecycle.backend import Backend
 from app.metrics import Metrics
 from app.routing.circuit import (
@@ -101,6 +102,7 @@ class Cloud:
         clock: Callable[[], float] = time.monotonic,
         on_event: EventHook | None = None,
         groups: Mapping[str, tuple[str, ...]] | None = None,
+        fallback_metrics: FallbackMetrics | None = None,
     ) -> None:
         """`apis`: what each entry serves (default: each backend's configuration and
         each provider's `supports`). `groups`: the replica groups, with their members."""
@@ -120,8 +122,12 @@ class Cloud:
         )
         self.clock = clock  # monotonic seconds; tests move it to age circuits
         self.on_event = on_event  # on_event(kind, **fields); set it any time
+        # A request answered by a provider after local entries were passed over (the
+        # notifications: `fallback_to_cloud`, the first per key per hour); set any time.
+        self.on_cloud_fallback: EventHook | None = None
         self.upstream_errors = metrics.upstream_errors
-        self.metrics = FallbackMetrics(metrics.registry)
+        # A cloud built again by a reload keeps the metrics (registered once per registry).
+        self.metrics = fallback_metrics or FallbackMetrics(metrics.registry)
         entries = sorted({e for chain in config.chains.values() for e in chain.entries})
         self.circuits = Circuits(
             _circuit_config(config, None),
@@ -172,6 +178,18 @@ class Cloud:
             hook(kind, **fields)
         except Exception:  # an observer must never break a request
             logger.exception("event hook failed kind=%s", kind)
+
+    def fell_to_cloud(
+        self, chain: str, provider: str, key: KeyUse | None, passed: list[str]
+    ) -> None:
+        hook = self.on_cloud_fallback
+        if hook is None:
+            return
+        name = ANONYMOUS if key is None else key.key.name
+        try:
+            hook(key=name, chain=chain, provider=provider, passed=passed)
+        except Exception:  # an observer must never break a request
+            logger.exception("cloud fallback hook failed chain=%s", chain)
 
     def fallback(self, chain: str, from_entry: str, to_entry: str, reason: FallbackReason) -> None:
         """Count a fallback; log it and record an event, coalescing repeats."""
@@ -278,6 +296,7 @@ def build_cloud(
     *,
     environ: Mapping[str, str] | None = None,
     on_event: EventHook | None = None,
+    fallback_metrics: FallbackMetrics | None = None,
 ) -> Cloud:
     """The `Cloud` of `settings.cloud_providers` (an empty one without the file).
 
@@ -350,6 +369,7 @@ def build_cloud(
         | {name: cfg.apis for name, cfg in settings.backends.items() if name not in backends},
         on_event=on_event,
         groups=groups,
+        fallback_metrics=fallback_metrics,
     )
 
 

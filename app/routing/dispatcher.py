@@ -61,8 +61,10 @@ class Dispatcher:
         cloud: Cloud | None = None,
         response_ids: ResponseIds | None = None,
         load_of: Callable[[str], BackendLoad | None] | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
-        """`load_of`: a backend's last scraped vLLM load (replica groups break ties on it)."""
+        """`load_of`: a backend's last scraped vLLM load (replica groups break ties on it).
+        `replicas`: the running one's, kept by a reload (its metric is registered once)."""
         self._registry = registry
         self._backends = backends
         self._metrics = metrics
@@ -74,7 +76,9 @@ class Dispatcher:
             else {}
         )
         self.response_ids = response_ids if response_ids is not None else ResponseIds()
-        self.replicas = Replicas(backends, metrics.registry, load_of or (lambda _name: None))
+        self.replicas = replicas or Replicas(
+            backends, metrics.registry, load_of or (lambda _name: None)
+        )
         self.adapters = {
             name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
             for name, b in backends.items()

@@ -38,6 +38,7 @@ from app.settings.hosts import (
     check_hosts,
 )
 from app.settings.keys import KeysConfig, secret_digest
+from app.settings.notify import NotifyTarget
 from app.settings.origins import hosts, origin, split_list
 from app.settings.profiles import GpuProfilesConfig
 
@@ -165,6 +166,8 @@ class Settings(BaseSettings):
     cloud_providers: CloudConfig | None = None
     gpu_profiles: GpuProfilesConfig | None = None
     client_keys: KeysConfig | None = None  # keys.yaml
+    # Where events are posted (webhooks, ntfy; `app.settings.notify`).
+    notify: tuple[NotifyTarget, ...] = ()
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -105,6 +105,7 @@ def gateway_process(
     env: dict[str, str] | None = None,
     wait_ready: bool = False,
     state_dir: Path | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[GatewayProcess]:
     """`microscheduler serve` as a real uvicorn process on a free port of 127.0.0.1.
     `state_dir`: its state directory (default: a fresh one, removed afterwards)."""
@@ -120,7 +121,7 @@ def gateway_process(
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(config_dir),
-                 "--host", "127.0.0.1", "--port", str(port)],
+                 "--host", "127.0.0.1", "--port", str(port), *args],
                 cwd=ROOT,
                 env={**clean_env, **(env or {})},
                 stdout=log,

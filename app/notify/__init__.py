@@ -1,0 +1,1 @@
+"""Notifications of what happened to the `notify:` targets (`app.notify.notifier`)."""

@@ -1,0 +1,271 @@
+"""Applying a configuration reload to the running services: `Reloader.reload()`.
+
+The new configuration is read and validated whole by `load_settings` (start-up's one
+path); an invalid one is refused (400 listing every problem) and the running one stays.
+A valid one is applied as its plan (`app.reload.plan`) says, in this order:
+
+1. Backends that go (removed, or rebuilt for a restart) are blocked (their requests get
+   503 `backend_disabled`, or their fallback chain) so nothing starts them again.
+2. Backends updated in place get their new config object; added ones are built and
+   registered (new names: nothing routes to them yet).
+3. The routing pieces are built anew and swapped at once, with no await between the
+   assignments: registry, dispatcher, keys (a key whose name, secret and settings stayed
+   keeps its object: its windows and daily budget), authenticator, and the cloud when its
+   inputs changed (providers, chains, names, roles, groups; its circuits start closed).
+   A request in flight keeps the objects it started with.
+4. What goes is drained (each backend's `drain_timeout_s`) and stopped, then unregistered;
+   rebuilt ones are registered with their new config.
+5. Footprints are planned again and pinned backends that are new (or rebuilt, or became
+   pinned) are brought up in the background, as at start.
+
+Every reload is counted (`microscheduler_config_reloads_total{result}`: ok, refused,
+failed), recorded on the event log (`config_reload`) and its hash, time and source are
+in `/status` (`config`, `app.reload.record`). The reloader is built by the app's lifespan
+(`app.main`), after the services it reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from app.access.auth import Authenticator
+from app.access.origins import OriginPolicy
+from app.errors import BackendUnavailable, ErrorCode, InvalidRequest
+from app.keys.ring import KeyRing
+from app.lifecycle.blocks import BlockKind
+from app.lifecycle.state import BackendState, StopReason
+from app.reload.plan import ReloadPlan, effective, plan_reload
+from app.reload.watch import WATCH_INTERVAL_S, ConfigWatcher, config_digest
+from app.routing.cloud import build_cloud
+from app.routing.dispatcher import Dispatcher
+from app.routing.registry import Registry
+from app.services import Services
+from app.settings import ConfigError, Settings, load_settings
+from app.tasks import OwnedTasks
+
+if TYPE_CHECKING:
+    from app.lifecycle.backend import Backend
+
+logger = logging.getLogger(__name__)
+
+BLOCK_KEY: Final = "reload"
+
+
+def refusal(problems: list[str]) -> InvalidRequest:
+    """The 400 of a refused reload: every problem, one per line."""
+    listed = "\n".join(f"- {p}" for p in problems)
+    return InvalidRequest(
+        f"configuration refused, the running one stays ({len(problems)} problems):\n{listed}",
+        param="config",
+        code=ErrorCode.INVALID_VALUE,
+    )
+
+
+class Reloader:
+    def __init__(self, services: Services, overrides: Mapping[str, Any] | None = None) -> None:
+        self._services = services
+        # The command line's values (`serve --host/--port`): they win at every load.
+        self.overrides: dict[str, Any] = dict(overrides or {})
+        self._lock = asyncio.Lock()
+        self._tasks = OwnedTasks()
+        self.record = services.config_record
+
+    # -- triggers -----------------------------------------------------------------------
+
+    def watch(self, interval_s: float = WATCH_INTERVAL_S) -> None:
+        """Reload whenever the config directory's files change (`serve --watch-config`)."""
+        watcher = ConfigWatcher(
+            self._services.settings.config_dir,
+            lambda: self.reload("watch"),
+            interval_s=interval_s,
+        )
+        self._tasks.spawn(watcher.run(), name="config-watch")
+
+    def on_signal(self) -> None:
+        """SIGHUP (called on the loop): reload in the background."""
+        logger.info("SIGHUP: reloading the configuration")
+        self._tasks.spawn(self._quiet(self.reload("sighup")), name="config-reload")
+
+    @staticmethod
+    async def _quiet(reload: Awaitable[object]) -> None:
+        with contextlib.suppress(InvalidRequest):  # refused: logged and counted by `reload`
+            await reload
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+    # -- the reload -----------------------------------------------------------------------
+
+    async def reload(self, source: str) -> dict[str, Any]:
+        """Load, check and apply the config directory; the plan applied. Raises the 400 of
+        `refusal()` for an invalid configuration (nothing changed then)."""
+        async with self._lock:
+            services = self._services
+            directory = services.settings.config_dir
+            try:
+                new = await asyncio.to_thread(load_settings, directory, **self.overrides)
+            except ConfigError as exc:
+                raise self._refused(source, exc.problems) from None
+            digest = config_digest(directory)
+            plan = plan_reload(services.settings, new)
+            if plan.problems:
+                raise self._refused(source, list(plan.problems))
+            try:
+                await self._apply(plan, effective(services.settings, new, plan))
+            except Exception:
+                self.record.failed()
+                services.events.record("config_reload", result="failed", source=source)
+                logger.exception("config reload failed while applying source=%s", source)
+                raise
+            self.record.applied(digest, source, plan.restart_required)
+            summary = plan.summary()
+            services.events.record(
+                "config_reload", result="ok", source=source, hash=digest, **summary
+            )
+            logger.info("config reloaded source=%s hash=%s updated=%s restarted=%s added=%s "
+                        "removed=%s", source, digest, _names(plan.in_place),
+                        _names(plan.restart), _names(plan.added),
+                        _names(plan.removed))  # fmt: skip
+            if plan.restart_required:
+                logger.warning("config reload: changes that need a restart were not applied "
+                               "keys=%s", ",".join(plan.restart_required))  # fmt: skip
+            return {**summary, "config": self.record.loaded.view()}
+
+    def _refused(self, source: str, problems: list[str]) -> InvalidRequest:
+        self.record.refused(source, problems)
+        self._services.events.record(
+            "config_reload", result="refused", source=source, problems=len(problems)
+        )
+        logger.error("config reload refused, the running configuration stays source=%s "
+                     "problems=%d\n  %s", source, len(problems),
+                     "\n  ".join(problems))  # fmt: skip
+        return refusal(problems)
+
+    async def _apply(self, plan: ReloadPlan, settings: Settings) -> None:
+        services = self._services
+        old = services.settings
+        # First: what builds backends (their environment, timeouts) reads it.
+        services.settings = settings
+        going = {name: services.backends[name] for name in (*plan.removed, *plan.restart)}
+        for backend in going.values():
+            backend.block(BLOCK_KEY, "a configuration reload", BlockKind.DISABLED)
+        for name in plan.in_place:
+            backend = services.backends[name]
+            backend.config = settings.backends[name]
+            backend.upstream.timeouts = settings.backend_timeouts(name)
+        for name in plan.added:
+            self._register(services.build_backend(name, settings.backends[name]))
+        self._swap(old, settings, keep=(*plan.unchanged, *plan.in_place))
+        await asyncio.gather(*(self._take_down(b) for b in going.values()))
+        for name in plan.removed:
+            await self._unregister(name)
+        for name in plan.restart:
+            await self._unregister(name)
+            self._register(services.build_backend(name, settings.backends[name]))
+        if plan.restart or plan.removed:
+            # Its per-backend parts (LoRA adapters, token counters) for the new objects.
+            self._swap(settings, settings, keep=(*plan.unchanged, *plan.in_place))
+        services.supervisor.plan_footprints()
+        for name in (*plan.added, *plan.restart, *plan.in_place):
+            backend = services.backends[name]
+            if not backend.lazy and backend.state is BackendState.STOPPED:
+                self._tasks.spawn(_bring_up(backend), name=f"reload-start:{name}")
+
+    def _swap(self, old: Settings, settings: Settings, *, keep: tuple[str, ...]) -> None:
+        """Build the routing pieces for `settings` and swap them in at once."""
+        services = self._services
+        registry = Registry.from_backends(settings.backends)
+        cloud = services.cloud
+        if _cloud_inputs(old) != _cloud_inputs(settings):
+            cloud = build_cloud(
+                settings,
+                registry,
+                services.backends,
+                services.metrics,
+                on_event=services.events.record,
+                fallback_metrics=services.cloud.metrics,
+            )
+            services.retired.append(services.cloud)  # its sessions may serve requests in flight
+        providers = settings.cloud_providers.providers if settings.cloud_providers else {}
+        keys = KeyRing.build(
+            (key.get_secret_value() for key in settings.api_keys),
+            settings.client_keys,
+            services.key_metrics,
+            [*settings.backends, *providers],
+            on_change=services.events.changed,
+        ).keeping(services.keys)
+        running = services.dispatcher
+        dispatcher = Dispatcher(
+            registry,
+            services.backends,
+            services.metrics,
+            cloud,
+            running.response_ids,
+            load_of=services.vllm_load.load_of,
+            replicas=running.replicas,
+        )
+        dispatcher.adapters.update({n: a for n, a in running.adapters.items() if n in keep})
+        auth = Authenticator(keys, settings.admin_key, OriginPolicy.from_settings(settings))
+        # The swap: no await from here to the end.
+        services.registry = registry
+        services.cloud = cloud
+        services.keys = keys
+        services.auth = auth
+        services.dispatcher = dispatcher
+        services.wire_hooks()
+        services.notifier.configure(settings.notify)
+
+    def _register(self, backend: Backend) -> None:
+        services = self._services
+        services.backends[backend.name] = backend
+        if backend.config.gpus_accounted:
+            host = services.hosts[backend.config.host_name]
+            mine = services.host_backends[host.name]
+            mine[backend.name] = backend
+            host.arbiter.attach(mine)  # declares the swaps it allows
+
+    async def _unregister(self, name: str) -> None:
+        services = self._services
+        backend = services.backends.pop(name)
+        for backends in services.host_backends.values():
+            backends.pop(name, None)
+        await backend.abandon()
+        await backend.upstream.close()
+
+    @staticmethod
+    async def _take_down(backend: Backend) -> None:
+        try:
+            await backend.stop(StopReason.RELOAD, drain_timeout_s=backend.config.drain_timeout_s)
+        except BackendUnavailable as exc:
+            logger.error("reload: backend could not be stopped, it may still run "
+                         "backend=%s error=%s", backend.name, exc.message)  # fmt: skip
+
+
+async def _bring_up(backend: Backend) -> None:
+    """A pinned backend new to the gateway: as at start (adopt a running server, else
+    start it), unless something blocks it."""
+    if backend.blocks:
+        return
+    if not backend.runtime.managed:
+        await backend.start()
+        return
+    await backend.adopt()
+    if not backend.lazy and backend.state is BackendState.STOPPED:
+        await backend.start_logged("reload")
+
+
+def _cloud_inputs(settings: Settings) -> tuple[object, ...]:
+    """What the cloud is built from: rebuilt when any of it changed."""
+    backends = {
+        name: (tuple(cfg.names), cfg.role, cfg.replica_of, cfg.apis)
+        for name, cfg in settings.backends.items()
+    }
+    return (settings.cloud_providers, settings.timeouts, backends)
+
+
+def _names(names: Iterable[str]) -> str:
+    return ",".join(names) or "-"
