@@ -67,7 +67,7 @@ def test_serve_hands_every_limit_to_uvicorn(
     monkeypatch.setenv("MICROSCHEDULER_SERVER__MAX_HEADER_BYTES", "32768")
     monkeypatch.setenv("MICROSCHEDULER_SERVER__KEEP_ALIVE_S", "7")
     monkeypatch.setenv("MICROSCHEDULER_STATE_DIR", str(tmp_path / "var"))
-    args = argparse.Namespace(config=config(tmp_path), host=None, port=None)
+    args = argparse.Namespace(config=config(tmp_path), host=None, port=None, watch_config=False)
     run_serve(args)
     assert seen["timeout_keep_alive"] == 7
     assert seen["backlog"] == 2048
