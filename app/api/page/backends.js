@@ -38,7 +38,7 @@ function loadBar(b) {
   const load = b.load;
   if (b.state !== "starting" && !load) return null;
   const share = load && known(load.percent) ? Math.max(0, Math.min(100, load.percent)) : null;
-  const words = [load?.phase || b.starting || "starting",
+  const words = [load ? load.phase.replaceAll("_", " ") : (b.starting || "starting"),
     share === null ? null : `${Math.round(share)}%`,
     load && known(load.eta_s) ? `about ${duration(load.eta_s)} left` : null].filter(Boolean).join(" · ");
   return el("div", { class: "load", "data-testid": `load-${b.name}`, "data-percent": share ?? "" },
@@ -62,9 +62,7 @@ function backendCard(b, many) {
   const now = heldNow(b);
   const planned = b.vram.footprint ? b.vram.footprint.mib : b.vram.admission_mib;
   const resident = b.protected_for_s ? `resident ${Math.ceil(b.protected_for_s)} s more (min_resident_s)` : null;
-  const asleep = b.state === "sleeping" && known(b.asleep_mib)
-    ? `keeps ${mib(b.asleep_mib)} asleep${b.asleep_level ? ` (level ${b.asleep_level})` : ""}` : null;
-  const why = [b.reason, asleep, resident, ...b.blocked_by.map((x) => `blocked by ${x}`), b.health_error].filter(Boolean).join("; ");
+  const why = [b.reason, resident, ...b.blocked_by.map((x) => `blocked by ${x}`), b.health_error].filter(Boolean).join("; ");
   const list = actions(b);
   const disabled = list.filter((a) => a.why);
   const timers = [
@@ -83,7 +81,8 @@ function backendCard(b, many) {
     loadBar(b),
     el("div", { class: "facts" },
       fact("holds now", el("span", { "data-field": "holds", "data-mib": now.mib, text: mib(now.mib) }),
-        now.how === "none" ? "" : ` ${HOW[now.how]}`),
+        now.how === "none" ? "" : ` ${HOW[now.how]}`,
+        now.how === "asleep" && b.asleep_level ? ` (level ${b.asleep_level})` : ""),
       fact("planned / measured", `${mib(planned)} / ${mib(b.vram.measured_mib)}`),
       fact("in flight", el("span", { "data-field": "in-flight",
         text: b.max_inflight ? `${b.in_flight} / ${b.max_inflight}` : String(b.in_flight) })),

@@ -70,10 +70,11 @@ function gpuBars(host, gpu, holds) {
       bar.append(segment({ class: "seg other", "data-segment-kind": "other", title: `other processes: ${mib(others)}` },
         draw(others), total, "other"));
     }
-    let free = Math.max(0, g.free_mib);
+    let free = Math.max(0, g.free_mib); // what no hold keeps yet
     for (const h of held) {
-      const drawn = draw(Math.min(h.mib, free));
-      free -= drawn;
+      const kept = Math.min(h.mib, free);
+      free -= kept;
+      const drawn = draw(kept);
       if (drawn <= 0) continue;
       bar.append(segment({ class: "seg hold", "data-segment-kind": "hold",
         title: `${h.label}: keeps ${mib(h.mib)} free of models` }, drawn, total, h.label, 0.1));

@@ -36,13 +36,19 @@ function closeLogs(name) {
   open.panel.remove();
 }
 
+function overwritten(line) {
+  // A progress bar redrawn with "\r" (tqdm): what a terminal would show, its last state.
+  const parts = line.split("\r").filter((part) => part !== "");
+  return parts.length ? parts[parts.length - 1] : "";
+}
+
 async function followLogs(name, controller, text, note) {
   const path = `/backends/${encodeURIComponent(name)}/logs?tail=${LOG_TAIL}&follow=1`;
   const lines = [];
   let partial = "";
   const show = () => {
     const atEnd = text.scrollTop + text.clientHeight >= text.scrollHeight - 4;
-    text.textContent = [...lines, partial].join("\n");
+    text.textContent = [...lines, overwritten(partial)].join("\n");
     if (atEnd) text.scrollTop = text.scrollHeight;
   };
   try {
@@ -59,7 +65,7 @@ async function followLogs(name, controller, text, note) {
       if (done) break;
       const chunk = (partial + decoder.decode(value, { stream: true })).split("\n");
       partial = chunk.pop();
-      lines.push(...chunk);
+      lines.push(...chunk.map(overwritten));
       lines.splice(0, Math.max(0, lines.length - LOG_KEEP));
       show();
     }
