@@ -82,7 +82,7 @@ function backendCard(b, many) {
     el("div", { class: "facts" },
       fact("holds now", el("span", { "data-field": "holds", "data-mib": now.mib, text: mib(now.mib) }),
         now.how === "none" ? "" : ` ${HOW[now.how]}`,
-        now.how === "asleep" && b.asleep_level ? ` (level ${b.asleep_level})` : ""),
+        now.how === "asleep" && b.asleep_level ? el("span", { class: "nowrap", text: ` (level ${b.asleep_level})` }) : ""),
       fact("planned / measured", `${mib(planned)} / ${mib(b.vram.measured_mib)}`),
       fact("in flight", el("span", { "data-field": "in-flight",
         text: b.max_inflight ? `${b.in_flight} / ${b.max_inflight}` : String(b.in_flight) })),
