@@ -1,9 +1,10 @@
-"""The control page: `GET /ui` (and `/` redirects there), its script and stylesheet.
+"""The control page: `GET /ui` (and `/` redirects there), its scripts and stylesheet.
 
-Three files shipped in the package (`app/api/page/`), each read once when first asked, served with
-no outside asset and no build step. The page holds no secret: what it shows comes from
-the admin endpoints (`/status/stream`, the actions), with the admin key the user types
-kept in the tab's sessionStorage, or from loopback when no admin key is set.
+The files shipped in the package (`app/api/page/`: the page, its stylesheet, its scripts),
+each read once when first asked, served with no outside asset and no build step. The page
+holds no secret: what it shows comes from the admin endpoints (`/status/stream`,
+`/activity`, a backend's logs, the actions), with the admin key the user types kept in
+the tab's sessionStorage, or from loopback when no admin key is set.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from starlette.routing import BaseRoute, Route
 _PAGE = files("app.api") / "page"
 _FILES: Final = {
     "index.html": "text/html; charset=utf-8",
+    "common.js": "text/javascript; charset=utf-8",
+    "bars.js": "text/javascript; charset=utf-8",
+    "backends.js": "text/javascript; charset=utf-8",
+    "panels.js": "text/javascript; charset=utf-8",
     "page.js": "text/javascript; charset=utf-8",
     "page.css": "text/css; charset=utf-8",
 }

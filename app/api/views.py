@@ -26,6 +26,7 @@ from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
 from app.routing.registry import ModelEntry, Registry
+from app.runtimes.output import OutputSource
 from app.services import Services
 
 Json = dict[str, Any]
@@ -52,6 +53,10 @@ def backend_view(backend: Backend) -> Json:
         "apis_from": backend.serving.source,
         "max_model_len": backend.serving.max_model_len,
         "runtime": backend.runtime.describe(),
+        # Whether the gateway starts and stops it (an external server is only checked),
+        # and whether it can read the server's output (`GET /backends/{name}/logs`).
+        "managed": backend.runtime.managed,
+        "output": isinstance(backend.runtime, OutputSource),
         "runtime_detail": backend.runtime_detail,
         "priority": cfg.priority,
         "in_flight": backend.in_flight,

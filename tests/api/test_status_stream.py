@@ -41,7 +41,7 @@ async def next_event(messages: AsyncGenerator[bytes, None], *, skip: tuple[str, 
 async def in_flight_pushed(messages: AsyncGenerator[bytes, None]) -> int:
     """The in-flight count in the next `backends` push (other sections and events, e.g.
     from a health check, may come first; the generator builds it only when read)."""
-    others = ("event", "gpu", "holds", "profile", "fallback")
+    others = ("event", "gpu", "host_ram", "holds", "profile", "fallback", "state")
     name, data = await next_event(messages, skip=others)
     assert name == "backends"
     count: int = data[0]["in_flight"]
@@ -126,7 +126,7 @@ async def test_quiet_streams_get_keep_alive_comments(monkeypatch: pytest.MonkeyP
         messages = stream._stream(services, services.events.subscribe())
         assert (await next_event(messages))[0] == "snapshot"
         # Start-up may still be reported first; then nothing changes and the comment comes.
-        comment = await next_event(messages, skip=("event", "backends", "gpu", "holds"))
+        comment = await next_event(messages, skip=("event", "backends", "gpu", "host_ram", "holds"))
         assert comment == ("comment", "keep-alive")
         await messages.aclose()
 
@@ -206,7 +206,9 @@ async def test_with_hosts_a_yield_on_another_host_pushes_the_hosts_section(
         assert yielded.status_code == 200, yielded.text
         async with asyncio.timeout(10):  # node-c's yield is in no other section
             while True:
-                name, data = await next_event(messages, skip=("event", "backends", "gpu", "holds"))
+                name, data = await next_event(
+                    messages, skip=("event", "backends", "gpu", "host_ram", "holds")
+                )
                 assert name == "hosts"
                 if data[1]["holds"]["yield"]["state"] == "yielded":
                     break
@@ -228,9 +230,9 @@ async def test_with_the_local_host_only_no_hosts_section_is_pushed(fast_stream: 
         messages = stream._stream(services, services.events.subscribe())
         assert (await next_event(messages))[0] == "snapshot"
         assert (await gw.client.post("/vram/yield", json={"reason": "x"})).status_code == 200
-        name, holds = await next_event(messages, skip=("event", "backends", "gpu"))
+        name, holds = await next_event(messages, skip=("event", "backends", "gpu", "host_ram"))
         assert (name, holds["yield"]["state"]) == ("holds", "yielded")
         await gw.client.post("/vram/restore")
-        name, holds = await next_event(messages, skip=("event", "backends", "gpu"))
+        name, holds = await next_event(messages, skip=("event", "backends", "gpu", "host_ram"))
         assert (name, holds["yield"]["state"]) == ("holds", "none")
         await messages.aclose()

@@ -1,90 +1,8 @@
 // The control page: follows GET /status/stream and calls the admin API. Plain JS, no build.
 // The stream is read with fetch (EventSource cannot send the admin key as a bearer token).
+// Helpers are in common.js, the bars in bars.js, the backend cards in backends.js, the
+// logs panel and the activity view in panels.js.
 "use strict";
-
-const KEY = "microscheduler.adminKey";
-const PALETTE = ["#2563eb", "#7c3aed", "#0d9488", "#db2777", "#ca8a04", "#0891b2", "#65a30d", "#c2410c"];
-const state = { status: null, events: [], retry: null, controller: null };
-
-const $ = (selector) => document.querySelector(selector);
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs)) {
-    if (value === null || value === undefined || value === false) continue;
-    if (name === "class") node.className = value;
-    else if (name === "text") node.textContent = value;
-    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value === true ? "" : value);
-  }
-  for (const child of children.flat()) {
-    if (child !== null && child !== undefined) node.append(child);
-  }
-  return node;
-}
-
-function headers(extra = {}) {
-  const key = sessionStorage.getItem(KEY);
-  return key ? { ...extra, authorization: `Bearer ${key}` } : extra;
-}
-
-function colorOf(name) {
-  const names = (state.status?.backends || []).map((b) => b.name);
-  const index = Math.max(0, names.indexOf(name));
-  return PALETTE[index % PALETTE.length];
-}
-
-const mib = (n) => (n === null || n === undefined ? "-" : `${Number(n).toLocaleString("en")} MiB`);
-const gib = (n) => `${(n / 1024).toFixed(1)} GiB`;
-const clock = (unix) => new Date(unix * 1000).toLocaleTimeString();
-
-// -- messages -----------------------------------------------------------------------------
-
-function say(text, kind = "error") {
-  const close = el("button", { text: "dismiss", onclick: () => box.remove() });
-  const box = el("div", { class: `msg ${kind}` }, el("span", { text }), close);
-  $("#messages").prepend(box);
-  if (kind === "info") setTimeout(() => box.remove(), 6000);
-}
-
-async function errorText(response) {
-  try {
-    const body = await response.json();
-    if (body?.error?.message) return body.error.message;
-  } catch (_) { /* not JSON */ }
-  return `HTTP ${response.status} ${response.statusText}`;
-}
-
-// -- actions ------------------------------------------------------------------------------
-
-async function act(label, method, path, body) {
-  const buttons = document.querySelectorAll("button");
-  buttons.forEach((b) => { b.disabled = true; });
-  try {
-    const response = await fetch(path, {
-      method,
-      headers: headers(body === undefined ? {} : { "content-type": "application/json" }),
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    if (response.status === 401) {
-      askForKey();
-      say(`${label}: ${await errorText(response)}`);
-      return null;
-    }
-    if (!response.ok) {
-      say(`${label} failed: ${await errorText(response)}`);
-      return null;
-    }
-    const answer = await response.json();
-    say(`${label}: done`, "info");
-    return answer;
-  } catch (err) {
-    say(`${label}: the gateway did not answer (${err.message})`);
-    return null;
-  } finally {
-    buttons.forEach((b) => { b.disabled = false; });
-  }
-}
 
 function yieldNow(host) {
   // The local host's GPU unless `host` names another; the options are the yield section's.
@@ -105,11 +23,6 @@ function restore(host) {
 }
 
 // -- the stream ---------------------------------------------------------------------------
-
-function askForKey() {
-  $("#key-form").hidden = false;
-  $("#key-input").focus();
-}
 
 function connection(text, kind) {
   const pill = $("#connection");
@@ -142,6 +55,8 @@ async function follow() {
     return;
   }
   connection("live", "live");
+  state.live = true;
+  startActivity();
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -159,6 +74,7 @@ async function follow() {
   } catch (err) {
     if (controller.signal.aborted) return;
   }
+  state.live = false;
   connection("disconnected, reconnecting", "down");
   reconnect(1000);
 }
@@ -173,6 +89,7 @@ function handle(block) {
   }
   if (!data.length) return;
   const payload = JSON.parse(data.join("\n"));
+  if (event === "snapshot" || event === "backends") state.received = performance.now();
   if (event === "snapshot") {
     state.status = payload;
     state.events = [...payload.events].reverse();
@@ -195,6 +112,9 @@ function render() {
   if (!state.status) return;
   const s = state.status;
   $("#uptime").textContent = `up since ${clock(s.gateway.started_at)}`;
+  const persisted = s.state?.persisted !== false;
+  $("#persisted").hidden = persisted;
+  if (!persisted) $("#persisted").textContent = `state not saved: ${s.state.error || "retrying"}`;
   renderGpus();
   renderHolds();
   renderBackends();
@@ -207,26 +127,16 @@ function render() {
 // More than one machine (models.yaml `hosts:`): the GPUs and the backends say which.
 const manyHosts = () => (state.status.hosts || []).length > 1;
 
-function holdingOn(host, gpu) {
-  // Backends holding memory on this host's GPU: measured by the probe where it measured, else placed.
-  return state.status.backends
-    .filter((b) => b.holds_vram && b.host === host && b.gpus.includes(gpu))
-    .map((b) => ({ name: b.name, mib: b.vram.measured_mib ?? b.vram.admission_mib ?? 0,
-                   measured: b.vram.measured_mib !== null && b.vram.measured_mib !== undefined }));
-}
-
 function renderGpus() {
-  // One machine: its GPUs. More: each host under a heading (probe, state, yield, zones).
+  // One machine: its GPUs and RAM. More: each host under a heading (probe, state, yield, zones).
   const box = $("#gpus");
-  box.replaceChildren();
+  const s = state.status;
   if (!manyHosts()) {
-    box.append(...gpuBars("local", state.status.gpu, state.status.holds));
+    box.replaceChildren(machine(s.hosts?.[0]?.name || "local", s.gpu, s.holds, s.host_ram));
     return;
   }
-  for (const host of state.status.hosts) {
-    box.append(el("div", { class: "host", "data-testid": `host-${host.name}` },
-      hostHead(host), ...gpuBars(host.name, host.gpu, host.holds)));
-  }
+  box.replaceChildren(...s.hosts.map((host) => el("div", { class: "host", "data-testid": `host-${host.name}` },
+    hostHead(host), machine(host.name, host.gpu, host.holds, host.host_ram))));
 }
 
 function hostHead(host) {
@@ -252,57 +162,6 @@ function hostHead(host) {
         onclick: () => restore(host.name) })
       : el("button", { "data-action": "yield-host", "data-host": host.name, text: "yield",
         title: "with the options of the VRAM yield section", onclick: () => yieldNow(host.name) }));
-}
-
-function gpuBars(host, gpu, holds) {
-  // A bar per GPU of `host`: its backends, other processes, zones and the yield, free memory.
-  if (!gpu.gpus.length) {
-    const why = gpu.source === "none" ? "no GPU telemetry (gpu.probe: none)" : (gpu.error || "no GPU sample yet");
-    return [el("p", { class: "muted", text: why })];
-  }
-  const bars = [];
-  for (const g of gpu.gpus) {
-    const total = g.total_mib || 1;
-    const holders = holdingOn(host, g.index);
-    const mine = holders.reduce((sum, h) => sum + h.mib, 0);
-    const others = Math.max(0, g.used_mib - mine);
-    const held = [...holds.zones.filter((z) => z.gpu === g.index)
-      .map((z) => ({ label: `zone ${z.zone} (${z.holder})`, mib: z.mib }))];
-    if (holds.yield.state === "yielded" && holds.yield.gpu === g.index) {
-      held.push({ label: `yield: ${holds.yield.reason}`, mib: holds.yield.held_mib });
-    }
-    let free = Math.max(0, g.free_mib);
-    const bar = el("div", { class: "bar" });
-    for (const h of holders) {
-      bar.append(el("div", {
-        class: "seg", "data-segment": h.name, title: `${h.name}: ${mib(h.mib)} ${h.measured ? "measured" : "placed"}`,
-        style: `width:${(100 * h.mib) / total}%;background:${colorOf(h.name)}`,
-      }, h.mib / total > 0.08 ? h.name : ""));
-    }
-    if (others > 0) {
-      bar.append(el("div", { class: "seg other", "data-segment-kind": "other", title: `other processes: ${mib(others)}`,
-        style: `width:${(100 * others) / total}%` }, others / total > 0.08 ? "other" : ""));
-    }
-    for (const h of held) {
-      const shown = Math.min(h.mib, free);
-      free -= shown;
-      if (shown <= 0) continue;
-      bar.append(el("div", { class: "seg hold", "data-segment-kind": "hold", title: `${h.label}: ${mib(h.mib)} held`,
-        style: `width:${(100 * shown) / total}%` }, shown / total > 0.1 ? h.label : ""));
-    }
-    const legend = el("div", { class: "legend" },
-      holders.map((h) => el("span", {}, el("i", { style: `background:${colorOf(h.name)}` }),
-        `${h.name} ${mib(h.mib)}${h.measured ? "" : " (placed)"}`)),
-      el("span", {}, el("i", { style: "background:var(--other)" }), `other ${mib(others)}`),
-      held.length ? el("span", {}, el("i", { class: "seg hold" }), `held ${mib(held.reduce((a, h) => a + h.mib, 0))}`) : null,
-      el("span", {}, el("i", { style: "background:var(--free)" }), `free ${mib(g.free_mib)}`));
-    bars.push(el("div", { class: "gpu", "data-testid": `gpu-${g.index}` },
-      el("div", { class: "gpu-head" },
-        el("b", { text: `GPU ${g.index}: ${g.name}` }),
-        el("span", { text: `${gib(g.used_mib)} used of ${gib(g.total_mib)}${gpu.stale ? " (stale)" : ""}` })),
-      bar, legend));
-  }
-  return bars;
 }
 
 function yieldText(y) {
@@ -335,59 +194,16 @@ function renderHolds() {
   }
 }
 
-function renderBackends() {
-  const body = $("#backends");
-  body.replaceChildren();
-  const many = manyHosts();
-  $('th[data-column="host"]').hidden = !many;
-  for (const b of state.status.backends) {
-    const planned = b.vram.footprint ? b.vram.footprint.mib : b.vram.admission_mib;
-    const resident = b.protected_for_s ? `resident ${Math.ceil(b.protected_for_s)}s more (min_resident_s)` : null;
-    const asleep = b.state === "sleeping" && b.asleep_mib ? `keeps ${mib(b.asleep_mib)} asleep` : null;
-    const why = [b.starting, b.reason, asleep, resident, ...b.blocked_by, b.health_error]
-      .filter(Boolean).join("; ");
-    const path = `/backends/${encodeURIComponent(b.name)}`;
-    const actions = el("div", { class: "actions" },
-      el("button", { "data-action": "start", text: b.state === "sleeping" ? "wake" : "start",
-        onclick: () => act(`Start ${b.name}`, "POST", `${path}/start`) }),
-      el("button", { "data-action": "stop", text: "stop",
-        onclick: () => act(`Stop ${b.name}`, "POST", `${path}/stop`) }),
-      b.yield_method === "sleep"
-        ? el("button", { "data-action": "sleep", text: "sleep",
-          onclick: () => act(`Sleep ${b.name}`, "POST", `${path}/sleep`) })
-        : null);
-    body.append(el("tr", { "data-testid": `backend-${b.name}` },
-      el("td", {}, el("b", { text: b.name }),
-        el("div", { class: "muted apis", "data-field": "apis", title: "the APIs it serves",
-          text: b.apis.join(" · ") })),
-      many ? el("td", { "data-field": "host", text: b.host ?? "cluster",
-        title: b.host ? "the machine whose GPUs it uses" : "a kubernetes backend the cluster places" }) : null,
-      el("td", {}, el("span", { class: `state state-${b.state}`, "data-field": "state", text: b.state })),
-      el("td", { text: b.lifecycle }),
-      el("td", { class: "num", text: String(b.priority) }),
-      el("td", { class: "num", "data-field": "in-flight",
-        text: b.max_inflight ? `${b.in_flight} / ${b.max_inflight}` : String(b.in_flight) }),
-      el("td", { class: "num", "data-field": "waiting",
-        title: "held: for a wake, or queued for a slot (max_inflight) · waiting for a free connection (max_connections)",
-        text: waitingText(b) }),
-      el("td", { class: "num", text: `${mib(planned)} / ${mib(b.vram.measured_mib)}` }),
-      el("td", { class: "num", text: b.last_start_s === null ? "-" : `${b.last_start_s.toFixed(1)} s` }),
-      el("td", { "data-field": "why", text: why }),
-      el("td", {}, actions)));
-  }
-}
-
-function waitingText(b) {
-  // "3", "3 (2 queued)", "3 + 1 pool": held requests, those queued for a slot, the pool's.
-  let text = String(b.waiting);
-  if (b.queued) text += ` (${b.queued} queued)`;
-  if (b.pool_waiting) text += ` + ${b.pool_waiting} pool`;
-  return text;
-}
-
 function renderProfile() {
   const active = state.status.profile.active;
   if (active || !$("#profile-select").hidden) $("#profile-active").textContent = active || "none";
+}
+
+function providerProblem(p) {
+  // Why a provider is skipped (null: it can answer, as far as the gateway knows).
+  if (!p.key_present) return `no key: ${p.api_key_env} is not set`;
+  if (!p.active) return "not in use";
+  return null;
 }
 
 function renderFallback() {
@@ -402,13 +218,27 @@ function renderFallback() {
   for (const [key, chain] of chains) {
     const entries = chain.entries.map((entry) => {
       const circuit = f.circuits[entry];
+      const provider = f.providers[entry];
+      const problem = provider ? providerProblem(provider) : null;
+      if (problem) return el("span", { class: "provider-off", "data-entry": entry, title: `skipped: ${problem}`,
+        text: `${entry} (${problem.startsWith("no key") ? "no key" : "off"})` });
       const cls = circuit ? `circuit-${circuit.state}` : "";
       const note = circuit && circuit.state !== "closed" ? ` (${circuit.state.replace("_", "-")})` : "";
-      return el("span", { class: cls, text: entry + note });
+      return el("span", { class: cls, "data-entry": entry, text: entry + note });
     });
     const arrowed = entries.flatMap((e, i) => (i ? [" → ", e] : [e]));
-    box.append(el("div", { class: "row" }, el("b", { text: `${key}:` }), ...arrowed,
-      el("span", { class: "muted", text: `models: ${chain.models.join(", ")}` })));
+    box.append(el("div", { class: "row chain" }, el("b", { text: `${key}:` }), ...arrowed),
+      el("div", { class: "muted", text: `models: ${chain.models.join(", ")}` }));
+  }
+  const providers = Object.entries(f.providers);
+  if (providers.length) {
+    box.append(el("h3", { text: "Providers" }), el("ul", { class: "providers" }, providers.map(([name, p]) => {
+      const problem = providerProblem(p);
+      return el("li", { "data-provider": name },
+        el("b", { text: name }), ` ${p.kind}, ${p.model} `,
+        el("span", { class: problem ? "pill down" : "pill live", "data-field": "provider-state",
+          text: problem || (p.api_key_env ? "key set" : "no key needed") }));
+    })));
   }
 }
 
@@ -426,16 +256,17 @@ function renderKeys() {
     const limits = refused.map(([limit, n]) => `${limit} ${n}`).join(", ");
     const forbidden = k.requests.forbidden ? `, model not allowed ${k.requests.forbidden}` : "";
     return el("tr", { "data-key": k.name },
-      el("td", {}, el("b", { text: k.name })),
-      el("td", { text: k.priority }),
-      el("td", { text: k.models ? k.models.join(", ") : "all" }),
-      el("td", { text: k.cloud ? "yes" : "no" }),
-      el("td", { class: "num", text: used(k.in_flight, k.max_concurrent) }),
-      el("td", { class: "num", text: used(k.requests_last_minute, k.rpm) }),
-      el("td", { class: "num", text: used(k.tokens_last_minute, k.tpm) }),
-      el("td", { class: "num", text: used(k.cloud_tokens_today, k.daily_cloud_tokens) }),
-      el("td", { class: "num", text: String(k.requests.served) }),
-      el("td", { class: refused.length || forbidden ? "num limited" : "num",
+      el("td", { "data-label": "key" }, el("b", { text: k.name })),
+      el("td", { "data-label": "prio", text: k.priority }),
+      el("td", { "data-label": "models", text: k.models ? k.models.join(", ") : "all" }),
+      el("td", { "data-label": "cloud", text: k.cloud ? "yes" : "no" }),
+      el("td", { "data-label": "in flight", class: "num", text: used(k.in_flight, k.max_concurrent) }),
+      el("td", { "data-label": "requests / min", class: "num", text: used(k.requests_last_minute, k.rpm) }),
+      el("td", { "data-label": "tokens / min", class: "num", text: used(k.tokens_last_minute, k.tpm) }),
+      el("td", { "data-label": "cloud tokens today", class: "num",
+        text: used(k.cloud_tokens_today, k.daily_cloud_tokens) }),
+      el("td", { "data-label": "served", class: "num", text: String(k.requests.served) }),
+      el("td", { "data-label": "refused", class: refused.length || forbidden ? "num limited" : "num",
                  text: (limits || "0") + forbidden }));
   }));
 }
@@ -482,6 +313,10 @@ $("#key-form").addEventListener("submit", (event) => {
   follow();
   loadProfiles();
 });
+
+$('[data-field="activity-model"]').addEventListener("change", loadActivity);
+$('[data-field="activity-key"]').addEventListener("change", loadActivity);
+setInterval(tick, 1000);
 
 follow();
 loadProfiles();
