@@ -137,6 +137,17 @@ class Holding:
         assert lease is not None
         return lease
 
+    async def warm_up(self) -> bool:
+        """Begin its start (or wake) without waiting for it, as a request would; the
+        start is the backend's own task, so nobody's going away cancels it. False when it
+        may not start now (blocked, failed in its backoff); True when ready or starting."""
+        async with self._lock:
+            try:
+                self._next_step(backoff=True)
+            except GatewayError:
+                return False
+        return True
+
     async def _until_ready(
         self,
         ticket: Ticket | None,
