@@ -370,6 +370,7 @@ class Backend(Holding, Memory, Watched):
             and ttl > 0
             and self.state is BackendState.READY
             and self._leases.idle_s(now) >= ttl
+            and not self.kept_warm  # a schedule's keep_warm window
         )
 
     async def sleep(

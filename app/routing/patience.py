@@ -15,8 +15,8 @@ cold start or wake, less what a start in progress has done: `Backend.ready_in_s`
 than the accepted wait; its start is begun (or left going) so that a later request finds
 it ready. Without a learned duration nothing is priced: the chain waits as before. A
 cold entry with a learned duration within the accepted wait is waited for at most the
-accepted wait (and never longer than `wake_timeout_s`). The last entry of a chain, and a model without a chain, wait as
-before whatever the caller accepts.
+accepted wait (and never longer than `wake_timeout_s`). The last entry of a chain, and a
+model without a chain, wait as before whatever the caller accepts.
 
 The answer says what was priced: `x-microscheduler-fallbacks` names the entry with
 `cold_start_budget`, and `x-microscheduler-expected-wake: reasoning=42.0s` gives the
