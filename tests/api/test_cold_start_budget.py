@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
-from app.services import Services
+from app.runtimes.base import Runtime
+from app.services import Seams, Services
+from app.settings import BackendConfig
 from tests.fakes.processes import ROOT, free_port
 from tests.fakes.provider import FakeProvider, cloud_settings, fake_openai_provider
-from tests.fakes.servers import Gateway, chat, gateway, until_backend
+from tests.fakes.servers import FakeVllmRuntime, Gateway, chat, gateway, until_backend
 
 KEY = "sk-test-cloud-0123456789"
 AGENTS = "sk-agents-cold-start-0001"
@@ -177,3 +179,53 @@ async def test_the_last_entry_is_waited_for_whatever_the_caller_accepts(
         assert response.headers["x-microscheduler-route"] == "reasoning"
         assert response.headers["x-microscheduler-fallbacks"] == "0"
         assert cloud.calls == 0
+
+
+async def test_an_asleep_entry_is_priced_by_its_learned_wake(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A wake (sleep -> ready) is measured like a cold start, per sleep level, and priced
+    the same way: the first wake is waited for (nothing learned), the second is not."""
+    monkeypatch.setenv("CLOUD_KEY", KEY)
+    port = free_port()
+    # 1750 MiB of weights at 3 GiB/s: each wake takes about 0.57 s.
+    runtime = FakeVllmRuntime(port, models=[LOCAL_MODEL], dev_mode=True, vram_mib=2000,
+                              vram_asleep_mib=250, wake_gib_per_s=3.0)  # fmt: skip
+
+    def runtime_for(name: str, config: BackendConfig) -> Runtime:
+        return runtime
+
+    async with fake_openai_provider(KEY, model="cloud-model", max_tokens=3) as cloud:
+        provider = {"kind": "openai", "base_url": cloud.base_url, "api_key_env": "CLOUD_KEY",
+                    "model": "cloud-model"}  # fmt: skip
+        backend = {"url": f"http://127.0.0.1:{port}", "models": [LOCAL_MODEL],
+                   "aliases": ["reasoning"], "lifecycle": "lazy", "vram_mib": 2000,
+                   "runtime": {"kind": "process", "command": ["unused: the test's runtime"]},
+                   "yield": {"method": "sleep", "level": 1}}  # fmt: skip
+        settings = cloud_settings(
+            {"reasoning": backend},
+            {"cloud": provider},
+            {"reasoning": {"entries": ["reasoning", "cloud"], "max_wait_s": 0.1}},
+            state_dir=tmp_path / "var",
+        )
+        async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
+            services: Services = gw.app.state.services
+            assert (await gw.client.post("/backends/reasoning/start")).status_code == 200
+            slept = await gw.client.post("/backends/reasoning/sleep")
+            assert slept.json()["state"] == "sleeping", slept.text
+            assert services.backends["reasoning"].ready_in_s() is None  # no wake measured
+            first = await gw.client.post("/v1/chat/completions", json=chat("reasoning"))
+            assert first.headers["x-microscheduler-route"] == "reasoning"  # waited, as before
+
+            slept = await gw.client.post("/backends/reasoning/sleep")
+            assert slept.json()["state"] == "sleeping", slept.text
+            learned = services.backends["reasoning"].ready_in_s()
+            assert learned is not None
+            assert learned >= 0.4
+            second = await gw.client.post("/v1/chat/completions", json=chat("reasoning"))
+            assert second.headers["x-microscheduler-route"] == "cloud"
+            assert second.headers["x-microscheduler-fallbacks"] == "1; reasoning=cold_start_budget"
+            await until_backend(gw, "reasoning", state="ready")  # it woke meanwhile
+            third = await gw.client.post("/v1/chat/completions", json=chat("reasoning"))
+            assert third.headers["x-microscheduler-route"] == "reasoning"
+            assert cloud.calls == 1
