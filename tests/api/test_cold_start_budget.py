@@ -168,7 +168,7 @@ async def test_the_last_entry_is_waited_for_whatever_the_caller_accepts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Nothing comes after the chain's last entry: it is waited for as before."""
-    async with world(monkeypatch, tmp_path, entries=["reasoning"]) as (gw, cloud):
+    async with world(monkeypatch, tmp_path, entries=("reasoning",)) as (gw, cloud):
         await learn_a_cold_start(gw)
         response = await gw.client.post(
             "/v1/chat/completions",
