@@ -6,9 +6,10 @@ first when read.
 An entry holds what the gateway decided and measured, never what the client sent:
 the time, the key's name, the model (the configured name the request was routed by),
 the route (the backend or provider that answered), the API (the endpoint's name), the
-status, the tokens of the answer's usage, the wait and why, the fallbacks taken and the
-duration. Every string in it comes from the configuration (names), so an entry's size
-does not depend on the request.
+status, the tokens of the answer's usage, the wait and why, the fallbacks taken (and
+their reasons; with `cold_start_budget`, the passed-over entry's expected time to ready,
+`expected_wake_s`) and the duration. Every string in it comes from the configuration
+(names) or a closed vocabulary, so an entry's size does not depend on the request.
 
 Waits are counted per request in `Waits`, which the request's context carries
 (`current_waits`, set by the access middleware): the backend's queue adds the time a
@@ -110,6 +111,8 @@ class Entry:
     wait_reason: WaitKind
     fallbacks: int
     duration_s: float
+    fallback_reasons: tuple[str, ...] = ()  # `FallbackReason`s, in the chain's order
+    expected_wake_s: float | None = None  # a cold entry passed over (cold_start_budget)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -134,6 +137,8 @@ class Entry:
             "wait_s": round(self.wait_s, 3),
             "wait_reason": str(self.wait_reason),
             "fallbacks": self.fallbacks,
+            "fallback_reasons": list(self.fallback_reasons),
+            "expected_wake_s": self.expected_wake_s,
             "duration_s": round(self.duration_s, 3),
         }
 

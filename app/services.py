@@ -38,6 +38,8 @@ from app.lifecycle.host_ram import HostRamBook, HostRamCollector
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.load import StartDurations
 from app.lifecycle.profile_switch import ProfileSwitch
+from app.lifecycle.schedule import zone
+from app.lifecycle.scheduler import Clock, Scheduler, SystemClock
 from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
@@ -88,6 +90,7 @@ class Seams:
     gateway's placed-memory callback, which the simulated GPU without a ledger reports
     as used); it replaces the local host's source only (`hosts:` use their config).
     `ram_source` replaces the local host's RAM reading (/proc/meminfo).
+    `clock` is the schedules' wall clock and wait (`app.lifecycle.scheduler`).
     """
 
     control_transport: AsyncBaseTransport | None = None
@@ -96,6 +99,7 @@ class Seams:
     runtime_factory: RuntimeFactory | None = None
     gpu_source_factory: GpuSourceFactory | None = None
     ram_source: RamSource | None = None  # the local host's RAM (default /proc/meminfo)
+    clock: Clock | None = None  # the schedules' (default: time.time and asyncio.sleep)
 
 
 class Services:
@@ -194,6 +198,15 @@ class Services:
             self.profiles,
             vllm_load,
             sweep=functools.partial(sweep_orphans, self._processes, wanted),
+        )
+        self.scheduler = Scheduler(
+            settings.schedules,
+            zone(settings.timezone),
+            seams.clock or SystemClock(),
+            vram_yield=self.hosts[LOCAL_HOST].vram_yield,
+            profiles=self.profiles,
+            backends=self.backends,
+            events=self.events,
         )
         self.cloud = build_cloud(
             settings, self.registry, self.backends, metrics, on_event=self.events.record
@@ -406,9 +419,11 @@ class Services:
     async def start(self) -> None:
         self.notifier.start()
         await self.supervisor.start()
+        self.scheduler.start()  # after the saved yield and profile are back
 
     async def close(self) -> None:
         """Stop the background work, then close what was opened, in reverse order."""
+        await self.scheduler.close()
         await self.supervisor.close()
         await self.notifier.close()
         await self.store.close()  # after the reaper: a last try to save an ended hold

@@ -45,6 +45,8 @@ class RequestContext:
     client_gone: bool = False
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens of the answer
     fallbacks: int = 0  # entries of a fallback chain passed over
+    fallback_reasons: tuple[str, ...] = ()  # and why
+    expected_wake_s: float | None = None  # a cold entry passed over: its expected wake
     waits: Waits = field(default_factory=Waits)  # app.activity.current_waits
 
 
@@ -138,6 +140,8 @@ def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
         wait_reason=waits.reason,
         fallbacks=ctx.fallbacks,
         duration_s=duration,
+        fallback_reasons=ctx.fallback_reasons,
+        expected_wake_s=ctx.expected_wake_s,
     )
 
 

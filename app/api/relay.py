@@ -52,6 +52,7 @@ from app.routing.chains import FALLBACKS_HEADER
 from app.routing.dispatcher import Dispatcher
 from app.routing.exchange import Call, Exchange
 from app.routing.local import LOWERED_HEADER
+from app.routing.patience import EXPECTED_WAKE_HEADER
 from app.settings.endpoints import Api
 from app.tasks import OpenRelays
 from app.upstreams.usage import UsageStripper
@@ -158,7 +159,8 @@ class RelayResponse(Response):
                     self._call.key.finish("error")
                 watch.stop()
                 if ctx is not None:
-                    ctx.fallbacks = fallbacks_taken(err.headers.get(FALLBACKS_HEADER.decode()))
+                    _note_fallbacks(ctx, err.headers.get(FALLBACKS_HEADER.decode()),
+                                    err.headers.get(EXPECTED_WAKE_HEADER.decode()))  # fmt: skip
                 wait = self._wait_header()
                 if wait is not None:  # a new dict: the error's may be shared
                     err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
@@ -328,7 +330,25 @@ def _took(ctx: RequestContext, exchange: Exchange) -> None:
     """What the answer took, for the request's activity entry: its tokens, the fallbacks."""
     ctx.usage = exchange.usage
     if exchange.headers:
-        ctx.fallbacks = fallbacks_taken(dict(exchange.headers).get(FALLBACKS_HEADER))
+        fields = dict(exchange.headers)
+        _note_fallbacks(ctx, fields.get(FALLBACKS_HEADER), fields.get(EXPECTED_WAKE_HEADER))
+
+
+def _note_fallbacks(
+    ctx: RequestContext, fallbacks: bytes | str | None, expected: bytes | str | None
+) -> None:
+    """The fallbacks taken, their reasons and a priced-out entry's expected wake."""
+    ctx.fallbacks = fallbacks_taken(fallbacks)
+    text = fallbacks.decode() if isinstance(fallbacks, bytes) else fallbacks or ""
+    ctx.fallback_reasons = tuple(p.rpartition("=")[2].strip() for p in text.split(";")[1:])
+    if expected:
+        seen = expected.decode() if isinstance(expected, bytes) else expected
+        times = [p.rpartition("=")[2].strip().removesuffix("s") for p in seen.split(";")]
+        ctx.expected_wake_s = max((float(t) for t in times if _is_seconds(t)), default=None)
+
+
+def _is_seconds(text: str) -> bool:
+    return text.replace(".", "", 1).isdigit()
 
 
 def fallbacks_taken(value: bytes | str | None) -> int:

@@ -451,6 +451,8 @@ def status_view(services: Services) -> Json:
         "holds": local["holds"],
         "hosts": hosts,
         "profile": {"active": services.profiles.active},
+        # Weekly windows (models.yaml `schedules:`): active, next edge, undone by a person.
+        "schedules": services.scheduler.status(),
         # Whether the state file holds what the gateway holds (an ended hold waits for
         # its save to be retried while it does not).
         "state": services.store.status(),

@@ -85,7 +85,8 @@ class Backend(Holding, Memory, Watched):
         changed = None if events is None else events.changed  # pushes /status/stream
         self.server = Server(name, runtime, vllm, metrics, on_progress=changed)  # its I/O
         self._durations = durations or StartDurations(None)  # its last cold start: eta
-        self._starting: tuple[float, bool] | None = None  # the start's began (monotonic), wake
+        # The start's began (monotonic) and, for a wake, the level it slept at (0: unknown).
+        self._starting: tuple[float, int | None] | None = None
         self.admission: Admission = admission or Unchecked()
         # How it gives memory back (sleep level or stop): its host's RAM book decides.
         self.release_policy: ReleasePolicy = release or Unbudgeted()
@@ -175,9 +176,34 @@ class Backend(Holding, Memory, Watched):
     def load(self) -> LoadStatus | None:  # while starting: how far (app.lifecycle.load)
         if self.state is not BackendState.STARTING or self._starting is None:
             return None
-        began, waking = self._starting
-        last = self._durations.get(self.name)
-        return load_status(time.monotonic() - began, last, self.server, waking=waking)
+        began, level = self._starting
+        last = self._last_duration(level)
+        return load_status(time.monotonic() - began, last, self.server, waking=level is not None)
+
+    def _last_duration(self, wake_level: int | None) -> float | None:
+        """Its last measured cold start, or wake from `wake_level` (0: level unknown)."""
+        if wake_level is None:
+            return self._durations.get(self.name)
+        return self._durations.get_wake(self.name, wake_level)
+
+    def ready_in_s(self) -> float | None:
+        """Seconds until it would be ready for a request arriving now, by its last
+        measured cold start or wake, less what the start in progress has done (0: ready).
+        None: not known (never measured, stopping, blocked, failed in its backoff)."""
+        state = self.state
+        if state is BackendState.READY:
+            return 0.0
+        if self._blocks or (state is BackendState.FAILED and self._retry_in() > 0):
+            return None
+        if state is BackendState.STARTING and self._starting is not None:
+            began, level = self._starting
+            last = self._last_duration(level)
+            return None if last is None else max(0.0, last - (time.monotonic() - began))
+        if state is BackendState.SLEEPING:
+            return self._last_duration(self._asleep_level or 0)
+        if state in (BackendState.STOPPED, BackendState.FAILED) and self.runtime.managed:
+            return self._last_duration(None)
+        return None
 
     @property
     def runtime_detail(self) -> str | None:
@@ -240,7 +266,7 @@ class Backend(Holding, Memory, Watched):
 
     async def _run_start(self, adopt: bool, wake: bool = False) -> None:
         began = time.monotonic()
-        self._starting = (began, wake)
+        self._starting = (began, (self._asleep_level or 0) if wake else None)
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
@@ -269,7 +295,8 @@ class Backend(Holding, Memory, Watched):
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
-            self._durations.record(self.name, duration, cold=not (wake or adopt))
+            wake_level = self._starting[1] if self._starting is not None else None
+            self._durations.record(self.name, duration, cold=not adopt, wake_level=wake_level)
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(
                 "backend ready backend=%s runtime=%s start_s=%.2f",
@@ -343,6 +370,7 @@ class Backend(Holding, Memory, Watched):
             and ttl > 0
             and self.state is BackendState.READY
             and self._leases.idle_s(now) >= ttl
+            and not self.kept_warm  # a schedule's keep_warm window
         )
 
     async def sleep(

@@ -47,6 +47,8 @@ class Holding:
     _leases: Leases
     _wake_notice_s: float
     server: Server
+    # The schedules holding it warm (`keep_warm` windows): no idle stop while any does.
+    kept_warm: frozenset[str] = frozenset()
 
     def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
@@ -96,6 +98,7 @@ class Holding:
             or self.state is not BackendState.READY
             or self._leases.in_flight
             or self._queue
+            or self.kept_warm
         ):
             return None
         return max(0.0, ttl - self._leases.idle_s(now))
@@ -136,6 +139,21 @@ class Holding:
                 ticket.lease.release()
         assert lease is not None
         return lease
+
+    def keep_warm(self, holder: str, *, on: bool) -> None:
+        """Hold it warm for `holder` (no idle stop), or let that hold go."""
+        self.kept_warm = self.kept_warm | {holder} if on else self.kept_warm - {holder}
+
+    async def warm_up(self) -> bool:
+        """Begin its start (or wake) without waiting for it, as a request would; the
+        start is the backend's own task, so nobody's going away cancels it. False when it
+        may not start now (blocked, failed in its backoff); True when ready or starting."""
+        async with self._lock:
+            try:
+                self._next_step(backoff=True)
+            except GatewayError:
+                return False
+        return True
 
     async def _until_ready(
         self,

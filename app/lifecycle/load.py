@@ -1,6 +1,7 @@
 """A start in progress as `/status` shows it (`load`): vLLM's phase and the share done, from
 its output (`app.upstreams.vllm_output`), and the seconds left by its last measured cold
-start (`StartDurations`, a small section of the state file). `load_status` is pure."""
+start or wake (`StartDurations`, small sections of the state file; a fallback chain
+prices a cold entry by them too, `Backend.ready_in_s`). `load_status` is pure."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ class StartWatch(Protocol):
 def load_status(
     elapsed_s: float, last_start_s: float | None, watch: StartWatch, *, waking: bool
 ) -> LoadStatus:
-    """`waking`: from sleep (no eta: a cold start's duration says nothing of a wake);
-    `watch.waiting_for_memory`: admission still waits for VRAM before the launch."""
-    eta = None if last_start_s is None or waking else round(max(0.0, last_start_s - elapsed_s))
+    """`waking`: from sleep (`last_start_s` is then the last wake's duration, None when
+    none was measured); `watch.waiting_for_memory`: admission still waits for VRAM."""
+    eta = None if last_start_s is None else round(max(0.0, last_start_s - elapsed_s))
     if watch.waiting_for_memory:
         return LoadStatus("waiting_for_vram", 0, eta)
     if waking:
@@ -47,37 +48,54 @@ def load_status(
 
 
 START_DURATIONS = "start_durations"
+WAKE_DURATIONS = "wake_durations"
+
+
+def wake_key(backend: str, level: int | None) -> str:
+    """A wake's entry: a level-1 wake keeps the weights in host RAM, any other reloads."""
+    return f"{backend}@{1 if level == 1 else 2}"
 
 
 class StartDurations:
     """The `start_durations` section: each backend's last measured cold start in seconds
-    (launch to healthy, admission included; wakes and adoptions are not measured), for
-    the `eta_s` of its next start. Written with `StateStore.put`: a write that fails only
-    loses an estimate. Without a store (tests): kept in memory."""
+    (launch to healthy, admission included; adoptions are not measured), for the `eta_s`
+    of its next start; and `wake_durations`: its last wake from sleep (`POST /wake_up`
+    to healthy) per sleep level (`wake_key`). Written with `StateStore.put`: a write that
+    fails only loses an estimate. Without a store (tests): kept in memory."""
 
     def __init__(self, store: StateStore | None) -> None:
         self._store = store
-        self._memory: dict[str, float] = {}
+        self._memory: dict[str, dict[str, float]] = {}
 
-    def _section(self) -> object:
-        return self._memory if self._store is None else self._store.section(START_DURATIONS, {})
+    def _section(self, name: str) -> object:
+        if self._store is None:
+            return self._memory.get(name, {})
+        return self._store.section(name, {})
 
-    def get(self, backend: str) -> float | None:
-        raw = self._section()
+    def get(self, backend: str, *, section: str = START_DURATIONS) -> float | None:
+        raw = self._section(section)
         value = raw.get(backend) if isinstance(raw, dict) else None
         if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
             return float(value)
         return None
 
-    def record(self, backend: str, seconds: float, *, cold: bool) -> None:
-        """Keep a cold start's duration (a wake's or an adoption's is not kept)."""
+    def get_wake(self, backend: str, level: int | None) -> float | None:
+        return self.get(wake_key(backend, level), section=WAKE_DURATIONS)
+
+    def record(
+        self, backend: str, seconds: float, *, cold: bool, wake_level: int | None = None
+    ) -> None:
+        """Keep a cold start's duration, or a wake's (`wake_level`: the level it slept
+        at, 0 for a wake of an unknown level); an adoption's is not kept."""
         if cold:
             self.put(backend, seconds)
+        elif wake_level is not None:
+            self.put(wake_key(backend, wake_level), seconds, section=WAKE_DURATIONS)
 
-    def put(self, backend: str, seconds: float) -> None:
-        raw = self._section()
-        section = {**(raw if isinstance(raw, dict) else {}), backend: round(seconds, 3)}
+    def put(self, backend: str, seconds: float, *, section: str = START_DURATIONS) -> None:
+        raw = self._section(section)
+        kept = {**(raw if isinstance(raw, dict) else {}), backend: round(seconds, 3)}
         if self._store is None:
-            self._memory = section
+            self._memory[section] = kept
         else:
-            self._store.put(START_DURATIONS, section)
+            self._store.put(section, kept)

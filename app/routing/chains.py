@@ -13,8 +13,12 @@ chains, providers and circuits it walks).
    `all_entries_cooling` with `Retry-After` (when the first circuit may be tried again).
 2. A local backend is acquired (woken if needed), waiting at most the chain's
    `wake_timeout_s` when entries remain after it (the start goes on for later requests)
-   and what is left of the deadline otherwise. A refusal (stopped, blocked, yielded,
-   disabled, no VRAM, failed) or a wake cut short moves on. A busy backend's refusal
+   and what is left of the deadline otherwise. When the caller says what it accepts to
+   wait (`max_wait_s`: the request's header, its key, the chain; `app.routing.patience`),
+   an entry with entries after it whose learned start or wake is longer is passed over at
+   once (`cold_start_budget`) while it warms, and the wait for one is at most that. A
+   refusal (stopped, blocked, yielded, disabled, no VRAM, failed) or a wake cut short
+   moves on. A busy backend's refusal
    (queue full: `max_waiting` held, or no slot within the wait) moves on only when the
    chain's or the client key's `fallback_on` lists `queue_full`; otherwise that 503
    `backend_queue_full` with `Retry-After` is the answer (a burst at a waking model is
@@ -57,10 +61,19 @@ from app.errors import (
     UpstreamTimeout,
     WakeTimeout,
 )
+from app.lifecycle.state import BackendState
 from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
 from app.routing.local import open_local
+from app.routing.patience import (
+    EXPECTED_WAKE_HEADER,
+    MAX_WAIT_HEADER,
+    accepted_wait,
+    expected_wake_header,
+    parse_max_wait,
+    priced_out,
+)
 from app.routing.policy import (
     Budget,
     FallbackReason,
@@ -86,7 +99,7 @@ _REPLICA_RETRY: Final = frozenset(
         R.OVERLOADED, R.UNAVAILABLE, R.HTTP_5XX, R.STREAM_ERROR, R.CONNECT, R.TIMEOUT,
         R.DISCONNECTED, R.UPSTREAM_ERROR, R.LOCAL_STARTING, R.LOCAL_STOPPED, R.LOCAL_BLOCKED,
         R.LOCAL_YIELDED, R.LOCAL_NO_VRAM, R.LOCAL_QUEUE_FULL, R.LOCAL_DISABLED, R.LOCAL_FAILED,
-        R.LOCAL_RUNTIME, R.LOCAL_UNAVAILABLE,
+        R.LOCAL_RUNTIME, R.LOCAL_UNAVAILABLE, R.COLD_START_BUDGET,
     }
 )  # fmt: skip
 _STREAM_ERROR_STARTS: Final = (b'data: {"error"', b'data: {"object":"error"')
@@ -123,6 +136,8 @@ class ChainCall:
         self._replicas = replicas
         self._passed: list[Passed] = []
         self._attempts = 0
+        self._accepted: float | None = None  # the wait the caller accepts (patience)
+        self._priced: list[tuple[str, float]] = []  # cold entries passed over, expected ready
 
     async def open(self, notice: Notice | None = None) -> Exchange:
         cloud, chain = self._cloud, self._chain
@@ -142,6 +157,11 @@ class ChainCall:
                 key.kept_off_cloud()
             excluded = {**kept_off, **excluded}
         key_triggers = frozenset(key.key.config.fallback_on) if key is not None else frozenset()
+        self._accepted = accepted_wait(
+            parse_max_wait(self._call.headers.get(MAX_WAIT_HEADER)),
+            None if key is None else key.key.config.max_wait_s,
+            chain.config.max_wait_s,
+        )
         plan = available_entries(chain.entries, cloud.circuits, start, excluded=excluded)
         if not plan.available:
             raise self._nothing_available(plan)
@@ -232,6 +252,17 @@ class ChainCall:
         backend = cloud.backends[name]
         remaining = budget.remaining(cloud.clock())
         wait = remaining if last else min(self._chain.config.wake_timeout_s, remaining)
+        accepted = self._accepted
+        if accepted is not None and not last:
+            ready_in = backend.ready_in_s()
+            if priced_out(ready_in, accepted) and await backend.warm_up():
+                assert ready_in is not None
+                cloud.release(entry, permit)
+                self._priced.append((name, ready_in))
+                why = f"expected ready in {ready_in:.1f}s, the request waits {accepted:g}s"
+                return Passed(name, R.COLD_START_BUDGET, why)
+            if ready_in is not None and backend.state is not BackendState.READY:
+                wait = min(wait, accepted)  # priced within: but never longer than accepted
         on_wait = notice.for_backend(name) if notice is not None else None
         try:
             lease = await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
@@ -371,7 +402,13 @@ class ChainCall:
     # -- answers --------------------------------------------------------------------------
 
     def _answer_headers(self, entry: str) -> list[tuple[bytes, bytes]]:
-        return [(ROUTE_HEADER, entry.encode()), (FALLBACKS_HEADER, fallbacks_header(self._passed))]
+        headers = [
+            (ROUTE_HEADER, entry.encode()),
+            (FALLBACKS_HEADER, fallbacks_header(self._passed)),
+        ]
+        if self._priced:
+            headers.append((EXPECTED_WAKE_HEADER, expected_wake_header(self._priced)))
+        return headers
 
     def _count_fallbacks(self, answered: str | None) -> None:
         reached = [p for p in self._passed if p.reason not in _NOT_REACHED]
@@ -427,6 +464,8 @@ class ChainCall:
     def _exhausted(self) -> GatewayError:
         cloud, chain = self._cloud, self._chain
         headers = {FALLBACKS_HEADER.decode(): fallbacks_header(self._passed).decode()}
+        if self._priced:
+            headers[EXPECTED_WAKE_HEADER.decode()] = expected_wake_header(self._priced).decode()
         what = f"the fallback chain {chain.key!r} of model {self._call.route.name!r}"
         if any(p.reason in (R.DEADLINE_UNREACHED, R.DEADLINE) for p in self._passed):
             return FallbackDeadline(

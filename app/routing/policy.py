@@ -68,6 +68,7 @@ Raised errors:
     BackendUnavailable runtime                next    local_runtime       yes
     BackendUnavailable, any other kind        next    local_unavailable   no
     WakeTimeout                               next    local_wake_timeout  yes
+    (expected wake > the caller's max_wait_s) next    cold_start_budget   no
     other GatewayError, status < 500          relay   client_error        no
     other GatewayError, status >= 500         relay   internal            no
 
@@ -157,6 +158,9 @@ class FallbackReason(StrEnum):
     LOCAL_RUNTIME = "local_runtime"
     LOCAL_UNAVAILABLE = "local_unavailable"
     LOCAL_WAKE_TIMEOUT = "local_wake_timeout"
+    # Cold (stopped, asleep, starting) and its learned start or wake takes longer than the
+    # caller waits (`max_wait_s`): passed over at once while it warms (`app.routing.patience`).
+    COLD_START_BUDGET = "cold_start_budget"
     INTERNAL = "internal"
     # Passed over without a verdict of the entry's own.
     NO_API_KEY = "no_api_key"  # its key variable was unset at start-up
@@ -181,6 +185,7 @@ SKIP_REASONS: Final = (
     R.KEY_CLOUD_BUDGET,
     R.MAX_ATTEMPTS,
     R.DEADLINE,
+    R.COLD_START_BUDGET,
 )
 
 # Header shapes accepted: a mapping (httpx, aiohttp, plain dict) or the relayable pairs

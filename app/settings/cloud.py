@@ -52,10 +52,13 @@ Provider options:
 Chain options (long form): `on_context_length` (`relay` | `next`), `fallback_on_status`
 (4xx statuses that fall back; every 5xx always does), `wake_timeout_s` (how long a request
 waits for a local backend of the chain to start or wake before trying the next entry;
-the start goes on), `deadline_s` (one deadline for finding an entry that answers),
-`max_attempts` (upstream requests per client request), `auth_cooldown_s`, `fallback_on`
-(opt-in triggers, none by default: `[queue_full]` lets a request move on past a busy
-local entry, which otherwise answers 503 `backend_queue_full` with `Retry-After`).
+the start goes on), `max_wait_s` (what a request accepts to wait for a cold local entry
+that is not the last: one whose learned start or wake is longer is passed over at once,
+`cold_start_budget`, while it warms; see `app.routing.patience`), `deadline_s` (one
+deadline for finding an entry that answers), `max_attempts` (upstream requests per
+client request), `auth_cooldown_s`, `fallback_on` (opt-in triggers, none by default:
+`[queue_full]` lets a request move on past a busy local entry, which otherwise answers
+503 `backend_queue_full` with `Retry-After`).
 """
 
 from __future__ import annotations
@@ -174,6 +177,8 @@ class ChainConfig(StrictConfig):
         default_factory=lambda: list(DEFAULT_FALLBACK_ON_STATUS)
     )
     wake_timeout_s: NonNegativeFloat = 10.0
+    # Waits priced in (app.routing.patience); a client key's or the request's header wins.
+    max_wait_s: NonNegativeFloat | None = None
     deadline_s: PositiveFloat = 300.0
     max_attempts: PositiveInt = 3
     auth_cooldown_s: PositiveFloat = 300.0

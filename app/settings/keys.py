@@ -11,6 +11,7 @@
         max_concurrent: 8           # requests in flight
         daily_cloud_tokens: 0       # tokens served by cloud providers per UTC day
         fallback_on: [queue_full]   # opt-in triggers for its requests, as a chain's
+        max_wait_s: 5               # the wait it accepts for a cold chain entry
 
 A key's secret is never in the file itself: `key_env` names the variable that holds it, or
 `key_sha256` holds the SHA-256 of it (hex), so the file can be shared or committed.
@@ -70,6 +71,9 @@ class KeyConfig(StrictConfig):
     # Its requests move on past a busy local chain entry even when the chain does not say
     # so (`fallback_on` of `cloud_providers.yaml`): for a key that would rather pay than wait.
     fallback_on: list[FallbackTrigger] = Field(default_factory=list)
+    # The wait its requests accept for a cold local entry of a chain (not the last) before
+    # they go on to the next (app.routing.patience); over the chain's own `max_wait_s`.
+    max_wait_s: Annotated[float, Field(ge=0, le=3600)] | None = None
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyConfig:

@@ -41,6 +41,7 @@ from app.settings.keys import KeysConfig, secret_digest
 from app.settings.notify import NotifyTarget
 from app.settings.origins import hosts, origin, split_list
 from app.settings.profiles import GpuProfilesConfig
+from app.settings.schedules import ScheduleWindow, check_schedules, check_timezone
 
 ENV_PREFIX = "MICROSCHEDULER_"
 
@@ -168,6 +169,22 @@ class Settings(BaseSettings):
     client_keys: KeysConfig | None = None  # keys.yaml
     # Where events are posted (webhooks, ntfy; `app.settings.notify`).
     notify: tuple[NotifyTarget, ...] = ()
+    # Weekly windows (app.settings.schedules), in `timezone` (None: the system's zone).
+    timezone: str | None = None
+    schedules: list[ScheduleWindow] = Field(default_factory=list)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str | None) -> str | None:
+        return check_timezone(value)
+
+    @model_validator(mode="after")
+    def _schedules(self) -> Settings:
+        profiles = None if self.gpu_profiles is None else self.gpu_profiles.profiles
+        problem = check_schedules(self.schedules, self.backends, profiles)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -78,6 +78,7 @@ async def test_a_chat_is_recorded_with_its_tokens_and_no_prompt_text() -> None:
     assert set(entry) == {
         "at", "key", "model", "route", "api", "status", "prompt_tokens", "completion_tokens",
         "tokens_per_s", "wait_s", "wait_reason", "fallbacks", "duration_s",
+        "fallback_reasons", "expected_wake_s",
     }  # fmt: skip
 
 
