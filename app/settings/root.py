@@ -40,6 +40,7 @@ from app.settings.hosts import (
 from app.settings.keys import KeysConfig, secret_digest
 from app.settings.origins import hosts, origin, split_list
 from app.settings.profiles import GpuProfilesConfig
+from app.settings.store import StoreConfig
 
 ENV_PREFIX = "MICROSCHEDULER_"
 
@@ -143,7 +144,8 @@ class Settings(BaseSettings):
     health_interval_s: PositiveFloat = 5.0
     shutdown_grace_s: PositiveFloat = 10.0
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    state_dir: Path = Path("var")  # zone holds survive restarts here
+    state_dir: Path = Path("var")  # zone holds, usage and budgets survive restarts here
+    store: StoreConfig = Field(default_factory=StoreConfig)  # app.settings.store
     wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
     # How long `/v1/responses/{id}` follow-ups find the entry that created the response.
     responses_ttl_s: PositiveFloat = 3600.0
