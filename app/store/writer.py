@@ -94,6 +94,7 @@ class StoreWriter:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()
+        self._writing = 0  # rows of the batch being written
         self.error: str | None = None  # the last batch's failure, None once one is written
         self.dropped = 0
         self.commits = 0
@@ -167,6 +168,7 @@ class StoreWriter:
             usage, activity = list(self._usage), list(self._activity)
             self._usage.clear()
             self._activity.clear()
+            self._writing = len(usage) + len(activity)
             try:
                 await self.run(self.store.write_batch, usage, activity)
             except StoreError as exc:
@@ -181,8 +183,9 @@ class StoreWriter:
                 self.error = exc.message
                 return
             finally:
+                self._writing = 0
                 if self._metrics is not None:
-                    self._metrics.pending.set(len(self._usage) + len(self._activity))
+                    self._metrics.pending.set(self.pending)
             self.commits += 1
             if self._metrics is not None:
                 self._metrics.writes.inc()
@@ -203,10 +206,15 @@ class StoreWriter:
         if gone:
             logger.info("activity pruned rows=%d", gone)
 
+    @property
+    def pending(self) -> int:
+        """Rows not written yet: queued, or in the batch being written."""
+        return len(self._usage) + len(self._activity) + self._writing
+
     def status(self) -> dict[str, Any]:
         """`/status` `state.usage`: rows waiting, dropped, and the last failure."""
         return {
-            "pending": len(self._usage) + len(self._activity),
+            "pending": self.pending,
             "dropped": self.dropped,
             "error": self.error,
         }
