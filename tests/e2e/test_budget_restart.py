@@ -83,7 +83,8 @@ def test_a_restart_does_not_reset_the_daily_cloud_budget(config: Path, tmp_path:
         (cloud,) = [row for row in by_route["rows"] if row["route"] == "cloud"]
         assert cloud["cloud"] is True
         assert cloud["cloud_tokens"] == spent
-        assert cloud["cost"] is not None and cloud["cost"] > 0
+        assert cloud["cost"] is not None
+        assert cloud["cost"] > 0
         mine = httpx.get(
             gw.url + "/usage?group_by=key",
             headers={"authorization": f"Bearer {AGENTS}"},
