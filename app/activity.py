@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -144,17 +145,28 @@ class Entry:
 
 
 class Activity:
-    """The ring of the last `size` entries."""
+    """The ring of the last `size` entries. A `sink` (`persist_to`) also gets each entry
+    (the store's queue, `app.store.usage`: it must not block)."""
 
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
         self.size = size
         self._entries: deque[Entry] = deque(maxlen=size)
+        self._sink: Callable[[Entry], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def persist_to(self, sink: Callable[[Entry], None] | None) -> None:
+        self._sink = sink
+
+    def restore(self, entries: Iterable[Entry]) -> None:
+        """Entries saved by an earlier run, oldest first, before the ones recorded since."""
+        self._entries = deque([*entries, *self._entries], maxlen=self.size)
+
     def record(self, entry: Entry) -> None:
         self._entries.append(entry)
+        if self._sink is not None:
+            self._sink(entry)
 
     def recent(
         self, limit: int, *, model: str | None = None, key: str | None = None

@@ -33,6 +33,7 @@ from app.api import (
     profiles,
     stream,
     ui,
+    usage,
     vram,
 )
 from app.api.fastpath import GatewayApp
@@ -114,6 +115,7 @@ def create_app(
     handlers.install(app)
     app.include_router(ops.router)
     app.include_router(activity.router)
+    app.include_router(usage.router)
     app.include_router(stream.router)
     app.include_router(backends.router)
     app.include_router(output.router)

@@ -69,6 +69,7 @@ from app.settings import (
     ProcessRuntimeConfig,
     Settings,
 )
+from app.store.usage import build_ledger
 from app.tasks import OpenRelays
 from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
 from app.upstreams.http import HttpUpstream
@@ -148,9 +149,15 @@ class Services:
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
             self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
-        # The state file: zones, the yield, the profile and the processes this gateway
-        # started survive restarts here.
-        self.store = StateStore(settings.state_dir, metrics=metrics, on_change=self.events.changed)
+        # The store (state.db): zones, the yield, the profile and the processes this
+        # gateway started survive restarts there, and the usage ledger (cloud budgets).
+        self.usage = build_ledger(settings, metrics.registry)
+        self.store = StateStore(
+            settings.state_dir,
+            metrics=metrics,
+            on_change=self.events.changed,
+            writer=self.usage.writer,
+        )
         self._processes = ProcessRecords(self.store)
         self._learned = LearnedRecords(self.store)  # what each server said it serves
         self._durations = StartDurations(self.store)  # for the eta of a start
@@ -418,6 +425,9 @@ class Services:
 
     async def start(self) -> None:
         self.notifier.start()
+        await self.usage.start(
+            self.keys, self.activity, restore_activity=self.settings.store.activity_restore
+        )
         await self.supervisor.start()
         self.scheduler.start()  # after the saved yield and profile are back
 
@@ -427,6 +437,7 @@ class Services:
         await self.supervisor.close()
         await self.notifier.close()
         await self.store.close()  # after the reaper: a last try to save an ended hold
+        await self.usage.close()  # the last usage and activity written; the store closed
         for backend in self.backends.values():
             await backend.upstream.close()
         await self.cloud.close()

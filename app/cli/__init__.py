@@ -1,5 +1,5 @@
 """`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
-ps | start | stop | activity | logs | reload`.
+ps | start | stop | activity | usage | logs | reload`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -26,6 +26,7 @@ from app.cli.profile import add_profile_command
 from app.cli.reload import add_reload_command
 from app.cli.serve import add_serve_commands
 from app.cli.status import add_status_command
+from app.cli.usage import add_usage_command
 
 
 def _version() -> str:
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_command(commands)
     add_backend_commands(commands)
     add_activity_command(commands)
+    add_usage_command(commands)
     add_logs_command(commands)
     add_reload_command(commands)
     return parser

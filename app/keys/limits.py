@@ -103,14 +103,29 @@ class TokenWindow:
 
 
 class DailyTokens:
-    """Tokens per UTC day (`wall` is `time.time()`: days begin at 00:00 UTC)."""
+    """Tokens per UTC day (`wall` is `time.time()`: days begin at 00:00 UTC).
 
-    __slots__ = ("_day", "_spent", "limit")
+    The spend survives restarts in the store (`app.store`): `restore` sets what it says
+    was spent today; `unknown` marks today's spend as unreadable, and the budget counts as
+    spent (fail closed) until `restore` or the next UTC day."""
+
+    __slots__ = ("_day", "_spent", "_unknown_day", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._day = -1
         self._spent = 0
+        self._unknown_day: int | None = None
+
+    def restore(self, wall: float, spent: int) -> None:
+        self._day, self._spent = int(wall // DAY_S), max(0, spent)
+        self._unknown_day = None
+
+    def unknown(self, wall: float) -> None:
+        self._unknown_day = int(wall // DAY_S)
+
+    def is_unknown(self, wall: float) -> bool:
+        return self._unknown_day == int(wall // DAY_S)
 
     def spent(self, wall: float) -> int:
         day = int(wall // DAY_S)
@@ -119,7 +134,7 @@ class DailyTokens:
         return self._spent
 
     def exhausted(self, wall: float) -> bool:
-        return self.spent(wall) >= self.limit
+        return self.is_unknown(wall) or self.spent(wall) >= self.limit
 
     def reset_in(self, wall: float) -> float:
         return DAY_S - wall % DAY_S

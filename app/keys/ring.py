@@ -111,10 +111,12 @@ class ClientKey:
         if self._rpm is not None:
             self._rpm.add(now)
         self.in_flight += 1
-        cloud = self.config.cloud
-        if cloud and self._daily is not None and self._daily.exhausted(self._wall()):
-            cloud = False
-        return KeyUse(self, cloud=cloud, budget_spent=cloud != self.config.cloud)
+        cloud, unknown, daily = self.config.cloud, False, self._daily
+        if cloud and daily is not None and daily.exhausted(wall := self._wall()):
+            cloud, unknown = False, daily.is_unknown(wall)
+        return KeyUse(
+            self, cloud=cloud, budget_spent=cloud != self.config.cloud, budget_unknown=unknown
+        )
 
     def _refusal(self, now: float) -> Refusal | None:
         cfg = self.config
@@ -202,9 +204,33 @@ class ClientKey:
             if before < limit * share <= after and self.on_budget is not None:
                 self.on_budget(level, key=self.name, spent=after, daily_cloud_tokens=limit)
 
+    def restore_cloud_spent(self, spent: int, wall: float) -> None:
+        if self._daily is not None:
+            self._daily.restore(wall, spent)
+            self._changed()
+
+    def carry_cloud_spent(self, before: ClientKey) -> None:
+        """A reload replaced `before` (the same name, another secret or settings): today's
+        cloud spend goes on, so a new `daily_cloud_tokens` counts what was spent already
+        (and a spend that could not be read stays unknown)."""
+        if self._daily is None or before._daily is None:
+            return
+        wall = self._wall()
+        if before._daily.is_unknown(wall):
+            self._daily.unknown(wall)
+        else:
+            self._daily.restore(wall, before._daily.spent(wall))
+
+    def cloud_spent_unknown(self, wall: float) -> bool:
+        if self._daily is None:
+            return False
+        self._daily.unknown(wall)
+        self._changed()
+        return True
+
     def view(self) -> dict[str, Any]:
         """What `/status` and the page show: settings and use, never the secret."""
-        now, cfg = self._clock(), self.config
+        now, cfg, daily = self._clock(), self.config, self._daily
         return {
             "name": self.name,
             "models": None if self.models is None else sorted(self.models),
@@ -218,6 +244,8 @@ class ClientKey:
             "tokens_last_minute": None if self._tpm is None else self._tpm.used(now),
             "daily_cloud_tokens": cfg.daily_cloud_tokens,
             "cloud_tokens_today": None if self._daily is None else self._daily.spent(self._wall()),
+            # Today's spend could not be read from the store: the cloud is refused.
+            "cloud_budget_unknown": daily is not None and daily.is_unknown(self._wall()),
             "requests": {o: c.value for o, c in self._outcomes.items()},
             "limited": {k: c.value for k, c in self._limited.items()},
         }
@@ -241,12 +269,20 @@ class _Count:
 class KeyUse:
     """One request's hold on its key, from admission to its last byte."""
 
-    __slots__ = ("_done", "budget_spent", "cloud", "key")
+    __slots__ = ("_done", "budget_spent", "budget_unknown", "cloud", "key")
 
-    def __init__(self, key: ClientKey, *, cloud: bool, budget_spent: bool = False) -> None:
+    def __init__(
+        self,
+        key: ClientKey,
+        *,
+        cloud: bool,
+        budget_spent: bool = False,
+        budget_unknown: bool = False,
+    ) -> None:
         self.key = key
         self.cloud = cloud  # may this request reach a cloud provider
         self.budget_spent = budget_spent  # kept off the cloud by daily_cloud_tokens
+        self.budget_unknown = budget_unknown  # ... because today's spend is unreadable
         self._done = False
 
     def count(self, entry: str, cloud: bool, prompt: int, completion: int) -> None:
@@ -319,16 +355,33 @@ class KeyRing:
 
     def keeping(self, running: KeyRing) -> KeyRing:
         """This ring, with the running ring's key objects (their use, windows and daily
-        budget) wherever a key kept its name, secret and settings (a config reload)."""
+        budget) wherever a key kept its name, secret and settings (a config reload); a key
+        that kept only its name carries today's cloud spend over."""
         found = {}
+        by_name = {key.name: key for key in running._by_digest.values()}
         for digest, key in self._by_digest.items():
             before = running._by_digest.get(digest)
             same = before is not None and before.name == key.name and before.config == key.config
-            found[digest] = before if same and before is not None else key
+            if same and before is not None:
+                found[digest] = before
+                continue
+            found[digest] = key
+            if key.name in by_name:
+                key.carry_cloud_spent(by_name[key.name])
         anonymous = self.anonymous
         if anonymous is not None and running.anonymous is not None:
             anonymous = running.anonymous
         return KeyRing(found, anonymous)
+
+    def restore_cloud_spent(self, spent: Mapping[str, int], wall: float) -> None:
+        """Today's cloud tokens per key name, as the store kept them (`app.store`)."""
+        for key in self.keys:
+            key.restore_cloud_spent(spent.get(key.name, 0), wall)
+
+    def cloud_spent_unknown(self, wall: float) -> list[str]:
+        """Today's spend could not be read: every key with `daily_cloud_tokens` is kept
+        off the cloud (fail closed) until `restore_cloud_spent`; their names."""
+        return [key.name for key in self.keys if key.cloud_spent_unknown(wall)]
 
     def identify(self, token: bytes) -> ClientKey | None:
         return self._by_digest.get(hashlib.sha256(token).digest())

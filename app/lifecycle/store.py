@@ -1,71 +1,69 @@
 """The gateway's small persistent state (VRAM zones and yield, the active GPU profile, the
-process backends it started), one JSON file, atomic writes.
-
-A write goes to a temporary file in the same directory, is fsynced, then replaces the
-old file with `os.replace`, so a crash leaves the old or the new state, never half of
-one. A file that cannot be read is reported and set aside (renamed `*.corrupt`), and the
-gateway starts with empty state rather than not at all.
+process backends it started, learned routes, start durations): named sections, kept in
+memory and saved in the store (`app.store`: the `sections` table of `state.db` in the state
+directory), all of them in one transaction, so a crash leaves the old or the new state,
+never half of one. A database that cannot be read is reported and set aside
+(`state.db.corrupt`), and the gateway starts with empty state rather than not at all; the
+`state.json` of earlier versions is imported once (then renamed `state.json.migrated`).
 
 Two kinds of change, two answers to a write that fails (the directory read-only,
 missing or full):
 
 - `update()` (a new hold: a zone acquired, a yield taken, a profile switched) is refused:
-  `StateWriteError`, an OpenAI-envelope 500 naming the path and the OS error, and the
+  `StateWriteError`, an OpenAI-envelope 500 naming the database and the error, and the
   in-memory state stays what it was. `check_writable()` finds that out before the caller
   acts (a zone acquire or a yield checks before it stops anything).
 - `put()` (the end of a hold: a release, a restore, an expiry) always takes effect in
   memory, since refusing it would keep backends blocked (and their traffic on paid
-  providers) because of a full disk. The file is then behind: a warning is logged,
+  providers) because of a full disk. The store is then behind: a warning is logged,
   `microscheduler_state_save_failures_total` counts it, `status()` (in `/status`) says
   `persisted: false` with the error, and a background task retries the save with a
   doubling delay (`retry_first_s` up to `retry_max_s`) until it succeeds; any later
   successful save (or `close()`) writes the pending state too.
+
+Every store operation runs in the store's thread (`app.store.writer.StoreWriter`);
+`update()` and `put()` wait for theirs (a new hold is saved before it is acted on).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 from app.errors import GatewayError
 from app.metrics import Metrics
 from app.runtimes.process_record import ProcessRecord
+from app.store.base import StoreError
+from app.store.sqlite import SqliteStore
+from app.store.writer import StoreWriter
 from app.tasks import cancel_and_wait, spawn
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "state.json"
-FORMAT_VERSION = 1
+P = ParamSpec("P")
+T = TypeVar("T")
 # A save that failed for `put()` is retried after this, doubling up to RETRY_MAX_S.
 RETRY_FIRST_S: Final = 1.0
 RETRY_MAX_S: Final = 60.0
 
 
 class StateWriteError(GatewayError):
-    """The state file could not be written: 500, `internal_error`, naming the path and the
-    OS error. Nothing was changed (in memory or on disk)."""
+    """The state could not be saved: 500, `internal_error`, naming the store and the
+    error. Nothing was changed (in memory or in the store)."""
 
-    def __init__(self, path: Path, exc: OSError) -> None:
-        super().__init__(f"cannot save the gateway state to {path}: {_describe(exc)}")
-        self.path = path
-
-
-def _describe(exc: OSError) -> str:
-    if exc.strerror:
-        where = f" ({exc.filename})" if exc.filename else ""
-        return f"[Errno {exc.errno}] {exc.strerror}{where}"
-    return str(exc) or type(exc).__name__
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
 class StateStore:
     """Sections (`zones`, `profile`, ...) owned by different parts of the gateway, saved
-    together: `update(section, value)` rewrites the file with that section replaced."""
+    together: `update(section, value)` saves every section with that one replaced.
+
+    `writer` is the store's (shared with usage and activity); without one, the store is
+    `state.db` in `directory`, opened here and closed by `close()`."""
 
     def __init__(
         self,
@@ -75,46 +73,49 @@ class StateStore:
         on_change: Callable[[], None] | None = None,
         retry_first_s: float = RETRY_FIRST_S,
         retry_max_s: float = RETRY_MAX_S,
+        writer: StoreWriter | None = None,
     ) -> None:
-        self.path = directory / STATE_FILE
+        self._owns_writer = writer is None
+        self.writer = writer if writer is not None else StoreWriter(SqliteStore(directory))
         self._data: dict[str, Any] | None = None
         self._metrics = metrics
         self._on_change = on_change  # `persisted` flipped (the live status shows it)
         self._retry_first_s = retry_first_s
         self._retry_max_s = retry_max_s
-        # The last save's error while memory is ahead of the file; None: the file is current.
+        # The last save's error while memory is ahead of the store; None: it is current.
         self._pending: str | None = None
         self._retry: asyncio.Task[None] | None = None
         if metrics is not None:
             metrics.state_persisted.set(1)
 
+    @property
+    def location(self) -> str:
+        return self.writer.store.location
+
     def names(self) -> list[str]:
-        """The sections the file holds."""
-        if self._data is None:
-            self._data = self.load()
-        return sorted(self._data)
+        """The sections the store holds."""
+        return sorted(self._loaded())
 
     def section(self, name: str, default: Any = None) -> Any:
+        return self._loaded().get(name, default)
+
+    def _loaded(self) -> dict[str, Any]:
         if self._data is None:
             self._data = self.load()
-        return self._data.get(name, default)
+        return self._data
 
     def update(self, name: str, value: Any) -> None:
         """Replace a section and save; a save that fails raises `StateWriteError` and
         changes nothing. For what starts a hold."""
-        if self._data is None:
-            self._data = self.load()
-        data = {**self._data, name: value}
+        data = {**self._loaded(), name: value}
         self.save(data)  # raises StateWriteError: then nothing changed
         self._data = data
         self._saved()
 
     def put(self, name: str, value: Any) -> None:
-        """Replace a section now and save it when the file can be written: never raises
+        """Replace a section now and save it when the store can be written: never raises
         for a write that fails (see the module docstring). For what ends a hold."""
-        if self._data is None:
-            self._data = self.load()
-        self._data = {**self._data, name: value}
+        self._data = {**self._loaded(), name: value}
         try:
             self.save(self._data)
         except StateWriteError as exc:
@@ -124,18 +125,23 @@ class StateStore:
 
     @property
     def persisted(self) -> bool:
-        """Whether the file holds what memory holds."""
+        """Whether the store holds what memory holds."""
         return self._pending is None
 
     def status(self) -> dict[str, Any]:
-        """`/status`'s `state`: the file, whether it is current, and why not."""
-        return {"path": str(self.path), "persisted": self.persisted, "error": self._pending}
+        """`/status`'s `state`: the store, whether it is current, and why not."""
+        return {
+            "path": self.location,
+            "persisted": self.persisted,
+            "error": self._pending,
+            "usage": self.writer.status(),  # usage and activity waiting for their batch
+        }
 
     def _behind(self, exc: StateWriteError) -> None:
         first = self._pending is None
         self._pending = exc.message
         logger.warning("state kept in memory only, retrying the save path=%s error=%s",
-                       self.path, exc.message)  # fmt: skip
+                       self.location, exc.message)  # fmt: skip
         if self._metrics is not None:
             self._metrics.state_persisted.set(0)
         if self._retry is None or self._retry.done():
@@ -152,7 +158,7 @@ class StateStore:
         if self._pending is None:
             return
         self._pending = None
-        logger.info("state saved again path=%s", self.path)
+        logger.info("state saved again path=%s", self.location)
         if self._metrics is not None:
             self._metrics.state_persisted.set(1)
         if self._on_change is not None:
@@ -165,12 +171,12 @@ class StateStore:
             if self._pending is None or self._data is None:
                 return
             try:
-                self.save(self._data)
+                await self.writer.run(self.save, self._data)
             except StateWriteError as exc:
                 self._pending = exc.message
                 delay = min(delay * 2, self._retry_max_s)
                 logger.warning("state save retry failed path=%s error=%s next_in_s=%g",
-                               self.path, exc.message, delay)  # fmt: skip
+                               self.location, exc.message, delay)  # fmt: skip
             else:
                 self._saved()
 
@@ -180,78 +186,47 @@ class StateStore:
         self._retry = None
         if self._pending is not None and self._data is not None:
             try:
-                self.save(self._data)
+                await self.writer.run(self.save, self._data)
             except StateWriteError as exc:
-                logger.error("state not saved at shutdown: the file is behind path=%s error=%s",
-                             self.path, exc.message)  # fmt: skip
+                logger.error("state not saved at shutdown: the store is behind path=%s "
+                             "error=%s", self.location, exc.message)  # fmt: skip
             else:
                 self._saved()
+        if self._owns_writer:
+            await self.writer.close()
 
     def check_writable(self) -> None:
-        """Write and remove a temporary file next to the state file, fsynced, so a
-        read-only, missing or full directory is found before anything acts on it; raises
-        `StateWriteError`."""
+        """Take the store's write lock and let it go, so a read-only, missing or full
+        directory is found before anything acts on it; raises `StateWriteError`."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".state-check-", dir=self.path.parent)
-        except OSError as exc:
-            raise StateWriteError(self.path, exc) from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write("{}\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-        except OSError as exc:
-            raise StateWriteError(self.path, exc) from None
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+            self._in_thread(self.writer.store.check_writable)
+        except StoreError as exc:
+            raise StateWriteError(exc.message) from None
 
     def load(self) -> dict[str, Any]:
+        """Every section as saved (the store opened, migrated or set aside first)."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            if not isinstance(data, dict):
-                raise ValueError("expected a JSON object")
-            version = data.get("version")
-            if type(version) is not int or version != FORMAT_VERSION:  # `true` is not 1
-                raise ValueError(f"expected version {FORMAT_VERSION}, found {version!r}")
-        except FileNotFoundError:
-            return {}
-        except ValueError as exc:  # bad JSON, bad UTF-8, wrong shape or version
-            aside = self.path.with_suffix(".corrupt")
-            os.replace(self.path, aside)
-            logger.error("state file unreadable, set aside path=%s moved_to=%s error=%s",
-                         self.path, aside, exc)  # fmt: skip
-            return {}
-        return data
+            self._in_thread(self.writer.store.open)
+            return self._in_thread(self.writer.store.read_sections)
+        except StoreError as exc:
+            raise StateWriteError(exc.message) from None
 
     def save(self, data: dict[str, Any]) -> None:
-        """Write `data` (plus the format version) atomically; an OS error is raised as
-        `StateWriteError` with no temporary file left behind."""
-        payload = json.dumps({**data, "version": FORMAT_VERSION}, indent=2, sort_keys=True)
+        """Save every section of `data` in one transaction; an error is raised as
+        `StateWriteError` (and counted), the store unchanged."""
         try:
-            self._write(payload)
-        except OSError as exc:
+            self._in_thread(self.writer.store.write_sections, data)
+        except (StoreError, TypeError, ValueError) as exc:
             if self._metrics is not None:
                 self._metrics.state_save_failures.inc()
-            raise StateWriteError(self.path, exc) from None
+            raise StateWriteError(
+                exc.message
+                if isinstance(exc, StoreError)
+                else f"cannot save the gateway state to {self.location}: {exc}"
+            ) from None
 
-    def _write(self, payload: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    def _in_thread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.writer.call(fn, *args, **kwargs)
 
 
 PROCESSES = "processes"

@@ -152,6 +152,7 @@ class ChainCall:
             # The client's key may not reach the cloud (`cloud: false`), or not today
             # (`daily_cloud_tokens` spent): its providers are passed over.
             why = R.KEY_CLOUD_BUDGET if key.budget_spent else R.KEY_NO_CLOUD
+            why = R.KEY_CLOUD_BUDGET_UNKNOWN if key.budget_unknown else why
             kept_off = {e: why for e in chain.entries if e in cloud.providers}
             if kept_off:
                 key.kept_off_cloud()

@@ -167,6 +167,8 @@ class FallbackReason(StrEnum):
     UNSUPPORTED_ENDPOINT = "unsupported_endpoint"  # e.g. Anthropic for /v1/embeddings
     KEY_NO_CLOUD = "key_no_cloud"  # a provider, and the client's key has `cloud: false`
     KEY_CLOUD_BUDGET = "key_cloud_budget"  # a provider; the key's daily_cloud_tokens are spent
+    # A provider; today's spend of the key's daily_cloud_tokens could not be read (fail closed).
+    KEY_CLOUD_BUDGET_UNKNOWN = "key_cloud_budget_unreadable"
     CIRCUIT_OPEN = "circuit_open"  # its circuit is open (it failed recently)
     TRIAL_IN_FLIGHT = "trial_in_flight"  # half-open: another request is its trial
     MAX_ATTEMPTS = "max_attempts"  # the chain's cap on upstream requests was reached
@@ -183,6 +185,7 @@ SKIP_REASONS: Final = (
     R.UNSUPPORTED_ENDPOINT,
     R.KEY_NO_CLOUD,
     R.KEY_CLOUD_BUDGET,
+    R.KEY_CLOUD_BUDGET_UNKNOWN,
     R.MAX_ATTEMPTS,
     R.DEADLINE,
     R.COLD_START_BUDGET,

@@ -44,6 +44,8 @@ Provider options:
   `circuit.cooldown_s`).
 - `headers`: extra request headers (not `authorization`, `x-api-key` or framing ones).
 - `max_tokens` (`anthropic`, required), `anthropic_version` (default `2023-06-01`).
+- `cost_per_mtok: {input: 0.55, output: 2.19}`: its price per million prompt and
+  completion tokens, for the cost estimate of `GET /usage` and the page (none: no estimate).
 - `endpoints`: the APIs it is asked for (default: `chat, completions, embeddings, responses,
   transcriptions, translations, speech, images` for `openai`; `chat, messages` for
   `anthropic`, which can serve no other). A chain passes over a provider for any other
@@ -92,6 +94,13 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+class CostPerMtok(StrictConfig):
+    """A provider's price per million tokens (in whatever currency it bills)."""
+
+    input: NonNegativeFloat
+    output: NonNegativeFloat
+
+
 class ProviderConfig(StrictConfig):
     kind: Literal["openai", "anthropic"]
     base_url: str
@@ -104,6 +113,8 @@ class ProviderConfig(StrictConfig):
     cooldown_s: PositiveFloat | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     max_connections: PositiveInt | None = None  # a cap, as for a backend (default none)
+    # Its price per million tokens, for the usage panel's cost estimate (none: not given).
+    cost_per_mtok: CostPerMtok | None = None
     # What it is asked for; default: every OpenAI API for `openai`, chat and messages for
     # `anthropic` (app/settings/endpoints.py).
     endpoints: list[Api] | None = Field(default=None, min_length=1)

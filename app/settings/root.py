@@ -42,6 +42,7 @@ from app.settings.notify import NotifyTarget
 from app.settings.origins import hosts, origin, split_list
 from app.settings.profiles import GpuProfilesConfig
 from app.settings.schedules import ScheduleWindow, check_schedules, check_timezone
+from app.settings.store import StoreConfig
 
 ENV_PREFIX = "MICROSCHEDULER_"
 
@@ -145,7 +146,8 @@ class Settings(BaseSettings):
     health_interval_s: PositiveFloat = 5.0
     shutdown_grace_s: PositiveFloat = 10.0
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    state_dir: Path = Path("var")  # zone holds survive restarts here
+    state_dir: Path = Path("var")  # zone holds, usage and budgets survive restarts here
+    store: StoreConfig = Field(default_factory=StoreConfig)  # app.settings.store
     wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
     # How long `/v1/responses/{id}` follow-ups find the entry that created the response.
     responses_ttl_s: PositiveFloat = 3600.0

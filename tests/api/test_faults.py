@@ -30,6 +30,7 @@ from tests.fakes.servers import (
     gateway_settings,
     until_backend,
 )
+from tests.fakes.state import leftovers, saved_sections, sqlite_disk_full
 from tests.fakes.waits import until
 
 # -- (a) backend gone mid-stream: in-band error, [DONE], the lease released ---------------
@@ -72,14 +73,10 @@ def lazy_backend(port: int) -> dict[str, Any]:
     }
 
 
-def leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name != "state.json")
-
-
 # Three faults: the state directory read-only (chmod 0555; skipped as root, whom it does
 # not stop), the directory replaced by a regular file (a path nothing can be written
 # under, for any user: the case that runs as root), and a full disk, injected at the OS
-# boundary (os.fsync raising ENOSPC).
+# boundary (os.fsync raising ENOSPC, and sqlite3 answering SQLITE_FULL).
 def read_only_dir(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     if os.geteuid() == 0:
         pytest.skip("running as root: chmod 0555 does not stop writes")
@@ -98,7 +95,7 @@ def disk_full(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", fsync_fails)
-    return "No space left on device"
+    return sqlite_disk_full(monkeypatch)
 
 
 FAULTS = [
@@ -127,7 +124,7 @@ async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
         assert kept.status_code == 200, kept.text
         assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
         # Read after its start, which saved what its server said it serves.
-        saved = (state_dir / "state.json").read_bytes()
+        saved = saved_sections(state_dir)
 
         os_error = fault(state_dir, monkeypatch)
         # 30000 MiB needs the lazy backend's 12000: a zone that would evict it.
@@ -143,7 +140,7 @@ async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "server_error"
         assert error["code"] == "internal_error"
-        assert str(state_dir / "state.json") in error["message"]
+        assert str(state_dir / "state.db") in error["message"]
         assert os_error in error["message"]
         # Nothing changed: the zone list, the backend (not evicted, not blocked), the file.
         zones = (await gw.client.get("/vram/zones")).json()["zones"]
@@ -153,7 +150,7 @@ async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
         assert runtimes["lazy"].stops == 0
         assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
         if state_dir.is_dir():
-            assert (state_dir / "state.json").read_bytes() == saved
+            assert saved_sections(state_dir) == saved
             assert leftovers(state_dir) == []
 
 
@@ -183,7 +180,7 @@ async def test_a_yield_that_cannot_be_saved_is_refused_and_changes_nothing(
         assert refused.status_code == 500, refused.text
         error = refused.json()["error"]
         assert error["type"] == "server_error"
-        assert str(state_dir / "state.json") in error["message"]
+        assert str(state_dir / "state.db") in error["message"]
         assert os_error in error["message"]
         assert (await gw.client.get("/vram/yield")).json()["state"] != "yielded"
         view = await until_backend(gw, "lazy", state="ready")
@@ -279,7 +276,7 @@ async def test_a_release_and_an_expiry_go_ahead_when_the_state_cannot_be_saved(
         assert (await gw.client.post("/vram/zones/held/acquire", json=body)).status_code == 200
         short = {**body, "ttl_s": 0.3}
         assert (await gw.client.post("/vram/zones/short/acquire", json=short)).status_code == 200
-        saved = (state_dir / "state.json").read_bytes()
+        saved = saved_sections(state_dir)
 
         disk_full(state_dir, monkeypatch)
         released = await gw.client.post("/vram/zones/held/release")
@@ -293,7 +290,7 @@ async def test_a_release_and_an_expiry_go_ahead_when_the_state_cannot_be_saved(
             return await zones() == []
 
         assert await until(none_held)  # "held" released, "short" expired
-        assert (state_dir / "state.json").read_bytes() == saved  # not rewritten (disk full)
+        assert saved_sections(state_dir) == saved  # not rewritten (disk full)
         assert (await gw.client.get("/status")).json()["state"]["persisted"] is False
         monkeypatch.undo()
         # The reaper survived the failed save: another short zone expires too, and the
@@ -301,7 +298,7 @@ async def test_a_release_and_an_expiry_go_ahead_when_the_state_cannot_be_saved(
         assert (await gw.client.post("/vram/zones/again/acquire", json=short)).status_code == 200
         assert (await gw.client.get("/status")).json()["state"]["persisted"] is True
         assert await until(none_held)
-        on_disk = json.loads((state_dir / "state.json").read_text())
+        on_disk = saved_sections(state_dir)
         assert on_disk["zones"] == []
         assert leftovers(state_dir) == []
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from app.gpu.ledger import LedgerWriter
 from tests.api.test_lifecycle_api import backend_state, lazy, lifecycle_gateway, pinned
 from tests.fakes.processes import free_port
 from tests.fakes.servers import FakeVllmRuntime, until_backend
+from tests.fakes.state import saved_sections
 from tests.fakes.waits import until
 
 NODE_C = {"node-c": {"docker": {"url": "http://node-c:2375"}, "gpu": {"probe": "sim"}}}
@@ -167,7 +167,7 @@ async def test_zones_of_both_hosts_survive_a_restart_and_block_their_own(
             acquired = await gw.client.post(f"/vram/zones/{zone}/acquire", json=body)
             assert acquired.status_code == 200, acquired.text
         assert (first["a"].stops, first["c"].stops) == (1, 1)
-    saved = json.loads((tmp_path / "var" / "state.json").read_text())
+    saved = saved_sections(tmp_path / "var")
     assert [z["name"] for z in saved["zones"]] == ["img-a"]
     assert [z["name"] for z in saved["zones@node-c"]] == ["img-c"]
 
@@ -399,7 +399,7 @@ async def test_a_yield_on_node_c_survives_a_restart_and_keeps_only_its_pinned_do
         await until_backend(gw, "pc", state="ready")
         body = {"host": "node-c", "include_pinned": True, "reason": "game"}
         assert (await gw.client.post("/vram/yield", json=body)).json()["stopped"] == ["pc"]
-    saved = json.loads((tmp_path / "var" / "state.json").read_text())
+    saved = saved_sections(tmp_path / "var")
     assert [z["name"] for z in saved["zones@node-c"]] == ["yield"]
     assert saved.get("zones", []) == []
 
@@ -434,7 +434,7 @@ async def test_zones_of_a_host_no_longer_configured_are_kept_and_said(
             assert (await gw.client.get("/vram/zones")).json()["zones"] == []
     said = [r.getMessage() for r in caplog.records if "saved zones of a host" in r.getMessage()]
     assert said == ["saved zones of a host not in hosts: left as they are host=node-c zones=1"]
-    state = json.loads((tmp_path / "var" / "state.json").read_text())
+    state = saved_sections(tmp_path / "var")
     assert [zone["name"] for zone in state["zones@node-c"]] == ["img"]
 
 

@@ -6,7 +6,6 @@ survives a restart, `task:` decides when the docs are off, `endpoints:` wins."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from tests.fakes.servers import (
     gateway,
     gateway_settings,
 )
+from tests.fakes.state import saved_sections
 
 CLASSIFY = {"model": "bge", "input": "is this good?"}
 
@@ -94,7 +94,7 @@ async def test_what_was_learned_survives_a_gateway_restart(tmp_path: Path) -> No
         settings = gateway_settings({"embedder": embedder(url)}, state_dir=tmp_path)
         async with gateway(settings):
             pass
-    saved = json.loads((tmp_path / "state.json").read_text())["learned"]["embedder"]
+    saved = saved_sections(tmp_path)["learned"]["embedder"]
     assert saved["url"] == url
     assert saved["model"] == "bge"
     assert saved["max_model_len"] == 512

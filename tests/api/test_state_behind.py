@@ -5,7 +5,6 @@ Only new holds are refused (tests/api/test_faults.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from tests.fakes.servers import (
     gateway_settings,
     until_backend,
 )
+from tests.fakes.state import saved_sections
 from tests.fakes.waits import until
 
 Fault = Callable[[Path, pytest.MonkeyPatch], str]
@@ -64,8 +64,7 @@ class Rig:
         return gateway(self.settings, seams=Seams(runtime_factory=runtime_for))
 
     def saved_zones(self) -> list[dict[str, Any]]:
-        data: dict[str, Any] = json.loads((self.state_dir / "state.json").read_text())
-        zones: list[dict[str, Any]] = data.get("zones", [])
+        zones: list[dict[str, Any]] = saved_sections(self.state_dir).get("zones", [])
         return zones
 
 
@@ -101,7 +100,7 @@ async def assert_behind_then_caught_up(
     assert any("state kept in memory only" in w and os_error in w for w in warnings), warnings
     state = await state_status(gw)
     assert state["persisted"] is False
-    assert str(rig.state_dir / "state.json") in state["error"]
+    assert str(rig.state_dir / "state.db") in state["error"]
     assert os_error in state["error"]
     text = (await gw.client.get("/metrics")).text
     assert metric(text, "microscheduler_state_save_failures_total") >= 1
@@ -194,9 +193,10 @@ async def test_status_says_the_state_file_is_current(tmp_path: Path) -> None:
     async with rig.gateway() as gw:
         state = await state_status(gw)
         assert state == {
-            "path": str(rig.state_dir / "state.json"),
+            "path": str(rig.state_dir / "state.db"),
             "persisted": True,
             "error": None,
+            "usage": {"pending": 0, "dropped": 0, "error": None},
         }
         text = (await gw.client.get("/metrics")).text
         assert metric(text, "microscheduler_state_save_failures_total") == 0

@@ -5,7 +5,6 @@ memory counted as theirs) and stops those the configuration no longer wants."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from tests.fakes.processes import (
     sim_gpu_models,
     stop,
 )
+from tests.fakes.state import saved_sections
 from tests.fakes.waits import until_sync
 
 pytestmark = pytest.mark.e2e
@@ -120,5 +120,5 @@ def test_the_orphan_of_a_backend_no_longer_configured_is_stopped(tmp_path: Path)
             log = gw.log()
         assert "stopping process left by an earlier gateway backend=lazy" in log
         assert "why=backend removed" in log
-        records = json.loads((state_dir / "state.json").read_text())["processes"]
+        records = saved_sections(state_dir)["processes"]
         assert "lazy" not in records

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -96,20 +98,27 @@ async def gateway(
     `configure` may add routes to the app before it starts (e.g. a probe for a dependency).
     """
     registry = CollectorRegistry()
-    app = create_app(settings, seams=seams, registry=registry)
-    if configure is not None:
-        configure(app)
-    async with app.router.lifespan_context(app):
-        # The first health round: external servers have said what they serve; their fakes'
-        # request logs then start empty, as the test's own requests find them.
-        await asyncio.wait_for(app.state.services.supervisor.watched.wait(), 10)
-        await _forget_learning(settings)
-        transport = httpx.ASGITransport(app=app, client=(client_host, 50000))
-        # `Host: localhost`: admin routes without an admin key accept only the gateway's names.
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://localhost", timeout=10
-        ) as client:
-            yield Gateway(client, registry, app)
+    with contextlib.ExitStack() as scratch:
+        if settings.state_dir == Settings.model_fields["state_dir"].default:
+            # No state directory named: one of its own, so that no test's usage ledger
+            # (cloud budgets), activity or zones are another's.
+            own = scratch.enter_context(tempfile.TemporaryDirectory(prefix="gw-state-"))
+            settings = settings.model_copy(update={"state_dir": Path(own)})
+        app = create_app(settings, seams=seams, registry=registry)
+        if configure is not None:
+            configure(app)
+        async with app.router.lifespan_context(app):
+            # The first health round: external servers have said what they serve; their
+            # fakes' request logs then start empty, as the test's own requests find them.
+            await asyncio.wait_for(app.state.services.supervisor.watched.wait(), 10)
+            await _forget_learning(settings)
+            transport = httpx.ASGITransport(app=app, client=(client_host, 50000))
+            # `Host: localhost`: admin routes without an admin key accept only the
+            # gateway's names.
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://localhost", timeout=10
+            ) as client:
+                yield Gateway(client, registry, app)
 
 
 async def _forget_learning(settings: Settings) -> None:

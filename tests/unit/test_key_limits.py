@@ -225,3 +225,18 @@ def test_a_spent_daily_budget_keeps_the_key_off_the_cloud_and_counts_when_it_mat
     later.kept_off_cloud()  # a chain passed its providers over
     assert key.view()["limited"]["daily_cloud_tokens"] == 1
     later.finish("served")
+
+
+def test_a_reload_that_changes_a_keys_budget_carries_todays_spend_over() -> None:
+    before = ring(a={"key_env": "K", "daily_cloud_tokens": 30})
+    key = before.identify(b"sk-k")
+    assert key is not None
+    use = key.admit()
+    use.count("cloud", True, 10, 15)
+    use.finish("served")
+    after = ring(a={"key_env": "K", "daily_cloud_tokens": 50}).keeping(before)
+    again = after.identify(b"sk-k")
+    assert again is not None
+    assert again is not key  # new settings: a new object...
+    assert again.view()["cloud_tokens_today"] == 25  # ...that knows what was spent today
+    assert again.view()["daily_cloud_tokens"] == 50

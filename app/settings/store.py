@@ -1,0 +1,27 @@
+"""`store:` settings: how usage and activity are written to the state directory's
+database (`app.store`). Pure.
+
+- `flush_interval_s` (1.0): queued rows are written at least this often;
+- `flush_rows` (256): or as soon as this many wait;
+- `queue_max` (10,000): rows kept per queue while the store cannot be written; beyond it
+  the oldest are dropped (counted);
+- `activity_retention_days` (30) and `activity_retention_rows` (100,000): activity kept
+  in the database (the usage ledger is kept: one row per day, key, model and route);
+- `activity_restore` (true): the ring of `GET /activity` starts with the newest saved
+  entries.
+"""
+
+from __future__ import annotations
+
+from pydantic import PositiveFloat, PositiveInt
+
+from app.settings.base import StrictConfig
+
+
+class StoreConfig(StrictConfig):
+    flush_interval_s: PositiveFloat = 1.0
+    flush_rows: PositiveInt = 256
+    queue_max: PositiveInt = 10_000
+    activity_retention_days: PositiveFloat = 30.0
+    activity_retention_rows: PositiveInt = 100_000
+    activity_restore: bool = True
