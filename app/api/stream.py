@@ -5,9 +5,10 @@ named for what changed, with the section whole: `backends`, `gpu`, `host_ram`, `
 `profile`, `fallback`, `keys`, `state`, `schedules` (each window: active, next edge,
 overridden), `config` (the configuration running: hash, when and how it was loaded),
 `hosts` when models.yaml has `hosts:` (every host's GPUs, RAM and holds, the local one's
-also in `gpu`, `host_ram` and `holds`), and `event` (one new entry of the event log, with its `seq`). A comment `: keep-alive` comes every
-15 s of quiet. State sections are pushed at most every `MIN_INTERVAL_S`: a burst of
-changes (requests starting and ending) becomes one push.
+also in `gpu`, `host_ram` and `holds`), and `event` (one new entry of the event log,
+with its `seq`). A comment `: keep-alive` comes every 15 s of quiet. State sections are
+pushed at most every `MIN_INTERVAL_S`: a burst of changes (requests starting and ending)
+becomes one push.
 
 The gateway never waits for a client: changes only mark the client's subscription
 (`app.events`); its own task builds and sends what changed. A client that stops reading
