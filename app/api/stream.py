@@ -1,12 +1,14 @@
 """`GET /status/stream` (admin): the live `/status` as server-sent events.
 
 First a `snapshot` event (the whole `/status` document), then on every change an event
-named for what changed: `backends`, `gpu`, `host_ram`, `holds`, `profile`, `fallback`,
-`keys`, `state` (the section, whole), `hosts` when models.yaml has `hosts:` (every host's
-GPUs, RAM and holds, the local one's also in `gpu`, `host_ram` and `holds`), and `event`
-(one new entry of the event log, with its `seq`). A comment `: keep-alive` comes every
-15 s of quiet. State sections are pushed at most every `MIN_INTERVAL_S`: a burst of
-changes (requests starting and ending) becomes one push.
+named for what changed, with the section whole: `backends`, `gpu`, `host_ram`, `holds`,
+`profile`, `fallback`, `keys`, `state`, `schedules` (each window: active, next edge,
+overridden), `config` (the configuration running: hash, when and how it was loaded),
+`hosts` when models.yaml has `hosts:` (every host's GPUs, RAM and holds, the local one's
+also in `gpu`, `host_ram` and `holds`), and `event` (one new entry of the event log,
+with its `seq`). A comment `: keep-alive` comes every 15 s of quiet. State sections are
+pushed at most every `MIN_INTERVAL_S`: a burst of changes (requests starting and ending)
+becomes one push.
 
 The gateway never waits for a client: changes only mark the client's subscription
 (`app.events`); its own task builds and sends what changed. A client that stops reading
@@ -38,7 +40,8 @@ router = APIRouter(tags=["ops"])
 KEEPALIVE_S: Final = 15.0
 MIN_INTERVAL_S: Final = 0.1
 SECTIONS: Final = (
-    "backends", "gpu", "host_ram", "holds", "profile", "fallback", "keys", "state"
+    "backends", "gpu", "host_ram", "holds", "profile", "fallback", "keys", "state",
+    "schedules", "config",
 )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import pytest
 from app.api import stream
 from app.events import EventLog
 from app.services import Seams, Services
+from tests.fakes.clock import FakeClock, at
 from tests.fakes.processes import free_port
 from tests.fakes.servers import FakeVllmRuntime, gateway, gateway_settings, until_backend
 
@@ -41,7 +42,8 @@ async def next_event(messages: AsyncGenerator[bytes, None], *, skip: tuple[str, 
 async def in_flight_pushed(messages: AsyncGenerator[bytes, None]) -> int:
     """The in-flight count in the next `backends` push (other sections and events, e.g.
     from a health check, may come first; the generator builds it only when read)."""
-    others = ("event", "gpu", "host_ram", "holds", "profile", "fallback", "state")
+    others = ("event", "gpu", "host_ram", "holds", "profile", "fallback", "state", "schedules",
+              "config")  # fmt: skip
     name, data = await next_event(messages, skip=others)
     assert name == "backends"
     count: int = data[0]["in_flight"]
@@ -126,7 +128,8 @@ async def test_quiet_streams_get_keep_alive_comments(monkeypatch: pytest.MonkeyP
         messages = stream._stream(services, services.events.subscribe())
         assert (await next_event(messages))[0] == "snapshot"
         # Start-up may still be reported first; then nothing changes and the comment comes.
-        comment = await next_event(messages, skip=("event", "backends", "gpu", "host_ram", "holds"))
+        quiet = ("event", "backends", "gpu", "host_ram", "holds", "schedules", "config")
+        comment = await next_event(messages, skip=quiet)
         assert comment == ("comment", "keep-alive")
         await messages.aclose()
 
@@ -235,4 +238,45 @@ async def test_with_the_local_host_only_no_hosts_section_is_pushed(fast_stream: 
         await gw.client.post("/vram/restore")
         name, holds = await next_event(messages, skip=("event", "backends", "gpu", "host_ram"))
         assert (name, holds["yield"]["state"]) == ("holds", "none")
+        await messages.aclose()
+
+
+async def test_a_schedules_edge_and_an_override_push_the_schedules_section(
+    fast_stream: None, tmp_path: Path
+) -> None:
+    """The page shows each window live: its start (active, next edge: its end) and a
+    manual restore inside it (overridden) each push `schedules`."""
+    evening = {"name": "evening", "days": ["mon"], "from": "19:00", "to": "23:00",
+               "action": "yield", "reason": "gaming"}  # fmt: skip
+    clock = FakeClock(at("2025-01-06T18:00"))  # a Monday, before the window
+    port = free_port()
+    backends = {"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"],
+                      "runtime": {"kind": "external"}}}  # fmt: skip
+    settings = gateway_settings(
+        backends, state_dir=tmp_path / "var", timezone="UTC", schedules=[evening]
+    )
+    async with gateway(settings, seams=Seams(clock=clock)) as gw:
+        await clock.settled()
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        name, snapshot = await next_event(messages)
+        assert name == "snapshot"
+        assert [(s["name"], s["active"]) for s in snapshot["schedules"]] == [("evening", False)]
+        assert snapshot["config"]["hash"]
+
+        async def pushed() -> dict[str, Any]:
+            others = ("event", "backends", "gpu", "host_ram", "holds", "profile", "state")
+            async with asyncio.timeout(10):
+                name, data = await next_event(messages, skip=others)
+            assert name == "schedules"
+            window: dict[str, Any] = data[0]
+            return window
+
+        await clock.advance_to(at("2025-01-06T19:00"))
+        window = await pushed()
+        assert (window["active"], window["overridden"]) == (True, False)
+        assert window["next_edge_at"] == at("2025-01-06T23:00")
+        assert (await gw.client.post("/vram/restore")).status_code == 200
+        window = await pushed()
+        assert (window["active"], window["overridden"]) == (True, True)
         await messages.aclose()

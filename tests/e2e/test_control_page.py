@@ -2,8 +2,9 @@
 real gateway process and fake vLLM processes on a simulated GPU.
 
 It opens the page, checks states and VRAM segments, wakes a backend by a request from
-outside and sees the page change without a reload, presses stop, yield and restore, and
-fails on any error the page logs. A screenshot is kept in var/test-artifacts/.
+outside and sees the page change without a reload, presses stop, yield and restore, shows
+the usage per key and the schedules, and fails on any error the page logs. Screenshots
+are kept in var/test-artifacts/.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import shutil
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -463,5 +465,179 @@ def test_the_page_tells_the_truth_on_a_phone_and_a_desktop(tmp_path: Path) -> No
         )
         phone.screenshot(path=str(ARTIFACTS / "control-page-logs-390.png"), full_page=False)
         assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        browser.close()
+    assert problems == [], "\n".join(problems)
+
+
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+KEY = "sk-agents-living"
+
+
+def window(name: str, start: datetime, end: datetime, **action: Any) -> dict[str, Any]:
+    """A weekly window (UTC) from `start` to `end` (under a day later), on `start`'s day."""
+    return {"name": name, "days": [DAYS[start.weekday()]], "from": start.strftime("%H:%M"),
+            "to": end.strftime("%H:%M"), **action}  # fmt: skip
+
+
+def living_config(tmp_path: Path, cloud_url: str, now: datetime) -> Path:
+    """`sim_gpu_models` with: the key `agents`; `reasoning`, an external backend that does
+    not answer (a closed port), chained to `cloud` (a fake vLLM priced 1.0 / 2.0 per
+    million tokens); in UTC, the window `office` (keep `lazy` warm) active from an hour
+    ago to two hours from now, and `evening` (a yield) from three to four hours from now."""
+    config = tmp_path / "config"
+    config.mkdir(parents=True)
+    models = sim_gpu_models(tmp_path / "ledger")
+    reasoning = {"url": f"http://127.0.0.1:{free_port()}", "models": ["reasoning"],
+                 "runtime": {"kind": "external"}}  # fmt: skip
+    models["backends"]["reasoning"] = reasoning
+    models["timezone"] = "UTC"
+    hour = timedelta(hours=1)
+    models["schedules"] = [
+        window("office", now - hour, now + 2 * hour, action="keep_warm", backend="lazy"),
+        window("evening", now + 3 * hour, now + 4 * hour, action="yield", reason="gaming"),
+    ]
+    providers = {
+        "providers": {"cloud": {"kind": "openai", "base_url": cloud_url + "/v1",
+                                "model": "cloud-model",
+                                "cost_per_mtok": {"input": 1.0, "output": 2.0}}},
+        "chains": {"reasoning": ["reasoning", "cloud"]},
+    }  # fmt: skip
+    keys = {"keys": {"agents": {"key_env": "AGENTS_KEY"}}}
+    (config / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
+    (config / "cloud_providers.yaml").write_text(yaml.safe_dump(providers))
+    (config / "keys.yaml").write_text(yaml.safe_dump(keys))
+    return config
+
+
+def no_horizontal_scroll(page: Any, width: int) -> None:
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    for box in page.locator("main section").evaluate_all(
+        "ns => ns.map(n => n.getBoundingClientRect()).map(r => [r.left, r.right])"
+    ):
+        assert box[0] >= 0, box
+        assert box[1] <= width, box
+
+
+def ask_as(url: str, model: str, key: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    auth = {"authorization": f"Bearer {key}"}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=auth, timeout=30)
+
+
+def test_the_page_shows_usage_per_key_and_the_schedules(tmp_path: Path) -> None:
+    """At 1280 and 390 px: a key's local and cloud tokens today and over 7 days with the
+    cost estimate; the active window highlighted with its next edge (its end, as a local
+    time and counting down), the inactive one with its start; a stop of the kept-warm
+    backend shown as "overridden until next edge" (pushed by the stream); the running
+    config's hash, and a reload's new one pushed too; no horizontal scroll on the phone."""
+    sync_api, chromium = _require_browser()
+    problems: list[str] = []
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    office_end = (now + timedelta(hours=2)).timestamp()
+    with (
+        fake_vllm_process("cloud-model", "--max-tokens", "12") as cloud_url,
+        gateway_process(
+            config_dir=(config := living_config(tmp_path, cloud_url, now)),
+            env={"AGENTS_KEY": KEY},
+        ) as gw,
+        sync_api.sync_playwright() as playwright,
+    ):
+        status = httpx.get(gw.url + "/status", timeout=10).json()
+        shown = {s["name"]: s for s in status["schedules"]}
+        assert (shown["office"]["active"], shown["office"]["next_edge_at"]) == (True, office_end)
+        assert shown["evening"]["active"] is False
+
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        expect = sync_api.expect
+        desktop = browser.new_page(viewport={"width": 1280, "height": 900})
+        watch_console(desktop, problems)
+        desktop.goto(gw.url + "/ui")
+        pinned = desktop.locator('[data-testid="backend-pinned"] [data-field="state"]')
+        expect(pinned).to_have_text("ready", timeout=20_000)
+        # A local request (pinned) and a cloud one (reasoning does not answer: the chain's
+        # next entry, the cloud, does), both through the key.
+        assert ask_as(gw.url, "pinned-model", KEY).status_code == 200
+        cloud = ask_as(gw.url, "reasoning", KEY)
+        assert (cloud.status_code, cloud.json()["model"]) == (200, "cloud-model")
+        phone = browser.new_page(viewport={"width": 390, "height": 844})
+        watch_console(phone, problems)
+        phone.goto(gw.url + "/ui")
+
+        for page, width in ((desktop, 1280), (phone, 390)):
+            agents = page.locator('[data-testid="usage"] tr[data-key="agents"]')
+            for span in ("today", "7 days"):
+                expect(agents.locator(f'[data-field="{span}-local"]')).to_have_text(
+                    re.compile(r"^[1-9][\d,]*$"), timeout=15_000
+                )
+                expect(agents.locator(f'[data-field="{span}-cloud"]')).to_have_text(
+                    re.compile(r"^[1-9][\d,]*$")
+                )
+                expect(agents.locator(f'[data-field="{span}-cost"]')).to_have_text(
+                    re.compile(r"^0\.0*[1-9]\d*$")
+                )
+
+            office = page.locator('[data-testid="schedules"] [data-schedule="office"]')
+            evening = page.locator('[data-testid="schedules"] [data-schedule="evening"]')
+            expect(office).to_have_attribute("data-active", "true")
+            expect(office).to_have_class(re.compile(r"\bactive\b"))
+            expect(office.locator('[data-field="schedule-state"]')).to_have_text("active")
+            edge = office.locator('[data-field="next-edge"]')
+            expect(edge).to_have_attribute("data-at", re.compile(rf"^{int(office_end)}(\.0+)?$"))
+            # Its end in the browser's time, and the time left (the test's `now` is at
+            # most a few minutes old).
+            local_end = page.evaluate(
+                "t => new Date(t * 1000)"
+                ".toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})",
+                office_end,
+            )
+            expect(edge).to_contain_text(re.compile(rf"^ends .*{re.escape(local_end)}"))
+            expect(edge).to_contain_text(re.compile(r"in (1 h 5\d|2 h 0) min$"))
+            expect(evening).to_have_attribute("data-active", "false")
+            expect(evening.locator('[data-field="schedule-state"]')).to_have_text("inactive")
+            expect(evening.locator('[data-field="next-edge"]')).to_contain_text(
+                re.compile(r"^starts .* in (2 h 5\d|3 h 0) min$")
+            )
+            expect(office.locator('[data-field="overridden"]')).to_have_count(0)
+            header = page.locator('[data-testid="config"]')
+            expect(header.locator('[data-field="config-hash"]')).to_have_text(
+                status["config"]["hash"]
+            )
+            expect(header).not_to_contain_text(re.compile("null|undefined"))
+            no_horizontal_scroll(page, width)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(
+                path=str(ARTIFACTS / f"control-page-living-{width}.png"), full_page=True
+            )
+
+        # The kept-warm backend stopped by a person: overridden until the window's end.
+        lazy = desktop.locator('[data-testid="backend-lazy"] [data-field="state"]')
+        expect(lazy).to_have_text("ready", timeout=20_000)  # started by the window
+        stopped = httpx.post(gw.url + "/backends/lazy/stop", timeout=30)
+        assert stopped.status_code == 200, stopped.text
+        # A reload: the new configuration's hash, pushed.
+        with (config / "cloud_providers.yaml").open("a") as file:
+            file.write("# edited\n")
+        reloaded = httpx.post(gw.url + "/config/reload", timeout=30)
+        assert reloaded.status_code == 200, reloaded.text
+        new_hash = reloaded.json()["config"]["hash"]
+        assert new_hash != status["config"]["hash"]
+        for page, width in ((desktop, 1280), (phone, 390)):
+            office = page.locator('[data-testid="schedules"] [data-schedule="office"]')
+            expect(office.locator('[data-field="overridden"]')).to_have_text(
+                "overridden until next edge", timeout=15_000
+            )
+            header = page.locator('[data-testid="config"]')
+            expect(header.locator('[data-field="config-hash"]')).to_have_text(new_hash)
+            expect(header).to_contain_text("reloaded")
+            no_horizontal_scroll(page, width)
+            page.screenshot(
+                path=str(ARTIFACTS / f"control-page-overridden-{width}.png"), full_page=True
+            )
+            for part in ("header", "#schedules-section", "#usage-section"):
+                name = part.strip("#").removesuffix("-section")
+                page.locator(part).screenshot(
+                    path=str(ARTIFACTS / f"control-page-{name}-{width}.png")
+                )
+        assert KEY not in desktop.content() + phone.content()
         browser.close()
     assert problems == [], "\n".join(problems)

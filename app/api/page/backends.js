@@ -119,4 +119,10 @@ function tick() {
     const left = Number(node.dataset.countdown) - elapsed;
     node.textContent = left > 0 ? `${node.dataset.label} ${duration(left)}` : `${node.dataset.label} a moment`;
   }
+  // Countdowns to a moment the gateway gave as a date (a schedule's next edge).
+  const now = gatewayNow();
+  for (const node of document.querySelectorAll("[data-until]")) {
+    const left = Number(node.dataset.until) - now;
+    node.textContent = left > 0 ? `in ${duration(left)}` : "now";
+  }
 }

@@ -5,8 +5,9 @@
 
 const KEY = "microscheduler.adminKey";
 const PALETTE = ["#2563eb", "#7c3aed", "#0d9488", "#db2777", "#ca8a04", "#0891b2", "#65a30d", "#c2410c"];
-// `received`: when the backends section last came (performance.now()), for countdowns.
-const state = { status: null, events: [], retry: null, controller: null, live: false, received: 0 };
+// `received`: when the backends section last came (performance.now()), for countdowns;
+// `skew`: the gateway's clock less this browser's (s), for times the gateway gives as dates.
+const state = { status: null, events: [], retry: null, controller: null, live: false, received: 0, skew: 0 };
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -40,6 +41,18 @@ const known = (n) => n !== null && n !== undefined;
 const mib = (n) => (known(n) ? `${Number(n).toLocaleString("en")} MiB` : "-");
 const gib = (n) => `${(n / 1024).toFixed(1)} GiB`;
 const clock = (unix) => new Date(unix * 1000).toLocaleTimeString();
+const gatewayNow = () => Date.now() / 1000 + state.skew;
+
+function when(unix) {
+  // A moment in the browser's time zone: the time today, with the weekday (and the date
+  // beyond a week) on another day.
+  const date = new Date(unix * 1000);
+  const days = Math.abs(unix - gatewayNow()) / 86400;
+  if (date.toDateString() === new Date().toDateString()) return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const options = days < 6 ? { weekday: "short", hour: "2-digit", minute: "2-digit" }
+    : { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" };
+  return date.toLocaleString([], options);
+}
 const pct = (part, whole) => `${(100 * part) / (whole || 1)}%`;
 
 function duration(seconds) {

@@ -57,6 +57,7 @@ async function follow() {
   connection("live", "live");
   state.live = true;
   startActivity();
+  startUsage();
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -92,6 +93,7 @@ function handle(block) {
   if (event === "snapshot" || event === "backends") state.received = performance.now();
   if (event === "snapshot") {
     state.status = payload;
+    state.skew = payload.gateway.started_at + payload.gateway.uptime_s - Date.now() / 1000;
     state.events = [...payload.events].reverse();
     render();
   } else if (event === "event") {
@@ -119,6 +121,8 @@ function render() {
   renderHolds();
   renderBackends();
   renderProfile();
+  renderSchedules();
+  renderConfig();
   renderFallback();
   renderKeys();
   renderEvents();
@@ -197,6 +201,52 @@ function renderHolds() {
 function renderProfile() {
   const active = state.status.profile.active;
   if (active || !$("#profile-select").hidden) $("#profile-active").textContent = active || "none";
+}
+
+const ACTION = { yield: "yields the GPU", profile: "switches the GPU profile", keep_warm: "keeps a backend warm" };
+
+function renderSchedules() {
+  // Each window (models.yaml `schedules:`): active or not, its next edge in the browser's
+  // time and counting down, and whether a person undid it (until that edge).
+  const list = $("#schedules");
+  const windows = state.status.schedules || [];
+  if (!windows.length) {
+    list.replaceChildren(el("li", { class: "muted", text: "none (models.yaml schedules:)" }));
+    return;
+  }
+  list.replaceChildren(...windows.map((w) => {
+    const left = w.next_edge_at - gatewayNow();
+    return el("li", { class: w.active ? "window active" : "window", "data-schedule": w.name,
+      "data-active": String(w.active) },
+    el("div", { class: "window-head" },
+      el("b", { text: w.name }),
+      el("span", { class: w.active ? "pill live" : "pill", "data-field": "schedule-state",
+        text: w.active ? "active" : "inactive" }),
+      w.overridden ? el("span", { class: "pill overridden", "data-field": "overridden",
+        title: "a person undid what it puts in force: it applies again at its next edge",
+        text: "overridden until next edge" }) : null),
+    el("div", { class: "muted", text: ACTION[w.action] || w.action }),
+    el("div", { "data-field": "next-edge", "data-at": w.next_edge_at },
+      `${w.active ? "ends" : "starts"} ${when(w.next_edge_at)} · `,
+      el("span", { "data-until": w.next_edge_at, text: left > 0 ? `in ${duration(left)}` : "now" })));
+  }));
+}
+
+function renderConfig() {
+  // The configuration running: its files' hash, when and how it was (re)loaded, what a
+  // reload could not apply, and the last reload refused.
+  const c = state.status.config;
+  if (!c) return;
+  const loaded = c.source === "startup" ? `loaded ${when(c.loaded_at)}` : `reloaded ${when(c.loaded_at)} (${c.source})`;
+  const refused = c.last_refused;
+  $("#config").replaceChildren(...[
+    el("span", { class: "muted", title: `the YAML files of ${c.directory}` }, "config ",
+      el("code", { "data-field": "config-hash", text: c.hash }), ` · ${loaded}`),
+    c.restart_required.length ? el("span", { class: "pill warn", "data-field": "restart-required",
+      text: `restart needed for ${c.restart_required.join(", ")}` }) : null,
+    refused ? el("span", { class: "pill down", "data-field": "reload-refused",
+      title: refused.problems.join("\n"), text: `reload refused ${when(refused.at)}` }) : null,
+  ].filter(Boolean));
 }
 
 function providerProblem(p) {

@@ -1,12 +1,14 @@
 // A backend's output in a panel (GET /backends/{name}/logs?follow=1, read as it comes;
-// closing the panel ends the request), and the activity view (GET /activity, polled
-// while the live status is). Both send the admin key as the page's other calls do.
+// closing the panel ends the request), the activity view (GET /activity) and the usage
+// per key (GET /usage/summary), both polled while the live status is and the page is
+// visible. All send the admin key as the page's other calls do.
 "use strict";
 
 const LOG_TAIL = 200;
 const LOG_KEEP = 2000; // lines kept in the panel
 const ACTIVITY_LIMIT = 50;
 const ACTIVITY_EVERY_MS = 3000;
+const USAGE_EVERY_MS = 3000;
 const logs = new Map(); // backend name -> {panel, controller}
 
 function openLogs(name) {
@@ -134,4 +136,63 @@ function startActivity() {
   clearInterval(activity.timer);
   activity.timer = setInterval(loadActivity, ACTIVITY_EVERY_MS);
   loadActivity();
+}
+
+// -- usage per key ------------------------------------------------------------------------
+
+const usage = { timer: null, busy: false };
+
+async function loadUsage() {
+  if (!state.live || usage.busy || document.hidden) return;
+  usage.busy = true;
+  try {
+    const response = await fetch("/usage/summary", { headers: headers() });
+    if (!response.ok) {
+      $("#usage-note").textContent = `(refused: ${await errorText(response)})`;
+      return;
+    }
+    const body = await response.json();
+    $("#usage-note").replaceChildren("· UTC days, today ", el("span", { class: "nowrap", text: body.today }));
+    renderUsage(body.keys);
+  } catch (_) { /* the stream's state says the gateway is gone */ } finally {
+    usage.busy = false;
+  }
+}
+
+const tokens = (n) => Number(n).toLocaleString("en");
+
+function costText(view) {
+  // The estimate from the providers' cost_per_mtok; "-" when nothing priced was used.
+  if (!view.cloud_tokens || (!view.cost && !view.cost_complete)) return "-";
+  const cost = view.cost >= 1 ? view.cost.toFixed(2)
+    : view.cost.toLocaleString("en", { maximumSignificantDigits: 2 });
+  return view.cost_complete ? cost : `${cost} + unpriced`;
+}
+
+function usageCells(span, view) {
+  const unpriced = view.cloud_tokens && !view.cost_complete
+    ? "a provider used has no cost_per_mtok: its tokens are not in the estimate" : null;
+  return [
+    cell(`${span} local tokens`, tokens(view.local_tokens), { class: "num", "data-field": `${span}-local` }),
+    cell(`${span} cloud tokens`, tokens(view.cloud_tokens), { class: "num", "data-field": `${span}-cloud` }),
+    cell(`${span} cost (est.)`, costText(view), { class: "num", "data-field": `${span}-cost`, title: unpriced }),
+  ];
+}
+
+function renderUsage(keys) {
+  const body = $("#usage");
+  if (!keys.length) {
+    body.replaceChildren(el("tr", {}, el("td", { colspan: 7, class: "muted", text: "no requests in the last 7 days" })));
+    return;
+  }
+  body.replaceChildren(...keys.map((k) => el("tr", { "data-key": k.key },
+    cell("key", el("b", { text: k.key === "-" ? "no key" : k.key })),
+    ...usageCells("today", k.today),
+    ...usageCells("7 days", k.last_7_days))));
+}
+
+function startUsage() {
+  clearInterval(usage.timer);
+  usage.timer = setInterval(loadUsage, USAGE_EVERY_MS);
+  loadUsage();
 }
