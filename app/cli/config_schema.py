@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from pydantic import BaseModel
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, NoDefault
 from pydantic_core import core_schema
 
 from app.cli.common import OK, guarded
@@ -65,6 +65,15 @@ class _Generator(GenerateJsonSchema):
                 "config directory; read once when the configuration is loaded.",
             }
         return super().dataclass_schema(schema)
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        # The lists and mappings a factory makes (`gpus: [0]`, `aliases: []`) are defaults
+        # worth showing; a section's factory (`server:`) is its keys' defaults, shown there.
+        factory = schema.get("default_factory")
+        if factory is not None and not schema.get("default_factory_takes_data"):
+            value = factory()  # type: ignore[call-arg]
+            return value if isinstance(value, list | dict | tuple) else NoDefault
+        return super().get_default_value(schema)
 
     def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
         # A key pattern comes out as `patternProperties`, which lets a key that does not

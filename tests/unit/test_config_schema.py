@@ -175,3 +175,106 @@ def test_every_shipped_config_names_its_schema_on_the_first_line(path: Path) -> 
     assert first.startswith(prefix)
     target = (path.parent / first.removeprefix(prefix)).resolve()
     assert target == SCHEMA_DIR / f"{file_of(path)}.schema.json"
+
+
+# config/reference/: every key of each file, with its default and a comment.
+REFERENCE = CONFIG / "reference"
+
+
+def schema_keys(node: Any, root: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every key path of a schema: `a.b`, `a.*.b` under a mapping of named items (like
+    `backends: {NAME: ...}`), `a[].b` in a list of objects; the arms of a union together."""
+    found: set[str] = set()
+    for arm in _arms(node, root):
+        for key, sub in arm.get("properties", {}).items():
+            path = f"{prefix}.{key}" if prefix else key
+            found |= {path} | schema_keys(sub, root, path)
+        items = arm.get("additionalProperties")
+        if isinstance(items, dict) and _has_keys(items, root):
+            found |= schema_keys(items, root, f"{prefix}.*")
+        if isinstance(arm.get("items"), dict):
+            found |= schema_keys(arm["items"], root, f"{prefix}[]")
+    return found
+
+
+def document_keys(data: Any, node: Any, root: dict[str, Any], prefix: str = "") -> set[str]:
+    """The key paths of a YAML document, named items written `*` as in `schema_keys`."""
+    found: set[str] = set()
+    arms = _arms(node, root)
+    if isinstance(data, dict):
+        properties = {k: v for arm in arms for k, v in arm.get("properties", {}).items()}
+        named = [a["additionalProperties"] for a in arms if _has_keys(a, root, "items")]
+        for key, value in data.items():
+            if key in properties:
+                path = f"{prefix}.{key}" if prefix else key
+                found |= {path} | document_keys(value, properties[key], root, path)
+            elif named:
+                found |= document_keys(value, named[0], root, f"{prefix}.*")
+    elif isinstance(data, list):
+        items = [a["items"] for a in arms if isinstance(a.get("items"), dict)]
+        for value in data:
+            found |= document_keys(value, items[0] if items else {}, root, f"{prefix}[]")
+    return found
+
+
+def _arms(node: Any, root: dict[str, Any]) -> list[dict[str, Any]]:
+    while isinstance(node, dict) and "$ref" in node:
+        node = root["$defs"][node["$ref"].removeprefix("#/$defs/")]
+    if not isinstance(node, dict):
+        return []
+    union = node.get("anyOf") or node.get("oneOf")
+    return [arm for sub in union for arm in _arms(sub, root)] if union else [node]
+
+
+def _has_keys(node: Any, root: dict[str, Any], within: str = "") -> bool:
+    """Whether `node` (or its `additionalProperties` with `within`) is an object with keys."""
+    if within:
+        node = node.get("additionalProperties")
+        if not isinstance(node, dict):
+            return False
+    return any("properties" in arm for arm in _arms(node, root))
+
+
+def reference(name: str) -> Any:
+    return yaml.safe_load((REFERENCE / f"{name}.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", file_names())
+def test_the_reference_file_is_accepted_by_the_schema(name: str) -> None:
+    assert errors(name, reference(name)) == []
+
+
+@pytest.mark.parametrize("name", file_names())
+def test_the_reference_file_lists_every_key_of_the_schema(name: str) -> None:
+    schema = all_schemas()[name]
+    missing = schema_keys(schema, schema) - document_keys(reference(name), schema, schema)
+    assert not missing, f"config/reference/{name}.yaml lacks {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", file_names())
+def test_every_key_of_the_reference_file_has_a_comment(name: str) -> None:
+    lines = (REFERENCE / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
+    bare = [
+        line
+        for line in lines
+        if line.strip()
+        and not line.lstrip().startswith("#")
+        and "#" not in line
+        and not line.rstrip().endswith(":")  # a placeholder name (BACKEND:) or a section
+    ]
+    assert bare == [], f"config/reference/{name}.yaml: keys without a comment"
+
+
+def test_the_key_walk_sees_named_items_lists_and_unions() -> None:
+    schema = all_schemas()["models"]
+    keys = schema_keys(schema, schema)
+    assert {"backends.*.url", "backends.*.runtime.container", "schedules[].from"} <= keys
+    assert "hosts.*.gpu.prometheus.selector" in keys
+    assert "backends.*.runtime.env.*" not in keys  # free-form mappings are one key
+    data = {"backends": {"a": {"runtime": {"kind": "docker", "container": "c"}}}}
+    assert document_keys(data, schema, schema) == {
+        "backends",
+        "backends.*.runtime",
+        "backends.*.runtime.kind",
+        "backends.*.runtime.container",
+    }
