@@ -97,7 +97,9 @@ def file_models() -> dict[str, type[BaseModel]]:
     models: dict[str, type[BaseModel]] = {}
     for field, fname in _FROM_OTHER_FILES.items():
         annotation = Settings.model_fields[field].annotation
-        arms = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+        arms: tuple[Any, ...] = ()
+        if isinstance(annotation, types.UnionType):
+            arms = typing.get_args(annotation)
         model = next((a for a in arms if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if model is None:
             raise TypeError(f"Settings.{field}: expected `SomeConfig | None`, got {annotation}")

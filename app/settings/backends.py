@@ -411,9 +411,7 @@ class BackendConfig(StrictConfig):
     )
     priority: int = Field(
         50,
-        description=(
-            "Admission evicts lower priorities first to make room (lower is evicted first)."
-        ),
+        description=("Admission evicts backends of lower priority first to make room for a start."),
     )
     # The machine whose GPUs it uses: a name in `hosts:`; none: the gateway's own (the
     # top-level docker: and gpu:). A kubernetes backend with a host is admitted on that

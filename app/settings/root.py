@@ -106,7 +106,10 @@ class ServerConfig(StrictConfig):
     """
 
     max_connections: PositiveInt = Field(
-        1000, description="Open connections at once; beyond it the most stale one is closed."
+        1000,
+        description=(
+            "Open connections at once; beyond it an incomplete or idle one is closed to make room."
+        ),
     )
     header_timeout_s: PositiveFloat = Field(
         10.0, description="The request line and headers must arrive within this (408)."
@@ -181,7 +184,7 @@ class Settings(BaseSettings):
         5.0, description="How often backends are health-checked."
     )
     shutdown_grace_s: PositiveFloat = Field(
-        10.0, description="At shutdown, streams in flight get this long to finish."
+        10.0, description="At shutdown, requests in flight get this long to finish."
     )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     state_dir: Path = Path("var")  # zone holds, usage and budgets survive restarts here

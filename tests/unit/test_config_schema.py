@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from jsonschema.protocols import Validator
 
 from app.cli import main
 from app.cli.config_schema import REFRESH, all_schemas, dumps, file_names
@@ -25,8 +26,9 @@ def file_of(path: Path) -> str:
     return path.name.removesuffix(".yaml").removesuffix(".example")
 
 
-def validator(name: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(all_schemas()[name])
+def validator(name: str) -> Validator:
+    checker: Validator = jsonschema.Draft202012Validator(all_schemas()[name])
+    return checker
 
 
 def errors(name: str, data: Any) -> list[str]:
