@@ -1,5 +1,5 @@
 """`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
-ps | start | stop | activity | usage | logs | reload`.
+ps | start | stop | activity | usage | logs | reload | config schema`.
 
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
@@ -19,6 +19,7 @@ from importlib import metadata
 from app.cli.activity import add_activity_command
 from app.cli.backends import add_backend_commands
 from app.cli.common import EXIT_CODES_HELP
+from app.cli.config_schema import add_config_command
 from app.cli.gaming import add_gaming_commands
 from app.cli.logs import add_logs_command
 from app.cli.plan import add_plan_command
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_usage_command(commands)
     add_logs_command(commands)
     add_reload_command(commands)
+    add_config_command(commands)
     return parser
 
 

@@ -56,17 +56,48 @@ class TimeoutsConfig(StrictConfig):
     size of the backend's weights (`app.upstreams.vllm.control_timeout_s`).
     """
 
-    connect_s: PositiveFloat = 5.0
-    first_byte_s: PositiveFloat = 300.0
-    idle_s: PositiveFloat = 60.0
-    control_s: PositiveFloat | None = None
+    connect_s: PositiveFloat = Field(
+        5.0, description="TCP connect to a backend or provider, in seconds."
+    )
+    first_byte_s: PositiveFloat = Field(
+        300.0,
+        description=(
+            "Wait for the response headers and the first body chunk (a non-streaming request: the "
+            "whole generation)."
+        ),
+    )
+    idle_s: PositiveFloat = Field(
+        60.0,
+        description=(
+            "Longest silence between two chunks of a response; streams have no total timeout."
+        ),
+    )
+    control_s: PositiveFloat | None = Field(
+        None,
+        description=(
+            "Each sleep-mode call to a local vLLM (sleep, wake, reload); null: scaled by the size "
+            "of its weights."
+        ),
+    )
 
 
 class TimeoutOverridesConfig(StrictConfig):
-    connect_s: PositiveFloat | None = None
-    first_byte_s: PositiveFloat | None = None
-    idle_s: PositiveFloat | None = None
-    control_s: PositiveFloat | None = None
+    connect_s: PositiveFloat | None = Field(
+        None, description="This backend's connect timeout; null: the top-level timeouts.connect_s."
+    )
+    first_byte_s: PositiveFloat | None = Field(
+        None,
+        description="This backend's first-byte timeout; null: the top-level timeouts.first_byte_s.",
+    )
+    idle_s: PositiveFloat | None = Field(
+        None, description="This backend's idle timeout; null: the top-level timeouts.idle_s."
+    )
+    control_s: PositiveFloat | None = Field(
+        None,
+        description=(
+            "This backend's sleep-mode call timeout; null: the top-level timeouts.control_s."
+        ),
+    )
 
     def apply(self, base: TimeoutsConfig) -> TimeoutsConfig:
         # Validated as a whole (a `model_copy(update=...)` would skip every check).
@@ -78,17 +109,35 @@ class TimeoutOverridesConfig(StrictConfig):
 class ExternalRuntimeConfig(StrictConfig):
     """A server we do not manage: health-checked only."""
 
-    kind: Literal["external"] = "external"
+    kind: Literal["external"] = Field(
+        "external",
+        description="external: a server the gateway does not manage, health-checked only.",
+    )
 
 
 class ProcessRuntimeConfig(StrictConfig):
     """A command started by the gateway and stopped (whole process group) by it."""
 
-    kind: Literal["process"]
-    command: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: Path | None = None
-    stop_grace_s: PositiveFloat = 10.0
+    kind: Literal["process"] = Field(
+        description="process: a command the gateway starts and stops (its whole process group)."
+    )
+    command: list[str] = Field(
+        min_length=1,
+        description=(
+            "The command and its arguments; `{python}` as the first word is the gateway's "
+            "interpreter."
+        ),
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables added to the gateway's environment for the command.",
+    )
+    cwd: Path | None = Field(
+        None, description="Working directory of the command; null: the gateway's."
+    )
+    stop_grace_s: PositiveFloat = Field(
+        10.0, description="SIGTERM to the process group, SIGKILL after this many seconds."
+    )
 
 
 class DockerRuntimeConfig(StrictConfig):
@@ -98,10 +147,18 @@ class DockerRuntimeConfig(StrictConfig):
     the engine kills it (vLLM needs a few seconds to free the GPU cleanly).
     """
 
-    kind: Literal["docker"]
-    container: str = Field(min_length=1)
+    kind: Literal["docker"] = Field(
+        description=(
+            "docker: an existing container, started and stopped through the Docker Engine API."
+        )
+    )
+    container: str = Field(
+        min_length=1, description="The container's name (create it with compose)."
+    )
     # Bounded: socket proxies cut requests after 10 minutes, and a stop call lasts `t`.
-    stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = 30
+    stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = Field(
+        30, description="Docker's `t`: seconds after SIGTERM before the engine kills the container."
+    )
 
 
 class KubernetesRuntimeConfig(StrictConfig):
@@ -119,13 +176,38 @@ class KubernetesRuntimeConfig(StrictConfig):
     stop only stops sending it requests. See app/runtimes/kubernetes.py.
     """
 
-    kind: Literal["kubernetes"]
-    namespace: str = Field(min_length=1)
-    deployment: str | None = Field(default=None, min_length=1)
-    statefulset: str | None = Field(default=None, min_length=1)
-    service: str | None = Field(default=None, min_length=1)
-    stop_timeout_s: PositiveFloat = 120.0
-    scale: Literal["gateway", "external"] = "gateway"
+    kind: Literal["kubernetes"] = Field(
+        description=(
+            "kubernetes: an existing Deployment or StatefulSet scaled between 0 and 1 replica."
+        )
+    )
+    namespace: str = Field(min_length=1, description="The workload's namespace.")
+    deployment: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The Deployment's name (exactly one of deployment and statefulset).",
+    )
+    statefulset: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The StatefulSet's name (exactly one of deployment and statefulset).",
+    )
+    service: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The Service whose ready endpoints say the pod is ready; null: the workload's name."
+        ),
+    )
+    stop_timeout_s: PositiveFloat = Field(
+        120.0, description="How long a stop waits for the pods to go after the scale to 0."
+    )
+    scale: Literal["gateway", "external"] = Field(
+        "gateway",
+        description=(
+            "gateway: the gateway scales it 0 <-> 1; external: another owner (KEDA, an HPA) does."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_workload(self) -> KubernetesRuntimeConfig:
@@ -173,8 +255,20 @@ class ReleaseConfig(StrictConfig):
     (`app.lifecycle.release`).
     """
 
-    method: Literal["auto", "stop", "sleep"] = "auto"
-    level: Literal[1, 2] | None = None
+    method: Literal["auto", "stop", "sleep"] = Field(
+        "auto",
+        description=(
+            "auto: sleep while the weights fit the host RAM budget, else stop; stop; sleep: vLLM "
+            "sleep mode."
+        ),
+    )
+    level: Literal[1, 2] | None = Field(
+        None,
+        description=(
+            "The sleep level of `sleep`, the deepest level `auto` may use (1 keeps the weights in "
+            "host RAM, 2 drops them)."
+        ),
+    )
 
     @property
     def sleep_level(self) -> int:
@@ -185,91 +279,207 @@ class ReleaseConfig(StrictConfig):
 
 
 class BackendConfig(StrictConfig):
-    url: str
-    models: list[str] = Field(min_length=1)
-    aliases: list[str] = Field(default_factory=list)
+    url: str = Field(description="The server's base URL without /v1, like http://host:8000.")
+    models: list[str] = Field(
+        min_length=1, description="Model ids it serves; the first is the one sent upstream."
+    )
+    aliases: list[str] = Field(
+        default_factory=list, description="More names clients may use for it."
+    )
     # A replica group: backends with the same `replica_of` may list the same model ids and
     # aliases (they must send the same upstream id, `models[0]`, and serve the same APIs);
     # a request for such a name goes to one of them (app/routing/replicas.py).
-    replica_of: str | None = Field(default=None, min_length=1)
-    role: str | None = None
+    replica_of: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A replica group's name: backends with the same one may serve the same names.",
+    )
+    role: str | None = Field(
+        None, description="A role name that cloud_providers.yaml chains may be keyed by."
+    )
     # LoRA adapters: name -> path (vLLM's `lora_path`). Each name is a model name of its
     # own (routes, key scopes, /v1/models with `parent`), sent upstream as is and loaded on
     # first use with POST /v1/load_lora_adapter (the server needs --enable-lora and
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING=1). At most `max_loras` (vLLM's --max-loras,
     # default 1) stay loaded: the least recently used is unloaded first.
-    adapters: dict[str, str] = Field(default_factory=dict)
-    max_loras: PositiveInt = 1
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters: name -> path, loaded on first use (vLLM --enable-lora).",
+    )
+    max_loras: PositiveInt = Field(
+        1,
+        description=(
+            "Adapters kept loaded at once (vLLM's --max-loras); the least recently used is "
+            "unloaded."
+        ),
+    )
     # What it serves (app/settings/endpoints.py): `endpoints:` when listed, else what the
     # server's /openapi.json said (app/lifecycle/served.py), else vLLM's set for `task`,
     # else for `runner` (vLLM's --runner).
-    runner: Runner = "generate"
-    task: Task | None = None
-    endpoints: list[Api] | None = Field(default=None, min_length=1)
+    runner: Runner = Field(
+        "generate",
+        description=(
+            "vLLM's --runner: generate or pooling (which APIs it serves without endpoints or task)."
+        ),
+    )
+    task: Task | None = Field(
+        None,
+        description=(
+            "vLLM's task (generate, transcription, embed, classify, ...): the APIs it serves until "
+            "the server says."
+        ),
+    )
+    endpoints: list[Api] | None = Field(
+        default=None,
+        min_length=1,
+        description="The APIs it serves, always winning over what the server says; null: learned.",
+    )
     # `/v1/messages`: `auto` passes it through to a generate runner (vLLM 0.33 serves it),
     # `translate` sends it as chat (an older vLLM image), `native` passes it through.
-    messages: MessagesMode = "auto"
+    messages: MessagesMode = Field(
+        "auto",
+        description="/v1/messages: auto as served, native passed through, translate sent as chat.",
+    )
     # Lower a request's `max_tokens` (`max_completion_tokens`, `max_output_tokens`) above
     # the server's max_model_len to it (vLLM refuses it with a 400); `x-microscheduler-
     # max-tokens-lowered` says so. False: sent as the client wrote it.
-    lower_max_tokens: bool = True
-    runtime: RuntimeConfig = Field(default_factory=ExternalRuntimeConfig)
-    timeouts: TimeoutOverridesConfig = Field(default_factory=TimeoutOverridesConfig)
-    health_path: str = "/health"
-    api_key_env: str | None = None
+    lower_max_tokens: bool = Field(
+        True, description="Lower a request's max_tokens above the server's max_model_len to it."
+    )
+    runtime: RuntimeConfig = Field(
+        default_factory=ExternalRuntimeConfig,
+        description="How it is run: external, process, docker or kubernetes (`kind`).",
+    )
+    timeouts: TimeoutOverridesConfig = Field(
+        default_factory=TimeoutOverridesConfig,
+        description="Overrides of the top-level timeouts for this backend.",
+    )
+    health_path: str = Field("/health", description="The path whose 200 says the server is ready.")
+    api_key_env: str | None = Field(
+        None, description="The variable holding the server's --api-key, if it has one."
+    )
     # None: a connection per request (vLLM takes them all; leases are the gateway's limit).
     # A number caps them; requests beyond wait, counted (requests_waiting{reason=
     # "connection_pool"}, upstream_pool_wait_seconds), within first_byte_s.
-    max_connections: PositiveInt | None = None
+    max_connections: PositiveInt | None = Field(
+        None, description="Cap on connections to it; null: one per request."
+    )
     # None: no limit. A number caps the requests sent to it at once; the rest wait in its
     # queue by key priority, then arrival (requests_waiting{reason="max_inflight"}).
-    max_inflight: PositiveInt | None = None
+    max_inflight: PositiveInt | None = Field(
+        None,
+        description="Requests sent to it at once; the rest queue by key priority. null: no limit.",
+    )
     # `priority`: requests carry vLLM's `priority` from the client key (the server needs
     # `--scheduling-policy priority`); `fcfs`: their bodies are relayed untouched.
-    scheduling: Literal["fcfs", "priority"] = "fcfs"
+    scheduling: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description=(
+            "fcfs: bodies relayed untouched; priority: the key's priority sent as vLLM's "
+            "`priority`."
+        ),
+    )
     # Lifecycle (see README "Model lifecycle"): `pinned` runs all the time; `lazy` starts
     # on its first request; `standby` is started once at gateway start and put to sleep
     # (level 1) as soon as it is ready, so its first request costs a wake, not a cold start
     # (it needs vLLM's sleep mode: VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode), and is
     # evicted like a lazy one.
-    lifecycle: Literal["pinned", "lazy", "standby"] = "pinned"
-    idle_ttl_s: NonNegativeFloat = 0.0
+    lifecycle: Literal["pinned", "lazy", "standby"] = Field(
+        "pinned",
+        description=(
+            "pinned: always running; lazy: started on its first request; standby: loaded at start, "
+            "then asleep."
+        ),
+    )
+    idle_ttl_s: NonNegativeFloat = Field(
+        0.0, description="Stop (or sleep) after this many seconds without requests; 0: never."
+    )
     # Lazy only: once ready, another model's start does not evict it for this long (it
     # waits instead, up to its own start_timeout_s), even when idle. A zone or a yield
     # still evicts it; idle_ttl_s still stops it. 0: no protection.
-    min_resident_s: NonNegativeFloat = 0.0
+    min_resident_s: NonNegativeFloat = Field(
+        0.0, description="Lazy or standby: once ready, not evicted for another start this long."
+    )
     # Lazy only: how long, from its ready, it keeps the GPU against a start of equal
     # priority while requests keep it busy (the other model's requests wait, each up to its
     # max_wait_s). An idle backend is evicted by equals at once (past min_resident_s), a
     # busy one after this (its requests drained first). So two models that do not fit
     # together and take turns serve their requests in batches instead of swapping at every
     # request. 0: a busy equal is evicted at once (drained): a swap at every turn.
-    max_hold_s: NonNegativeFloat = 30.0
-    priority: int = 50
+    max_hold_s: NonNegativeFloat = Field(
+        30.0, description="Lazy: while busy, kept this long against a start of equal priority."
+    )
+    priority: int = Field(
+        50,
+        description=("Admission evicts backends of lower priority first to make room for a start."),
+    )
     # The machine whose GPUs it uses: a name in `hosts:`; none: the gateway's own (the
     # top-level docker: and gpu:). A kubernetes backend with a host is admitted on that
     # host's GPUs; without one, the cluster's scheduler places it.
-    host: str | None = Field(default=None, min_length=1)
-    vram_mib: PositiveInt | None = None
-    gpus: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
-    start_timeout_s: PositiveFloat = 300.0
-    max_waiting: NonNegativeInt = 64
-    max_wait_s: PositiveFloat = 120.0
-    drain_timeout_s: NonNegativeFloat = 60.0
-    yield_: ReleaseConfig = Field(default_factory=ReleaseConfig, alias="yield")
-    idle: ReleaseConfig = Field(default_factory=ReleaseConfig)  # how an idle stop frees it
-    eviction: ReleaseConfig = Field(default_factory=ReleaseConfig)  # how eviction frees it
+    host: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The machine whose GPUs it uses: a name in hosts:; null: the gateway's own.",
+    )
+    vram_mib: PositiveInt | None = Field(
+        None, description="Its expected footprint per GPU in MiB, for admission."
+    )
+    gpus: list[NonNegativeInt] = Field(
+        default_factory=lambda: [0], min_length=1, description="The GPU indexes it occupies."
+    )
+    start_timeout_s: PositiveFloat = Field(
+        300.0, description="Its health check must answer 200 within this after a start."
+    )
+    max_waiting: NonNegativeInt = Field(
+        64, description="Requests held for it at once (waking, or for a slot); more get 503."
+    )
+    max_wait_s: PositiveFloat = Field(
+        120.0,
+        description=(
+            "A held request waits at most this long, then 504 (503 when it waited for a slot)."
+        ),
+    )
+    drain_timeout_s: NonNegativeFloat = Field(
+        60.0, description="A stop waits this long for the requests in flight."
+    )
+    yield_: ReleaseConfig = Field(
+        default_factory=ReleaseConfig,
+        alias="yield",
+        description="How POST /vram/yield frees its VRAM.",
+    )
+    idle: ReleaseConfig = Field(
+        default_factory=ReleaseConfig, description="How the idle_ttl_s stop frees its VRAM."
+    )
+    eviction: ReleaseConfig = Field(
+        default_factory=ReleaseConfig, description="How admission frees its VRAM for another start."
+    )
     # Whether its server offers vLLM sleep mode (VLLM_SERVER_DEV_MODE=1 and
     # --enable-sleep-mode), which `auto` release methods use; None: inferred
     # (`sleep_supported`).
-    sleep_mode: bool | None = None
+    sleep_mode: bool | None = Field(
+        None, description="Whether its server offers vLLM sleep mode; null: inferred."
+    )
     # MiB it keeps on each GPU while asleep (CUDA context, graphs: 0.5-6 GiB), counted by
     # admission when the probe did not show what its sleep freed; None: its whole footprint.
-    asleep_mib: NonNegativeInt | None = None
+    asleep_mib: NonNegativeInt | None = Field(
+        None,
+        description=(
+            "MiB it keeps on each GPU while asleep, when the probe cannot show it; null: its whole "
+            "footprint."
+        ),
+    )
     # What the model is and how it is served, for the planner (app/planner/description.py):
     # the admission footprint without vram_mib, and `microscheduler plan profile`.
-    model_info: ModelInfoConfig | None = None
-    hf_config: HfConfigField = None  # read once at load, relative to the config directory
+    model_info: ModelInfoConfig | None = Field(
+        None,
+        description=(
+            "What the model is and how it is served, for the planner (footprint without vram_mib)."
+        ),
+    )
+    hf_config: HfConfigField = Field(
+        None,
+        description="A Hugging Face config.json (or its folder), relative to the config directory.",
+    )
 
     @field_validator("url")
     @classmethod

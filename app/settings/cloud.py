@@ -97,27 +97,68 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 class CostPerMtok(StrictConfig):
     """A provider's price per million tokens (in whatever currency it bills)."""
 
-    input: NonNegativeFloat
-    output: NonNegativeFloat
+    input: NonNegativeFloat = Field(description="Price per million prompt tokens.")
+    output: NonNegativeFloat = Field(description="Price per million completion tokens.")
 
 
 class ProviderConfig(StrictConfig):
-    kind: Literal["openai", "anthropic"]
-    base_url: str
-    api_key_env: str | None = None
-    model: str = Field(min_length=1)
-    max_tokens: PositiveInt | None = None
-    anthropic_version: str = "2023-06-01"
-    timeout_s: PositiveFloat | None = None
-    first_byte_timeout_s: PositiveFloat | None = None
-    cooldown_s: PositiveFloat | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    max_connections: PositiveInt | None = None  # a cap, as for a backend (default none)
+    kind: Literal["openai", "anthropic"] = Field(
+        description=(
+            "openai: an OpenAI-compatible API; anthropic: the Messages API, translated both ways."
+        )
+    )
+    base_url: str = Field(
+        description="Its base URL as its SDK takes it (openai: with /v1; anthropic: without)."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="The variable holding its key (never the key); unset: the provider is skipped.",
+    )
+    model: str = Field(
+        min_length=1, description="The model id sent upstream, whatever the client asked for."
+    )
+    max_tokens: PositiveInt | None = Field(
+        None, description="anthropic only, required: max_tokens when a request sets none."
+    )
+    anthropic_version: str = Field("2023-06-01", description="The anthropic-version header.")
+    timeout_s: PositiveFloat | None = Field(
+        None,
+        description=(
+            "Connect timeout and longest silence once it answers; null: timeouts.connect_s / "
+            "idle_s."
+        ),
+    )
+    first_byte_timeout_s: PositiveFloat | None = Field(
+        None, description="Wait for the first content; null: timeouts.first_byte_s."
+    )
+    cooldown_s: PositiveFloat | None = Field(
+        None,
+        description=(
+            "How long its circuit stays open after repeated failures; null: circuit.cooldown_s."
+        ),
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra request headers (not authorization, x-api-key or framing ones).",
+    )
+    max_connections: PositiveInt | None = Field(
+        None, description="Cap on connections to it; null: none."
+    )
     # Its price per million tokens, for the usage panel's cost estimate (none: not given).
-    cost_per_mtok: CostPerMtok | None = None
+    cost_per_mtok: CostPerMtok | None = Field(
+        None,
+        description="Its price per million tokens, for the usage cost estimate; null: no estimate.",
+    )
     # What it is asked for; default: every OpenAI API for `openai`, chat and messages for
     # `anthropic` (app/settings/endpoints.py).
-    endpoints: list[Api] | None = Field(default=None, min_length=1)
+    endpoints: list[Api] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The APIs it is asked for; null: every OpenAI API (openai), chat and messages "
+            "(anthropic)."
+        ),
+    )
 
     @property
     def apis(self) -> frozenset[Api]:
@@ -182,21 +223,41 @@ class ProviderConfig(StrictConfig):
 
 
 class ChainConfig(StrictConfig):
-    entries: list[str] = Field(min_length=1)
-    on_context_length: Literal["relay", "next"] = "relay"
-    fallback_on_status: list[Annotated[int, Field(ge=400, le=599)]] = Field(
-        default_factory=lambda: list(DEFAULT_FALLBACK_ON_STATUS)
+    entries: list[str] = Field(
+        min_length=1, description="Backends, replica groups or providers, tried in order."
     )
-    wake_timeout_s: NonNegativeFloat = 10.0
+    on_context_length: Literal["relay", "next"] = Field(
+        "relay", description="A too-long prompt: relay the error, or try the next entry."
+    )
+    fallback_on_status: list[Annotated[int, Field(ge=400, le=599)]] = Field(
+        default_factory=lambda: list(DEFAULT_FALLBACK_ON_STATUS),
+        description="4xx statuses that move on to the next entry (every 5xx does).",
+    )
+    wake_timeout_s: NonNegativeFloat = Field(
+        10.0,
+        description="How long a request waits for a local entry to start or wake before the next.",
+    )
     # Waits priced in (app.routing.patience); a client key's or the request's header wins.
-    max_wait_s: NonNegativeFloat | None = None
-    deadline_s: PositiveFloat = 300.0
-    max_attempts: PositiveInt = 3
-    auth_cooldown_s: PositiveFloat = 300.0
+    max_wait_s: NonNegativeFloat | None = Field(
+        None,
+        description=(
+            "The wait a request accepts for a cold local entry (not the last); null: no limit."
+        ),
+    )
+    deadline_s: PositiveFloat = Field(
+        300.0, description="One deadline for finding an entry that answers."
+    )
+    max_attempts: PositiveInt = Field(3, description="Upstream requests per client request.")
+    auth_cooldown_s: PositiveFloat = Field(
+        300.0, description="How long an entry that refused the key (401/403) is skipped."
+    )
     # Opt-in triggers (off by default): `queue_full` moves on past a local entry that is
     # busy (max_waiting requests held, or no slot within the wait) instead of answering
     # its 503 backend_queue_full with Retry-After.
-    fallback_on: list[FallbackTrigger] = Field(default_factory=list)
+    fallback_on: list[FallbackTrigger] = Field(
+        default_factory=list,
+        description="Opt-in triggers: queue_full moves on past a busy local entry.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -217,10 +278,16 @@ class ChainConfig(StrictConfig):
 class CircuitBreakerConfig(StrictConfig):
     """Defaults of every entry's circuit breaker (local backends and providers)."""
 
-    failure_threshold: PositiveInt = 3
-    cooldown_s: PositiveFloat = 30.0
-    backoff: Annotated[float, Field(ge=1)] = 2.0
-    max_cooldown_s: PositiveFloat = 600.0
+    failure_threshold: PositiveInt = Field(
+        3, description="Consecutive failures that open an entry's circuit."
+    )
+    cooldown_s: PositiveFloat = Field(
+        30.0, description="An open circuit skips the entry this long."
+    )
+    backoff: Annotated[float, Field(ge=1)] = Field(
+        2.0, description="The cooldown is multiplied by this after a failed trial."
+    )
+    max_cooldown_s: PositiveFloat = Field(600.0, description="The longest cooldown.")
 
     @model_validator(mode="after")
     def _order(self) -> CircuitBreakerConfig:
@@ -230,9 +297,17 @@ class CircuitBreakerConfig(StrictConfig):
 
 
 class CloudConfig(StrictConfig):
-    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
-    chains: dict[str, ChainConfig] = Field(default_factory=dict)
-    circuit: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)
+    providers: dict[str, ProviderConfig] = Field(
+        default_factory=dict, description="Cloud providers by name."
+    )
+    chains: dict[str, ChainConfig] = Field(
+        default_factory=dict,
+        description="Fallback chains, keyed by a backend role, a model id or an alias.",
+    )
+    circuit: CircuitBreakerConfig = Field(
+        default_factory=CircuitBreakerConfig,
+        description="Defaults of every entry's circuit breaker (local backends and providers).",
+    )
 
     @field_validator("providers")
     @classmethod

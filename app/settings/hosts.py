@@ -28,8 +28,16 @@ from app.settings.base import LOCAL_HOST, StrictConfig, http_url, no_credentials
 class DockerConfig(StrictConfig):
     """How to reach the Docker Engine API: a socket proxy URL or a Unix socket."""
 
-    url: str = "unix:///var/run/docker.sock"
-    timeout_s: PositiveFloat = 10.0  # connect and read, except stop (which waits `t` more)
+    url: str = Field(
+        "unix:///var/run/docker.sock",
+        description="The Docker Engine API: a socket proxy URL or unix:///path/to/docker.sock.",
+    )
+    timeout_s: PositiveFloat = Field(
+        10.0,
+        description=(
+            "Connect and read timeout of each Docker call, except a stop (which waits t more)."
+        ),
+    )
 
     @field_validator("url")
     @classmethod
@@ -55,9 +63,18 @@ class KubernetesConfig(StrictConfig):
     example `http://127.0.0.1:8001` behind `kubectl proxy` (no credentials needed then).
     """
 
-    kubeconfig: Path | None = None
-    api_url: str | None = None
-    timeout_s: PositiveFloat = 10.0  # connect and read of each call, except watches
+    kubeconfig: Path | None = Field(
+        None, description="A kubeconfig file; null: $KUBECONFIG, then the pod's ServiceAccount."
+    )
+    api_url: str | None = Field(
+        None,
+        description=(
+            "Replaces the kubeconfig's server, e.g. http://127.0.0.1:8001 behind kubectl proxy."
+        ),
+    )
+    timeout_s: PositiveFloat = Field(
+        10.0, description="Connect and read timeout of each call, except watches."
+    )
 
     @field_validator("api_url")
     @classmethod
@@ -82,9 +99,14 @@ class SimGpuConfig(StrictConfig):
     zone holds).
     """
 
-    total_mib: PositiveInt = 32768
-    count: PositiveInt = 1
-    ledger_dir: Path | None = None
+    total_mib: PositiveInt = Field(32768, description="Memory of each simulated GPU in MiB.")
+    count: PositiveInt = Field(1, description="Number of simulated GPUs.")
+    ledger_dir: Path | None = Field(
+        None,
+        description=(
+            "Where the fake vLLM servers report their memory; null: what the gateway placed."
+        ),
+    )
 
 
 class AutoYieldConfig(StrictConfig):
@@ -95,11 +117,19 @@ class AutoYieldConfig(StrictConfig):
     as for POST /vram/yield). Below it again for `restore_after_s`: restore, but only a
     yield it took itself, never one a person asked for. Off by default."""
 
-    enabled: bool = False
-    foreign_mib: PositiveInt = 2048
-    settle_s: NonNegativeFloat = 10.0
-    restore_after_s: NonNegativeFloat = 60.0
-    include_pinned: bool = False
+    enabled: bool = Field(
+        False, description="Yield by itself when something unmanaged (a game) uses the GPU."
+    )
+    foreign_mib: PositiveInt = Field(
+        2048, description="Foreign memory in MiB above which it yields."
+    )
+    settle_s: NonNegativeFloat = Field(
+        10.0, description="Foreign memory must stay above foreign_mib this long before it yields."
+    )
+    restore_after_s: NonNegativeFloat = Field(
+        60.0, description="Foreign memory below foreign_mib this long restores its own yield."
+    )
+    include_pinned: bool = Field(False, description="The yield stops pinned backends too.")
 
 
 # One PromQL label matcher: a label name, an operator, a quoted value (PromQL accepts
@@ -144,13 +174,25 @@ class PrometheusProbeConfig(StrictConfig):
       `headers`: other request headers (e.g. `X-Scope-OrgID` for Mimir or Cortex).
     """
 
-    url: str
-    selector: str = ""
-    timeout_s: PositiveFloat = 2.0
-    query_interval_s: NonNegativeFloat = 5.0
-    lookback_s: PositiveInt = 120
-    bearer_token_env: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    url: str = Field(description="The Prometheus base URL, like http://prometheus:9090.")
+    selector: str = Field(
+        "",
+        description=(
+            'PromQL label matchers picking the host\'s DCGM series, like {Hostname="node-c"}.'
+        ),
+    )
+    timeout_s: PositiveFloat = Field(2.0, description="Timeout of each query.")
+    query_interval_s: NonNegativeFloat = Field(
+        5.0, description="At most one query this often; 0: a query on every sample."
+    )
+    lookback_s: PositiveInt = Field(120, description="How far back a sample is still taken.")
+    bearer_token_env: str | None = Field(
+        None, description="The variable holding a bearer token (never the token)."
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Other request headers (e.g. X-Scope-OrgID); not Authorization.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -187,15 +229,39 @@ class GpuConfig(StrictConfig):
     no GPU.
     """
 
-    probe: Literal["nvml", "sim", "prometheus", "none"] = "sim"
-    poll_interval_s: PositiveFloat = 1.0
-    sample_timeout_s: PositiveFloat = 2.0  # one sample of every GPU; NVML can hang
+    probe: Literal["nvml", "sim", "prometheus", "none"] = Field(
+        "sim",
+        description=(
+            "nvml: real GPUs; sim: simulated; prometheus: dcgm-exporter via Prometheus; none: no "
+            "admission."
+        ),
+    )
+    poll_interval_s: PositiveFloat = Field(1.0, description="How often the GPUs are sampled.")
+    sample_timeout_s: PositiveFloat = Field(
+        2.0, description="Timeout of one sample of every GPU (NVML can hang)."
+    )
     # A snapshot older than this is reported stale in /status and the metrics.
-    stale_after_s: PositiveFloat = 10.0
-    sim: SimGpuConfig = Field(default_factory=SimGpuConfig)
-    reclaim_timeout_s: PositiveFloat = 10.0  # wait for freed memory to show as free
-    auto_yield: AutoYieldConfig = Field(default_factory=AutoYieldConfig)
-    prometheus: PrometheusProbeConfig | None = None
+    stale_after_s: PositiveFloat = Field(
+        10.0,
+        description="A snapshot older than this is reported stale (90 with probe: prometheus).",
+    )
+    sim: SimGpuConfig = Field(
+        default_factory=SimGpuConfig, description="The simulated GPU (probe: sim)."
+    )
+    reclaim_timeout_s: PositiveFloat = Field(
+        10.0,
+        description=(
+            "After an eviction, wait this long for the memory to show as free (90 with probe: "
+            "prometheus)."
+        ),
+    )
+    auto_yield: AutoYieldConfig = Field(
+        default_factory=AutoYieldConfig,
+        description="Yield when something the gateway does not manage uses the GPU.",
+    )
+    prometheus: PrometheusProbeConfig | None = Field(
+        None, description="Where probe: prometheus reads the GPUs."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -243,10 +309,22 @@ class HostRamConfig(StrictConfig):
     and an explicit `method: sleep, level: 1` is kept (app/lifecycle/release.py).
     """
 
-    sleep_budget_mib: NonNegativeInt | None = None
-    reserve_mib: NonNegativeInt = 4096
-    selector: str = ""
-    poll_interval_s: PositiveFloat = 5.0
+    sleep_budget_mib: NonNegativeInt | None = Field(
+        None,
+        description=(
+            "Host RAM the level-1 sleepers' weights may hold; null: half of MemTotal; 0: no level-1"
+            " sleep."
+        ),
+    )
+    reserve_mib: NonNegativeInt = Field(
+        4096, description="A level-1 sleep must leave at least this much MemAvailable."
+    )
+    selector: str = Field(
+        "", description="Another host: PromQL label matchers of its node-exporter series."
+    )
+    poll_interval_s: PositiveFloat = Field(
+        5.0, description="How often /status and the metrics get a new reading."
+    )
 
     @field_validator("selector")
     @classmethod
@@ -275,11 +353,19 @@ class HostConfig(StrictConfig):
       that machine), `sim`, or `none` (admission off on that host).
     """
 
-    docker: DockerConfig | None = None
-    gpu: GpuConfig
+    docker: DockerConfig | None = Field(
+        None, description="That host's Docker socket proxy, for its docker backends; null: none."
+    )
+    gpu: GpuConfig = Field(description="How the gateway sees that host's GPUs (not nvml).")
     # Its host RAM budget and node-exporter selector; None: the top-level `host_ram:`'s
     # budget and reserve (the selector is per host).
-    host_ram: HostRamConfig | None = None
+    host_ram: HostRamConfig | None = Field(
+        None,
+        description=(
+            "Its RAM budget for level-1 sleepers; null: the top-level host_ram's budget and "
+            "reserve."
+        ),
+    )
 
     @field_validator("gpu")
     @classmethod

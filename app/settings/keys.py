@@ -59,21 +59,43 @@ KeyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 
 class KeyConfig(StrictConfig):
-    key_env: str | None = Field(default=None, min_length=1)
-    key_sha256: str | None = None
-    models: list[str] | None = Field(default=None, min_length=1)
-    cloud: bool = True
-    priority: Priority = Priority.NORMAL
-    rpm: PositiveInt | None = None
-    tpm: PositiveInt | None = None
-    max_concurrent: PositiveInt | None = None
-    daily_cloud_tokens: NonNegativeInt | None = None
+    key_env: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The variable holding the key's secret (one of key_env and key_sha256).",
+    )
+    key_sha256: str | None = Field(
+        None, description="The SHA-256 of the secret in hex (one of key_env and key_sha256)."
+    )
+    models: list[str] | None = Field(
+        default=None, min_length=1, description="Model ids or aliases it may use; null: all."
+    )
+    cloud: bool = Field(True, description="Whether its requests may fall back to cloud providers.")
+    priority: Priority = Field(
+        Priority.NORMAL,
+        description="high, normal or low: the order of its requests in a backend's queue.",
+    )
+    rpm: PositiveInt | None = Field(None, description="Requests per minute; null: no limit.")
+    tpm: PositiveInt | None = Field(
+        None, description="Tokens per minute, counted from usage; null: no limit."
+    )
+    max_concurrent: PositiveInt | None = Field(
+        None, description="Requests in flight at once; null: no limit."
+    )
+    daily_cloud_tokens: NonNegativeInt | None = Field(
+        None, description="Tokens served by cloud providers per UTC day; null: no limit."
+    )
     # Its requests move on past a busy local chain entry even when the chain does not say
     # so (`fallback_on` of `cloud_providers.yaml`): for a key that would rather pay than wait.
-    fallback_on: list[FallbackTrigger] = Field(default_factory=list)
+    fallback_on: list[FallbackTrigger] = Field(
+        default_factory=list,
+        description="Opt-in triggers for its requests (queue_full), as a chain's.",
+    )
     # The wait its requests accept for a cold local entry of a chain (not the last) before
     # they go on to the next (app.routing.patience); over the chain's own `max_wait_s`.
-    max_wait_s: Annotated[float, Field(ge=0, le=3600)] | None = None
+    max_wait_s: Annotated[float, Field(ge=0, le=3600)] | None = Field(
+        None, description="The wait its requests accept for a cold chain entry; null: the chain's."
+    )
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyConfig:
@@ -102,7 +124,10 @@ def secret_digest(secret: str) -> bytes:
 
 
 class KeysConfig(StrictConfig):
-    keys: dict[KeyName, KeyConfig] = Field(min_length=1)
+    keys: dict[KeyName, KeyConfig] = Field(
+        min_length=1,
+        description="Client keys by name (the name shows in metrics and logs, never the secret).",
+    )
 
     def unset_variables(self, environ: os._Environ[str] | dict[str, str]) -> list[str]:
         """`keys.NAME.key_env: VAR is not set` for every key whose variable is missing."""

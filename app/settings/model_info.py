@@ -95,26 +95,61 @@ class ModelInfoConfig(StrictConfig):
     """`model_info:` of a backend (see the module docstring for the keys and defaults)."""
 
     # What the model is.
-    catalog: str | None = None
-    layers: PositiveInt | None = None
-    kv_heads: PositiveInt | None = None
-    head_dim: PositiveInt | None = None
-    kv_lora_rank: PositiveInt | None = None
-    rope_head_dim: PositiveInt | None = None
-    params_b: PositiveFloat | None = None
-    weights_gib: PositiveFloat | None = None
-    weights_dtype: str | None = None
-    repo: str | None = None
+    catalog: str | None = Field(
+        None, description="A built-in model (short name or Hugging Face id), instead of the shape."
+    )
+    layers: PositiveInt | None = Field(None, description="Number of layers (the shape).")
+    kv_heads: PositiveInt | None = Field(None, description="Key/value heads (the shape).")
+    head_dim: PositiveInt | None = Field(None, description="Dimension of each head (the shape).")
+    kv_lora_rank: PositiveInt | None = Field(
+        None, description="MLA: the compressed KV rank (the shape)."
+    )
+    rope_head_dim: PositiveInt | None = Field(
+        None, description="MLA: the rotary head dimension (the shape)."
+    )
+    params_b: PositiveFloat | None = Field(
+        None, description="Parameters in billions (or weights_gib)."
+    )
+    weights_gib: PositiveFloat | None = Field(
+        None, description="The checkpoint's size in GiB (or params_b)."
+    )
+    weights_dtype: str | None = Field(
+        None,
+        description="fp16, bf16, fp8, int8, int4, awq or gptq; null: the dtype vLLM serves it in.",
+    )
+    repo: str | None = Field(
+        None,
+        description=(
+            "What `vllm serve` loads in the printed command; null: the catalog id, else models[0]."
+        ),
+    )
     # How it is served.
-    max_model_len: PositiveInt | None = None
-    max_num_seqs: PositiveInt = DEFAULT_MAX_NUM_SEQS
-    kv_dtype: str = "auto"
-    cuda_graphs: bool = True
-    graphs_gib: NonNegativeFloat = DEFAULT_GRAPHS_GIB
-    graphs_outside_budget: bool = False
-    overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
-    cuda_context_gib: NonNegativeFloat = DEFAULT_CUDA_CONTEXT_GIB
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_model_len: PositiveInt | None = Field(
+        None, description="--max-model-len; null: 8192, or the model's own limit when smaller."
+    )
+    max_num_seqs: PositiveInt = Field(
+        DEFAULT_MAX_NUM_SEQS,
+        description="--max-num-seqs: full-length sequences the KV cache holds at once.",
+    )
+    kv_dtype: str = Field(
+        "auto", description="--kv-cache-dtype: auto (the model's dtype), fp8, ..."
+    )
+    cuda_graphs: bool = Field(True, description="CUDA graphs (false plans --enforce-eager).")
+    graphs_gib: NonNegativeFloat = Field(
+        DEFAULT_GRAPHS_GIB, description="Memory of the CUDA graphs in GiB."
+    )
+    graphs_outside_budget: bool = Field(
+        False, description="The graphs come on top of --gpu-memory-utilization (vLLM before 0.21)."
+    )
+    overhead_gib: NonNegativeFloat = Field(
+        DEFAULT_OVERHEAD_GIB, description="Activation peak and non-torch memory in GiB."
+    )
+    cuda_context_gib: NonNegativeFloat = Field(
+        DEFAULT_CUDA_CONTEXT_GIB, description="The CUDA context in GiB."
+    )
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="Pins --gpu-memory-utilization; null: the planner chooses it."
+    )
 
     @field_validator("catalog")
     @classmethod

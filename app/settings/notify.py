@@ -32,11 +32,17 @@ _LIKE = "an http(s) URL such as https://ntfy.sh/my-gpu-topic"
 
 
 class NotifyTarget(StrictConfig):
-    url: str | None = None
-    url_env: str | None = Field(default=None, min_length=1)
-    events: tuple[str, ...] = EVENTS
-    format: Literal["json", "ntfy"] = "json"
-    timeout_s: PositiveFloat = 5.0
+    url: str | None = Field(None, description="Where events are posted (one of url and url_env).")
+    url_env: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The variable holding the URL, for one with a token (one of url and url_env).",
+    )
+    events: tuple[str, ...] = Field(EVENTS, description="The events posted.")
+    format: Literal["json", "ntfy"] = Field(
+        "json", description="json: the event as JSON; ntfy: a ntfy message."
+    )
+    timeout_s: PositiveFloat = Field(5.0, description="Timeout of each post.")
 
     @field_validator("url")
     @classmethod

@@ -40,20 +40,41 @@ _PCT_SLACK = 1e-9
 
 
 class ProfileModelConfig(StrictConfig):
-    enabled: bool = True
-    vram_pct: Percent | None = None
-    cuda_graphs: bool | None = None  # None: as the backend is configured
-    sleep_mode: bool | None = None  # None: the backend's `yield.method`
-    container: str | None = None  # informational (the article's shape); runtime names it
+    enabled: bool = Field(True, description="Whether the backend runs in this profile.")
+    vram_pct: Percent | None = Field(
+        None, description="Its planned share of the GPU's memory (--gpu-memory-utilization x 100)."
+    )
+    cuda_graphs: bool | None = Field(
+        None, description="null: as the backend is configured; false plans --enforce-eager."
+    )
+    sleep_mode: bool | None = Field(
+        None,
+        description="Yield by vLLM sleep mode instead of a stop; null: the backend's yield.method.",
+    )
+    container: str | None = Field(
+        None, description="Informational; the backend's runtime names its container."
+    )
 
 
 class ProfileConfig(StrictConfig):
-    description: str | None = None
+    description: str | None = Field(None, description="What the profile is for.")
     # shared: several instances share the GPU; exclusive: one instance owns it.
-    vram_strategy: Literal["shared", "exclusive"] = "shared"
-    gpu_total_gb: PositiveFloat | None = None  # None: the GPU the probe sees
-    target_utilization_pct: Percent = 90.0
-    models: dict[str, ProfileModelConfig] = Field(default_factory=dict)
+    vram_strategy: Literal["shared", "exclusive"] = Field(
+        "shared", description="shared: several instances share the GPU; exclusive: one owns it."
+    )
+    gpu_total_gb: PositiveFloat | None = Field(
+        None, description="The GPU's memory in GB; null: what the probe sees."
+    )
+    target_utilization_pct: Percent = Field(
+        90.0, description="The enabled vram_pct add up to at most this."
+    )
+    models: dict[str, ProfileModelConfig] = Field(
+        default_factory=dict,
+        description=(
+            "Per backend: enabled and its share; a backend not listed keeps its models.yaml "
+            "behaviour."
+        ),
+    )
 
     @model_validator(mode="after")
     def _shares(self) -> ProfileConfig:
@@ -89,8 +110,10 @@ class ProfileConfig(StrictConfig):
 
 
 class GpuProfilesConfig(StrictConfig):
-    profiles: dict[str, ProfileConfig] = Field(min_length=1)
-    active: str | None = None  # None: the first profile
+    profiles: dict[str, ProfileConfig] = Field(min_length=1, description="GPU profiles by name.")
+    active: str | None = Field(
+        None, description="The profile in force at start; null: the first one."
+    )
 
     @model_validator(mode="after")
     def _active_exists(self) -> GpuProfilesConfig:

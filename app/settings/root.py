@@ -105,12 +105,26 @@ class ServerConfig(StrictConfig):
       default; the kernel caps it at `net.core.somaxconn`).
     """
 
-    max_connections: PositiveInt = 1000
-    header_timeout_s: PositiveFloat = 10.0
-    body_timeout_s: PositiveFloat = 60.0
-    keep_alive_s: PositiveInt = 30
-    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
-    backlog: PositiveInt = 2048
+    max_connections: PositiveInt = Field(
+        1000,
+        description=(
+            "Open connections at once; beyond it an incomplete or idle one is closed to make room."
+        ),
+    )
+    header_timeout_s: PositiveFloat = Field(
+        10.0, description="The request line and headers must arrive within this (408)."
+    )
+    body_timeout_s: PositiveFloat = Field(
+        60.0, description="The whole body must arrive within this of its first read (408)."
+    )
+    keep_alive_s: PositiveInt = Field(
+        30, description="An idle keep-alive connection is closed after this."
+    )
+    max_header_bytes: Annotated[int, Field(ge=1024)] = Field(
+        64 * 1024,
+        description="Request line plus headers (and a chunked body's trailer); more is 431.",
+    )
+    backlog: PositiveInt = Field(2048, description="Connections the kernel queues before accept.")
 
 
 class Settings(BaseSettings):
@@ -122,58 +136,115 @@ class Settings(BaseSettings):
     )
 
     config_dir: Path = Path("config")
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8080
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    access_log: bool = True
+    host: str = Field("127.0.0.1", description="The address the gateway listens on.")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(8080, description="The port it listens on.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="DEBUG, INFO, WARNING or ERROR."
+    )
+    access_log: bool = Field(True, description="Log one line per request.")
     # How many of the last requests `GET /activity` keeps (in memory, oldest dropped).
-    activity_size: PositiveInt = 1000
+    activity_size: PositiveInt = Field(
+        1000, description="How many of the last requests GET /activity keeps in memory."
+    )
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     admin_key: SecretStr | None = None
     # Accept no client key on a non-loopback address even when chains reach paid providers.
-    allow_unauthenticated: bool = False
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Accept no client key beyond loopback even when chains reach paid providers.",
+    )
     # Browser pages of other sites that may call the gateway (and get CORS headers);
     # every other origin is refused on admin routes, and on model routes without client
     # keys (`app.access.origins`).
-    allowed_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description=(
+            "Browser origins that may call the gateway (CORS), like https://chat.example.com."
+        ),
+    )
     # `Host` names admin routes accept besides loopback, `host` and the allowed origins'
     # hosts (a reverse proxy's public name); `*` turns the check off.
-    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description=(
+            "Host names admin routes accept besides loopback and host; * turns the check off."
+        ),
+    )
     # `/metrics` open to anyone even when it would need the admin key (`metrics_admin_only`).
-    metrics_public: bool = False
-    max_body_bytes: PositiveInt = 10 * 1024 * 1024
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    health_interval_s: PositiveFloat = 5.0
-    shutdown_grace_s: PositiveFloat = 10.0
+    metrics_public: bool = Field(
+        False, description="/metrics open to anyone even when it would need the admin key."
+    )
+    max_body_bytes: PositiveInt = Field(
+        10 * 1024 * 1024, description="The largest request body; more is 413."
+    )
+    server: ServerConfig = Field(
+        default_factory=ServerConfig, description="What one client may hold of the HTTP server."
+    )
+    health_interval_s: PositiveFloat = Field(
+        5.0, description="How often backends are health-checked."
+    )
+    shutdown_grace_s: PositiveFloat = Field(
+        10.0, description="At shutdown, requests in flight get this long to finish."
+    )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     state_dir: Path = Path("var")  # zone holds, usage and budgets survive restarts here
     store: StoreConfig = Field(default_factory=StoreConfig)  # app.settings.store
-    wake_notice_s: PositiveFloat = 5.0  # a held streaming request gets ": waking ..." this often
+    wake_notice_s: PositiveFloat = Field(
+        5.0, description="A held streaming request gets an SSE comment (': waking ...') this often."
+    )
     # How long `/v1/responses/{id}` follow-ups find the entry that created the response.
-    responses_ttl_s: PositiveFloat = 3600.0
+    responses_ttl_s: PositiveFloat = Field(
+        3600.0, description="How long /v1/responses/{id} follow-ups find the entry that created it."
+    )
     # How many such ids are remembered at once, and how many of them one client key may
     # hold (a key over its share loses its own oldest, never another key's).
-    responses_max_ids: PositiveInt = 10_000
-    responses_max_ids_per_key: PositiveInt = 1_000
-    reaper_interval_s: PositiveFloat = 1.0
-    docker: DockerConfig = Field(default_factory=DockerConfig)
-    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
-    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    responses_max_ids: PositiveInt = Field(10_000, description="Response ids remembered at once.")
+    responses_max_ids_per_key: PositiveInt = Field(
+        1_000, description="Response ids one client key may hold (it loses its own oldest)."
+    )
+    reaper_interval_s: PositiveFloat = Field(
+        1.0, description="How often idle backends, expired zones and yields are checked."
+    )
+    docker: DockerConfig = Field(
+        default_factory=DockerConfig, description="The Docker Engine of the gateway's machine."
+    )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig,
+        description="The Kubernetes API server, for kubernetes backends.",
+    )
+    gpu: GpuConfig = Field(
+        default_factory=GpuConfig, description="The GPU probe of the gateway's machine."
+    )
     # The host RAM level-1 sleepers may hold on the gateway's machine, and by default on
     # every host (`hosts.NAME.host_ram` overrides it there).
-    host_ram: HostRamConfig = Field(default_factory=HostRamConfig)
+    host_ram: HostRamConfig = Field(
+        default_factory=HostRamConfig,
+        description="The host RAM level-1 sleepers may hold (every host's default).",
+    )
     # Other machines: each with its Docker proxy and GPU probe (`app.settings.hosts`).
-    hosts: dict[str, HostConfig] = Field(default_factory=dict)
-    backends: dict[str, BackendConfig] = Field(min_length=1)
+    hosts: dict[str, HostConfig] = Field(
+        default_factory=dict,
+        description="Other machines whose GPUs the gateway schedules, by name.",
+    )
+    backends: dict[str, BackendConfig] = Field(
+        min_length=1, description="The local models' servers, by name."
+    )
     # Read from their own files when present.
     cloud_providers: CloudConfig | None = None
     gpu_profiles: GpuProfilesConfig | None = None
     client_keys: KeysConfig | None = None  # keys.yaml
     # Where events are posted (webhooks, ntfy; `app.settings.notify`).
-    notify: tuple[NotifyTarget, ...] = ()
+    notify: tuple[NotifyTarget, ...] = Field(
+        (), description="Where events are posted (webhooks, ntfy)."
+    )
     # Weekly windows (app.settings.schedules), in `timezone` (None: the system's zone).
-    timezone: str | None = None
-    schedules: list[ScheduleWindow] = Field(default_factory=list)
+    timezone: str | None = Field(
+        None, description="The zone of schedules (an IANA name); null: the system's."
+    )
+    schedules: list[ScheduleWindow] = Field(
+        default_factory=list,
+        description="Weekly windows: a yield, a GPU profile or a kept-warm backend.",
+    )
 
     @field_validator("timezone")
     @classmethod

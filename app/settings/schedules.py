@@ -51,20 +51,39 @@ def minutes(clock: str) -> int:
 
 
 class ScheduleWindow(StrictConfig):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
-    days: list[Day] = Field(min_length=1)
-    from_: str = Field(alias="from")
-    to: str
-    action: Action
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] = Field(
+        description="The window's name (unique)."
+    )
+    days: list[Day] = Field(min_length=1, description="Days it begins on: mon .. sun.")
+    from_: str = Field(alias="from", description="Begins at HH:MM.")
+    to: str = Field(
+        description="Ends at HH:MM, the next day when not after from; 24:00 is the end of the day."
+    )
+    action: Action = Field(
+        description=(
+            "yield: a VRAM yield; profile: a GPU profile; keep_warm: a backend kept running."
+        )
+    )
     # yield: like POST /vram/yield's body
-    reason: str | None = Field(default=None, min_length=1, max_length=200)
-    min_free_mib: PositiveInt | None = None
-    include_pinned: bool = False
-    gpu: NonNegativeInt = 0
+    reason: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="yield: the holder of the yield; null: `schedule NAME`.",
+    )
+    min_free_mib: PositiveInt | None = Field(
+        None, description="yield: the MiB to free; null: everything."
+    )
+    include_pinned: bool = Field(False, description="yield: stop pinned backends too.")
+    gpu: NonNegativeInt = Field(0, description="yield: the GPU index.")
     # profile
-    profile: str | None = None
+    profile: str | None = Field(
+        None, description="profile: the GPU profile switched to for the window."
+    )
     # keep_warm
-    backend: str | None = None
+    backend: str | None = Field(
+        None, description="keep_warm: the backend started and not idle-stopped during the window."
+    )
 
     @field_validator("days")
     @classmethod

@@ -13,15 +13,28 @@ database (`app.store`). Pure.
 
 from __future__ import annotations
 
-from pydantic import PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from app.settings.base import StrictConfig
 
 
 class StoreConfig(StrictConfig):
-    flush_interval_s: PositiveFloat = 1.0
-    flush_rows: PositiveInt = 256
-    queue_max: PositiveInt = 10_000
-    activity_retention_days: PositiveFloat = 30.0
-    activity_retention_rows: PositiveInt = 100_000
-    activity_restore: bool = True
+    flush_interval_s: PositiveFloat = Field(
+        1.0, description="Queued usage and activity rows are written at least this often."
+    )
+    flush_rows: PositiveInt = Field(256, description="Or as soon as this many wait.")
+    queue_max: PositiveInt = Field(
+        10_000,
+        description=(
+            "Rows kept per queue while the store cannot be written; beyond, the oldest are dropped."
+        ),
+    )
+    activity_retention_days: PositiveFloat = Field(
+        30.0, description="Activity kept in the database this many days."
+    )
+    activity_retention_rows: PositiveInt = Field(
+        100_000, description="At most this many activity rows kept."
+    )
+    activity_restore: bool = Field(
+        True, description="GET /activity starts with the newest saved entries."
+    )
