@@ -6,7 +6,7 @@ CONFIG ?= config/demo
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: run test lint typecheck unit bench check-config lock clean
+.PHONY: run test lint typecheck unit docs bench check-config lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,13 +48,18 @@ typecheck: $(VENV)/.installed-dev
 unit: $(VENV)/.installed-dev
 	$(BIN)/pytest
 
-test: lint typecheck unit
+# docs/ as a site in site/; --strict: a broken link, anchor or include fails (mkdocs.yml).
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+test: lint typecheck docs unit
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/wake.py
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/keys.py
+	$(BIN)/python bench/switch.py
 
 # requirements.lock: every runtime dependency of the image, transitive ones and the build
 # backend included, pinned with the sha256 of each of its files on PyPI. For the image's
@@ -76,4 +81,4 @@ lock: $(VENV)/.uv-$(UV_VERSION)
 	      --custom-compile-command 'make lock' --output-file requirements.lock pyproject.toml -
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site

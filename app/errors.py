@@ -42,8 +42,8 @@ from typing import Any, ClassVar, Final
 
 class ErrorCode(StrEnum):
     """Every `error.code` the gateway itself writes (a relayed upstream error keeps its own;
-    an unexpected Starlette HTTP error is `http_<status>`). Closed: the README's error
-    table lists these."""
+    an unexpected Starlette HTTP error is `http_<status>`). Closed: the error table of
+    docs/api.md lists these (tests/unit/test_readme_errors.py)."""
 
     INTERNAL_ERROR = "internal_error"
     INVALID_JSON = "invalid_json"

@@ -1,5 +1,5 @@
 """Admin bodies are read as JSON whatever content-type they carry: `curl -d '{...}'`
-(labelled as a form) works as the README prints it; bad bodies get the API's error."""
+(labelled as a form) works as docs/gpu.md prints it; bad bodies get the API's error."""
 
 from __future__ import annotations
 

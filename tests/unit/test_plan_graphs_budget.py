@@ -22,7 +22,7 @@ from tests.unit.test_plan_cli import run_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The README's `plan share` example.
+# The `plan share` example of docs/planner.md.
 ORCHESTRATOR = "name=orchestrator,weights-gib=6.4,kv-gib=1.6,graphs-gib=0.8,overhead-gib=4.7"
 REASONING = "name=reasoning,weights-gib=9.4,kv-gib=1,eager"
 SHARE = ["plan", "share", "--gpu-gib", "31.84", "--instance", ORCHESTRATOR]

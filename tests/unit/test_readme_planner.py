@@ -1,4 +1,5 @@
-"""The README's VRAM planner section: every `console` block is the real output of its command.
+"""The VRAM planner page (docs/planner.md): every `console` block is the real output of its
+command.
 
 A block is `$ microscheduler ...` (continued by trailing backslashes) followed by the output
 as the command prints it; a line `...` in the pasted output stands for any number of lines.
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs import page
 from tests.unit.test_model_description import clean_env  # noqa: F401 (autouse)
 from tests.unit.test_plan_cli import run
 
@@ -18,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def console_blocks() -> list[tuple[list[str], list[str]]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## VRAM planner\n", 1)[1].split("\n## ", 1)[0]
+    section = page("planner")
     blocks: list[tuple[list[str], list[str]]] = []
     for chunk in section.split("```console\n")[1:]:
         lines = chunk.split("\n```", 1)[0].splitlines()

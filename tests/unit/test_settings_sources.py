@@ -258,7 +258,7 @@ def test_the_command_line_key_cannot_be_smuggled_in_through_yaml(tmp_path: Path)
 def test_serve_with_an_open_host_flag_is_refused_before_listening(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`microscheduler serve --host 0.0.0.0` (the README's example without its key) exits 1
+    """`microscheduler serve --host 0.0.0.0` (docs/operations.md's example without its key) exits 1
     with the refusal; it never reaches uvicorn."""
     from app.cli import build_parser
     from app.cli.common import FAILED
