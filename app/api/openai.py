@@ -102,13 +102,15 @@ def continued(
 
 def usage_for(key: ClientKey, parsed: ParsedRequest, api: Api) -> tuple[ParsedRequest, bool]:
     """The request asking for its stream's usage when `key` has a limit that counts tokens
-    and the client did not ask (`app.upstreams.usage`); True when it was added."""
+    and the client did not ask (`app.upstreams.usage`); True when it was added. Only the
+    payload changes here: the body is written once, where it is sent (`local_body`, a
+    provider's `body_for`)."""
     if not (key.counts_tokens and parsed.stream and api in USAGE_OPTION_APIS):
         return parsed, False
     if asks_usage(parsed.payload):
         return parsed, False
     payload = with_usage(parsed.payload)
-    return replace(parsed, payload=payload, raw=json_bytes(payload)), True
+    return replace(parsed, payload=payload), True
 
 
 async def stored_response(request: Request) -> Response:

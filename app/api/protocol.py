@@ -228,8 +228,12 @@ def _missing(param: str, instead: str | None = None) -> InvalidRequest:
 
 
 def upstream_body(request: ParsedRequest, route: Route) -> bytes:
-    """The body to send upstream: unchanged unless the client named an alias."""
-    if not route.rewrites:
+    """The body for the route's backend, as raw bytes: the client's, untouched, unless a
+    form names an alias (its `model` field replaced in place). A JSON body is never written
+    here: where it is sent, `app.routing.local.local_body` writes it once from the payload
+    when anything in it changes (an alias's model, usage asked for, the key's priority, a
+    lowered `max_tokens`), and relays these bytes otherwise."""
+    if not route.rewrites or boundary_of(request.content_type) is None:
         return request.raw
     return body_with_model(request.payload, request.raw, request.content_type, route.upstream_model)
 

@@ -65,7 +65,7 @@ from app.lifecycle.state import BackendState
 from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
-from app.routing.local import open_local
+from app.routing.local import is_json_post, open_local
 from app.routing.patience import (
     EXPECTED_WAKE_HEADER,
     MAX_WAIT_HEADER,
@@ -286,8 +286,8 @@ class ChainCall:
             cloud.release(entry, permit)
             return Passed(name, R.UNSUPPORTED_ENDPOINT)
         sent, answer = target
-        if name == self._call.route.backend:
-            body = sent.body
+        if name == self._call.route.backend or is_json_post(sent):
+            body = sent.body  # `open_local` writes a JSON body (once) with the entry's model
         else:
             body = sent.provider_request().body_for(backend.config.served_model)
         own = backend.upstream.timeouts.first_byte_s

@@ -1,10 +1,13 @@
 """Opening a request on a local backend: the one path a plain request and a fallback
 chain's local entry both take (lease first, then the upstream; errors counted once).
 
-`local_body` is the one place a body for a local backend is rewritten, parsed from the
-call's payload and written once: the key's `priority` (`scheduling: priority`), and a
-`max_tokens` the server cannot give lowered to its `max_model_len`. vLLM 0.33 refuses
-`max_tokens > max_model_len` with a 400 ("max_tokens=32000 cannot be greater than
+`local_body` is the one place a JSON body for a local backend is written, from the call's
+payload (parsed once, by the route) and at most once, only when something changes: the
+backend's model name (an alias), the stream's usage asked for on the key's behalf, the
+key's `priority` (`scheduling: priority`), and a `max_tokens` the server cannot give
+lowered to its `max_model_len`; otherwise the client's bytes are relayed untouched.
+
+vLLM 0.33 refuses `max_tokens > max_model_len` with a 400 ("max_tokens=32000 cannot be greater than
 max_model_len=8192", vllm/renderers/params.py `TokenizeParams.__post_init__`) but clamps
 prompt + max_tokens to the context itself (vllm/entrypoints/serve/utils/api_utils.py
 `get_max_tokens`), so `max_model_len` is the largest value it takes. The field checked is
@@ -69,23 +72,34 @@ LOWERED_HEADER: Final = b"x-microscheduler-max-tokens-lowered"
 def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes | None]:
     """`body` for `backend`, and the `LOWERED_HEADER` value when a token limit was lowered.
 
-    Written again from `call.payload` (with the backend's model) only when it changes: on
-    a backend with `scheduling: priority`, a JSON request vLLM takes `priority` in gets the
-    client key's (replacing any the client sent: a client must not raise its own); a
-    `max_tokens` (see the module docstring) above the backend's learned `max_model_len` is
-    lowered to it. Anything else is sent as it is."""
-    if call.method != "POST" or boundary_of(call.content_type) is not None:
+    The one place a JSON body for a local backend is written, from `call.payload`, once,
+    and only when it changes: the payload names another model than the backend's (an
+    alias, a chain's entry serving another model), the gateway asked for the stream's
+    usage (`call.usage_added`), on a backend with `scheduling: priority` a JSON request
+    vLLM takes `priority` in gets the client key's (replacing any the client sent: a
+    client must not raise its own), or a `max_tokens` (see the module docstring) above the
+    backend's learned `max_model_len` is lowered to it. Otherwise `body` (the client's
+    bytes) is sent as it is, never written again; so is a form (its model is replaced in
+    the raw bytes by the caller) and a body without a `model` (a stored response's call)."""
+    if not is_json_post(call):
         return body, None
+    payload = call.payload
     update: dict[str, Any] = {}
     if backend.config.scheduling == "priority" and PRIORITY_PATHS.get(call.path) is call.api:
         update["priority"] = call.priority.vllm
     lowered = _lowered(backend, call, update)
-    if not update:
-        return body, None
     model = call.route.upstream_model  # a LoRA adapter's own name; else the served id
     if backend.name not in call.route.members:  # a chain's entry serving another model
         model = backend.config.served_model
-    return json_bytes({**call.payload, "model": model, **update}), lowered
+    named = payload.get("model")
+    if update or call.usage_added or (named is not None and named != model):
+        return json_bytes({**payload, "model": model, **update}), lowered
+    return body, None
+
+
+def is_json_post(call: Call) -> bool:
+    """A POST whose body is JSON: `local_body` writes it from the payload when it changes."""
+    return call.method == "POST" and boundary_of(call.content_type) is None
 
 
 def _lowered(backend: Backend, call: Call, update: dict[str, Any]) -> bytes | None:

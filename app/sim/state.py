@@ -102,7 +102,8 @@ class FakeState:
         self.loras: dict[str, str] = {}  # LoRA adapters loaded at runtime: name -> path
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def record(self, request: web.Request, body: Any) -> None:
+    def record(self, request: web.Request, body: Any, raw: bytes | None = None) -> None:
+        """One request seen; `raw` (a JSON body's exact bytes, as latin-1 text) too."""
         self.stats.requests.append(
             {
                 "method": request.method,
@@ -110,6 +111,7 @@ class FakeState:
                 "query": request.query_string,
                 "headers": {k.lower(): v for k, v in request.headers.items()},
                 "body": body,
+                "raw": None if raw is None else raw.decode("latin-1"),
             }
         )
 
@@ -119,10 +121,10 @@ class FakeState:
         try:
             body = json.loads(raw) if raw else None
         except ValueError as exc:
-            self.record(request, None)
+            self.record(request, None, raw)
             pos = getattr(exc, "pos", 0)
             raise validation_error([pos], "json_invalid", "JSON decode error") from None
-        self.record(request, body)
+        self.record(request, body, raw)
         if body is None:
             raise validation_error([], "missing", "Field required")
         if not isinstance(body, dict):

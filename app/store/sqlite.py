@@ -249,15 +249,14 @@ class SqliteStore:
         def write(db: sqlite3.Connection) -> None:
             db.executemany(
                 "INSERT INTO usage (day, key, model, route, cloud, requests, prompt_tokens, "
-                "completion_tokens, cloud_tokens) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?) "
+                "completion_tokens, cloud_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (day, key, model, route) DO UPDATE SET "
-                "requests = requests + 1, cloud = excluded.cloud, "
+                "requests = requests + excluded.requests, cloud = excluded.cloud, "
                 "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
                 "completion_tokens = completion_tokens + excluded.completion_tokens, "
                 "cloud_tokens = cloud_tokens + excluded.cloud_tokens",
-                [(r.day, r.key, r.model, r.route, int(r.cloud), r.prompt_tokens,
-                  r.completion_tokens, r.cloud_tokens) for r in usage],
-            )  # fmt: skip
+                summed_usage(usage),
+            )
             db.executemany(
                 f"INSERT INTO activity ({_ACTIVITY_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -350,6 +349,21 @@ class SqliteStore:
 
     def close(self) -> None:
         """Nothing stays open between operations."""
+
+
+def summed_usage(usage: list[UsageRow]) -> list[tuple[str, str, str, str, int, int, int, int, int]]:
+    """A batch's rows summed per (day, key, model, route), in first-seen order: one upsert
+    per ledger row instead of one per request (the ledger's sums are the same; `cloud` is
+    the last request's, as row by row)."""
+    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    for r in usage:
+        row = sums.setdefault((r.day, r.key, r.model, r.route), [0, 0, 0, 0, 0])
+        row[0] = int(r.cloud)
+        row[1] += 1
+        row[2] += r.prompt_tokens
+        row[3] += r.completion_tokens
+        row[4] += r.cloud_tokens
+    return [(*k, v[0], v[1], v[2], v[3], v[4]) for k, v in sums.items()]
 
 
 def _connect(path: str) -> sqlite3.Connection:

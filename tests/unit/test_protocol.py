@@ -61,9 +61,10 @@ def test_null_stream_means_not_streaming() -> None:
     assert parse_request(body(model="m", prompt="x", stream=None), COMPLETIONS).stream is False
 
 
-def test_body_goes_upstream_unchanged_unless_an_alias_was_used() -> None:
+def test_a_json_body_is_never_written_by_the_route() -> None:
+    """An alias's model is put in where the body is sent (`local_body`, once, with any
+    other change), not here: the route hands on the client's bytes."""
     raw = b'{"model": "r1", "messages": [], "extra": {"keep": "\\u00e9"}}'
     parsed = parse_request(raw, CHAT)
     assert upstream_body(parsed, Route("r1", "b", "r1")) is raw
-    rewritten = json.loads(upstream_body(parsed, Route("alias", "b", "r1-14b")))
-    assert rewritten == {"model": "r1-14b", "messages": [], "extra": {"keep": "é"}}
+    assert upstream_body(parsed, Route("alias", "b", "r1-14b")) is raw
