@@ -18,16 +18,7 @@ gateway-wide sections), `hosts` (the Docker proxy, the GPU, other machines), `cl
 This package re-exports the names callers use.
 """
 
-from app.settings.backends import (
-    BackendConfig,
-    DockerRuntimeConfig,
-    ExternalRuntimeConfig,
-    KubernetesRuntimeConfig,
-    ProcessRuntimeConfig,
-    ReleaseConfig,
-    TimeoutOverridesConfig,
-    TimeoutsConfig,
-)
+from app.settings.backends import BackendConfig, ReleaseConfig
 from app.settings.base import LOCAL_HOST
 from app.settings.hosts import (
     AutoYieldConfig,
@@ -47,6 +38,13 @@ from app.settings.root import (
     PROFILES_FILE,
     Settings,
 )
+from app.settings.runtimes import (
+    DockerRuntimeConfig,
+    ExternalRuntimeConfig,
+    KubernetesRuntimeConfig,
+    ProcessRuntimeConfig,
+)
+from app.settings.timeouts import TimeoutOverridesConfig, TimeoutsConfig
 
 __all__ = [
     "CLOUD_FILE",

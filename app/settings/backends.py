@@ -5,8 +5,7 @@ how it yields, its timeouts and its model description.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -32,6 +31,13 @@ from app.settings.endpoints import (
 )
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
+from app.settings.runtimes import (
+    ExternalRuntimeConfig,
+    KubernetesRuntimeConfig,
+    ProcessRuntimeConfig,
+    RuntimeConfig,
+)
+from app.settings.timeouts import TimeoutOverridesConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,198 +49,6 @@ LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # flag sets up the cumem allocator that sleeps.
 SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
 SLEEP_FLAG = "--enable-sleep-mode"
-
-
-class TimeoutsConfig(StrictConfig):
-    """Network waits of the data plane, and of the control calls to a local vLLM. Streams
-    never get a total timeout.
-
-    `first_byte_s` bounds the wait for the response headers and the first body chunk;
-    for a non-streaming request that is the whole generation, hence the long default.
-    `control_s` bounds each sleep-mode call to a backend's vLLM (sleep, wake, the weights
-    reload of a level-2 wake, the confirmation by `/is_sleeping`); None: scaled by the
-    size of the backend's weights (`app.upstreams.vllm.control_timeout_s`).
-    """
-
-    connect_s: PositiveFloat = Field(
-        5.0, description="TCP connect to a backend or provider, in seconds."
-    )
-    first_byte_s: PositiveFloat = Field(
-        300.0,
-        description=(
-            "Wait for the response headers and the first body chunk (a non-streaming request: the "
-            "whole generation)."
-        ),
-    )
-    idle_s: PositiveFloat = Field(
-        60.0,
-        description=(
-            "Longest silence between two chunks of a response; streams have no total timeout."
-        ),
-    )
-    control_s: PositiveFloat | None = Field(
-        None,
-        description=(
-            "Each sleep-mode call to a local vLLM (sleep, wake, reload); null: scaled by the size "
-            "of its weights."
-        ),
-    )
-
-
-class TimeoutOverridesConfig(StrictConfig):
-    connect_s: PositiveFloat | None = Field(
-        None, description="This backend's connect timeout; null: the top-level timeouts.connect_s."
-    )
-    first_byte_s: PositiveFloat | None = Field(
-        None,
-        description="This backend's first-byte timeout; null: the top-level timeouts.first_byte_s.",
-    )
-    idle_s: PositiveFloat | None = Field(
-        None, description="This backend's idle timeout; null: the top-level timeouts.idle_s."
-    )
-    control_s: PositiveFloat | None = Field(
-        None,
-        description=(
-            "This backend's sleep-mode call timeout; null: the top-level timeouts.control_s."
-        ),
-    )
-
-    def apply(self, base: TimeoutsConfig) -> TimeoutsConfig:
-        # Validated as a whole (a `model_copy(update=...)` would skip every check).
-        return TimeoutsConfig.model_validate(
-            {**base.model_dump(), **self.model_dump(exclude_none=True)}
-        )
-
-
-class ExternalRuntimeConfig(StrictConfig):
-    """A server we do not manage: health-checked only."""
-
-    kind: Literal["external"] = Field(
-        "external",
-        description="external: a server the gateway does not manage, health-checked only.",
-    )
-
-
-class ProcessRuntimeConfig(StrictConfig):
-    """A command started by the gateway and stopped (whole process group) by it."""
-
-    kind: Literal["process"] = Field(
-        description="process: a command the gateway starts and stops (its whole process group)."
-    )
-    command: list[str] = Field(
-        min_length=1,
-        description=(
-            "The command and its arguments; `{python}` as the first word is the gateway's "
-            "interpreter."
-        ),
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="Variables added to the gateway's environment for the command.",
-    )
-    cwd: Path | None = Field(
-        None, description="Working directory of the command; null: the gateway's."
-    )
-    stop_grace_s: PositiveFloat = Field(
-        10.0, description="SIGTERM to the process group, SIGKILL after this many seconds."
-    )
-
-
-class DockerRuntimeConfig(StrictConfig):
-    """An existing container, started and stopped through the Docker Engine API.
-
-    `stop_timeout_s` is Docker's `t`: how long the container gets after SIGTERM before
-    the engine kills it (vLLM needs a few seconds to free the GPU cleanly).
-    """
-
-    kind: Literal["docker"] = Field(
-        description=(
-            "docker: an existing container, started and stopped through the Docker Engine API."
-        )
-    )
-    container: str = Field(
-        min_length=1, description="The container's name (create it with compose)."
-    )
-    # Bounded: socket proxies cut requests after 10 minutes, and a stop call lasts `t`.
-    stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = Field(
-        30, description="Docker's `t`: seconds after SIGTERM before the engine kills the container."
-    )
-
-
-class KubernetesRuntimeConfig(StrictConfig):
-    """An existing Deployment or StatefulSet (exactly one), scaled between 0 and 1 replica
-    through its `scale` subresource; ready once its Service has a ready endpoint.
-
-    `service` (default: the workload's name) is the Service whose EndpointSlices say
-    when a pod is ready. `stop_timeout_s` bounds the wait for its pods to go after the
-    scale to 0 (their terminationGracePeriodSeconds, 30 s by default, plus slack).
-
-    `scale`: who writes its replica count. `gateway` (default): the gateway scales it
-    0 <-> 1. `external`: another owner does (KEDA, an HPA); the gateway never patches it
-    (its Role needs no `patch` on `*/scale`), holds requests until the owner has scaled it
-    up and it is ready (`requests_waiting{reason="wake"}` is what KEDA scales on), and a
-    stop only stops sending it requests. See app/runtimes/kubernetes.py.
-    """
-
-    kind: Literal["kubernetes"] = Field(
-        description=(
-            "kubernetes: an existing Deployment or StatefulSet scaled between 0 and 1 replica."
-        )
-    )
-    namespace: str = Field(min_length=1, description="The workload's namespace.")
-    deployment: str | None = Field(
-        default=None,
-        min_length=1,
-        description="The Deployment's name (exactly one of deployment and statefulset).",
-    )
-    statefulset: str | None = Field(
-        default=None,
-        min_length=1,
-        description="The StatefulSet's name (exactly one of deployment and statefulset).",
-    )
-    service: str | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "The Service whose ready endpoints say the pod is ready; null: the workload's name."
-        ),
-    )
-    stop_timeout_s: PositiveFloat = Field(
-        120.0, description="How long a stop waits for the pods to go after the scale to 0."
-    )
-    scale: Literal["gateway", "external"] = Field(
-        "gateway",
-        description=(
-            "gateway: the gateway scales it 0 <-> 1; external: another owner (KEDA, an HPA) does."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _one_workload(self) -> KubernetesRuntimeConfig:
-        if (self.deployment is None) == (self.statefulset is None):
-            raise ValueError("needs exactly one of deployment: NAME or statefulset: NAME")
-        return self
-
-    @property
-    def resource(self) -> str:
-        """The workload's resource name in the `apps` group: deployments or statefulsets."""
-        return "deployments" if self.deployment is not None else "statefulsets"
-
-    @property
-    def name(self) -> str:
-        name = self.deployment or self.statefulset
-        assert name is not None
-        return name
-
-    @property
-    def service_name(self) -> str:
-        return self.service or self.name
-
-
-RuntimeConfig = Annotated[
-    ExternalRuntimeConfig | ProcessRuntimeConfig | DockerRuntimeConfig | KubernetesRuntimeConfig,
-    Field(discriminator="kind"),
-]
 
 
 class ReleaseConfig(StrictConfig):

@@ -26,7 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from app.settings.backends import BackendConfig, TimeoutsConfig
+from app.settings.backends import BackendConfig
 from app.settings.base import LOCAL_HOST, StrictConfig
 from app.settings.cloud import CloudConfig, cross_check
 from app.settings.hosts import (
@@ -43,6 +43,7 @@ from app.settings.origins import hosts, origin, split_list
 from app.settings.profiles import GpuProfilesConfig
 from app.settings.schedules import ScheduleWindow, check_schedules, check_timezone
 from app.settings.store import StoreConfig
+from app.settings.timeouts import TimeoutsConfig
 
 ENV_PREFIX = "MICROSCHEDULER_"
 
