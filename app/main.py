@@ -37,7 +37,7 @@ from app.api import (
     vram,
 )
 from app.api.fastpath import GatewayApp
-from app.metrics import Metrics
+from app.lifecycle.metrics import LifecycleMetrics
 from app.reload.apply import Reloader
 from app.services import Seams, Services
 from app.settings import Settings
@@ -62,7 +62,7 @@ def create_app(
     """`reload`: how `serve` reloads its configuration (SIGHUP, `--watch-config`, the
     command line's values to apply at every load); `POST /config/reload` always works."""
     reload = reload or ReloadOptions()
-    metrics = Metrics(registry)
+    metrics = LifecycleMetrics(registry)
     requests = Activity(settings.activity_size)  # recorded by the access middleware
 
     @asynccontextmanager

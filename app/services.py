@@ -37,6 +37,7 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.host_ram import HostRamBook, HostRamCollector
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.load import StartDurations
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.schedule import zone
 from app.lifecycle.scheduler import Clock, Scheduler, SystemClock
@@ -44,7 +45,7 @@ from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
-from app.metrics import Metrics, PoolMetrics
+from app.metrics import PoolMetrics
 from app.notify.notifier import Notifier
 from app.reload.record import ConfigRecord
 from app.routing.cloud import Cloud, build_cloud
@@ -107,7 +108,7 @@ class Services:
     def __init__(
         self,
         settings: Settings,
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         seams: Seams,
         *,
         activity: Activity | None = None,

@@ -35,6 +35,7 @@ from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.load import LoadStatus, StartDurations, load_status
 from app.lifecycle.memory import Memory
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import TicketQueue
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
 from app.lifecycle.served import LearnedRecords, Served
@@ -50,7 +51,6 @@ from app.lifecycle.state import (
     refusal,
 )
 from app.lifecycle.watched import Watched
-from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig, ReleaseConfig
 from app.tasks import cancel_and_wait, spawn
@@ -68,7 +68,7 @@ class Backend(Holding, Memory, Watched):
         runtime: Runtime,
         upstream: HttpUpstream,
         vllm: VllmClient,
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         *,
         admission: Admission | None = None,
         wake_notice_s: float = 5.0,

@@ -31,9 +31,9 @@ from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.zones import YIELD_ZONE, YieldReport, Zone, gpu_name
-from app.metrics import Metrics
 from app.tasks import OwnedTasks
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class VramYield:
         self,
         arbiter: VramArbiter,
         backends: Mapping[str, Backend],
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         events: EventLog,
         *,
         settle_timeout_s: float,

@@ -42,13 +42,13 @@ from app.metrics import Metrics
 from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
-from app.routing.fallback_metrics import TokenCounter
 from app.routing.local import open_local
 from app.routing.registry import Registry, Route
 from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable
+from app.upstreams.usage import TokenCounter
 from app.upstreams.vllm_load import BackendLoad
 
 

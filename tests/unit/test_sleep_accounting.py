@@ -26,7 +26,7 @@ from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
-from app.metrics import Metrics
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.lifecycle.store import StateStore, StateWriteError
-from app.metrics import Metrics
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from tests.fakes.state import saved_sections
 from tests.fakes.waits import until
 

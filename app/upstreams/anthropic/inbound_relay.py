@@ -40,6 +40,7 @@ from app.upstreams.anthropic.inbound import (
 from app.upstreams.anthropic.inbound_stream import MessagesStreamTranslator
 from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.http import BufferedResponse, Relayable
+from app.upstreams.usage import tokens_of
 
 Json = dict[str, Any]
 
@@ -105,8 +106,7 @@ class MessagesStream(TranslatedStream):
 
     def usage(self) -> tuple[int, int]:
         """(input tokens, output tokens) so far."""
-        usage = self._translator.usage
-        return int(usage["input_tokens"]), int(usage["output_tokens"])
+        return tokens_of(self._translator.usage) or (0, 0)
 
     def _translate(self, chunk: bytes) -> bytes:
         out: list[bytes] = []

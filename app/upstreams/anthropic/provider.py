@@ -51,6 +51,7 @@ from app.upstreams.anthropic.bodies import (
 from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
 from app.upstreams.provider import ProviderRequest
+from app.upstreams.usage import tokens_of
 
 _KEPT_PASSED_THROUGH: Final = KEPT_ON_ERROR | {b"content-type", b"request-id"}
 _MALFORMED: Final = {
@@ -180,8 +181,7 @@ class AnthropicStream(TranslatedStream):
         self.early_error = False  # an error event (or the end) came before any content
 
     def usage(self) -> tuple[int, int]:
-        usage = self._translator.usage
-        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+        return tokens_of(self._translator.usage) or (0, 0)
 
     async def prime(self, within_s: float, first_byte_s: float) -> None:
         parts = [self._translate(self._response.first_chunk)]
