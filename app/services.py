@@ -47,7 +47,6 @@ from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import PoolMetrics
 from app.notify.notifier import Notifier
-from app.reload.record import ConfigRecord
 from app.routing.cloud import Cloud, build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -70,6 +69,7 @@ from app.settings import (
     ProcessRuntimeConfig,
     Settings,
 )
+from app.settings.record import ConfigRecord
 from app.store.usage import build_ledger
 from app.tasks import OpenRelays
 from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
