@@ -65,7 +65,7 @@ from app.lifecycle.state import BackendState
 from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
-from app.routing.local import open_local
+from app.routing.local import open_entry, served_target
 from app.routing.patience import (
     EXPECTED_WAKE_HEADER,
     MAX_WAIT_HEADER,
@@ -82,7 +82,7 @@ from app.routing.policy import (
     classify_response,
     first_byte_timeout,
 )
-from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
+from app.routing.replicas import MemberAttempts, Replicas
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
@@ -217,24 +217,22 @@ class ChainCall:
         with a new permit of the group's circuit and within the chain's budget."""
         cloud = self._cloud
         members = cloud.groups[group]
-        picked = None if self._replicas is None else self._replicas.pick(group, members)
-        tried = [picked or members[0]]
+        attempts = MemberAttempts(self._replicas, group, members, members[0])
         while True:
-            outcome = await self._local(tried[-1], permit, budget, notice, last, circuit=group)
+            outcome = await self._local(
+                attempts.current, permit, budget, notice, last, circuit=group
+            )
             if isinstance(outcome, Exchange) or outcome.reason not in _REPLICA_RETRY:
                 return outcome
             now = cloud.clock()
-            if len(tried) >= REPLICA_ATTEMPTS or not budget.allows_attempt(now, self._attempts):
+            if not attempts.may_retry or not budget.allows_attempt(now, self._attempts):
                 return outcome
-            retry = (
-                None if self._replicas is None else self._replicas.pick(group, members, skip=tried)
-            )
+            retry = attempts.retry()
             again = None if retry is None else cloud.circuits.get(group).acquire(now)
-            if retry is None or again is None:
+            if again is None:
                 return outcome
             self._passed.append(outcome)
             permit = again
-            tried.append(retry)
 
     async def _local(
         self,
@@ -280,12 +278,11 @@ class ChainCall:
         except BaseException:
             cloud.release(entry, permit)
             raise
-        target = self._call.for_target(backend.serving.serves)
+        target = served_target(self._call, backend, lease)
         if target is None:  # its server said, as it woke, that it does not serve it
-            lease.release()
             cloud.release(entry, permit)
             return Passed(name, R.UNSUPPORTED_ENDPOINT)
-        sent, answer = target
+        sent = target[0]
         if name == self._call.route.backend:
             body = sent.body
         else:
@@ -294,35 +291,27 @@ class ChainCall:
         first_byte = first_byte_timeout(budget, cloud.clock(), own)
         self._attempts += 1
         try:
-            response, added = await open_local(
-                backend, lease, sent, cloud.upstream_errors, body=body, first_byte_s=first_byte
+            opened = await open_entry(
+                backend, lease, target, cloud.upstream_errors, body=body, first_byte_s=first_byte
             )
         except UpstreamError as err:  # counted, and the lease released, by open_local
             return self._raised(entry, permit, err, first_byte < own, name)
         except BaseException:
             cloud.release(entry, permit)
             raise
-        verdict = self._verdict(response)
+        verdict = self._verdict(opened.response)
         cloud.record(entry, permit, verdict)
         if verdict.action == "next":
-            response.release()
-            lease.release()
-            return Passed(name, verdict.reason, f"HTTP {response.status}")
-        relayed: Relayable = response
-        if answer is not None:
-            try:
-                relayed = await answer(response, first_byte)
-            except BaseException:
-                response.release()
-                lease.release()
-                raise
+            opened.discard()
+            return Passed(name, verdict.reason, f"HTTP {opened.response.status}")
+        relayed = await opened.relayable(first_byte)
         hooks = _Hooks(cloud, entry, permit, provider=False, served=verdict.action == "serve")
         return Exchange(
             self._call.route,
             name,
             relayed,
             lease,
-            headers=self._answer_headers(name) + added,
+            headers=self._answer_headers(name) + opened.headers,
             tokens=cloud.metrics.token_counter(name),
             hooks=hooks,
         )
