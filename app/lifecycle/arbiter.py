@@ -47,7 +47,7 @@ from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
-from app.lifecycle.holdings import holders, residents
+from app.lifecycle.memory_holders import holders, residents
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.residency import IdleSignal, may_evict, wait_out

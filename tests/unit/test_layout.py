@@ -194,6 +194,7 @@ def test_the_planner_is_pure() -> None:
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "metrics", "events", "tasks", "activity", "planner"),
     ("settings", "jsonwire", "logs"),
+    ("anthropic",),
     ("upstreams",),
     ("gpu", "keys", "notify", "runtimes"),
     ("access", "sim", "store"),

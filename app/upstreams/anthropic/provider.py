@@ -29,18 +29,18 @@ import json
 import time
 from typing import Any, Final
 
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.jsonwire import json_bytes
-from app.settings import TimeoutsConfig
-from app.settings.cloud import ProviderConfig
-from app.settings.endpoints import Api
-from app.upstreams.anthropic import (
+from app.anthropic import (
     StreamTranslator,
     anthropic_headers,
     openai_error_from_anthropic,
     to_anthropic_request,
     to_openai_completion,
 )
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.jsonwire import json_bytes
+from app.settings import TimeoutsConfig
+from app.settings.cloud import ProviderConfig
+from app.settings.endpoints import Api
 from app.upstreams.anthropic.bodies import (
     KEPT_ON_ERROR,
     MAX_ANSWER_BODY,
