@@ -61,6 +61,7 @@ from app.errors import (
     UpstreamTimeout,
     WakeTimeout,
 )
+from app.lifecycle.lease import Lease
 from app.lifecycle.state import BackendState
 from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
@@ -249,35 +250,12 @@ class ChainCall:
         entry = name if circuit is None else circuit
         cloud = self._cloud
         backend = cloud.backends[name]
-        remaining = budget.remaining(cloud.clock())
-        wait = remaining if last else min(self._chain.config.wake_timeout_s, remaining)
-        accepted = self._accepted
-        if accepted is not None and not last:
-            ready_in = backend.ready_in_s()
-            if priced_out(ready_in, accepted) and await backend.warm_up():
-                assert ready_in is not None
-                cloud.release(entry, permit)
-                self._priced.append((name, ready_in))
-                why = f"expected ready in {ready_in:.1f}s, the request waits {accepted:g}s"
-                return Passed(name, R.COLD_START_BUDGET, why)
-            if ready_in is not None and backend.state is not BackendState.READY:
-                wait = min(wait, accepted)  # priced within: but never longer than accepted
-        on_wait = notice.for_backend(name) if notice is not None else None
-        try:
-            lease = await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
-        except GatewayError as err:
-            verdict = classify_error(err)
-            if isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s:
-                # The chain's impatience, not the backend's failure: its start goes on.
-                verdict = Verdict("next", R.LOCAL_WAKE_TIMEOUT)
-            if verdict.action == "relay":
-                cloud.release(entry, permit)
-                raise
-            cloud.record(entry, permit, verdict)
-            return Passed(name, verdict.reason, err.message, refusal=err)
-        except BaseException:
-            cloud.release(entry, permit)
-            raise
+        wait = await self._wait_for(name, entry, permit, budget, last)
+        if isinstance(wait, Passed):
+            return wait
+        lease = await self._acquire(name, entry, permit, wait, notice)
+        if isinstance(lease, Passed):
+            return lease
         target = served_target(self._call, backend, lease)
         if target is None:  # its server said, as it woke, that it does not serve it
             cloud.release(entry, permit)
@@ -315,6 +293,55 @@ class ChainCall:
             tokens=cloud.metrics.token_counter(name),
             hooks=hooks,
         )
+
+    async def _wait_for(
+        self, name: str, entry: str, permit: Permit, budget: Budget, last: bool
+    ) -> float | Passed:
+        """How long to wait for backend `name` to be ready: what is left of the deadline
+        (at most the chain's `wake_timeout_s` when entries remain after it), and no longer
+        than the caller accepts; passed over (`cold_start_budget`) at once while it warms
+        when its expected start is longer than that."""
+        cloud = self._cloud
+        backend = cloud.backends[name]
+        remaining = budget.remaining(cloud.clock())
+        wait = remaining if last else min(self._chain.config.wake_timeout_s, remaining)
+        accepted = self._accepted
+        if accepted is None or last:
+            return wait
+        ready_in = backend.ready_in_s()
+        if priced_out(ready_in, accepted) and await backend.warm_up():
+            assert ready_in is not None
+            cloud.release(entry, permit)
+            self._priced.append((name, ready_in))
+            why = f"expected ready in {ready_in:.1f}s, the request waits {accepted:g}s"
+            return Passed(name, R.COLD_START_BUDGET, why)
+        if ready_in is not None and backend.state is not BackendState.READY:
+            wait = min(wait, accepted)  # priced within: but never longer than accepted
+        return wait
+
+    async def _acquire(
+        self, name: str, entry: str, permit: Permit, wait: float, notice: Notice | None
+    ) -> Lease | Passed:
+        """A lease on backend `name` within `wait`, or passed over with the refusal's
+        reason (a refusal the policy relays is raised)."""
+        cloud = self._cloud
+        backend = cloud.backends[name]
+        on_wait = notice.for_backend(name) if notice is not None else None
+        try:
+            return await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
+        except GatewayError as err:
+            verdict = classify_error(err)
+            if isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s:
+                # The chain's impatience, not the backend's failure: its start goes on.
+                verdict = Verdict("next", R.LOCAL_WAKE_TIMEOUT)
+            if verdict.action == "relay":
+                cloud.release(entry, permit)
+                raise
+            cloud.record(entry, permit, verdict)
+            return Passed(name, verdict.reason, err.message, refusal=err)
+        except BaseException:
+            cloud.release(entry, permit)
+            raise
 
     async def _provider(self, name: str, permit: Permit, budget: Budget) -> Exchange | Passed:
         cloud = self._cloud
