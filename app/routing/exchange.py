@@ -165,7 +165,11 @@ class Exchange:
                 self.count(*usage)
 
     def count(self, prompt: int, completion: int) -> None:
-        """The answer's tokens, for its entry and its client's key."""
+        """The answer's tokens, for its entry and its client's key: the one place they are
+        counted (read by `app.upstreams.usage`), and once per answer whoever reports them
+        (the stripped usage event, the body's tail, a translated stream's hooks)."""
+        if self.usage is not None:
+            return
         self.usage = (prompt, completion)
         if self.tokens is not None:
             self.tokens.add(prompt, completion)

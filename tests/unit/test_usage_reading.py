@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
+from app.routing.exchange import Exchange
+from app.routing.registry import Route
+from app.upstreams.http import BufferedResponse
 from app.upstreams.usage import TokenCounter, UsageStripper, tokens_of, usage_in_tail
 
 
@@ -36,3 +39,23 @@ def test_the_token_counter_ignores_negative_counts() -> None:
     counter.add(5, -1)
     assert registry.get_sample_value("t_total", {"type": "prompt"}) == 5
     assert registry.get_sample_value("t_total", {"type": "completion"}) == 0
+
+
+def test_an_answer_is_counted_once_whoever_reports_it() -> None:
+    """The stripper, the tail and a chain's hooks may each see an answer's usage; the
+    exchange counts the first report only (a double count once came from two of them)."""
+    registry = CollectorRegistry()
+    tokens = Counter("t", "t", ["type"], registry=registry)
+    exchange = Exchange(
+        Route("m", "b", "m"),
+        "b",
+        BufferedResponse(200, b"{}"),
+        None,
+        tokens=TokenCounter(tokens.labels("prompt"), tokens.labels("completion")),
+    )
+    exchange.count(7, 3)
+    exchange.body_done(b'{"usage":{"prompt_tokens":7,"completion_tokens":3}}')
+    exchange.count(7, 3)
+    assert exchange.usage == (7, 3)
+    assert registry.get_sample_value("t_total", {"type": "prompt"}) == 7
+    assert registry.get_sample_value("t_total", {"type": "completion"}) == 3
