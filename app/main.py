@@ -37,7 +37,7 @@ from app.api import (
     vram,
 )
 from app.api.fastpath import GatewayApp
-from app.metrics import Metrics
+from app.lifecycle.metrics import LifecycleMetrics
 from app.reload.apply import Reloader
 from app.services import Seams, Services
 from app.settings import Settings
@@ -62,7 +62,7 @@ def create_app(
     """`reload`: how `serve` reloads its configuration (SIGHUP, `--watch-config`, the
     command line's values to apply at every load); `POST /config/reload` always works."""
     reload = reload or ReloadOptions()
-    metrics = Metrics(registry)
+    metrics = LifecycleMetrics(registry)
     requests = Activity(settings.activity_size)  # recorded by the access middleware
 
     @asynccontextmanager
@@ -112,6 +112,13 @@ def create_app(
         redoc_url=None,
         default_response_class=handlers.JSONBody,
     )
+    _install_routes(app)
+    return app
+
+
+def _install_routes(app: FastAPI) -> None:
+    """The error handlers, the admin routers, the data plane's routes, the control page
+    and the OpenAPI schema."""
     handlers.install(app)
     app.include_router(ops.router)
     app.include_router(activity.router)
@@ -126,7 +133,6 @@ def create_app(
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ui.routes)
     openapi.install(app)
-    return app
 
 
 # Responses still open this long before the server's grace is over are ended in-band.

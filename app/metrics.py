@@ -6,7 +6,10 @@ Children are cached: the hot path does a dict lookup, not `labels()`.
 
 The GPU series are `app.gpu.collector`'s; the host RAM series (`microscheduler_host_ram_*`,
 label `host`: the budget of level-1 sleepers) are `app.lifecycle.host_ram`'s; the load
-scraped from each vLLM is `app.upstreams.vllm_load`'s.
+scraped from each vLLM is `app.upstreams.vllm_load`'s; the backends' lifecycle (states,
+starts, stops, sleeps, swaps, yields, the state file, profiles) is `app.lifecycle.metrics`'s,
+which adds its series to these. This module is on the ground floor: it imports nothing of
+the app.
 """
 
 from __future__ import annotations
@@ -15,14 +18,6 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
-from app.lifecycle.state import (
-    SLEEP_REASONS,
-    BackendState,
-    SleepOutcome,
-    StartOutcome,
-    StopReason,
-)
 
 # Up to minutes: LLM generations and (later) cold starts are long.
 LATENCY_BUCKETS: Final = (
@@ -39,7 +34,6 @@ UPSTREAM_ERROR_KINDS: Final = (
     "http_5xx",
 )
 WAIT_REASONS: Final = ("wake", "max_inflight", "connection_pool")
-YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 TOKEN_TYPES: Final = ("prompt", "completion")  # the `type` of the token counters
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -92,35 +86,6 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
-        self.backend_state = Gauge(
-            "backend_state",
-            "1 for the lifecycle state the backend is in, 0 for the others.",
-            ["backend", "state"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.starts = Counter(
-            "backend_starts",
-            "Starts of a backend by outcome (refused: not enough VRAM).",
-            ["backend", "outcome"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.start_duration = Histogram(
-            "backend_start_duration_seconds",
-            "From the start decision to the backend answering its health check.",
-            ["backend"],
-            namespace=ns,
-            buckets=(*LATENCY_BUCKETS[5:], 900.0, 1800.0),
-            registry=self.registry,
-        )
-        self.stops = Counter(
-            "backend_stops",
-            "Stops of a backend by the gateway, by reason.",
-            ["backend", "reason"],
-            namespace=ns,
-            registry=self.registry,
-        )
         self.waiting = Gauge(
             "requests_waiting",
             "Requests held, by reason: wake (until their backend is ready), max_inflight "
@@ -139,123 +104,19 @@ class Metrics:
             namespace=ns,
             registry=self.registry,
         )
-        self.swaps = Counter(
-            "swaps",
-            "Starts of `backend` that evicted `evicted` to make room on its GPUs.",
-            ["backend", "evicted"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.swap_wait = Histogram(
-            "swap_wait_seconds",
-            "How long a start waited for VRAM other models held (min_resident_s, eviction "
-            "and the memory coming back); only starts that had to wait or evict, and got in.",
-            ["backend"],
-            namespace=ns,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.drain_timeouts = Counter(
-            "drain_timeouts",
-            "Stops that went ahead with requests still in flight after drain_timeout_s.",
-            ["backend"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.backend_sleeps = Counter(
-            "backend_sleeps",
-            "Sleeps of a backend (vLLM sleep mode) by outcome (stopped: sleep mode was not "
-            "offered, so it was stopped instead) and reason (idle, eviction, yield, admin).",
-            ["backend", "outcome", "reason"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.yield_active = Gauge(
-            "vram_yield_active",
-            "1 while a VRAM yield (POST /vram/yield) holds a host's GPU for an outside workload.",
-            ["host"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.yields = Counter(
-            "vram_yields",
-            "VRAM yield operations by host and outcome.",
-            ["host", "outcome"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.yield_freed = Gauge(
-            "vram_yield_freed_bytes",
-            "Free GPU memory after the host's last yield minus before it, as the probe "
-            "measured it.",
-            ["host"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.state_save_failures = Counter(
-            "state_save_failures",
-            "Saves of the state file (zones, yield, profile) that failed (disk full, "
-            "directory read-only or missing).",
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.state_persisted = Gauge(
-            "state_persisted",
-            "1 when the state file holds what the gateway holds in memory; 0 while an "
-            "ended hold waits for its save to be retried.",
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.profile_active = Gauge(
-            "profile_active",
-            "1 for the active GPU profile, 0 for the others.",
-            ["profile"],
-            namespace=ns,
-            registry=self.registry,
-        )
-        self.backend_enabled = Gauge(
-            "backend_enabled",
-            "1 when the active GPU profile lets the backend run, else 0.",
-            ["backend"],
-            namespace=ns,
-            registry=self.registry,
-        )
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
-    def declare_host(self, host: str) -> None:
-        """Create a host's yield series at zero (`local`: the gateway's own machine)."""
-        self.yield_active.labels(host)
-        self.yield_freed.labels(host)
-        for outcome in YIELD_OUTCOMES:
-            self.yields.labels(host, outcome)
-
     def declare_backend(self, backend: str) -> None:
-        """Create every per-backend series at zero so dashboards see them before traffic."""
+        """Create the backend's request-side series at zero, so dashboards see them before
+        traffic (its lifecycle series: `LifecycleMetrics.declare_backend`)."""
         self.in_flight.labels(backend)
         self.backend_up.labels(backend)
         for kind in UPSTREAM_ERROR_KINDS:
             self.upstream_errors.labels(backend, kind)
-        for state in BackendState:
-            self.backend_state.labels(backend, state)
-        for outcome in StartOutcome:
-            self.starts.labels(backend, outcome)
-        for reason in StopReason:
-            self.stops.labels(backend, reason)
-        self.start_duration.labels(backend)
-        self.backend_enabled.labels(backend).set(1)
-        for slept in SleepOutcome:
-            for sleep_reason in SLEEP_REASONS:
-                self.backend_sleeps.labels(backend, slept, sleep_reason)
         for why in WAIT_REASONS:
             self.waiting.labels(backend, why)
         self.pool_wait.labels(backend)
-        self.drain_timeouts.labels(backend)
-        self.swap_wait.labels(backend)
-
-    def set_backend_state(self, backend: str, state: BackendState) -> None:
-        for name in BackendState:
-            self.backend_state.labels(backend, name).set(1 if name is state else 0)
 
     def observe_request(
         self,

@@ -37,6 +37,7 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.host_ram import HostRamBook, HostRamCollector
 from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.load import StartDurations
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.schedule import zone
 from app.lifecycle.scheduler import Clock, Scheduler, SystemClock
@@ -44,9 +45,8 @@ from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import ProcessRecords, StateStore
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
-from app.metrics import Metrics, PoolMetrics
+from app.metrics import PoolMetrics
 from app.notify.notifier import Notifier
-from app.reload.record import ConfigRecord
 from app.routing.cloud import Cloud, build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
@@ -69,6 +69,7 @@ from app.settings import (
     ProcessRuntimeConfig,
     Settings,
 )
+from app.settings.record import ConfigRecord
 from app.store.usage import build_ledger
 from app.tasks import OpenRelays
 from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
@@ -107,7 +108,7 @@ class Services:
     def __init__(
         self,
         settings: Settings,
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         seams: Seams,
         *,
         activity: Activity | None = None,
@@ -130,6 +131,20 @@ class Services:
         self._seams = seams
         self.key_metrics = KeyMetrics(metrics.registry)
         self.relays = OpenRelays()  # ended in-band when the gateway stops (app.main)
+        self._build_access()
+        self._build_clients()
+        self._build_store()
+        self._build_hosts()
+        self._build_loops()
+        self._build_routing()
+        self.retired: list[Cloud] = []  # clouds a reload replaced: closed with the gateway
+        self.wire_hooks()
+        # The configuration running (`/status` config); `app.reload` reloads it.
+        self.config_record = ConfigRecord(settings.config_dir, metrics.registry)
+
+    def _build_access(self) -> None:
+        """The client keys (`keys.yaml` and `MICROSCHEDULER_API_KEYS`) and who may ask what."""
+        settings = self.settings
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         self.keys = KeyRing.build(
             (key.get_secret_value() for key in settings.api_keys),
@@ -141,34 +156,45 @@ class Services:
         self.auth = Authenticator(
             self.keys, settings.admin_key, OriginPolicy.from_settings(settings)
         )
-        # One Docker client per host that runs docker backends.
+
+    def _build_clients(self) -> None:
+        """The runtimes' API clients: one Docker client per host that runs docker
+        backends, one Kubernetes client when a backend runs there."""
+        settings = self.settings
         self.dockers: dict[str, DockerApi] = {}
         for cfg in settings.backends.values():
             if isinstance(cfg.runtime, DockerRuntimeConfig):
                 self._docker(cfg.host_name)
         self.kube: KubeApi | None = None
         if any(isinstance(c.runtime, KubernetesRuntimeConfig) for c in settings.backends.values()):
-            self.kube = KubeApi(settings.kubernetes, transport=seams.kube_transport)
-        # The store (state.db): zones, the yield, the profile and the processes this
-        # gateway started survive restarts there, and the usage ledger (cloud budgets).
-        self.usage = build_ledger(settings, metrics.registry)
+            self.kube = KubeApi(settings.kubernetes, transport=self._seams.kube_transport)
+
+    def _build_store(self) -> None:
+        """The store (state.db): zones, the yield, the profile and the processes this
+        gateway started survive restarts there, and the usage ledger (cloud budgets)."""
+        settings = self.settings
+        self.usage = build_ledger(settings, self.metrics.registry)
         self.store = StateStore(
             settings.state_dir,
-            metrics=metrics,
+            metrics=self.metrics,
             on_change=self.events.changed,
             writer=self.usage.writer,
         )
         self._processes = ProcessRecords(self.store)
         self._learned = LearnedRecords(self.store)  # what each server said it serves
         self._durations = StartDurations(self.store)  # for the eta of a start
+
+    def _build_hosts(self) -> None:
+        """Each host's arbiter (its GPUs) and RAM book, the backends, and the hosts."""
+        settings = self.settings
         gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
-        arbiters = {name: self._build_arbiter(name, gpu, seams) for name, gpu in gpus.items()}
+        arbiters = {name: self._build_arbiter(name, gpu, self._seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
         if monitors:
-            metrics.registry.register(GpuCollector(monitors))
-        books = {name: self._build_ram_book(name, arbiters[name], seams) for name in gpus}
-        metrics.registry.register(HostRamCollector(books))
-        self._runtime_factory = seams.runtime_factory or self._build_runtime
+            self.metrics.registry.register(GpuCollector(monitors))
+        books = {name: self._build_ram_book(name, arbiters[name], self._seams) for name in gpus}
+        self.metrics.registry.register(HostRamCollector(books))
+        self._runtime_factory = self._seams.runtime_factory or self._build_runtime
         self.backends = {
             name: self._build_backend(name, cfg, self._runtime_factory(name, cfg), arbiters, books)
             for name, cfg in settings.backends.items()
@@ -182,15 +208,20 @@ class Services:
                 for name, gpu in gpus.items()
             }
         )
+
+    def _build_loops(self) -> None:
+        """What runs by itself: the GPU profiles, the vLLM load scrape, the supervisor's
+        loops and the schedules."""
+        settings = self.settings
         self.profiles = ProfileSwitch(
             settings.gpu_profiles,
             self.backends,
             self.store,
-            metrics,
+            self.metrics,
             self.events,
             on_switch=self._replan,
         )
-        self.vllm_load = vllm_load = VllmLoadMetrics(metrics.registry)
+        self.vllm_load = vllm_load = VllmLoadMetrics(self.metrics.registry)
         for name in self.backends:
             vllm_load.declare(name)
         wanted = {
@@ -209,31 +240,31 @@ class Services:
         self.scheduler = Scheduler(
             settings.schedules,
             zone(settings.timezone),
-            seams.clock or SystemClock(),
+            self._seams.clock or SystemClock(),
             vram_yield=self.hosts[LOCAL_HOST].vram_yield,
             profiles=self.profiles,
             backends=self.backends,
             events=self.events,
         )
+
+    def _build_routing(self) -> None:
+        """The cloud (providers, chains, circuits) and the dispatcher over the backends."""
+        settings = self.settings
         self.cloud = build_cloud(
-            settings, self.registry, self.backends, metrics, on_event=self.events.record
+            settings, self.registry, self.backends, self.metrics, on_event=self.events.record
         )
         self.dispatcher = Dispatcher(
             self.registry,
             self.backends,
-            metrics,
+            self.metrics,
             self.cloud,
             ResponseIds(
                 ttl_s=settings.responses_ttl_s,
                 max_ids=settings.responses_max_ids,
                 max_ids_per_key=settings.responses_max_ids_per_key,
             ),
-            load_of=vllm_load.load_of,
+            load_of=self.vllm_load.load_of,
         )
-        self.retired: list[Cloud] = []  # clouds a reload replaced: closed with the gateway
-        self.wire_hooks()
-        # The configuration running (`/status` config); `app.reload` reloads it.
-        self.config_record = ConfigRecord(settings.config_dir, metrics.registry)
 
     def wire_hooks(self) -> None:
         """The notifications' hooks on the cloud and the keys (again after a reload)."""

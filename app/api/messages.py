@@ -14,7 +14,7 @@ Where the request goes (`Call.for_target`):
   `native_messages`), one that lists `messages` in its `endpoints:`, an Anthropic
   provider in a chain. Usage is read from the end of the answer (`Exchange.body_done`:
   Anthropic's `input_tokens`/`output_tokens`, a stream's last `message_delta`);
-- any other gets it as OpenAI chat (`app.upstreams.anthropic.inbound`), and its answer,
+- any other gets it as OpenAI chat (`app.anthropic.inbound`), and its answer,
   stream or not, is translated back (`inbound_relay.as_messages`). `count_tokens` goes
   to vLLM's `/tokenize` in its chat form and answers `{"input_tokens": N}`.
 The translation is built only when a target may need it (`Dispatcher.serves_everywhere`).
@@ -33,6 +33,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from app.anthropic.inbound import (
+    anthropic_error,
+    anthropic_error_from_openai,
+    to_openai_chat,
+    tokenize_request,
+)
+from app.anthropic.inbound_stream import error_event, ping_event
 from app.api.handlers import JSONBody
 from app.api.openai import client_key, read_body
 from app.api.protocol import (
@@ -49,14 +56,7 @@ from app.routing.exchange import Call, Translated
 from app.routing.registry import Route as ModelRoute
 from app.services import Services
 from app.settings.endpoints import Api
-from app.upstreams.anthropic.inbound import (
-    anthropic_error,
-    anthropic_error_from_openai,
-    to_openai_chat,
-    tokenize_request,
-)
 from app.upstreams.anthropic.inbound_relay import as_messages, as_token_count
-from app.upstreams.anthropic.inbound_stream import error_event, ping_event
 from app.upstreams.http import forwardable_request_headers
 
 MESSAGES_PATH: Final = "/v1/messages"

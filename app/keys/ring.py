@@ -34,8 +34,8 @@ from app.keys.limits import (
     duration_text,
 )
 from app.keys.metrics import LIMITS, OUTCOMES, KeyMetrics
-from app.routing.fallback_metrics import TokenCounter
 from app.settings.keys import KeyConfig, KeysConfig, Priority, secret_digest
+from app.upstreams.usage import TokenCounter
 
 ANONYMOUS: Final = "anonymous"
 _NO_LIMITS: Final = KeyConfig(key_sha256="0" * 64)

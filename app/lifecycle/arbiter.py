@@ -47,14 +47,14 @@ from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
-from app.lifecycle.holdings import holders, residents
+from app.lifecycle.memory_holders import holders, residents
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.lifecycle.residency import IdleSignal, may_evict, wait_out
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore
 from app.lifecycle.zone_book import ZoneBook
 from app.lifecycle.zones import Zone, gpu_name
-from app.metrics import Metrics
 from app.settings.base import LOCAL_HOST
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class VramArbiter(ZoneBook):
         *,
         reclaim_timeout_s: float,
         events: EventLog | None = None,
-        metrics: Metrics | None = None,
+        metrics: LifecycleMetrics | None = None,
         host: str = LOCAL_HOST,
     ) -> None:
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed).

@@ -1,6 +1,6 @@
 """One lifecycle object per backend: its state, its runtime, its leases, its health.
 
-- `acquire()` is the data plane's only way in (`app.lifecycle.holding`, its half of the
+- `acquire()` is the data plane's only way in (`app.lifecycle.request_holds`, its half of the
   backend): a `Lease` on the ready backend, the request held in the backend's queue
   while it starts or while `max_inflight` requests are in flight.
 - The lock guards state transitions only and is never held across I/O.
@@ -13,7 +13,7 @@
   this module decides.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
 - Its fields are written only here and in its halves, split off to keep each module
-  readable: `app.lifecycle.holding` (the requests that hold it), `app.lifecycle.memory`
+  readable: `app.lifecycle.request_holds` (the requests that hold it), `app.lifecycle.memory`
   (what it holds, on its GPUs and asleep in host RAM) and `app.lifecycle.watched` (the
   periodic check, pinned restarts). Other objects read them and change a backend through
   its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
@@ -31,12 +31,13 @@ from app.events import EventLog
 from app.lifecycle import admission as rules
 from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
-from app.lifecycle.holding import Holding
 from app.lifecycle.lease import Leases
 from app.lifecycle.load import LoadStatus, StartDurations, load_status
 from app.lifecycle.memory import Memory
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import TicketQueue
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
+from app.lifecycle.request_holds import Holding
 from app.lifecycle.served import LearnedRecords, Served
 from app.lifecycle.server import Server, StartFailed
 from app.lifecycle.state import (
@@ -50,7 +51,6 @@ from app.lifecycle.state import (
     refusal,
 )
 from app.lifecycle.watched import Watched
-from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig, ReleaseConfig
 from app.tasks import cancel_and_wait, spawn
@@ -68,7 +68,7 @@ class Backend(Holding, Memory, Watched):
         runtime: Runtime,
         upstream: HttpUpstream,
         vllm: VllmClient,
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         *,
         admission: Admission | None = None,
         wake_notice_s: float = 5.0,

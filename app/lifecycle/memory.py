@@ -11,7 +11,7 @@
 
 `app.lifecycle.backend.Backend` is the one subclass and the one writer of these fields
 (`_init_memory`, and its start, sleep and stop); they are split only to keep each module
-readable, as `app.lifecycle.holding` is.
+readable, as `app.lifecycle.request_holds` is.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from app.errors import BackendUnavailable, ErrorCode, NotFound
 from app.events import EventLog
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
-from app.metrics import Metrics
 from app.settings.profiles import GpuProfilesConfig, ProfileConfig
 from app.tasks import OwnedTasks
 
@@ -74,7 +74,7 @@ class ProfileSwitch:
         profiles: GpuProfilesConfig | None,
         backends: Mapping[str, Backend],
         store: StateStore,
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         events: EventLog,
         *,
         on_switch: Callable[[], None] | None = None,

@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.served import Served
 from app.lifecycle.state import SleepOutcome, StopReason
-from app.metrics import Metrics
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.runtimes.output import OutputSource
 from app.tasks import cancel_and_wait, spawn
@@ -50,7 +50,7 @@ class Server:
         name: str,
         runtime: Runtime,
         vllm: VllmClient,
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
         """`on_progress`: called when the load progress of a start changes."""

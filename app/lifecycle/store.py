@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
 from app.errors import GatewayError
-from app.metrics import Metrics
+from app.lifecycle.metrics import LifecycleMetrics
 from app.runtimes.process_record import ProcessRecord
 from app.store.base import StoreError
 from app.store.sqlite import SqliteStore
@@ -69,7 +69,7 @@ class StateStore:
         self,
         directory: Path,
         *,
-        metrics: Metrics | None = None,
+        metrics: LifecycleMetrics | None = None,
         on_change: Callable[[], None] | None = None,
         retry_first_s: float = RETRY_FIRST_S,
         retry_max_s: float = RETRY_MAX_S,

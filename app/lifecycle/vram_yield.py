@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from app.errors import BackendUnavailable, InvalidRequest
@@ -31,9 +31,9 @@ from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
+from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.zones import YIELD_ZONE, YieldReport, Zone, gpu_name
-from app.metrics import Metrics
 from app.tasks import OwnedTasks
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class VramYield:
         self,
         arbiter: VramArbiter,
         backends: Mapping[str, Backend],
-        metrics: Metrics,
+        metrics: LifecycleMetrics,
         events: EventLog,
         *,
         settle_timeout_s: float,
@@ -127,6 +127,8 @@ class VramYield:
             return YieldOutcome(zone, already=False)
 
     async def _yield(self, request: YieldRequest) -> Zone:
+        """Block what is in scope, take it (starts first, then in `_yield_order` until
+        `min_free_mib` is free), measure, and hold the memory as the yield zone."""
         began = time.monotonic()
         reading = await self._arbiter.read_gpus()
         if reading is not None and reading.usable(request.gpu) is None:
@@ -136,8 +138,49 @@ class VramYield:
                 param="gpu",
             )
         free_before = free_mib(reading, request.gpu)
+        draft = self._draft(request)
+        scope = self._scope(request)
+        # A yield that could not be saved is refused before anything is blocked or stopped.
+        self._arbiter.check_state_writable()
+        # Block first: from here on, nothing in scope starts or wakes.
+        for backend in scope:
+            backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
+        logger.info("vram yield host=%s reason=%s min_free_mib=%s gpu=%d scope=%s free_mib=%s",
+                    self.host, request.reason, request.min_free_mib, request.gpu,
+                    ",".join(b.name for b in scope) or "-", free_before)  # fmt: skip
+        taken = _Taken()
+        try:
+            # A start in progress holds the GPU's lock until it ends: stop it first.
+            starting = [b for b in scope if b.state is BackendState.STARTING]
+            await self._take(starting, taken, sleep=False)
+            async with self._arbiter.locked([request.gpu]):
+                await self._take_in_order(request, scope, taken, free_before)
+                reading = await self._arbiter.read_gpus()
+                free_after = free_mib(reading, request.gpu) if reading is not None else None
+                # What still runs keeps serving; what is down stays blocked.
+                blocked = _keep_blocked(scope, taken, draft.block_key)
+                report = _report(
+                    request,
+                    taken,
+                    probe_name=self._arbiter.probe_name,
+                    free_before=free_before if reading is not None else None,
+                    free_after=free_after,
+                    blocked=blocked,
+                    duration_s=time.monotonic() - began,
+                )
+                zone = _held_zone(draft, request, taken, blocked, report)
+                self._arbiter.set_zone(zone)
+        except BaseException:
+            for backend in scope:
+                backend.unblock(draft.block_key)
+            raise
+        self._record(report)
+        return zone
+
+    def _draft(self, request: YieldRequest) -> Zone:
+        """The zone before anything is taken: its block key, words and expiry."""
         now = time.time()
-        draft = Zone(
+        return Zone(
             YIELD_ZONE,
             holder=request.reason,
             gpu=request.gpu,
@@ -148,92 +191,38 @@ class VramYield:
             kind="yield",
             host=self.host,
         )
-        scope = [
+
+    def _scope(self, request: YieldRequest) -> list[Backend]:
+        """The backends a yield may take: managed ones on its GPU, lazy ones only unless
+        it includes pinned ones."""
+        return [
             b
             for b in self._backends.values()
             if request.gpu in b.config.gpus
             and b.runtime.managed
             and (b.lazy or request.include_pinned)
         ]
-        # A yield that could not be saved is refused before anything is blocked or stopped.
-        self._arbiter.check_state_writable()
-        # Block first: from here on, nothing in scope starts or wakes.
-        for backend in scope:
-            backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
-        logger.info("vram yield host=%s reason=%s min_free_mib=%s gpu=%d scope=%s free_mib=%s",
-                    self.host, request.reason, request.min_free_mib, request.gpu,
-                    ",".join(b.name for b in scope) or "-", free_before)  # fmt: skip
-        stopped: list[str] = []
-        slept: list[str] = []
-        failed: dict[str, str] = {}
-        drain_timeouts: list[str] = []
-        free = free_before
-        try:
-            # A start in progress holds the GPU's lock until it ends: stop it first.
-            starting = [b for b in scope if b.state is BackendState.STARTING]
-            await self._take(starting, stopped, slept, failed, drain_timeouts, sleep=False)
-            async with self._arbiter.locked([request.gpu]):
-                for backend in _yield_order(scope):
-                    if request.min_free_mib is not None and free >= request.min_free_mib:
-                        break
-                    if backend.name in stopped or not _holds_memory(backend):
-                        continue
-                    took = await self._take(
-                        [backend], stopped, slept, failed, drain_timeouts, sleep=True
-                    )
-                    if took:
-                        expected = backend.vram_mib if backend.name in stopped else None
-                        settled = await self._settle(request, free, expected)
-                        if settled is not None:
-                            free = free_mib(settled, request.gpu)
-                reading = await self._arbiter.read_gpus()
-                free_after = free_mib(reading, request.gpu) if reading is not None else None
-                taken = set(stopped) | set(slept)
-                # What still runs keeps serving; what is down stays blocked.
-                blocked = []
-                for backend in scope:
-                    if backend.name in taken:
-                        continue
-                    if backend.state is BackendState.STOPPED:
-                        blocked.append(backend.name)
-                    else:
-                        backend.unblock(draft.block_key)
-                report = _report(
-                    request,
-                    probe_name=self._arbiter.probe_name,
-                    free_before=free_before if reading is not None else None,
-                    free_after=free_after,
-                    stopped=stopped,
-                    slept=slept,
-                    blocked=blocked,
-                    failed=failed,
-                    drain_timeouts=drain_timeouts,
-                    duration_s=time.monotonic() - began,
-                )
-                held = free_after or 0
-                if request.min_free_mib is not None:
-                    held = min(held, request.min_free_mib)
-                zone = Zone(
-                    YIELD_ZONE,
-                    holder=request.reason,
-                    gpu=request.gpu,
-                    mib=max(0, held),
-                    granted_at=draft.granted_at,
-                    expires_at=draft.expires_at,
-                    stopped=tuple(stopped + blocked),
-                    kind="yield",
-                    slept=tuple(slept),
-                    report=report,
-                    host=self.host,
-                )
-                self._arbiter.set_zone(zone)
-        except BaseException:
-            for backend in scope:
-                backend.unblock(draft.block_key)
-            raise
+
+    async def _take_in_order(
+        self, request: YieldRequest, scope: list[Backend], taken: _Taken, free: int
+    ) -> None:
+        """Take one backend at a time in `_yield_order`, waiting for what each freed to
+        show, until `min_free_mib` is free (or all of them are taken)."""
+        for backend in _yield_order(scope):
+            if request.min_free_mib is not None and free >= request.min_free_mib:
+                return
+            if backend.name in taken.stopped or not _holds_memory(backend):
+                continue
+            if await self._take([backend], taken, sleep=True):
+                expected = backend.vram_mib if backend.name in taken.stopped else None
+                settled = await self._settle(request, free, expected)
+                if settled is not None:
+                    free = free_mib(settled, request.gpu)
+
+    def _record(self, report: YieldReport) -> None:
         logger.info("vram yielded host=%s reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s",
-                    self.host, request.reason, report.freed_mib, report.free_mib,
-                    ",".join(stopped) or "-", ",".join(slept) or "-")  # fmt: skip
+                    self.host, report.reason, report.freed_mib, report.free_mib,
+                    ",".join(report.stopped) or "-", ",".join(report.slept) or "-")  # fmt: skip
         self._events.record(
             "vram_yield",
             host=self.host,
@@ -244,18 +233,8 @@ class VramYield:
             slept=list(report.slept),
             duration_s=report.duration_s,
         )
-        return zone
 
-    async def _take(
-        self,
-        backends: list[Backend],
-        stopped: list[str],
-        slept: list[str],
-        failed: dict[str, str],
-        drain_timeouts: list[str],
-        *,
-        sleep: bool,
-    ) -> bool:
+    async def _take(self, backends: list[Backend], taken: _Taken, *, sleep: bool) -> bool:
         """Stop (or put to sleep) `backends` together; True when any was taken."""
 
         async def one(backend: Backend) -> SleepOutcome:
@@ -270,14 +249,14 @@ class VramYield:
         took = False
         for backend, result in zip(backends, results, strict=True):
             if isinstance(result, BackendUnavailable):
-                failed[backend.name] = result.message
+                taken.failed[backend.name] = result.message
                 continue
             if isinstance(result, BaseException):
                 raise result
             took = True
-            (slept if result is SleepOutcome.SLEPT else stopped).append(backend.name)
+            (taken.slept if result is SleepOutcome.SLEPT else taken.stopped).append(backend.name)
             if backend.last_drain_timed_out:
-                drain_timeouts.append(backend.name)
+                taken.drain_timeouts.append(backend.name)
         return took
 
     async def _settle(
@@ -362,6 +341,53 @@ class VramYield:
         await self._tasks.close()
 
 
+@dataclass(slots=True)
+class _Taken:
+    """What one yield took so far, by how (and what it could not take)."""
+
+    stopped: list[str] = field(default_factory=list)
+    slept: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    drain_timeouts: list[str] = field(default_factory=list)
+
+
+def _keep_blocked(scope: list[Backend], taken: _Taken, block_key: str) -> list[str]:
+    """Of what the yield did not take, the stopped ones stay blocked (their names); the
+    others are unblocked and keep serving."""
+    blocked = []
+    for backend in scope:
+        if backend.name in taken.stopped or backend.name in taken.slept:
+            continue
+        if backend.state is BackendState.STOPPED:
+            blocked.append(backend.name)
+        else:
+            backend.unblock(block_key)
+    return blocked
+
+
+def _held_zone(
+    draft: Zone, request: YieldRequest, taken: _Taken, blocked: list[str], report: YieldReport
+) -> Zone:
+    """The yield zone: the memory free after it (at most `min_free_mib`), what it stopped
+    or keeps blocked, what it put to sleep, and its report."""
+    held = report.free_mib or 0
+    if request.min_free_mib is not None:
+        held = min(held, request.min_free_mib)
+    return Zone(
+        YIELD_ZONE,
+        holder=request.reason,
+        gpu=request.gpu,
+        mib=max(0, held),
+        granted_at=draft.granted_at,
+        expires_at=draft.expires_at,
+        stopped=tuple(taken.stopped + blocked),
+        kind="yield",
+        slept=tuple(taken.slept),
+        report=report,
+        host=draft.host,
+    )
+
+
 def _yield_order(scope: list[Backend]) -> list[Backend]:
     """Lowest priority first; at equal priority lazy before pinned, longest idle first."""
     now = time.monotonic()
@@ -378,15 +404,12 @@ def _holds_memory(backend: Backend) -> bool:
 
 def _report(
     request: YieldRequest,
+    taken: _Taken,
     *,
     probe_name: str,
     free_before: int | None,
     free_after: int | None,
-    stopped: list[str],
-    slept: list[str],
     blocked: list[str],
-    failed: dict[str, str],
-    drain_timeouts: list[str],
     duration_s: float,
 ) -> YieldReport:
     freed = None if free_before is None or free_after is None else free_after - free_before
@@ -404,10 +427,10 @@ def _report(
             else free_after >= request.min_free_mib
         ),
         measured_by=probe_name if freed is not None else f"{probe_name}: no reading, not measured",
-        stopped=tuple(stopped),
-        slept=tuple(slept),
+        stopped=tuple(taken.stopped),
+        slept=tuple(taken.slept),
         blocked=tuple(blocked),
-        failed=dict(failed),
-        drain_timeouts=tuple(drain_timeouts),
+        failed=dict(taken.failed),
+        drain_timeouts=tuple(taken.drain_timeouts),
         duration_s=round(duration_s, 3),
     )

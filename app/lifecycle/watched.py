@@ -10,7 +10,7 @@
 
 `app.lifecycle.backend.Backend` is the one subclass: it owns the fields and the
 transitions used here; they are split only to keep each module readable, as
-`app.lifecycle.holding` is.
+`app.lifecycle.request_holds` is.
 """
 
 from __future__ import annotations

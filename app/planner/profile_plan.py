@@ -235,20 +235,7 @@ def _plan_gpu(
             f"the whole {bytes_to_gib(total_bytes):.2f} GiB GPU"
         )
         return GpuPlan(gpu, held, None, float(held), (problem,)), []
-    specs: list[InstanceSpec] = []
-    for backend, planned in described:
-        config = settings.backends[backend]
-        chosen = profile.models.get(backend)
-        vram_pct = chosen.vram_pct if chosen is not None else None
-        specs.append(
-            instance_spec(
-                planned,
-                gpus=len(config.gpus),
-                name=backend,
-                cuda_graphs=chosen.cuda_graphs if chosen is not None else None,
-                gpu_memory_utilization=None if vram_pct is None else vram_pct / 100,
-            )
-        )
+    specs = [_spec(settings, profile, backend, planned) for backend, planned in described]
     share: SharePlan | None = None
     used = float(held)
     if specs:
@@ -256,36 +243,12 @@ def _plan_gpu(
             ShareRequest(total_bytes=total_bytes, instances=tuple(specs), baseline_used_bytes=held)
         )
         used = total_bytes - share.free_bytes
-    instances: list[PlannedInstance] = []
-    for (backend, planned), spec, plan in zip(
-        described, specs, share.instances if share else (), strict=True
-    ):
-        config = settings.backends[backend]
-        chosen = profile.models.get(backend)
-        sleep = chosen.sleep_mode if chosen is not None else None
-        if sleep is None:
-            sleep = config.sleep_supported
-        argv, env = vllm_command(
-            config,
-            planned,
-            plan,
-            sleep_mode=sleep,
-            graphs_outside_budget=bool(spec.graphs) and not spec.graphs_in_budget,
+    instances = [
+        _instance(settings, profile, gpu, backend, planned, spec, plan)
+        for (backend, planned), spec, plan in zip(
+            described, specs, share.instances if share else (), strict=True
         )
-        instances.append(
-            PlannedInstance(
-                backend=backend,
-                gpu=gpu,
-                config=config,
-                planned=planned,
-                spec=spec,
-                plan=plan,
-                vram_pct=chosen.vram_pct if chosen is not None else None,
-                sleep_mode=sleep,
-                argv=argv,
-                env=env,
-            )
-        )
+    ]
     problems: list[str] = []
     target = profile.target_utilization_pct
     if used > total_bytes * target / 100:
@@ -295,3 +258,55 @@ def _plan_gpu(
             f"target_utilization_pct {target:g}%"
         )
     return GpuPlan(gpu, held, share, used, tuple(problems)), instances
+
+
+def _spec(
+    settings: PlannedSettings, profile: Profile, backend: str, planned: PlannedModel
+) -> InstanceSpec:
+    """What the share plan sizes for `backend`, with the profile's choices for it."""
+    config = settings.backends[backend]
+    chosen = profile.models.get(backend)
+    vram_pct = chosen.vram_pct if chosen is not None else None
+    return instance_spec(
+        planned,
+        gpus=len(config.gpus),
+        name=backend,
+        cuda_graphs=chosen.cuda_graphs if chosen is not None else None,
+        gpu_memory_utilization=None if vram_pct is None else vram_pct / 100,
+    )
+
+
+def _instance(
+    settings: PlannedSettings,
+    profile: Profile,
+    gpu: int,
+    backend: str,
+    planned: PlannedModel,
+    spec: InstanceSpec,
+    plan: InstancePlan,
+) -> PlannedInstance:
+    """`backend` as planned on `gpu`: its share of the memory and its vLLM command."""
+    config = settings.backends[backend]
+    chosen = profile.models.get(backend)
+    sleep = chosen.sleep_mode if chosen is not None else None
+    if sleep is None:
+        sleep = config.sleep_supported
+    argv, env = vllm_command(
+        config,
+        planned,
+        plan,
+        sleep_mode=sleep,
+        graphs_outside_budget=bool(spec.graphs) and not spec.graphs_in_budget,
+    )
+    return PlannedInstance(
+        backend=backend,
+        gpu=gpu,
+        config=config,
+        planned=planned,
+        spec=spec,
+        plan=plan,
+        vram_pct=chosen.vram_pct if chosen is not None else None,
+        sleep_mode=sleep,
+        argv=argv,
+        env=env,
+    )

@@ -20,7 +20,7 @@ A valid one is applied as its plan (`app.reload.plan`) says, in this order:
 
 Every reload is counted (`microscheduler_config_reloads_total{result}`: ok, refused,
 failed), recorded on the event log (`config_reload`) and its hash, time and source are
-in `/status` (`config`, `app.reload.record`). The reloader is built by the app's lifespan
+in `/status` (`config`, `app.settings.record`). The reloader is built by the app's lifespan
 (`app.main`), after the services it reloads.
 """
 
@@ -39,12 +39,13 @@ from app.keys.ring import KeyRing
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.state import BackendState, StopReason
 from app.reload.plan import ReloadPlan, effective, plan_reload
-from app.reload.watch import WATCH_INTERVAL_S, ConfigWatcher, config_digest
+from app.reload.watch import WATCH_INTERVAL_S, ConfigWatcher
 from app.routing.cloud import build_cloud
 from app.routing.dispatcher import Dispatcher
 from app.routing.registry import Registry
 from app.services import Services
 from app.settings import ConfigError, Settings, load_settings
+from app.settings.record import config_digest
 from app.tasks import OwnedTasks
 
 if TYPE_CHECKING:

@@ -1,36 +1,21 @@
-"""The config directory's files: their digest (`/status`'s `config.hash`) and the watch of
-`serve --watch-config`, which polls them every `WATCH_INTERVAL_S` and reloads when their
-contents change (no new dependency: a read and a hash of a few small files)."""
+"""The watch of `serve --watch-config`: it polls the config directory's digest (`/status`'s
+`config.hash`, `app.settings.record.config_digest`) every `WATCH_INTERVAL_S` and reloads
+when the files' contents change (no new dependency: a read and a hash of a few small
+files)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
+from app.settings.record import config_digest
+
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S: Final = 2.0
-
-
-def config_digest(directory: Path) -> str:
-    """SHA-256 over the names and contents of the directory's YAML files (its first 16
-    hex digits): what the running configuration was loaded from."""
-    digest = hashlib.sha256()
-    try:
-        files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
-    except OSError:
-        files = []
-    for path in files:
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        digest.update(path.name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest()[:16]
 
 
 class ConfigWatcher:

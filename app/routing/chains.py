@@ -61,11 +61,12 @@ from app.errors import (
     UpstreamTimeout,
     WakeTimeout,
 )
+from app.lifecycle.lease import Lease
 from app.lifecycle.state import BackendState
 from app.routing.circuit import ChainAvailability, Permit, available_entries
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
-from app.routing.local import is_json_post, open_local
+from app.routing.local import is_json_post, open_entry, served_target
 from app.routing.patience import (
     EXPECTED_WAKE_HEADER,
     MAX_WAIT_HEADER,
@@ -82,7 +83,7 @@ from app.routing.policy import (
     classify_response,
     first_byte_timeout,
 )
-from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
+from app.routing.replicas import MemberAttempts, Replicas
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
@@ -217,24 +218,22 @@ class ChainCall:
         with a new permit of the group's circuit and within the chain's budget."""
         cloud = self._cloud
         members = cloud.groups[group]
-        picked = None if self._replicas is None else self._replicas.pick(group, members)
-        tried = [picked or members[0]]
+        attempts = MemberAttempts(self._replicas, group, members, members[0])
         while True:
-            outcome = await self._local(tried[-1], permit, budget, notice, last, circuit=group)
+            outcome = await self._local(
+                attempts.current, permit, budget, notice, last, circuit=group
+            )
             if isinstance(outcome, Exchange) or outcome.reason not in _REPLICA_RETRY:
                 return outcome
             now = cloud.clock()
-            if len(tried) >= REPLICA_ATTEMPTS or not budget.allows_attempt(now, self._attempts):
+            if not attempts.may_retry or not budget.allows_attempt(now, self._attempts):
                 return outcome
-            retry = (
-                None if self._replicas is None else self._replicas.pick(group, members, skip=tried)
-            )
+            retry = attempts.retry()
             again = None if retry is None else cloud.circuits.get(group).acquire(now)
-            if retry is None or again is None:
+            if again is None:
                 return outcome
             self._passed.append(outcome)
             permit = again
-            tried.append(retry)
 
     async def _local(
         self,
@@ -251,22 +250,85 @@ class ChainCall:
         entry = name if circuit is None else circuit
         cloud = self._cloud
         backend = cloud.backends[name]
+        wait = await self._wait_for(name, entry, permit, budget, last)
+        if isinstance(wait, Passed):
+            return wait
+        lease = await self._acquire(name, entry, permit, wait, notice)
+        if isinstance(lease, Passed):
+            return lease
+        target = served_target(self._call, backend, lease)
+        if target is None:  # its server said, as it woke, that it does not serve it
+            cloud.release(entry, permit)
+            return Passed(name, R.UNSUPPORTED_ENDPOINT)
+        sent = target[0]
+        if name == self._call.route.backend or is_json_post(sent):
+            body = sent.body  # `open_local` writes a JSON body (once) with the entry's model
+        else:
+            body = sent.provider_request().body_for(backend.config.served_model)
+        own = backend.upstream.timeouts.first_byte_s
+        first_byte = first_byte_timeout(budget, cloud.clock(), own)
+        self._attempts += 1
+        try:
+            opened = await open_entry(
+                backend, lease, target, cloud.upstream_errors, body=body, first_byte_s=first_byte
+            )
+        except UpstreamError as err:  # counted, and the lease released, by open_local
+            return self._raised(entry, permit, err, first_byte < own, name)
+        except BaseException:
+            cloud.release(entry, permit)
+            raise
+        verdict = self._verdict(opened.response)
+        cloud.record(entry, permit, verdict)
+        if verdict.action == "next":
+            opened.discard()
+            return Passed(name, verdict.reason, f"HTTP {opened.response.status}")
+        relayed = await opened.relayable(first_byte)
+        hooks = _Hooks(cloud, entry, permit, provider=False, served=verdict.action == "serve")
+        return Exchange(
+            self._call.route,
+            name,
+            relayed,
+            lease,
+            headers=self._answer_headers(name) + opened.headers,
+            tokens=cloud.metrics.token_counter(name),
+            hooks=hooks,
+        )
+
+    async def _wait_for(
+        self, name: str, entry: str, permit: Permit, budget: Budget, last: bool
+    ) -> float | Passed:
+        """How long to wait for backend `name` to be ready: what is left of the deadline
+        (at most the chain's `wake_timeout_s` when entries remain after it), and no longer
+        than the caller accepts; passed over (`cold_start_budget`) at once while it warms
+        when its expected start is longer than that."""
+        cloud = self._cloud
+        backend = cloud.backends[name]
         remaining = budget.remaining(cloud.clock())
         wait = remaining if last else min(self._chain.config.wake_timeout_s, remaining)
         accepted = self._accepted
-        if accepted is not None and not last:
-            ready_in = backend.ready_in_s()
-            if priced_out(ready_in, accepted) and await backend.warm_up():
-                assert ready_in is not None
-                cloud.release(entry, permit)
-                self._priced.append((name, ready_in))
-                why = f"expected ready in {ready_in:.1f}s, the request waits {accepted:g}s"
-                return Passed(name, R.COLD_START_BUDGET, why)
-            if ready_in is not None and backend.state is not BackendState.READY:
-                wait = min(wait, accepted)  # priced within: but never longer than accepted
+        if accepted is None or last:
+            return wait
+        ready_in = backend.ready_in_s()
+        if priced_out(ready_in, accepted) and await backend.warm_up():
+            assert ready_in is not None
+            cloud.release(entry, permit)
+            self._priced.append((name, ready_in))
+            why = f"expected ready in {ready_in:.1f}s, the request waits {accepted:g}s"
+            return Passed(name, R.COLD_START_BUDGET, why)
+        if ready_in is not None and backend.state is not BackendState.READY:
+            wait = min(wait, accepted)  # priced within: but never longer than accepted
+        return wait
+
+    async def _acquire(
+        self, name: str, entry: str, permit: Permit, wait: float, notice: Notice | None
+    ) -> Lease | Passed:
+        """A lease on backend `name` within `wait`, or passed over with the refusal's
+        reason (a refusal the policy relays is raised)."""
+        cloud = self._cloud
+        backend = cloud.backends[name]
         on_wait = notice.for_backend(name) if notice is not None else None
         try:
-            lease = await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
+            return await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
         except GatewayError as err:
             verdict = classify_error(err)
             if isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s:
@@ -280,52 +342,6 @@ class ChainCall:
         except BaseException:
             cloud.release(entry, permit)
             raise
-        target = self._call.for_target(backend.serving.serves)
-        if target is None:  # its server said, as it woke, that it does not serve it
-            lease.release()
-            cloud.release(entry, permit)
-            return Passed(name, R.UNSUPPORTED_ENDPOINT)
-        sent, answer = target
-        if name == self._call.route.backend or is_json_post(sent):
-            body = sent.body  # `open_local` writes a JSON body (once) with the entry's model
-        else:
-            body = sent.provider_request().body_for(backend.config.served_model)
-        own = backend.upstream.timeouts.first_byte_s
-        first_byte = first_byte_timeout(budget, cloud.clock(), own)
-        self._attempts += 1
-        try:
-            response, added = await open_local(
-                backend, lease, sent, cloud.upstream_errors, body=body, first_byte_s=first_byte
-            )
-        except UpstreamError as err:  # counted, and the lease released, by open_local
-            return self._raised(entry, permit, err, first_byte < own, name)
-        except BaseException:
-            cloud.release(entry, permit)
-            raise
-        verdict = self._verdict(response)
-        cloud.record(entry, permit, verdict)
-        if verdict.action == "next":
-            response.release()
-            lease.release()
-            return Passed(name, verdict.reason, f"HTTP {response.status}")
-        relayed: Relayable = response
-        if answer is not None:
-            try:
-                relayed = await answer(response, first_byte)
-            except BaseException:
-                response.release()
-                lease.release()
-                raise
-        hooks = _Hooks(cloud, entry, permit, provider=False, served=verdict.action == "serve")
-        return Exchange(
-            self._call.route,
-            name,
-            relayed,
-            lease,
-            headers=self._answer_headers(name) + added,
-            tokens=cloud.metrics.token_counter(name),
-            hooks=hooks,
-        )
 
     async def _provider(self, name: str, permit: Permit, budget: Budget) -> Exchange | Passed:
         cloud = self._cloud

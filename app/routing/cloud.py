@@ -303,7 +303,29 @@ def build_cloud(
     A provider whose `api_key_env` is unset or empty is left out with a warning; the
     chains skip it (`no_api_key`) and `status()` shows `key_present: false`."""
     config = settings.cloud_providers or CloudConfig()
-    environ = os.environ if environ is None else environ
+    providers, missing = _providers(settings, config, os.environ if environ is None else environ)
+    chains = _chains(config)
+    groups = _groups(settings)
+    chain_by_model = _chain_by_model(settings, registry, chains, groups)
+    return Cloud(
+        config,
+        providers,
+        backends,
+        chain_by_model,
+        metrics,
+        missing_keys=frozenset(missing),
+        apis={name: cfg.apis for name, cfg in config.providers.items()}
+        | {name: cfg.apis for name, cfg in settings.backends.items() if name not in backends},
+        on_event=on_event,
+        groups=groups,
+        fallback_metrics=fallback_metrics,
+    )
+
+
+def _providers(
+    settings: Settings, config: CloudConfig, environ: Mapping[str, str]
+) -> tuple[dict[str, Provider], set[str]]:
+    """The providers whose key is present, and the names of those left out without it."""
     providers: dict[str, Provider] = {}
     missing: set[str] = set()
     for name, cfg in config.providers.items():
@@ -319,7 +341,11 @@ def build_cloud(
         timeouts = _provider_timeouts(settings.timeouts, cfg)
         provider_type = AnthropicProvider if cfg.kind == "anthropic" else OpenAIProvider
         providers[name] = provider_type(name, cfg, key, timeouts)
-    chains = {
+    return providers, missing
+
+
+def _chains(config: CloudConfig) -> dict[str, Chain]:
+    return {
         key: Chain(
             key,
             tuple(cfg.entries),
@@ -333,10 +359,26 @@ def build_cloud(
         )
         for key, cfg in config.chains.items()
     }
+
+
+def _groups(settings: Settings) -> dict[str, tuple[str, ...]]:
+    """Each replica group's members, in the configuration's order."""
     groups: dict[str, tuple[str, ...]] = {}
     for name, backend in settings.backends.items():
         if backend.replica_of is not None:
             groups[backend.replica_of] = (*groups.get(backend.replica_of, ()), name)
+    return groups
+
+
+def _chain_by_model(
+    settings: Settings,
+    registry: Registry,
+    chains: Mapping[str, Chain],
+    groups: Mapping[str, tuple[str, ...]],
+) -> dict[str, Chain]:
+    """The chain each model name walks (its own, else its backend's role's), with a
+    warning for a chain that lists a group's member instead of the group, and for one
+    that no name resolves to."""
     chain_by_model: dict[str, Chain] = {}
     for entry in registry.entries:
         role = settings.backends[entry.backend].role
@@ -358,19 +400,7 @@ def build_cloud(
         )
     for key in chains.keys() - {c.key for c in chain_by_model.values()}:
         logger.warning("chain unused: no model name resolves to it chain=%s", key)
-    return Cloud(
-        config,
-        providers,
-        backends,
-        chain_by_model,
-        metrics,
-        missing_keys=frozenset(missing),
-        apis={name: cfg.apis for name, cfg in config.providers.items()}
-        | {name: cfg.apis for name, cfg in settings.backends.items() if name not in backends},
-        on_event=on_event,
-        groups=groups,
-        fallback_metrics=fallback_metrics,
-    )
+    return chain_by_model
 
 
 def _provider_timeouts(base: TimeoutsConfig, cfg: ProviderConfig) -> TimeoutsConfig:

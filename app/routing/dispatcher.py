@@ -2,7 +2,9 @@
 
 The dispatcher decides where a request goes: a model with a fallback chain is walked by
 `app.routing.chains.ChainCall`; any other goes to its backend. Both open a local backend
-through `app.routing.local.open_local` and return the same `Exchange`.
+through `app.routing.local` (`served_target`, `open_entry`, `LocalAnswer.relayable`), try
+a replica group's members through `app.routing.replicas.MemberAttempts`, and return the
+same `Exchange`.
 
 A backend takes only the APIs it serves (`Backend.serving`: `endpoints:`, else what its
 server's /openapi.json listed, else its task's or runner's set): a call it cannot take as
@@ -42,13 +44,12 @@ from app.metrics import Metrics
 from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
-from app.routing.fallback_metrics import TokenCounter
-from app.routing.local import open_local
+from app.routing.local import open_entry, served_target
 from app.routing.registry import Registry, Route
-from app.routing.replicas import REPLICA_ATTEMPTS, Replicas
+from app.routing.replicas import MemberAttempts, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
 from app.settings.endpoints import Api
-from app.upstreams.http import Relayable
+from app.upstreams.usage import TokenCounter
 from app.upstreams.vllm_load import BackendLoad
 
 
@@ -207,57 +208,38 @@ class Dispatcher:
         first byte (refused, unreachable, 5xx; not a wake that outlasted `max_wait_s`),
         once more on another. The last attempt's answer or error is the request's."""
         route = call.route
-        members = route.members
-        name = self.replicas.pick(group, members) or route.backend  # none: its refusal
-        tried: list[str] = []
+        attempts = MemberAttempts(self.replicas, group, route.members, route.backend)
         while True:
-            tried.append(name)
+            name = attempts.current
             on_wait = None if notice is None else notice.for_backend(name)
-            may_retry = len(tried) < REPLICA_ATTEMPTS
             try:
                 exchange = await self._open_backend(name, call, on_wait)
             except WakeTimeout:  # waited its max_wait_s already: not once more elsewhere
                 raise
             except UpstreamError:
-                retry = self.replicas.pick(group, members, skip=tried) if may_retry else None
-                if retry is None:
+                if attempts.retry() is None:
                     raise
-                name = retry
                 continue
-            if exchange.response.status < 500 or not may_retry:
-                return exchange
-            retry = self.replicas.pick(group, members, skip=tried)
-            if retry is None:
+            if exchange.response.status < 500 or attempts.retry() is None:
                 return exchange
             exchange.finish()
-            name = retry
 
     async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:
         backend = self._backends[name]
         if call.for_target(backend.serving.serves) is None:
             raise not_served(call, name, backend.serving.apis)
         lease = await backend.acquire(notice, priority=call.priority)
-        target = call.for_target(backend.serving.serves)  # its server spoke as it woke
+        target = served_target(call, backend, lease)
         if target is None:
-            lease.release()
             raise not_served(call, name, backend.serving.apis)
-        sent, answer = target
-        await self._with_adapter(backend, sent, lease)
-        response, added = await open_local(backend, lease, sent, self._metrics.upstream_errors)
-        relayed: Relayable = response
-        if answer is not None:
-            try:
-                relayed = await answer(response, backend.upstream.timeouts.first_byte_s)
-            except BaseException:
-                response.release()
-                lease.release()
-                raise
+        await self._with_adapter(backend, target[0], lease)
+        opened = await open_entry(backend, lease, target, self._metrics.upstream_errors)
         return Exchange(
             call.route,
             backend.name,
-            relayed,
+            await opened.relayable(backend.upstream.timeouts.first_byte_s),
             lease,
-            headers=added or None,
+            headers=opened.headers or None,
             tokens=self._tokens.get(backend.name),
         )
 

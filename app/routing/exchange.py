@@ -11,12 +11,12 @@ from typing import Any, Protocol
 from app.errors import UpstreamError
 from app.keys.ring import KeyUse
 from app.lifecycle.lease import Lease, WaitNotice
-from app.routing.fallback_metrics import TokenCounter, usage_in_tail
 from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.settings.keys import Priority
 from app.upstreams.http import Relayable
 from app.upstreams.provider import ProviderRequest
+from app.upstreams.usage import TokenCounter, usage_in_tail
 
 # Turns an answer in the translated API back into the client's, within `within_s`.
 AnswerTranslator = Callable[[Relayable, float], Awaitable[Relayable]]
@@ -165,7 +165,11 @@ class Exchange:
                 self.count(*usage)
 
     def count(self, prompt: int, completion: int) -> None:
-        """The answer's tokens, for its entry and its client's key."""
+        """The answer's tokens, for its entry and its client's key: the one place they are
+        counted (read by `app.upstreams.usage`), and once per answer whoever reports them
+        (the stripped usage event, the body's tail, a translated stream's hooks)."""
+        if self.usage is not None:
+            return
         self.usage = (prompt, completion)
         if self.tokens is not None:
             self.tokens.add(prompt, completion)

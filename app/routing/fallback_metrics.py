@@ -13,25 +13,19 @@
         prompt and completion tokens by the entry that answered (a backend or a provider)
 
 Every series is declared at zero from the configuration; labels never come from requests.
-
-Tokens are read from the `usage` object a response carries, without parsing the body: the
-last `"usage": {...}` in its last bytes. A non-streaming answer always has one; a stream
-has one when the client asked for it (`stream_options.include_usage`), or when the
-gateway added it for a key that counts tokens and takes it out again before the client
-sees it (`app.upstreams.usage`). A translated Anthropic stream counts its usage from the
-translator, whatever the client asked.
+How the tokens are read from an answer and counted: `app.upstreams.usage`.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from app.routing.policy import REASONS, SKIP_REASONS
+from app.upstreams.usage import TokenCounter
 
 _NOT_FALLBACK: Final = frozenset({"ok", "client_error", "internal"})
 FALLBACK_REASONS: Final = tuple(sorted(REASONS - _NOT_FALLBACK)) + SKIP_REASONS
@@ -42,51 +36,6 @@ PROVIDER_OUTCOMES: Final = (
     "cancelled",
     *sorted(r for r in REASONS - _NOT_FALLBACK if not r.startswith("local_")),
 )
-
-_USAGE: Final = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
-# OpenAI's names, or Anthropic's (a Messages answer, passed through or translated).
-_PROMPT: Final = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*([0-9]+)')
-_COMPLETION: Final = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*([0-9]+)')
-_TAIL_BYTES: Final = 4096
-
-
-def usage_in_tail(tail: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens from the last `"usage": {...}` in `tail`, if any (in
-    OpenAI's words or Anthropic's: a Messages answer's `input_tokens`/`output_tokens`).
-
-    About 1.5 us for a chat completion (regular expressions, no JSON parsing)."""
-    at = tail.rfind(b'"usage"', -_TAIL_BYTES)
-    if at < 0:
-        return None
-    match = _USAGE.match(tail, at)
-    if match is None:
-        return None
-    usage = match.group(1)
-    prompt, completion = _PROMPT.search(usage), _COMPLETION.search(usage)
-    if prompt is None or completion is None:
-        return None
-    return int(prompt.group(1)), int(completion.group(1))
-
-
-class TokenCounter:
-    """The two token counters of one entry (children cached: no `labels()` per request)."""
-
-    __slots__ = ("_completion", "_prompt")
-
-    def __init__(self, prompt: Counter, completion: Counter) -> None:
-        self._prompt = prompt
-        self._completion = completion
-
-    def add(self, prompt: int, completion: int) -> None:
-        if prompt > 0:
-            self._prompt.inc(prompt)
-        if completion > 0:
-            self._completion.inc(completion)
-
-    def count_tail(self, tail: bytes) -> None:
-        usage = usage_in_tail(tail)
-        if usage is not None:
-            self.add(*usage)
 
 
 class FallbackMetrics:

@@ -1,5 +1,9 @@
-"""Opening a request on a local backend: the one path a plain request and a fallback
-chain's local entry both take (lease first, then the upstream; errors counted once).
+"""Opening a request on a local backend: the one path a plain request, a replica group's
+member and a fallback chain's local entry all take (lease first, then the upstream; errors
+counted once). Once the caller holds the backend's lease: `served_target` (the call as the
+woken server takes it, else the lease back), `open_entry` (the upstream opened:
+`open_local`), then `LocalAnswer.relayable` (the answer translated back when the call was
+translated); a failure at any step gives the lease (and the response) back.
 
 `local_body` is the one place a JSON body for a local backend is written, from the call's
 payload (parsed once, by the route) and at most once, only when something changes: the
@@ -22,6 +26,7 @@ lowered with it. The answer says so in `x-microscheduler-max-tokens-lowered: 320
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 from prometheus_client import Counter
@@ -30,9 +35,9 @@ from app.errors import UpstreamError
 from app.jsonwire import json_bytes
 from app.lifecycle.backend import Backend
 from app.lifecycle.lease import Lease
-from app.routing.exchange import Call
+from app.routing.exchange import AnswerTranslator, Call
 from app.settings.endpoints import Api
-from app.upstreams.http import UpstreamResponse
+from app.upstreams.http import Relayable, UpstreamResponse
 from app.upstreams.multipart import boundary_of
 
 # vLLM's request models with a `priority` field, by gateway path: ChatCompletionRequest,
@@ -162,3 +167,60 @@ async def open_local(
     if response.status >= 500:
         upstream_errors.labels(backend.name, "http_5xx").inc()
     return response, [] if lowered is None else [(LOWERED_HEADER, lowered)]
+
+
+Target = tuple[Call, AnswerTranslator | None]
+
+
+def served_target(call: Call, backend: Backend, lease: Lease) -> Target | None:
+    """`call` as `backend` takes it (as is, or translated with the answer's way back),
+    asked once its lease is held: its server says what it serves as it wakes. None: it
+    takes the call no more, and the lease is released."""
+    target = call.for_target(backend.serving.serves)
+    if target is None:
+        lease.release()
+    return target
+
+
+@dataclass(slots=True)
+class LocalAnswer:
+    """A local backend's answer, opened, with the lease it holds. The caller may judge it
+    first (a chain's verdict: `discard` to move on) before `relayable` hands it over."""
+
+    response: UpstreamResponse
+    lease: Lease
+    headers: list[tuple[bytes, bytes]]  # what the gateway adds (`LOWERED_HEADER`)
+    answer: AnswerTranslator | None
+
+    def discard(self) -> None:
+        self.response.release()
+        self.lease.release()
+
+    async def relayable(self, first_byte_s: float) -> Relayable:
+        """The answer to relay: translated back when the call was translated (within
+        `first_byte_s`); on a failure the response and the lease are given back."""
+        if self.answer is None:
+            return self.response
+        try:
+            return await self.answer(self.response, first_byte_s)
+        except BaseException:
+            self.discard()
+            raise
+
+
+async def open_entry(
+    backend: Backend,
+    lease: Lease,
+    target: Target,
+    upstream_errors: Counter,
+    *,
+    body: bytes | None = None,
+    first_byte_s: float | None = None,
+) -> LocalAnswer:
+    """Open `target` (from `served_target`) on `backend` (`open_local`: the lease is
+    released, and the error counted, when it fails)."""
+    sent, answer = target
+    response, added = await open_local(
+        backend, lease, sent, upstream_errors, body=body, first_byte_s=first_byte_s
+    )
+    return LocalAnswer(response, lease, added, answer)

@@ -163,3 +163,40 @@ class Replicas:
         why = PickWhy.RETRY if skip else PickWhy.LEAST_LOADED if chosen.ready else PickWhy.WOKEN
         self.picks.labels(group, chosen.name, why).inc()
         return chosen.name
+
+
+class MemberAttempts:
+    """The members of `group` one request tries: the one picked first (`fallback` when
+    none can be: the request then gets that backend's refusal), then at most one other
+    after a failure before the first byte (`REPLICA_ATTEMPTS` in all)."""
+
+    def __init__(
+        self,
+        replicas: Replicas | None,
+        group: str,
+        members: Sequence[str],
+        fallback: str,
+    ) -> None:
+        self._replicas = replicas
+        self._group = group
+        self._members = members
+        picked = None if replicas is None else replicas.pick(group, members)
+        self.tried = [picked or fallback]
+
+    @property
+    def current(self) -> str:
+        return self.tried[-1]
+
+    @property
+    def may_retry(self) -> bool:
+        return len(self.tried) < REPLICA_ATTEMPTS and self._replicas is not None
+
+    def retry(self) -> str | None:
+        """Another member to try (counted as a `retry` pick); None: no attempt is left, or
+        every other member is blocked."""
+        if not self.may_retry or self._replicas is None:
+            return None
+        name = self._replicas.pick(self._group, self._members, skip=self.tried)
+        if name is not None:
+            self.tried.append(name)
+        return name

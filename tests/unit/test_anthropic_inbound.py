@@ -9,8 +9,7 @@ import anthropic
 import pytest
 from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
 
-from app.errors import InvalidRequest
-from app.upstreams.anthropic import (
+from app.anthropic import (
     FINISH_REASONS,
     anthropic_error,
     anthropic_error_from_openai,
@@ -19,7 +18,8 @@ from app.upstreams.anthropic import (
     to_openai_chat,
     tokenize_request,
 )
-from app.upstreams.anthropic.response import STOP_REASONS
+from app.anthropic.response import STOP_REASONS
+from app.errors import InvalidRequest
 
 VLLM_EXTRAS = ("top_k", "add_generation_prompt", "continue_final_message")
 

@@ -14,15 +14,14 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.upstreams.anthropic import (
-    MessagesStream,
+from app.anthropic import (
     MessagesStreamTranslator,
     SseParser,
-    as_messages,
     error_event,
     ping_event,
 )
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.upstreams.anthropic.inbound_relay import MessagesStream, as_messages
 from app.upstreams.http import BufferedResponse
 
 Json = dict[str, Any]

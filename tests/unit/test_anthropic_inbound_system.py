@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from app.anthropic import to_openai_chat, tokenize_request
 from app.errors import InvalidRequest
 from app.settings import BackendConfig
 from app.settings.endpoints import Api, with_messages
-from app.upstreams.anthropic import to_openai_chat, tokenize_request
 
 Json = dict[str, Any]
 SCHEMA: Json = {"type": "object", "properties": {"path": {"type": "string"}}}

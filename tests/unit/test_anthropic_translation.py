@@ -5,8 +5,7 @@ from typing import Any
 
 import pytest
 
-from app.errors import InvalidRequest
-from app.upstreams.anthropic import (
+from app.anthropic import (
     ANTHROPIC_VERSION,
     SseParser,
     StreamTranslator,
@@ -15,6 +14,7 @@ from app.upstreams.anthropic import (
     to_anthropic_request,
     to_openai_completion,
 )
+from app.errors import InvalidRequest
 
 Json = dict[str, Any]
 

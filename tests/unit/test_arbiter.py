@@ -18,10 +18,10 @@ from app.gpu.poller import GpuMonitor
 from app.gpu.sim import SimSource
 from app.lifecycle.arbiter import VramArbiter, ZoneGrant
 from app.lifecycle.backend import Backend
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
 from app.lifecycle.zones import Zone
-from app.metrics import Metrics
 from app.settings import BackendConfig, ProcessRuntimeConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient

@@ -13,8 +13,8 @@ import pytest
 from app.errors import BackendUnavailable, WakeTimeout
 from app.lifecycle.admission import Admission, AdmissionRefused, Claimant, Unchecked
 from app.lifecycle.backend import Backend
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.state import BackendState, StopReason
-from app.metrics import Metrics
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream

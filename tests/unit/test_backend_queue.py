@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from app.errors import BackendUnavailable
-from app.lifecycle import holding
+from app.lifecycle import request_holds as holding
 from app.lifecycle.backend import Backend
 from app.lifecycle.lease import Lease, wait_without_owning
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.queue import Ticket, next_ticket, serve_order
 from app.lifecycle.state import BackendState, StopReason
-from app.metrics import Metrics
 from app.settings.keys import Priority
 from tests.fakes.waits import until
 from tests.unit.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of

@@ -14,12 +14,12 @@ from app.api.views import fallback_view
 from app.metrics import Metrics
 from app.routing.chains import Passed, fallbacks_header
 from app.routing.cloud import Chain, build_cloud
-from app.routing.fallback_metrics import usage_in_tail
 from app.routing.policy import FallbackReason as R
 from app.routing.registry import Registry
 from app.settings import ConfigError, Settings, load_settings
 from app.settings.cloud import ChainConfig, CloudConfig
 from app.settings.endpoints import Api
+from app.upstreams.usage import usage_in_tail
 
 MODELS = """\
 backends:

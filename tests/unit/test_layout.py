@@ -1,6 +1,7 @@
 """The layout's rules, checked on the source: no import cycle between app modules
 (`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
-of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`.
+of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`,
+and no import that runs back up the floors of `FLOORS`.
 Read with `ast`; nothing is imported or run."""
 
 from __future__ import annotations
@@ -184,3 +185,60 @@ def test_the_planner_is_pure() -> None:
     planner = [m for m in MODULES if m == "app.planner" or m.startswith("app.planner.")]
     assert len(planner) > 5
     assert [o for m in planner for o in planner_offences(m, MODULES[m])] == []
+
+
+# The floors of the house, from the ground up. A room is a package of app/ (or a module at
+# its top). A module imports from its own room or from a lower floor, never from its floor
+# or above: no arrow runs back up, and rooms on one floor do not know each other. A new
+# room gets a floor here (the test fails until it has one).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors", "metrics", "events", "tasks", "activity", "planner"),
+    ("settings", "jsonwire", "logs"),
+    ("anthropic",),
+    ("upstreams",),
+    ("gpu", "keys", "notify", "runtimes"),
+    ("access", "sim", "store"),
+    ("lifecycle",),
+    ("routing",),
+    ("services",),
+    ("reload",),
+    ("api",),
+    ("main",),
+    ("cli",),
+)
+
+
+def room_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def floor_offences(graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    floor = {room: level for level, rooms in enumerate(floors) for room in rooms}
+    found = [f"{module} is in no floor" for module in graph if room_of(module) not in floor]
+    for module, targets in sorted(graph.items()):
+        here = room_of(module)
+        for target in sorted(targets):
+            there = room_of(target)
+            if here != there and floor.get(there, -1) >= floor.get(here, -1):
+                found.append(f"{module} imports {target}: {here} is not above {there}")
+    return found
+
+
+def test_the_floor_check_catches_an_arrow_up_and_a_sideways_one() -> None:
+    floors = (("errors",), ("upstreams", "gpu"), ("routing",))
+    graph = {
+        "app.errors": {"app.routing.chains"},  # up
+        "app.gpu.nvml": {"app.upstreams.http", "app.errors"},  # sideways, then down
+        "app.routing.chains": {"app.routing.local", "app.upstreams.http"},
+        "app.keys.ring": set(),
+    }
+    assert floor_offences(graph, floors) == [
+        "app.keys.ring is in no floor",
+        "app.errors imports app.routing.chains: errors is not above routing",
+        "app.gpu.nvml imports app.upstreams.http: gpu is not above upstreams",
+    ]
+
+
+def test_no_import_runs_back_up_the_floors() -> None:
+    graph = {m: app_imports(m) - {"app"} for m in MODULES if m != "app"}
+    assert floor_offences(graph, FLOORS) == []

@@ -24,9 +24,9 @@ from app.lifecycle.admission import (
 )
 from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
-from app.metrics import Metrics
 from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient

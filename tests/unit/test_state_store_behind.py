@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.store import StateStore, StateWriteError
-from app.metrics import Metrics
 from tests.fakes.state import saved_sections
 from tests.fakes.waits import until
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.metrics import Metrics
+from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.services import Seams, Services
 from app.settings import BackendConfig, Settings
 from app.upstreams.vllm import (

@@ -23,6 +23,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from app.anthropic.inbound import (
+    anthropic_error_from_openai,
+    count_tokens_answer,
+    message_id,
+    to_anthropic_message,
+)
+from app.anthropic.inbound_stream import MessagesStreamTranslator
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.jsonwire import json_bytes
 from app.upstreams.anthropic.bodies import (
@@ -31,15 +38,9 @@ from app.upstreams.anthropic.bodies import (
     read_body,
     retry_headers,
 )
-from app.upstreams.anthropic.inbound import (
-    anthropic_error_from_openai,
-    count_tokens_answer,
-    message_id,
-    to_anthropic_message,
-)
-from app.upstreams.anthropic.inbound_stream import MessagesStreamTranslator
 from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.http import BufferedResponse, Relayable
+from app.upstreams.usage import tokens_of
 
 Json = dict[str, Any]
 
@@ -105,8 +106,7 @@ class MessagesStream(TranslatedStream):
 
     def usage(self) -> tuple[int, int]:
         """(input tokens, output tokens) so far."""
-        usage = self._translator.usage
-        return int(usage["input_tokens"]), int(usage["output_tokens"])
+        return tokens_of(self._translator.usage) or (0, 0)
 
     def _translate(self, chunk: bytes) -> bytes:
         out: list[bytes] = []

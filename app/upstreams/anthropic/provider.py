@@ -29,18 +29,18 @@ import json
 import time
 from typing import Any, Final
 
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.jsonwire import json_bytes
-from app.settings import TimeoutsConfig
-from app.settings.cloud import ProviderConfig
-from app.settings.endpoints import Api
-from app.upstreams.anthropic import (
+from app.anthropic import (
     StreamTranslator,
     anthropic_headers,
     openai_error_from_anthropic,
     to_anthropic_request,
     to_openai_completion,
 )
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.jsonwire import json_bytes
+from app.settings import TimeoutsConfig
+from app.settings.cloud import ProviderConfig
+from app.settings.endpoints import Api
 from app.upstreams.anthropic.bodies import (
     KEPT_ON_ERROR,
     MAX_ANSWER_BODY,
@@ -51,6 +51,7 @@ from app.upstreams.anthropic.bodies import (
 from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
 from app.upstreams.provider import ProviderRequest
+from app.upstreams.usage import tokens_of
 
 _KEPT_PASSED_THROUGH: Final = KEPT_ON_ERROR | {b"content-type", b"request-id"}
 _MALFORMED: Final = {
@@ -180,8 +181,7 @@ class AnthropicStream(TranslatedStream):
         self.early_error = False  # an error event (or the end) came before any content
 
     def usage(self) -> tuple[int, int]:
-        usage = self._translator.usage
-        return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+        return tokens_of(self._translator.usage) or (0, 0)
 
     async def prime(self, within_s: float, first_byte_s: float) -> None:
         parts = [self._translate(self._response.first_chunk)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from app.anthropic.stream import SseParser
 from app.upstreams.anthropic.bodies import SSE_TYPE
-from app.upstreams.anthropic.stream import SseParser
 from app.upstreams.http import Relayable
 
 

@@ -1,8 +1,10 @@
-"""What `/status` says of the configuration running (`config`) and the reload counter:
-kept by the services, written by the reloader (`app.reload.apply`)."""
+"""What `/status` says of the configuration running (`config`: its files' digest, when and
+how it was loaded) and the reload counter: kept by the services, written by the reloader
+(`app.reload.apply`), which sits above the services."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,9 +12,24 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter
 
-from app.reload.watch import config_digest
-
 RESULTS: Final = ("ok", "refused", "failed")
+
+
+def config_digest(directory: Path) -> str:
+    """SHA-256 over the names and contents of the directory's YAML files (its first 16
+    hex digits): what the running configuration was loaded from."""
+    digest = hashlib.sha256()
+    try:
+        files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:
+        files = []
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        digest.update(path.name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

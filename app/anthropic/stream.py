@@ -29,14 +29,14 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from app.jsonwire import sse_data
-from app.upstreams.anthropic.response import (
+from app.anthropic.response import (
     completion_id,
     finish_reason,
     merge_usage,
     openai_error,
     openai_usage,
 )
+from app.jsonwire import sse_data
 
 Json = dict[str, Any]
 

@@ -61,16 +61,16 @@ import logging
 import uuid
 from typing import Any, Final
 
-from app.errors import InvalidRequest
-from app.upstreams.anthropic.checks import invalid, is_int, number, required_str, unsupported
-from app.upstreams.anthropic.inbound_tools import (
+from app.anthropic.checks import invalid, is_int, number, required_str, unsupported
+from app.anthropic.inbound_tools import (
     TOOL_CHANGES,
     ToolChange,
     openai_tools,
     tool_change,
     with_tool_changes,
 )
-from app.upstreams.anthropic.response import ERROR_TYPE_BY_STATUS, STOP_REASONS, dump_json
+from app.anthropic.response import ERROR_TYPE_BY_STATUS, STOP_REASONS, dump_json
+from app.errors import InvalidRequest
 
 Json = dict[str, Any]
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from app.anthropic.checks import invalid, required_str, unsupported
 from app.errors import InvalidRequest
-from app.upstreams.anthropic.checks import invalid, required_str, unsupported
 
 Json = dict[str, Any]
 

@@ -33,12 +33,12 @@ import json
 import re
 from typing import Any, Final
 
+from app.anthropic.checks import invalid as _invalid
+from app.anthropic.checks import is_int as _is_int
+from app.anthropic.checks import number as _number
+from app.anthropic.checks import required_str as _required_str
+from app.anthropic.checks import unsupported as _unsupported
 from app.errors import InvalidRequest, json_type_name
-from app.upstreams.anthropic.checks import invalid as _invalid
-from app.upstreams.anthropic.checks import is_int as _is_int
-from app.upstreams.anthropic.checks import number as _number
-from app.upstreams.anthropic.checks import required_str as _required_str
-from app.upstreams.anthropic.checks import unsupported as _unsupported
 
 Json = dict[str, Any]
 

@@ -39,14 +39,14 @@ import json
 import logging
 from typing import Any, Final
 
-from app.jsonwire import sse_event as json_sse_event
-from app.upstreams.anthropic.inbound import (
+from app.anthropic.inbound import (
     anthropic_error,
     anthropic_usage,
     openai_error_message,
     stop_reason,
     tool_use_id,
 )
+from app.jsonwire import sse_event as json_sse_event
 
 Json = dict[str, Any]
 

@@ -1,0 +1,186 @@
+"""The backends' lifecycle series, added to the gateway's `Metrics` (one registry):
+
+    microscheduler_backend_state{backend,state}, backend_starts{backend,outcome},
+    backend_start_duration_seconds, backend_stops{backend,reason}, drain_timeouts,
+    backend_sleeps{backend,outcome,reason}, swaps{backend,evicted}, swap_wait_seconds,
+    vram_yield_active/vram_yields/vram_yield_freed_bytes{host}, state_save_failures,
+    state_persisted, profile_active{profile}, backend_enabled{backend}
+
+Their label sets are the lifecycle's own enums (`app.lifecycle.state`), which is why they
+live here and not in `app.metrics` (the ground floor, which imports nothing of the app).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from app.lifecycle.state import (
+    SLEEP_REASONS,
+    BackendState,
+    SleepOutcome,
+    StartOutcome,
+    StopReason,
+)
+from app.metrics import LATENCY_BUCKETS, Metrics
+
+YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
+
+
+class LifecycleMetrics(Metrics):
+    """The gateway's metrics: the request series of `Metrics` and the lifecycle's."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self._declare_backend_series()
+        self._declare_yield_series()
+        self._declare_state_series()
+
+    def _declare_backend_series(self) -> None:
+        ns = "microscheduler"
+        self.backend_state = Gauge(
+            "backend_state",
+            "1 for the lifecycle state the backend is in, 0 for the others.",
+            ["backend", "state"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.starts = Counter(
+            "backend_starts",
+            "Starts of a backend by outcome (refused: not enough VRAM).",
+            ["backend", "outcome"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.start_duration = Histogram(
+            "backend_start_duration_seconds",
+            "From the start decision to the backend answering its health check.",
+            ["backend"],
+            namespace=ns,
+            buckets=(*LATENCY_BUCKETS[5:], 900.0, 1800.0),
+            registry=self.registry,
+        )
+        self.stops = Counter(
+            "backend_stops",
+            "Stops of a backend by the gateway, by reason.",
+            ["backend", "reason"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.swaps = Counter(
+            "swaps",
+            "Starts of `backend` that evicted `evicted` to make room on its GPUs.",
+            ["backend", "evicted"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.swap_wait = Histogram(
+            "swap_wait_seconds",
+            "How long a start waited for VRAM other models held (min_resident_s, eviction "
+            "and the memory coming back); only starts that had to wait or evict, and got in.",
+            ["backend"],
+            namespace=ns,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.drain_timeouts = Counter(
+            "drain_timeouts",
+            "Stops that went ahead with requests still in flight after drain_timeout_s.",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.backend_sleeps = Counter(
+            "backend_sleeps",
+            "Sleeps of a backend (vLLM sleep mode) by outcome (stopped: sleep mode was not "
+            "offered, so it was stopped instead) and reason (idle, eviction, yield, admin).",
+            ["backend", "outcome", "reason"],
+            namespace=ns,
+            registry=self.registry,
+        )
+
+    def _declare_yield_series(self) -> None:
+        ns = "microscheduler"
+        self.yield_active = Gauge(
+            "vram_yield_active",
+            "1 while a VRAM yield (POST /vram/yield) holds a host's GPU for an outside workload.",
+            ["host"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.yields = Counter(
+            "vram_yields",
+            "VRAM yield operations by host and outcome.",
+            ["host", "outcome"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.yield_freed = Gauge(
+            "vram_yield_freed_bytes",
+            "Free GPU memory after the host's last yield minus before it, as the probe "
+            "measured it.",
+            ["host"],
+            namespace=ns,
+            registry=self.registry,
+        )
+
+    def _declare_state_series(self) -> None:
+        """The state file's health and the GPU profiles."""
+        ns = "microscheduler"
+        self.state_save_failures = Counter(
+            "state_save_failures",
+            "Saves of the state file (zones, yield, profile) that failed (disk full, "
+            "directory read-only or missing).",
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.state_persisted = Gauge(
+            "state_persisted",
+            "1 when the state file holds what the gateway holds in memory; 0 while an "
+            "ended hold waits for its save to be retried.",
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.profile_active = Gauge(
+            "profile_active",
+            "1 for the active GPU profile, 0 for the others.",
+            ["profile"],
+            namespace=ns,
+            registry=self.registry,
+        )
+        self.backend_enabled = Gauge(
+            "backend_enabled",
+            "1 when the active GPU profile lets the backend run, else 0.",
+            ["backend"],
+            namespace=ns,
+            registry=self.registry,
+        )
+
+    def declare_host(self, host: str) -> None:
+        """Create a host's yield series at zero (`local`: the gateway's own machine)."""
+        self.yield_active.labels(host)
+        self.yield_freed.labels(host)
+        for outcome in YIELD_OUTCOMES:
+            self.yields.labels(host, outcome)
+
+    def declare_backend(self, backend: str) -> None:
+        """Create every per-backend series at zero so dashboards see them before traffic."""
+        super().declare_backend(backend)
+        for state in BackendState:
+            self.backend_state.labels(backend, state)
+        for outcome in StartOutcome:
+            self.starts.labels(backend, outcome)
+        for reason in StopReason:
+            self.stops.labels(backend, reason)
+        self.start_duration.labels(backend)
+        self.backend_enabled.labels(backend).set(1)
+        for slept in SleepOutcome:
+            for sleep_reason in SLEEP_REASONS:
+                self.backend_sleeps.labels(backend, slept, sleep_reason)
+        self.drain_timeouts.labels(backend)
+        self.swap_wait.labels(backend)
+
+    def set_backend_state(self, backend: str, state: BackendState) -> None:
+        for name in BackendState:
+            self.backend_state.labels(backend, name).set(1 if name is state else 0)
