@@ -45,10 +45,14 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
+# `make unit`: the fast tests (unit, the app in process, the fake vLLM), two at a time
+# (pytest-xdist), for the edit-test loop. `make test` is what CI runs: lint, types and
+# every test, the end-to-end ones (real processes, Docker, a browser) included.
 unit: $(VENV)/.installed-dev
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 -m "not e2e" tests/unit tests/api tests/sim
 
-test: lint typecheck unit
+test: lint typecheck $(VENV)/.installed-dev
+	$(BIN)/pytest
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py

@@ -1,7 +1,7 @@
 """The layout's rules, checked on the source: no import cycle between app modules
 (`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
-of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`.
-Read with `ast`; nothing is imported or run."""
+of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`;
+and `tests/unit/` mirrors `app/`'s packages. Read with `ast`; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 APP = Path(__file__).resolve().parents[2] / "app"
+UNIT = Path(__file__).resolve().parent
 MAX_LINES = 600
 MAX_TOP_LEVEL = 10
 # Only the API layer and the app factory speak HTTP-framework.
@@ -184,3 +185,15 @@ def test_the_planner_is_pure() -> None:
     planner = [m for m in MODULES if m == "app.planner" or m.startswith("app.planner.")]
     assert len(planner) > 5
     assert [o for m in planner for o in planner_offences(m, MODULES[m])] == []
+
+
+def test_the_unit_tests_mirror_the_app_packages() -> None:
+    """`tests/unit/<package>/` holds the tests of `app/<package>/` (each a package, so the
+    test modules import as `tests.unit.<package>.<module>`); the tests of `app/`'s
+    top-level modules stay in `tests/unit/`."""
+    packages = {p.name for p in APP.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in UNIT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= packages, f"tests/unit/ folders with no app package: {folders - packages}"
+    for name in sorted(folders):
+        assert (UNIT / name / "__init__.py").is_file(), f"tests/unit/{name}/__init__.py"
+        assert not list((UNIT / name).glob("*/test_*.py")), f"tests/unit/{name}: one level"

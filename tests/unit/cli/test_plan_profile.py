@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
-from tests.unit.test_plan_cli import run, run_json
+from tests.unit.cli.test_plan_cli import run, run_json
+from tests.unit.planner.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
 
 MODELS = """\
 gpu: {probe: none}
@@ -277,7 +277,7 @@ def test_an_invalid_configuration_lists_every_problem_and_exits_1(
 def test_the_shipped_configuration_fits_as_its_comments_say(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = Path(__file__).resolve().parents[2] / "config"
+    config = Path(__file__).resolve().parents[3] / "config"
     data = run_json(["plan", "profile", "--config", str(config)], capsys)
     assert data["fits"] is True, data["problems"]
     assert data["not_planned"] == []
