@@ -3,9 +3,11 @@ printed, one error line format and the exit codes.
 
 Exit codes (the same for every subcommand):
 
-    0  success (a plan that does not fit is still an answer: `"fits": false`)
+    0  success
     1  the command ran and failed: the configuration is invalid (every problem listed),
-       or the gateway answered with an error
+       the gateway answered with an error, or a plan does not fit (`plan share`,
+       `plan profile`, `plan gpus`: the plan is printed, `"fits": false`, as
+       `check-config` prints the problems of a configuration it refuses)
     2  usage: arguments or input values the command cannot use (argparse's own code)
     3  the gateway cannot be reached
 """
@@ -28,7 +30,8 @@ UNREACHABLE: Final = 3
 
 EXIT_CODES_HELP: Final = (
     "exit codes: 0 success; 1 failed (invalid configuration, the gateway answered an "
-    "error); 2 usage (arguments or input the command cannot use); 3 gateway unreachable"
+    "error, a plan does not fit); 2 usage (arguments or input the command cannot use); "
+    "3 gateway unreachable"
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -94,6 +97,13 @@ def emit(args: argparse.Namespace, data: JsonDict, text: str) -> int:
     """Print `data` as one JSON object with `--json`, else `text`."""
     print(json.dumps(data, sort_keys=False) if args.json else text)
     return OK
+
+
+def emit_plan(args: argparse.Namespace, data: JsonDict, text: str, *, fits: bool) -> int:
+    """`emit` for a plan that says whether it fits: exit 1 when it does not, so a script
+    (or `&&`) can tell, as `check-config` exits 1 for a configuration it refuses."""
+    emit(args, data, text)
+    return OK if fits else FAILED
 
 
 def seconds(text: str) -> float:
