@@ -10,6 +10,10 @@ Exit codes (the same for every subcommand):
        `check-config` prints the problems of a configuration it refuses)
     2  usage: arguments or input values the command cannot use (argparse's own code)
     3  the gateway cannot be reached
+  141  the reader of the output went away (`microscheduler status | head -1`): the rest of
+       the output is dropped without a traceback, and the code is the one a shell reports
+       for a command that SIGPIPE ended (128 + 13), so `set -o pipefail` sees what it sees
+       for `cat`; 0 would say that everything was delivered
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ OK: Final = 0
 FAILED: Final = 1
 USAGE: Final = 2
 UNREACHABLE: Final = 3
+BROKEN_PIPE: Final = 141  # 128 + SIGPIPE
 
 EXIT_CODES_HELP: Final = (
     "exit codes: 0 success; 1 failed (invalid configuration, the gateway answered an "
     "error, a plan does not fit); 2 usage (arguments or input the command cannot use); "
-    "3 gateway unreachable"
+    "3 gateway unreachable; 141 the reader of the output went away (| head)"
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -84,6 +89,8 @@ def guarded(handler: Handler, command: Callable[[argparse.Namespace], str]) -> H
             return handler(args)
         except CommandFailed as exc:
             return exc.code
+        except BrokenPipeError:
+            raise  # the reader left: `app.cli.main` ends the command
         except (ValueError, OSError) as exc:
             error(command(args), str(exc))
             return USAGE

@@ -3,11 +3,13 @@ configuration it refuses; the help lists it with the other exit codes."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
 from app.cli import build_parser, main
+from app.cli.common import guarded
 
 FITS = "name=A,weights-gib=6,kv-gib=2"
 TOO_BIG = "name=B,weights-gib=30,kv-gib=8"
@@ -55,3 +57,14 @@ def test_the_help_lists_a_plan_that_does_not_fit_under_exit_1() -> None:
         "1 failed (invalid configuration, the gateway answered an error, a plan does not fit)"
         in text
     )
+
+
+def test_a_guarded_command_leaves_a_reader_that_left_to_main() -> None:
+    """`guarded` turns an `OSError` into a usage error (exit 2), but not a broken pipe:
+    `app.cli.main` ends the command with 141, quietly."""
+
+    def handler(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        guarded(handler, lambda _: "plan share")(argparse.Namespace())
