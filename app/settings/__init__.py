@@ -46,6 +46,7 @@ from app.settings.root import (
     MODELS_FILE,
     PROFILES_FILE,
     Settings,
+    default_state_dir,
 )
 
 __all__ = [
@@ -72,5 +73,6 @@ __all__ = [
     "SimGpuConfig",
     "TimeoutOverridesConfig",
     "TimeoutsConfig",
+    "default_state_dir",
     "load_settings",
 ]
