@@ -79,6 +79,7 @@ def test_serve_hands_every_limit_to_uvicorn(
     assert options.backlog == 2048
     assert options.limit_concurrency is None  # the protocol's eviction replaces it
     protocol = options.http
+    assert isinstance(protocol, type)
     assert issubclass(protocol, GatewayProtocol)
     assert protocol.limits.max_header_bytes == 32768
 
