@@ -3,8 +3,9 @@ against the gateway in process with a fake vLLM behind it. Invariants: `tests.fa
 
 Short by default; `MICROSCHEDULER_FUZZ_EXAMPLES=20000` for a long run. Left out: the status
 event stream (it never ends) and the admin POSTs that change what the gateway may serve
-(VRAM yield/restore, zone acquire, profile activation): the run would then test a gateway
-with nothing left to route to. Start/stop/sleep stay in: the backends are external.
+(VRAM yield/restore, zone acquire, profile activation, the configuration reload: it reads
+the checkout's config/, whose backends are not running here): the run would then test a
+gateway with nothing left to route to. Start/stop/sleep stay in: the backends are external.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ EXAMPLES = int(os.environ.get("MICROSCHEDULER_FUZZ_EXAMPLES", "300"))
 ENDPOINTS = ["chat", "completions", "embeddings", "responses", "tokenize", "detokenize",
              "rerank", "score", "classify", "pooling", "transcriptions", "translations",
              "speech", "images"]  # fmt: skip
-STATEFUL = r"^/(vram/(yield|restore|zones/[^/]+/acquire)|profiles/[^/]+/activate)$"
+STATEFUL = r"^/(vram/(yield|restore|zones/[^/]+/acquire)|profiles/[^/]+/activate|config/reload)$"
 
 
 def fuzz_settings(url: str) -> Settings:
