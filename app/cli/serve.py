@@ -69,10 +69,11 @@ def run_serve(args: argparse.Namespace) -> int:
 def bind_sockets(host: str, port: int) -> list[socket.socket]:
     """The listening address, bound (not yet listening) as asyncio's `create_server` binds
     `host` and `port` for uvicorn: every address the name resolves to (`localhost`: IPv4
-    and IPv6), `SO_REUSEADDR` (a restart does not wait out TIME_WAIT; a port another
-    process listens on is still refused), IPv6 sockets IPv6 only. Not inherited by the
-    processes the gateway starts. Raises `OSError` (`EADDRINUSE`...) with none left open."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    and IPv6 where both resolve; empty: every interface), `SO_REUSEADDR` (a restart does
+    not wait out TIME_WAIT; a port another process listens on is still refused), IPv6
+    sockets IPv6 only. Not inherited by the processes the gateway starts. Raises
+    `OSError` (`EADDRINUSE`...) with none left open."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
     try:
         for family, kind, proto, _, address in dict.fromkeys(infos):
