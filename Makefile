@@ -45,14 +45,18 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
+# `make unit`: the fast tests (unit, the app in process, the fake vLLM), two at a time
+# (pytest-xdist), for the edit-test loop. `make test` is what CI runs: lint, types and
+# every test, the end-to-end ones (real processes, Docker, a browser) included.
 unit: $(VENV)/.installed-dev
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 -m "not e2e" tests/unit tests/api tests/sim
 
 # docs/ as a site in site/; --strict: a broken link, anchor or include fails (mkdocs.yml).
 docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-test: lint typecheck docs unit
+test: lint typecheck docs $(VENV)/.installed-dev
+	$(BIN)/pytest
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py

@@ -42,7 +42,7 @@ from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.schedule import zone
 from app.lifecycle.scheduler import Clock, Scheduler, SystemClock
 from app.lifecycle.served import LearnedRecords
-from app.lifecycle.store import ProcessRecords, StateStore
+from app.lifecycle.store import ProcessRecords, StateStore, earlier_shared_state
 from app.lifecycle.supervisor import Supervisor
 from app.lifecycle.vram_yield import VramYield
 from app.metrics import PoolMetrics
@@ -173,6 +173,15 @@ class Services:
         """The store (state.db): zones, the yield, the profile and the processes this
         gateway started survive restarts there, and the usage ledger (cloud budgets)."""
         settings = self.settings
+        earlier = earlier_shared_state(settings.state_dir, settings.config_dir)
+        if earlier is not None:
+            logger.warning(
+                "state of an earlier version not used: it kept every configuration's state "
+                "in %s; to carry it over to this configuration, stop the gateway and move "
+                "%s* into %s, or set MICROSCHEDULER_STATE_DIR=%s path=%s state_dir=%s",
+                earlier.parent, earlier, settings.state_dir, earlier.parent, earlier,
+                settings.state_dir,
+            )  # fmt: skip
         self.usage = build_ledger(settings, self.metrics.registry)
         self.store = StateStore(
             settings.state_dir,

@@ -243,6 +243,7 @@ def start_gateway(
         env["MICROSCHEDULER_ACCESS_LOG"] = "false"
     if keys:
         env.update(BENCH_SECRETS)
+    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")  # not the checkout's var/
     args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
     name = "gateway" if access_log else "gateway (access log off)"
     name += " with keys.yaml" if keys else ""

@@ -255,6 +255,7 @@ def start_gateway(tmp: Path, slow: Proc, fast: Proc, procs: list[Proc]) -> tuple
     (config / "models.yaml").write_text(yaml)
     # Default settings otherwise: no MICROSCHEDULER_* setting leaks in from the caller's shell.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")  # not the checkout's var/
     args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
     proc = Proc("gateway", args, env, "", tmp / "gateway.log")
     procs.append(proc)

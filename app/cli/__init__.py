@@ -4,21 +4,22 @@ ps | start | stop | activity | usage | logs | reload | config schema`.
 Every subcommand takes its configuration from `--config` (default:
 $MICROSCHEDULER_CONFIG_DIR or config/), prints errors as `error: <command>: <message>` on
 stderr (an invalid configuration as every problem, indented) and exits with the same codes:
-0 success, 1 failed (invalid configuration, the gateway answered an error), 2 usage
-(arguments or input values the command cannot use), 3 the gateway cannot be reached.
-See `app.cli.common`.
+0 success, 1 failed (invalid configuration, the gateway answered an error, a plan does not
+fit), 2 usage (arguments or input values the command cannot use), 3 the gateway cannot be
+reached, 141 the reader of the output went away (`| head`). See `app.cli.common`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 
 from app.cli.activity import add_activity_command
 from app.cli.backends import add_backend_commands
-from app.cli.common import EXIT_CODES_HELP
+from app.cli.common import BROKEN_PIPE, EXIT_CODES_HELP
 from app.cli.config_schema import add_config_command
 from app.cli.gaming import add_gaming_commands
 from app.cli.logs import add_logs_command
@@ -61,7 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    sys.exit(args.func(args))
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that left is found here, not at the interpreter's exit
+    except BrokenPipeError:
+        # `microscheduler status | head -1`: the reader has what it wanted. Python's own
+        # recipe (the `signal` module's notes on SIGPIPE): stdout to /dev/null, so the
+        # flush at exit writes nowhere instead of printing a second error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(BROKEN_PIPE)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,17 @@ printed, one error line format and the exit codes.
 
 Exit codes (the same for every subcommand):
 
-    0  success (a plan that does not fit is still an answer: `"fits": false`)
+    0  success
     1  the command ran and failed: the configuration is invalid (every problem listed),
-       or the gateway answered with an error
+       the gateway answered with an error, or a plan does not fit (`plan share`,
+       `plan profile`, `plan gpus`: the plan is printed, `"fits": false`, as
+       `check-config` prints the problems of a configuration it refuses)
     2  usage: arguments or input values the command cannot use (argparse's own code)
     3  the gateway cannot be reached
+  141  the reader of the output went away (`microscheduler status | head -1`): the rest of
+       the output is dropped without a traceback, and the code is the one a shell reports
+       for a command that SIGPIPE ended (128 + 13), so `set -o pipefail` sees what it sees
+       for `cat`; 0 would say that everything was delivered
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ OK: Final = 0
 FAILED: Final = 1
 USAGE: Final = 2
 UNREACHABLE: Final = 3
+BROKEN_PIPE: Final = 141  # 128 + SIGPIPE
 
 EXIT_CODES_HELP: Final = (
     "exit codes: 0 success; 1 failed (invalid configuration, the gateway answered an "
-    "error); 2 usage (arguments or input the command cannot use); 3 gateway unreachable"
+    "error, a plan does not fit); 2 usage (arguments or input the command cannot use); "
+    "3 gateway unreachable; 141 the reader of the output went away (| head)"
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -81,6 +89,8 @@ def guarded(handler: Handler, command: Callable[[argparse.Namespace], str]) -> H
             return handler(args)
         except CommandFailed as exc:
             return exc.code
+        except BrokenPipeError:
+            raise  # the reader left: `app.cli.main` ends the command
         except (ValueError, OSError) as exc:
             error(command(args), str(exc))
             return USAGE
@@ -94,6 +104,13 @@ def emit(args: argparse.Namespace, data: JsonDict, text: str) -> int:
     """Print `data` as one JSON object with `--json`, else `text`."""
     print(json.dumps(data, sort_keys=False) if args.json else text)
     return OK
+
+
+def emit_plan(args: argparse.Namespace, data: JsonDict, text: str, *, fits: bool) -> int:
+    """`emit` for a plan that says whether it fits: exit 1 when it does not, so a script
+    (or `&&`) can tell, as `check-config` exits 1 for a configuration it refuses."""
+    emit(args, data, text)
+    return OK if fits else FAILED
 
 
 def seconds(text: str) -> float:

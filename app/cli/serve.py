@@ -1,15 +1,25 @@
 """`microscheduler serve` (run the gateway) and `microscheduler check-config` (validate the
-configuration and say what it holds)."""
+configuration and say what it holds).
+
+`serve` binds its address before the app starts: a port already taken (a second
+`make run`) fails at once with `error: serve: cannot listen on ...: address already in
+use` and exit 1, before any backend is started or any VRAM is asked for.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import socket
 from typing import TYPE_CHECKING, Any
 
-from app.cli.common import OK, add_config_option, guarded, load_config
+from app.cli.common import FAILED, OK, add_config_option, error, guarded, load_config
 
 if TYPE_CHECKING:
     from app.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,9 +48,46 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_config(args.config, **overrides)
     logs.configure(settings.log_level)
-    reload = ReloadOptions(sighup=True, watch=args.watch_config, overrides=overrides)
-    uvicorn.run(create_app(settings, reload=reload), **server_options(settings))
-    return OK
+    try:
+        sockets = bind_sockets(settings.host, settings.port)
+    except OSError as exc:
+        error("serve", f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        return FAILED
+    with contextlib.ExitStack() as bound:
+        for sock in sockets:
+            bound.enter_context(sock)
+        logger.info("address bound host=%s port=%d: serving once the start-up completes",
+                    settings.host, settings.port)  # fmt: skip
+        reload = ReloadOptions(sighup=True, watch=args.watch_config, overrides=overrides)
+        config = uvicorn.Config(create_app(settings, reload=reload), **server_options(settings))
+        server = uvicorn.Server(config)
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises Ctrl-C again at the end
+            server.run(sockets=sockets)
+    return OK if server.started else FAILED
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """The listening address, bound (not yet listening) as asyncio's `create_server` binds
+    `host` and `port` for uvicorn: every address the name resolves to (`localhost`: IPv4
+    and IPv6 where both resolve; empty: every interface), `SO_REUSEADDR` (a restart does
+    not wait out TIME_WAIT; a port another process listens on is still refused), IPv6
+    sockets IPv6 only. Not inherited by the processes the gateway starts. Raises
+    `OSError` (`EADDRINUSE`...) with none left open."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def server_options(settings: Settings) -> dict[str, Any]:

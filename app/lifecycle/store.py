@@ -36,8 +36,9 @@ from typing import Any, Final, ParamSpec, TypeVar
 from app.errors import GatewayError
 from app.lifecycle.metrics import LifecycleMetrics
 from app.runtimes.process_record import ProcessRecord
+from app.settings.root import STATE_ROOT, default_state_dir
 from app.store.base import StoreError
-from app.store.sqlite import SqliteStore
+from app.store.sqlite import DB_FILE, JSON_FILE, SqliteStore
 from app.store.writer import StoreWriter
 from app.tasks import cancel_and_wait, spawn
 
@@ -48,6 +49,19 @@ T = TypeVar("T")
 # A save that failed for `put()` is retried after this, doubling up to RETRY_MAX_S.
 RETRY_FIRST_S: Final = 1.0
 RETRY_MAX_S: Final = 60.0
+
+
+def earlier_shared_state(state_dir: Path, config_dir: Path) -> Path | None:
+    """The state file an earlier version left in `var/`, where it kept the state of every
+    configuration, when this one now keeps its own elsewhere by default
+    (`app.settings.root.default_state_dir`: `var/<config directory name>`) and has none
+    there yet: the start-up says so, and how to carry it over, so nothing is lost silently.
+    None when `state_dir` is `var` (the default configuration keeps using it) or set."""
+    if state_dir == STATE_ROOT or state_dir != default_state_dir(config_dir):
+        return None
+    if any((state_dir / name).exists() for name in (DB_FILE, JSON_FILE)):
+        return None
+    return next((STATE_ROOT / n for n in (DB_FILE, JSON_FILE) if (STATE_ROOT / n).is_file()), None)
 
 
 class StateWriteError(GatewayError):

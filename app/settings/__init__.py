@@ -37,6 +37,7 @@ from app.settings.root import (
     MODELS_FILE,
     PROFILES_FILE,
     Settings,
+    default_state_dir,
 )
 from app.settings.runtimes import (
     DockerRuntimeConfig,
@@ -70,5 +71,6 @@ __all__ = [
     "SimGpuConfig",
     "TimeoutOverridesConfig",
     "TimeoutsConfig",
+    "default_state_dir",
     "load_settings",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     Field,
@@ -58,6 +58,24 @@ PROFILES_FILE = "gpu_profiles.yaml"
 
 
 KEYS_FILE = "keys.yaml"
+
+# The config directory when neither --config nor MICROSCHEDULER_CONFIG_DIR names one.
+DEFAULT_CONFIG_DIR: Final = Path("config")
+# Where state is kept when `state_dir` is not set (relative to the working directory).
+STATE_ROOT: Final = Path("var")
+
+
+def default_state_dir(config_dir: Path | str) -> Path:
+    """The state directory of a configuration that sets no `state_dir`: `var` for the
+    default config directory (`config/` of the working directory, where every
+    configuration kept its state before), else `var/<name of the config directory>`
+    (`--config config/demo`: `var/demo`), so the zones, usage and process records saved
+    under one configuration never show up under another. Two config directories of the
+    same name share it: set `state_dir` (MICROSCHEDULER_STATE_DIR) for one of them."""
+    resolved = Path(config_dir).resolve()
+    if resolved == DEFAULT_CONFIG_DIR.resolve() or not resolved.name:
+        return STATE_ROOT
+    return STATE_ROOT / resolved.name
 
 
 # Settings fields that only the environment may set.
@@ -136,7 +154,7 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    config_dir: Path = Path("config")
+    config_dir: Path = DEFAULT_CONFIG_DIR
     host: str = Field("127.0.0.1", description="The address the gateway listens on.")
     port: Annotated[int, Field(ge=0, le=65535)] = Field(8080, description="The port it listens on.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
@@ -188,7 +206,8 @@ class Settings(BaseSettings):
         10.0, description="At shutdown, requests in flight get this long to finish."
     )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    state_dir: Path = Path("var")  # zone holds, usage and budgets survive restarts here
+    # Zone holds, usage and budgets survive restarts here; unset: `default_state_dir`.
+    state_dir: Path = STATE_ROOT
     store: StoreConfig = Field(default_factory=StoreConfig)  # app.settings.store
     wake_notice_s: PositiveFloat = Field(
         5.0, description="A held streaming request gets an SSE comment (': waking ...') this often."
@@ -246,6 +265,16 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Weekly windows: a yield, a GPU profile or a kept-warm backend.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_state_dir(cls, data: Any) -> Any:
+        """`state_dir` from its config directory when no source (flag, environment, YAML)
+        sets it: every source's values arrive here together."""
+        if isinstance(data, dict) and data.get("state_dir") is None:
+            config_dir = data.get("config_dir") or DEFAULT_CONFIG_DIR
+            return {**data, "state_dir": default_state_dir(config_dir)}
+        return data
 
     @field_validator("timezone")
     @classmethod

@@ -9,6 +9,7 @@ import io
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -143,9 +144,11 @@ SECRETS = {"authorization": "Bearer sekrit-bearer", "x-api-key": "sekrit-x", "ap
 
 
 async def test_a_websocket_upgrade_logs_no_credential_at_debug(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    settings = gateway_settings({"m": {"url": "http://127.0.0.1:9", "models": ["m"]}})
+    settings = gateway_settings(
+        {"m": {"url": "http://127.0.0.1:9", "models": ["m"]}}, state_dir=tmp_path
+    )
     caplog.set_level(logging.DEBUG)
     async with real_server(settings) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -18,6 +18,7 @@ import pytest
 from tests.fakes.processes import (
     ROOT,
     GatewayProcess,
+    as_foreground_job,
     fake_vllm_process,
     free_port,
     gateway_process,
@@ -135,6 +136,7 @@ def test_status_watch_follows_the_stream(gateway: GatewayProcess) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "status", "--watch", "--json", "--url", gateway.url],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+        preexec_fn=as_foreground_job,  # Ctrl-C's SIGINT, also when the tests run in `&`
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -182,6 +184,7 @@ def test_ctrl_c_ends_the_game_and_the_gpu_is_restored(
          sys.executable, "-c", game],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group, like a terminal's foreground job
+        preexec_fn=as_foreground_job,  # and SIGINT not ignored, as in a terminal
     ) as proc:  # fmt: skip
         until_sync(started.exists, timeout_s=30, what="the game to start")
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group

@@ -35,6 +35,14 @@ def port_is_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def as_foreground_job() -> None:
+    """`preexec_fn` of a process the test stops with SIGINT, as Ctrl-C stops a command run
+    in a terminal: SIGINT at its default. A shell starts a background job (`make test &`)
+    with SIGINT ignored, its children inherit that, and Python then installs no
+    KeyboardInterrupt handler, so the signal would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(url: str, *, timeout_s: float, status: int = 200, proc: Any = None) -> None:
     """Until `url` answers `status`; fails at once if `proc` exits first."""
     last: list[str] = ["no answer"]

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from app.main import create_app
 from app.runtimes.base import RuntimeStatus
 from app.services import Seams
-from app.settings import Settings
+from app.settings import Settings, default_state_dir
 from app.sim.vllm import FAKE_VLLM_KEY, FakeConfig, build_app
 from tests.fakes.waits import until
 
@@ -99,7 +99,7 @@ async def gateway(
     """
     registry = CollectorRegistry()
     with contextlib.ExitStack() as scratch:
-        if settings.state_dir == Settings.model_fields["state_dir"].default:
+        if settings.state_dir == default_state_dir(settings.config_dir):
             # No state directory named: one of its own, so that no test's usage ledger
             # (cloud budgets), activity or zones are another's.
             own = scratch.enter_context(tempfile.TemporaryDirectory(prefix="gw-state-"))

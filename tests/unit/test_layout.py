@@ -1,8 +1,8 @@
 """The layout's rules, checked on the source: no import cycle between app modules
 (`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
 of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`,
-and no import that runs back up the floors of `FLOORS`.
-Read with `ast`; nothing is imported or run."""
+no import that runs back up the floors of `FLOORS`; and `tests/unit/` mirrors `app/`'s
+packages. Read with `ast`; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 APP = Path(__file__).resolve().parents[2] / "app"
+UNIT = Path(__file__).resolve().parent
 MAX_LINES = 600
 MAX_TOP_LEVEL = 10
 # Only the API layer and the app factory speak HTTP-framework.
@@ -242,3 +243,15 @@ def test_the_floor_check_catches_an_arrow_up_and_a_sideways_one() -> None:
 def test_no_import_runs_back_up_the_floors() -> None:
     graph = {m: app_imports(m) - {"app"} for m in MODULES if m != "app"}
     assert floor_offences(graph, FLOORS) == []
+
+
+def test_the_unit_tests_mirror_the_app_packages() -> None:
+    """`tests/unit/<package>/` holds the tests of `app/<package>/` (each a package, so the
+    test modules import as `tests.unit.<package>.<module>`); the tests of `app/`'s
+    top-level modules stay in `tests/unit/`."""
+    packages = {p.name for p in APP.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in UNIT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= packages, f"tests/unit/ folders with no app package: {folders - packages}"
+    for name in sorted(folders):
+        assert (UNIT / name / "__init__.py").is_file(), f"tests/unit/{name}/__init__.py"
+        assert not list((UNIT / name).glob("*/test_*.py")), f"tests/unit/{name}: one level"

@@ -5,7 +5,8 @@ and `profile`, the model flags in `model_args`. Files are read here, never in
 `app.planner` (``--hf-config``, the configuration for ``plan profile``). Every handler
 returns 0 on success and 2 on bad input after one ``error: plan <command>: ...`` line on
 stderr; an invalid configuration lists every problem and exits 1 (see `app.cli.common`).
-A plan that does not fit is still a successful answer (exit 0, ``"fits": false``).
+A plan that does not fit (``share``, ``profile``, ``gpus``) is printed and exits 1
+(``"fits": false``).
 """
 
 from __future__ import annotations

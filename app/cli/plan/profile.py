@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from app.cli.common import JsonDict, UsageError, emit, load_config
+from app.cli.common import JsonDict, UsageError, emit_plan, load_config
 from app.cli.plan.render import gib3, table
 from app.cli.plan.share import instance_json
 from app.planner.footprint import ceil_mib
@@ -188,4 +188,5 @@ def run_profile(args: argparse.Namespace) -> int:
     total = _profile_gpu_bytes(args, name, profile.gpu_total_gb)
     gpu_source = "--gpu-gib" if args.gpu_gib is not None else "the profile's gpu_total_gb"
     plan = plan_profile(settings, name, total_bytes=total)
-    return emit(args, _profile_json(plan, gpu_source), _profile_table(plan, gpu_source))
+    text = _profile_table(plan, gpu_source)
+    return emit_plan(args, _profile_json(plan, gpu_source), text, fits=plan.fits)

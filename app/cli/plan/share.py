@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
-from app.cli.common import JsonDict, UsageError, emit
+from app.cli.common import JsonDict, UsageError, emit_plan
 from app.cli.plan.model_args import (
     derive_weights,
 )
@@ -261,4 +261,4 @@ def run_share(args: argparse.Namespace) -> int:
         "fits": plan.fits,
         "problems": list(plan.problems),
     }
-    return emit(args, data, _share_table(plan))
+    return emit_plan(args, data, _share_table(plan), fits=plan.fits)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli.common import JsonDict, UsageError, emit
+from app.cli.common import JsonDict, UsageError, emit, emit_plan
 from app.cli.plan.model_args import (
     constants,
     kv_dtype,
@@ -147,4 +147,4 @@ def run_gpus(args: argparse.Namespace) -> int:
         ("context", f"{plan.context_tokens:,} tokens"),
         ("weights", f"{bytes_to_gib(weight):.2f} GiB ({weight_source})"),
     ]
-    return emit(args, data, key_values(rows))
+    return emit_plan(args, data, key_values(rows), fits=plan.fits)

@@ -11,7 +11,7 @@ import yaml
 
 from app.settings import KubernetesRuntimeConfig, load_settings
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
 NAMESPACE = "llm"
 EXPECTED_RULES = {
     ("apps", "deployments"): {"get", "list", "watch"},

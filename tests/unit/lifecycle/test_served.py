@@ -22,9 +22,9 @@ from app.routing.registry import Route
 from app.settings import BackendConfig
 from app.settings.endpoints import API_PATHS, TASK_APIS, Api, apis_of_paths
 from app.upstreams.vllm_learned import Learned, max_model_len_of, routes_of_openapi
-from tests.unit.test_backend_lifecycle import GatedRuntime, make_backend
+from tests.unit.lifecycle.test_backend_lifecycle import GatedRuntime, make_backend
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm_0_33_routes.json"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm_0_33_routes.json"
 
 
 def vllm_paths(task: str) -> set[str]:

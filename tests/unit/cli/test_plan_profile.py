@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
-from tests.unit.test_plan_cli import run, run_json
+from tests.unit.cli.test_plan_cli import run, run_json
+from tests.unit.planner.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
 
 MODELS = """\
 gpu: {probe: none}
@@ -179,7 +179,7 @@ def test_a_profile_that_does_not_fit_says_why(
     config_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["plan", "profile", "--config", str(config_dir), "production"]
-    data = run_json(argv, capsys)
+    data = run_json(argv, capsys, code=1)
     assert data["active"] is False
     assert data["fits"] is False
     reasoning = by_backend(data)["reasoning"]
@@ -191,7 +191,7 @@ def test_a_profile_that_does_not_fit_says_why(
     assert data["problems"][0].endswith(" GiB short)")
     assert reasoning["advice"]
     code, out, err = run(argv, capsys)
-    assert (code, err) == (0, "")  # a plan that does not fit is still an answer
+    assert (code, err) == (1, "")  # the plan is printed, and it does not fit
     assert "fits: NO\n  why: reasoning: it needs " in out
 
 
@@ -200,7 +200,7 @@ def test_above_the_target_utilization_does_not_fit(
 ) -> None:
     profiles = PROFILES.replace("target_utilization_pct: 95", "target_utilization_pct: 60")
     (config_dir / "gpu_profiles.yaml").write_text(profiles, encoding="utf-8")
-    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys)
+    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys, code=1)
     assert data["fits"] is False
     assert all(item["ok"] for item in data["instances"])
     (problem,) = data["problems"]
@@ -277,7 +277,7 @@ def test_an_invalid_configuration_lists_every_problem_and_exits_1(
 def test_the_shipped_configuration_fits_as_its_comments_say(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = Path(__file__).resolve().parents[2] / "config"
+    config = Path(__file__).resolve().parents[3] / "config"
     data = run_json(["plan", "profile", "--config", str(config)], capsys)
     assert data["fits"] is True, data["problems"]
     assert data["not_planned"] == []

@@ -14,7 +14,7 @@ from app.routing.local import PRIORITY_PATHS, local_body
 from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.settings.keys import Priority
-from tests.unit.test_backend_lifecycle import GatedRuntime, make_backend
+from tests.unit.lifecycle.test_backend_lifecycle import GatedRuntime, make_backend
 
 ROUTE = Route(name="alias", backend="b", upstream_model="m")
 

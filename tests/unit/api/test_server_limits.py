@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 import uvicorn
@@ -62,17 +62,24 @@ def test_out_of_range_is_refused(tmp_path: Path) -> None:
 def test_serve_hands_every_limit_to_uvicorn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(kwargs))
+    seen: list[uvicorn.Config] = []
+
+    def run(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
+        assert sockets  # bound before the app starts
+        seen.append(server.config)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     monkeypatch.setenv("MICROSCHEDULER_SERVER__MAX_HEADER_BYTES", "32768")
     monkeypatch.setenv("MICROSCHEDULER_SERVER__KEEP_ALIVE_S", "7")
     monkeypatch.setenv("MICROSCHEDULER_STATE_DIR", str(tmp_path / "var"))
-    args = argparse.Namespace(config=config(tmp_path), host=None, port=None, watch_config=False)
+    args = argparse.Namespace(config=config(tmp_path), host=None, port=0, watch_config=False)
     run_serve(args)
-    assert seen["timeout_keep_alive"] == 7
-    assert seen["backlog"] == 2048
-    assert seen["limit_concurrency"] is None  # the protocol's eviction replaces it
-    protocol = seen["http"]
+    (options,) = seen
+    assert options.timeout_keep_alive == 7
+    assert options.backlog == 2048
+    assert options.limit_concurrency is None  # the protocol's eviction replaces it
+    protocol = options.http
+    assert isinstance(protocol, type)
     assert issubclass(protocol, GatewayProtocol)
     assert protocol.limits.max_header_bytes == 32768
 

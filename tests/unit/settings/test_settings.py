@@ -208,7 +208,7 @@ def test_bad_environment_value_names_the_variable(
 
 
 def test_shipped_configs_are_valid() -> None:
-    root = Path(__file__).resolve().parents[2] / "config"
+    root = Path(__file__).resolve().parents[3] / "config"
     for directory in (root, root / "demo"):
         assert load_settings(directory).backends
 
@@ -240,7 +240,7 @@ def test_profile_shares_above_the_target_are_refused(tmp_path: Path) -> None:
 def test_the_shipped_keys_example_is_valid_beside_the_demo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = Path(__file__).resolve().parents[2] / "config"
+    root = Path(__file__).resolve().parents[3] / "config"
     for name in ("models.yaml", "cloud_providers.yaml", "gpu_profiles.yaml"):
         (tmp_path / name).write_text((root / "demo" / name).read_text())
     (tmp_path / "keys.yaml").write_text((root / "keys.example.yaml").read_text())

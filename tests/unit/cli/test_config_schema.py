@@ -15,7 +15,7 @@ from jsonschema.protocols import Validator
 from app.cli import main
 from app.cli.config_schema import REFRESH, all_schemas, dumps, file_names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "config"
 SCHEMA_DIR = CONFIG / "schema"
 SHIPPED = sorted([*CONFIG.glob("*.yaml"), *(CONFIG / "demo").glob("*.yaml")])

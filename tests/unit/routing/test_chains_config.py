@@ -316,7 +316,7 @@ def test_usage_is_read_from_the_tail(tail: bytes, expected: tuple[int, int] | No
 
 
 def test_shipped_cloud_configs_are_valid() -> None:
-    root = Path(__file__).resolve().parents[2] / "config"
+    root = Path(__file__).resolve().parents[3] / "config"
     for directory in (root, root / "demo"):
         settings = load_settings(directory)
         assert settings.cloud_providers is not None

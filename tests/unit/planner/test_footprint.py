@@ -13,7 +13,7 @@ from app.planner.description import resolve
 from app.planner.footprint import Footprint, backend_instance, planned_footprint_mib
 from app.planner.units import MIB
 from app.settings import BackendConfig, load_settings
-from tests.unit.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
+from tests.unit.planner.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
 
 # A 14B model in bf16: 48 layers, 8 KV heads, head_dim 128, 8192 tokens x 4 sequences.
 FOURTEEN_B = {

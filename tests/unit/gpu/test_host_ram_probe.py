@@ -19,7 +19,7 @@ from app.gpu.telemetry import ProbeError
 from app.settings import PrometheusProbeConfig
 from tests.fakes.prometheus import FakePrometheus, fake_prometheus, node_memory
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "meminfo_64g.txt"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "meminfo_64g.txt"
 GIB = 1024**3
 
 

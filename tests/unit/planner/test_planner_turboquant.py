@@ -24,8 +24,8 @@ from app.planner.kv import (
     turboquant_slot_bytes,
 )
 from app.settings import BackendConfig
-from tests.unit.test_model_description import clean_env  # noqa: F401 (autouse)
-from tests.unit.test_plan_cli import run_json
+from tests.unit.cli.test_plan_cli import run_json
+from tests.unit.planner.test_model_description import clean_env  # noqa: F401 (autouse)
 
 QWEN3_8B = AttentionShape(layers=36, kv_heads=8, head_dim=128)
 R1_14B = AttentionShape(layers=48, kv_heads=8, head_dim=128)

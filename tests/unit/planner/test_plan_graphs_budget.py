@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_model_description import clean_env  # noqa: F401 (autouse)
-from tests.unit.test_plan_cli import run_json
+from tests.unit.cli.test_plan_cli import run_json
+from tests.unit.planner.test_model_description import clean_env  # noqa: F401 (autouse)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # The `plan share` example of docs/planner.md.
 ORCHESTRATOR = "name=orchestrator,weights-gib=6.4,kv-gib=1.6,graphs-gib=0.8,overhead-gib=4.7"

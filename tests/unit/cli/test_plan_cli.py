@@ -26,9 +26,12 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, out, err
 
 
-def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    code, out, err = run([*argv, "--json"], capsys)
-    assert (code, err) == (0, "")
+def run_json(
+    argv: list[str], capsys: pytest.CaptureFixture[str], *, code: int = 0
+) -> dict[str, Any]:
+    """The command's JSON answer; `code` 1 for a plan that does not fit."""
+    exit_code, out, err = run([*argv, "--json"], capsys)
+    assert (exit_code, err) == (code, "")
     data = json.loads(out)
     assert isinstance(data, dict)
     return data
@@ -344,6 +347,7 @@ def test_gpus_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
             "1000000",
         ],
         capsys,
+        code=1,
     )
     assert data["fits"] is False
     assert data["min_gpus"] is None
@@ -382,6 +386,7 @@ def test_share_cli_example(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(
         ["plan", "share", "--gpu-gib", "31.84", "--instance", ARTICLE_A, "--instance", ARTICLE_B],
         capsys,
+        code=1,  # it does not fit
     )
     first, second = data["instances"]
     assert first["gpu_memory_utilization"] == 0.4
@@ -454,6 +459,7 @@ def test_share_pinned_utilization_reproduces_attempt_1(capsys: pytest.CaptureFix
             ARTICLE_B + ",util=0.35,cuda-context-gib=0",
         ],
         capsys,
+        code=1,  # refused at start-up: it does not fit
     )
     (item,) = data["instances"]
     assert item["ok"] is False
@@ -501,7 +507,7 @@ def test_share_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         ["plan", "share", "--gpu-gib", "31.84", "--instance", ARTICLE_A, "--instance", ARTICLE_B],
         capsys,
     )
-    assert code == 0
+    assert code == 1  # the plan is printed, and it does not fit
     assert "A: vllm serve ... --gpu-memory-utilization 0.40" in out
     assert "  advice: instances started before it hold 8.00 GiB of CUDA graphs" in out
     assert out.rstrip().endswith("free at the end: 10.60 GiB; fits: NO")

@@ -19,7 +19,7 @@ from app.lifecycle.queue import Ticket, next_ticket, serve_order
 from app.lifecycle.state import BackendState, StopReason
 from app.settings.keys import Priority
 from tests.fakes.waits import until
-from tests.unit.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of
+from tests.unit.lifecycle.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of
 
 HIGH, NORMAL, LOW = Priority.HIGH, Priority.NORMAL, Priority.LOW
 

@@ -15,7 +15,7 @@ from app.errors import BackendUnavailable
 from app.lifecycle.admission import AdmissionRefused, Claimant, Unchecked
 from app.lifecycle.state import BackendState
 from tests.fakes.waits import until
-from tests.unit.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of
+from tests.unit.lifecycle.test_backend_lifecycle import LAZY, GatedRuntime, make_backend, state_of
 
 PINNED: dict[str, Any] = {"vram_mib": 1000, "runtime": {"kind": "process", "command": ["x"]}}
 

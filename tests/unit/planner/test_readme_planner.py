@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.docs import page
-from tests.unit.test_model_description import clean_env  # noqa: F401 (autouse)
-from tests.unit.test_plan_cli import run
+from tests.unit.cli.test_plan_cli import run
+from tests.unit.planner.test_model_description import clean_env  # noqa: F401 (autouse)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def console_blocks() -> list[tuple[list[str], list[str]]]:
