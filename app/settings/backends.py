@@ -193,7 +193,7 @@ class BackendConfig(StrictConfig):
             "`priority`."
         ),
     )
-    # Lifecycle (see README "Model lifecycle"): `pinned` runs all the time; `lazy` starts
+    # Lifecycle (see docs/lifecycle.md): `pinned` runs all the time; `lazy` starts
     # on its first request; `standby` is started once at gateway start and put to sleep
     # (level 1) as soon as it is ready, so its first request costs a wake, not a cold start
     # (it needs vLLM's sleep mode: VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode), and is

@@ -1,4 +1,4 @@
-"""`keys.yaml`: the client keys, what each may use and how much (README "Sharing one GPU").
+"""`keys.yaml`: the client keys, what each may use and how much (docs/keys.md).
 
     keys:
       agents:                       # the name: metrics, logs, /status; never the secret

@@ -42,6 +42,11 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+# Every key of the four files, with a comment each: config/reference/ (and the JSON Schema
+# of `microscheduler config schema`, which editors read).
+UNKNOWN_KEY = "unknown key (check the spelling against config/reference/)"
+
+
 def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Settings:
     """Read the config directory and the environment; raise `ConfigError` on any problem.
 
@@ -69,9 +74,7 @@ def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Set
         if key in data
     ]
     if FLAGS in data:
-        problems.append(
-            f"{models_path}: {FLAGS}: unknown key (check the spelling against the README)"
-        )
+        problems.append(f"{models_path}: {FLAGS}: {UNKNOWN_KEY}")
     if problems:
         raise ConfigError(problems)
     for key, fname in _FROM_OTHER_FILES.items():
@@ -142,6 +145,6 @@ def _describe(
         if err["type"] == "missing":
             message = "is required"
         elif err["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling against the README)"
+            message = UNKNOWN_KEY
         lines.append(f"{source}: {key}: {message}" if key else f"{source}: {message}")
     return lines
