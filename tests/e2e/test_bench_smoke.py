@@ -1,4 +1,6 @@
-"""`bench/overhead.py --quick` runs end to end: both servers start, every response is valid.
+"""Each benchmark's `--quick` run end to end (`bench/overhead.py`, `wake.py`, `soak.py`,
+`keys.py`, `switch.py`): its servers start, every response is valid, its JSON has the shape
+and the invariants it promises.
 
 Timing targets are never asserted here; the quick counts are far too small to mean anything,
 and CI machines are noisy. Without wrk the quick mode falls back to a Python load loop.
@@ -15,7 +17,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "overhead.py"
 
 POSITIVE = {
     "sequential": ["direct_p50_ms", "gateway_p50_ms", "direct_p99_ms", "gateway_p99_ms"],
@@ -44,6 +45,20 @@ NUMBERS = {
 }
 
 
+def run_quick(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`bench/<script> --quick ARGS`, which must exit 0 (its output shown when it does not)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--quick", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return done
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -51,15 +66,7 @@ def is_number(value: Any) -> bool:
 @pytest.mark.e2e
 def test_quick_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    done = run_quick("overhead.py", "--json", str(out), timeout=90)
     assert "| Measurement |" in done.stdout
 
     results = json.loads(out.read_text())
@@ -100,15 +107,7 @@ def test_quick_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_quick_wake_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "wake.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "wake.py"), "--quick", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    done = run_quick("wake.py", "--json", str(out), timeout=90)
     assert "answered after the backend started listening" in done.stdout
     results = json.loads(out.read_text())
     assert results["rounds"] == 3
@@ -124,15 +123,7 @@ def test_quick_wake_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--quick", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    done = run_quick("soak.py", "--json", str(out), timeout=120)
     assert "| Measurement |" in done.stdout
     results = json.loads(out.read_text())
     assert results["quick"] is True
@@ -188,15 +179,7 @@ def test_quick_soak_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_quick_keys_benchmark_prints_the_cost_of_a_key() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "keys.py"), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    done = run_quick("keys.py", timeout=60)
     rows = [
         line for line in done.stdout.splitlines() if line.startswith("| ") and "us |" not in line
     ]
@@ -206,3 +189,36 @@ def test_quick_keys_benchmark_prints_the_cost_of_a_key() -> None:
     ]
     for row in rows:
         assert float(row.split(" | ")[1].rstrip(" |")) > 0
+
+
+@pytest.mark.e2e
+def test_quick_switch_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "switch.json"
+    done = run_quick("switch.py", "--json", str(out), timeout=240)
+    assert "| Eviction | switches |" in done.stdout
+    results = json.loads(out.read_text())
+    stop, sleep = results["switch_phases"]
+    assert (stop["method"], sleep["method"]) == ("stop", "sleep")
+    for phase in (stop, sleep):
+        assert phase["switches"] == 4
+        assert phase["gateway_swaps"] >= 5  # every switch evicted the other model
+        for key in ("ttfb", "modelled", "gateway"):
+            assert phase[key]["p50_ms"] > 0 or key == "gateway", (phase["method"], key)
+        # The first byte cannot come before the fake's own modelled wait.
+        assert phase["ttfb"]["p50_ms"] >= phase["modelled"]["p50_ms"]
+    assert stop["cold_starts"] == 4  # stopped: every switch a cold start
+    assert sleep["cold_starts"] == 0  # asleep: every switch a wake of the same process
+    setup = results["setup"]
+    assert stop["modelled"]["p50_ms"] == pytest.approx(setup["startup_delay_s"] * 1000)
+    held, thrash = results["collation"]
+    assert held["max_hold_s"] > 0
+    assert thrash["max_hold_s"] == 0
+    for phase in (held, thrash):
+        assert phase["errors"] == 0, phase["error_kinds"]
+        assert phase["requests"] == 16
+        assert phase["max_wait_s"] <= phase["bound_s"]
+    assert [t["name"] for t in results["targets"]] == [
+        "gateway's share of a sleep switch, p95 <= 50 ms",
+        "collation: fewer switches than max_hold_s 0",
+        "no request waits past max_wait_s, none refused",
+    ]
