@@ -260,13 +260,16 @@ class Backend(Holding, Memory, Watched):
             self.holds_vram = True
             self._start_task = spawn(asyncio.sleep(0), name=f"start:{self.name}")
             return self._start_task
+        # Timed from here, not from the task's first step: a /status read in between
+        # would see the previous start's beginning (and an eta of 0).
+        self._starting = (time.monotonic(), (self._asleep_level or 0) if wake else None)
         self._set_state(BackendState.STARTING, "waking from sleep" if wake else None)
         self._start_task = spawn(self._run_start(adopt, wake), name=f"start:{self.name}")
         return self._start_task
 
     async def _run_start(self, adopt: bool, wake: bool = False) -> None:
-        began = time.monotonic()
-        self._starting = (began, (self._asleep_level or 0) if wake else None)
+        assert self._starting is not None  # set by _begin_start
+        began, wake_level = self._starting
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
@@ -295,7 +298,6 @@ class Backend(Holding, Memory, Watched):
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
-            wake_level = self._starting[1] if self._starting is not None else None
             self._durations.record(self.name, duration, cold=not adopt, wake_level=wake_level)
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(

@@ -51,7 +51,9 @@ def status_of(gw: GatewayProcess, name: str) -> dict[str, Any]:
 
 def watch_start(gw: GatewayProcess, name: str) -> list[dict[str, Any]]:
     """Start the backend (in a thread) and poll /status until it is ready: every `load`
-    seen while it started."""
+    seen while it started, each with `seen_by_s`: seconds from the start's request to the
+    answer that showed it."""
+    asked = time.monotonic()
     started = threading.Thread(
         target=lambda: httpx.post(f"{gw.url}/backends/{name}/start", headers=ADMIN, timeout=60)
     )
@@ -64,7 +66,7 @@ def watch_start(gw: GatewayProcess, name: str) -> list[dict[str, Any]]:
             assert status["load"] is None  # only while starting
             break
         if status["load"] is not None:
-            seen.append(status["load"])
+            seen.append({**status["load"], "seen_by_s": time.monotonic() - asked})
         time.sleep(0.05)
     started.join(30)
     return seen
@@ -91,6 +93,8 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         # "Model loading took 15.27 GiB ..." on its one GPU: the host RAM a level-1 sleep
         # is charged from now on (the planner's estimate or vram_mib before).
         shown = status_of(gw, "llm")
+        last_start_s = shown["last_start_s"]
+        assert last_start_s >= 3  # --startup-delay 3
         assert shown["host_ram_charge_from"] == "measured"
         assert shown["host_ram_charge_mib"] == math.ceil(WEIGHTS_GIB * 1024)
         httpx.post(f"{gw.url}/backends/llm/stop", headers=ADMIN, timeout=30)
@@ -98,8 +102,14 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         etas = [load["eta_s"] for load in second]
         assert etas
         assert all(isinstance(eta, int) for eta in etas)
-        assert etas[0] >= 2
         assert etas == sorted(etas, reverse=True)
+        # Counted down from this start's own beginning by the last one's duration: never
+        # less than what is left of it when the answer came (rounded), never more than it.
+        for load in second:
+            assert round(last_start_s - load["seen_by_s"]) - 1 <= load["eta_s"]
+            assert load["eta_s"] <= round(last_start_s)
+        if second[0]["seen_by_s"] < 1:  # seen early (as almost always): most of it left
+            assert etas[0] >= 2
 
 
 def test_a_failed_kv_cache_check_is_quoted_with_its_hint() -> None:

@@ -465,3 +465,23 @@ async def test_a_start_that_waits_says_why_even_when_the_runtime_cannot_be_asked
     waiter.cancel()
     await refusing.stop(StopReason.ADMIN)
     assert refusing.start_progress() is None  # nothing waits any more
+
+
+async def test_a_second_start_is_timed_from_its_own_beginning_at_once() -> None:
+    """`load().eta_s` of a start just begun counts from that start, even before its task
+    first runs: the /status poll that lands in between once saw the previous start's
+    beginning (eta 0 on a 3 s start, tests/e2e/test_backend_output.py on a busy machine)."""
+    runtime = GatedRuntime()
+    backend = await ready_backend(runtime, **LAZY)
+    runtime.gate = asyncio.Event()
+    backend._durations.put("b", 60.0)  # its last cold start took a minute
+    await backend.stop(StopReason.ADMIN)
+    backend._starting = (0.0, None)  # a start long ago (its monotonic clock's beginning)
+    async with backend._lock:
+        backend._begin_start(adopt=False)  # the task has not run yet
+        load = backend.load()
+    assert load is not None
+    assert load.eta_s is not None
+    assert load.eta_s >= 59
+    runtime.gate.set()
+    await backend.start()
