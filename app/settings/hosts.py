@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlsplit
@@ -384,58 +385,94 @@ def check_hosts(
     backends: Mapping[str, BackendConfig],
     local_docker: DockerConfig | None = None,
 ) -> str | None:
-    """The first problem with `hosts:` and the backends' `host:`, or None."""
+    """The first problem with `hosts:` and the backends' `host:`, or None: every host's
+    Docker proxy first, then the hosts' names, then each backend's placement."""
     local_url = (local_docker or DockerConfig()).url
-    for name, machine in hosts.items():
-        docker = machine.docker
-        if docker is not None and "url" not in docker.model_fields_set:
-            return (
-                f"hosts.{name}.docker.url: required (the default is this machine's own "
-                "socket): the URL of that host's Docker socket proxy, e.g. "
-                f"http://{name}:2375"
-            )
-        if docker is not None and docker.url == local_url:
-            return (
-                f"hosts.{name}.docker.url: {docker.url} is the gateway's own Docker (the "
-                "top-level docker.url); give that host's socket proxy"
-            )
-    for name in hosts:
-        if name == LOCAL_HOST:
-            return (
-                f"hosts.{LOCAL_HOST}: {LOCAL_HOST!r} is the gateway's own machine (the top-level "
-                "docker: and gpu:); give the other machine another name"
-            )
-        if HOST_NAME_RE.fullmatch(name) is None:
-            return (
-                f"hosts.{name}: a host name is 1 to 64 lowercase letters, digits, '_', '.' "
-                "or '-', starting with a letter or digit"
-            )
-    for backend, cfg in backends.items():
-        host = cfg.host_name
-        if host != LOCAL_HOST and host not in hosts:
-            known = ", ".join([LOCAL_HOST, *hosts])
-            return f"backends.{backend}.host: no host {host!r} in hosts: (known: {known})"
-        if host == LOCAL_HOST:
-            gpu = local_gpu
-        else:
-            if cfg.runtime.kind == "process":
-                return (
-                    f"backends.{backend}.host: {host}: a process runtime runs on the gateway's "
-                    "own machine; a backend on another host needs runtime docker (through "
-                    "that host's docker:), kubernetes or external"
-                )
-            if cfg.runtime.kind == "docker" and hosts[host].docker is None:
-                return (
-                    f"backends.{backend}.runtime: docker on host {host!r}, which has no "
-                    f"docker: (add hosts.{host}.docker.url, its Docker socket proxy)"
-                )
-            gpu = hosts[host].gpu
-        if gpu.probe == "sim" and cfg.gpus_accounted:
-            missing = [g for g in cfg.gpus if g >= gpu.sim.count]
-            if missing:
-                where = "gpu.sim.count" if host == LOCAL_HOST else f"hosts.{host}.gpu.sim.count"
-                return (
-                    f"backends.{backend}.gpus: GPU {missing[0]} does not exist on host "
-                    f"{host!r} ({where} is {gpu.sim.count})"
-                )
+    problems = chain(
+        (_docker_problem(name, machine.docker, local_url) for name, machine in hosts.items()),
+        (_name_problem(name) for name in hosts),
+        (_placement_problem(name, cfg, hosts, local_gpu) for name, cfg in backends.items()),
+    )
+    return next((problem for problem in problems if problem is not None), None)
+
+
+def _docker_problem(name: str, docker: DockerConfig | None, local_url: str) -> str | None:
+    """Host `name`'s `docker:` must name that host's own socket proxy."""
+    if docker is None:
+        return None
+    if "url" not in docker.model_fields_set:
+        return (
+            f"hosts.{name}.docker.url: required (the default is this machine's own "
+            "socket): the URL of that host's Docker socket proxy, e.g. "
+            f"http://{name}:2375"
+        )
+    if docker.url == local_url:
+        return (
+            f"hosts.{name}.docker.url: {docker.url} is the gateway's own Docker (the "
+            "top-level docker.url); give that host's socket proxy"
+        )
     return None
+
+
+def _name_problem(name: str) -> str | None:
+    """A host's name: not the gateway's own machine's, and plain (`HOST_NAME_RE`)."""
+    if name == LOCAL_HOST:
+        return (
+            f"hosts.{LOCAL_HOST}: {LOCAL_HOST!r} is the gateway's own machine (the top-level "
+            "docker: and gpu:); give the other machine another name"
+        )
+    if HOST_NAME_RE.fullmatch(name) is None:
+        return (
+            f"hosts.{name}: a host name is 1 to 64 lowercase letters, digits, '_', '.' "
+            "or '-', starting with a letter or digit"
+        )
+    return None
+
+
+def _placement_problem(
+    backend: str, cfg: BackendConfig, hosts: Mapping[str, HostConfig], local_gpu: GpuConfig
+) -> str | None:
+    """Backend `backend`'s host must exist, take its runtime and have its GPUs."""
+    host = cfg.host_name
+    if host == LOCAL_HOST:
+        return _gpus_problem(backend, cfg, host, local_gpu)
+    if host not in hosts:
+        known = ", ".join([LOCAL_HOST, *hosts])
+        return f"backends.{backend}.host: no host {host!r} in hosts: (known: {known})"
+    machine = hosts[host]
+    return _runtime_problem(backend, cfg, host, machine) or _gpus_problem(
+        backend, cfg, host, machine.gpu
+    )
+
+
+def _runtime_problem(
+    backend: str, cfg: BackendConfig, host: str, machine: HostConfig
+) -> str | None:
+    """A backend on another host runs there through that host's Docker proxy, Kubernetes
+    or as an external server: never as a process of the gateway's machine."""
+    if cfg.runtime.kind == "process":
+        return (
+            f"backends.{backend}.host: {host}: a process runtime runs on the gateway's "
+            "own machine; a backend on another host needs runtime docker (through "
+            "that host's docker:), kubernetes or external"
+        )
+    if cfg.runtime.kind == "docker" and machine.docker is None:
+        return (
+            f"backends.{backend}.runtime: docker on host {host!r}, which has no "
+            f"docker: (add hosts.{host}.docker.url, its Docker socket proxy)"
+        )
+    return None
+
+
+def _gpus_problem(backend: str, cfg: BackendConfig, host: str, gpu: GpuConfig) -> str | None:
+    """On a simulated GPU, a backend's `gpus:` must be among the `gpu.sim.count` there."""
+    if gpu.probe != "sim" or not cfg.gpus_accounted:
+        return None
+    missing = [g for g in cfg.gpus if g >= gpu.sim.count]
+    if not missing:
+        return None
+    where = "gpu.sim.count" if host == LOCAL_HOST else f"hosts.{host}.gpu.sim.count"
+    return (
+        f"backends.{backend}.gpus: GPU {missing[0]} does not exist on host "
+        f"{host!r} ({where} is {gpu.sim.count})"
+    )
