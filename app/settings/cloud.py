@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -79,6 +79,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.settings.backends import BackendConfig
 from app.settings.base import StrictConfig, http_url
 from app.settings.endpoints import ANTHROPIC_PROVIDER_APIS, OPENAI_PROVIDER_APIS, Api
 
@@ -318,23 +319,7 @@ class CloudConfig(StrictConfig):
         return providers
 
 
-class BackendNames(Protocol):
-    """What the cross-check reads of a backend (`app.settings.BackendConfig` fits)."""
-
-    @property
-    def role(self) -> str | None: ...
-
-    @property
-    def replica_of(self) -> str | None: ...
-
-    @property
-    def models(self) -> list[str]: ...
-
-    @property
-    def aliases(self) -> list[str]: ...
-
-
-def cross_check(cloud: CloudConfig, backends: Mapping[str, BackendNames]) -> list[str]:
+def cross_check(cloud: CloudConfig, backends: Mapping[str, BackendConfig]) -> list[str]:
     """Problems between `cloud_providers.yaml` and `models.yaml`, as `key: problem` lines.
 
     A provider may not share a backend's (or a replica group's) name; a chain key must be
