@@ -14,9 +14,9 @@ import pytest
 
 from app.errors import BackendUnavailable
 from app.events import EventLog
-from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState
-from app.lifecycle.vram_yield import VramYield, YieldRequest
+from app.vram.residency import protected_for_s
+from app.vram.yielding import VramYield, YieldRequest
 from tests.fakes.waits import until
 from tests.unit.lifecycle.test_arbiter import Rig, rig, rigs, settle, state_of, within
 
