@@ -5,7 +5,7 @@ of endpoints and error kinds), never from request data, so cardinality stays bou
 Children are cached: the hot path does a dict lookup, not `labels()`.
 
 The GPU series are `app.gpu.collector`'s; the host RAM series (`microscheduler_host_ram_*`,
-label `host`: the budget of level-1 sleepers) are `app.lifecycle.host_ram`'s; the load
+label `host`: the budget of level-1 sleepers) are `app.vram.host_ram`'s; the load
 scraped from each vLLM is `app.upstreams.vllm_load`'s; the backends' lifecycle (states,
 starts, stops, sleeps, swaps, yields, the state file, profiles) is `app.lifecycle.metrics`'s,
 which adds its series to these. This module is on the ground floor: it imports nothing of

@@ -19,6 +19,9 @@ from urllib.parse import urlsplit
 from app.access.auth import Authenticator
 from app.access.origins import OriginPolicy
 from app.activity import Activity
+from app.control.schedule import zone
+from app.control.scheduler import Clock, Scheduler, SystemClock
+from app.control.supervisor import Supervisor
 from app.events import EventLog
 from app.gpu.collector import GpuCollector
 from app.gpu.host_ram import HostRamMonitor, MeminfoSource, NodeExporterSource, RamSource
@@ -31,20 +34,12 @@ from app.gpu.telemetry import GpuSource
 from app.keys.metrics import KeyMetrics
 from app.keys.ring import KeyRing
 from app.lifecycle.admission import Unchecked
-from app.lifecycle.arbiter import VramArbiter
-from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
-from app.lifecycle.host_ram import HostRamBook, HostRamCollector
-from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.load import StartDurations
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.profile_switch import ProfileSwitch
-from app.lifecycle.schedule import zone
-from app.lifecycle.scheduler import Clock, Scheduler, SystemClock
 from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import ProcessRecords, StateStore, earlier_shared_state
-from app.lifecycle.supervisor import Supervisor
-from app.lifecycle.vram_yield import VramYield
 from app.metrics import PoolMetrics
 from app.notify.notifier import Notifier
 from app.routing.cloud import Cloud, build_cloud
@@ -76,6 +71,11 @@ from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, as
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient, control_timeout_s
 from app.upstreams.vllm_load import VllmLoadMetrics
+from app.vram.arbiter import VramArbiter
+from app.vram.auto_yield import AutoYield
+from app.vram.host_ram import HostRamBook, HostRamCollector
+from app.vram.hosts import Host, Hosts
+from app.vram.yielding import VramYield
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Seams:
     gateway's placed-memory callback, which the simulated GPU without a ledger reports
     as used); it replaces the local host's source only (`hosts:` use their config).
     `ram_source` replaces the local host's RAM reading (/proc/meminfo).
-    `clock` is the schedules' wall clock and wait (`app.lifecycle.scheduler`).
+    `clock` is the schedules' wall clock and wait (`app.control.scheduler`).
     """
 
     control_transport: AsyncBaseTransport | None = None

@@ -14,20 +14,20 @@ from typing import Any
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
-from app.lifecycle.host_ram import HostRamView
-from app.lifecycle.hosts import Host
 from app.lifecycle.load import LoadStatus
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
-from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState
-from app.lifecycle.vram_yield import RestoreReport, YieldOutcome
-from app.lifecycle.zones import Zone
 from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
 from app.routing.registry import ModelEntry, Registry
 from app.runtimes.output import OutputSource
 from app.services import Services
+from app.vram.host_ram import HostRamView
+from app.vram.hosts import Host
+from app.vram.residency import protected_for_s
+from app.vram.yielding import RestoreReport, YieldOutcome
+from app.vram.zones import Zone
 
 Json = dict[str, Any]
 

@@ -23,8 +23,8 @@ from app.api.deps import AdminDep, ServicesDep, json_body
 from app.api.views import expires_in_s, restore_view, yield_outcome_view, yield_view, zone_view
 from app.errors import Conflict, InvalidRequest
 from app.gpu.telemetry import free_mib
-from app.lifecycle.vram_yield import YieldRequest
-from app.lifecycle.zones import YIELD_ZONE
+from app.vram.yielding import YieldRequest
+from app.vram.zones import YIELD_ZONE
 
 router = APIRouter(tags=["admin"], dependencies=[AdminDep])
 

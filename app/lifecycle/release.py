@@ -1,6 +1,6 @@
 """How a backend gives its GPU memory back (sleep level 1, level 2, or stop), given its host
 RAM budget: `choose_release()`, pure. Idle stops, evictions and yields all ask it
-(through `app.lifecycle.host_ram.HostRamBook`, which reads the host's RAM and the
+(through `app.vram.host_ram.HostRamBook`, which reads the host's RAM and the
 backends, and records each choice as an event).
 
 Level 1 copies the weights to pinned host RAM (vLLM's cumem allocator backs them with

@@ -1,6 +1,6 @@
 """The watched half of a backend: what its periodic check finds and does.
 
-- `watch()`, once per `health_interval_s` (`app.lifecycle.supervisor`): a health check;
+- `watch()`, once per `health_interval_s` (`app.control.supervisor`): a health check;
   a managed server found dead while ready or asleep fails the backend (or, scaled to 0 by
   its owner under kubernetes `scale: external`, stops it); an external server found
   healthy again is asked what it serves (it may be another server now).

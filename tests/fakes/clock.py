@@ -1,4 +1,4 @@
-"""A wall clock the test sets, for the schedules' loop (`app.lifecycle.scheduler.Clock`).
+"""A wall clock the test sets, for the schedules' loop (`app.control.scheduler.Clock`).
 
 The loop's `sleep` returns only when the test moves the clock (`advance_to`), whatever it
 asked for; `advance_to` returns once the loop has acted on the new time and is waiting

@@ -200,6 +200,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("gpu", "keys", "notify", "runtimes"),
     ("access", "sim", "store"),
     ("lifecycle",),
+    ("vram",),
+    ("control",),
     ("routing",),
     ("services",),
     ("reload",),

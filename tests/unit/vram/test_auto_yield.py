@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.lifecycle.auto_yield import AutoYieldPolicy, Decision
-from app.lifecycle.zones import Zone
 from app.settings import AutoYieldConfig
+from app.vram.auto_yield import AutoYieldPolicy, Decision
+from app.vram.zones import Zone
 
 CONFIG = AutoYieldConfig(enabled=True, foreign_mib=2000, settle_s=10, restore_after_s=30)
 

@@ -1,4 +1,4 @@
-"""The schedules' loop: applies what `app.lifecycle.schedule.schedule_at` puts in force,
+"""The schedules' loop: applies what `app.control.schedule.schedule_at` puts in force,
 through the paths a person would use (the VRAM yield of the gateway's own machine, the
 GPU profile switch, a backend's start), at each window's edges.
 
@@ -31,15 +31,15 @@ from collections.abc import Mapping
 from datetime import tzinfo
 from typing import Any, Final, Protocol
 
+from app.control.schedule import WindowState, next_edge, schedule_at
 from app.errors import GatewayError
 from app.events import EventLog
 from app.lifecycle.backend import Backend
 from app.lifecycle.profile_switch import ProfileSwitch
-from app.lifecycle.schedule import WindowState, next_edge, schedule_at
 from app.lifecycle.state import BackendState
-from app.lifecycle.vram_yield import VramYield, YieldRequest
 from app.settings.schedules import ScheduleWindow
 from app.tasks import OwnedTasks, cancel_and_wait, spawn
+from app.vram.yielding import VramYield, YieldRequest
 
 logger = logging.getLogger(__name__)
 

@@ -32,17 +32,17 @@ from typing import Final
 from app.errors import BackendUnavailable
 from app.gpu.poller import GpuMonitor
 from app.lifecycle import admission as rules
-from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
-from app.lifecycle.hosts import Hosts
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState, StopReason
-from app.lifecycle.zone_book import section_host
 from app.planner.footprint import planned_footprint_mib
 from app.settings import Settings
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.vllm_load import ScrapeError, VllmLoadMetrics
+from app.vram.auto_yield import AutoYield
+from app.vram.hosts import Hosts
+from app.vram.zone_book import section_host
 
 logger = logging.getLogger(__name__)
 

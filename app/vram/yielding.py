@@ -29,12 +29,12 @@ from typing import Final
 from app.errors import BackendUnavailable, InvalidRequest
 from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
-from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
-from app.lifecycle.zones import YIELD_ZONE, YieldReport, Zone, gpu_name
 from app.tasks import OwnedTasks
+from app.vram.arbiter import VramArbiter
+from app.vram.zones import YIELD_ZONE, YieldReport, Zone, gpu_name
 
 logger = logging.getLogger(__name__)
 

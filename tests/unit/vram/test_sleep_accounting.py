@@ -22,7 +22,6 @@ from app.lifecycle.admission import (
     may_have_slept,
     wake_mib,
 )
-from app.lifecycle.arbiter import VramArbiter
 from app.lifecycle.backend import Backend
 from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.state import BackendState, StopReason
@@ -30,6 +29,7 @@ from app.lifecycle.store import StateStore
 from app.settings import BackendConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
+from app.vram.arbiter import VramArbiter
 from tests.fakes.runtimes import FakeRuntime
 
 TOTAL_MIB = 24000

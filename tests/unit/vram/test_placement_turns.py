@@ -4,7 +4,7 @@ priority when they are idle, least recently used first; a busy one only after it
 
 from __future__ import annotations
 
-from app.lifecycle.placement import Placement, Resident, plan_eviction
+from app.vram.placement import Placement, Resident, plan_eviction
 
 
 def lazy(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
+from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 
 
 def lazy(

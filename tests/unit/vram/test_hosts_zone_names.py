@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from app.errors import Conflict
-from app.lifecycle.arbiter import VramArbiter
-from app.lifecycle.hosts import Host, Hosts
 from app.lifecycle.store import StateStore
 from app.settings import GpuConfig
+from app.vram.arbiter import VramArbiter
+from app.vram.hosts import Host, Hosts
 
 
 def hosts(tmp_path: Path, *names: str) -> Hosts:

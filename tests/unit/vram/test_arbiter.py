@@ -16,15 +16,15 @@ import pytest
 from app.errors import BackendUnavailable, Conflict, InvalidRequest
 from app.gpu.poller import GpuMonitor
 from app.gpu.sim import SimSource
-from app.lifecycle.arbiter import VramArbiter, ZoneGrant
 from app.lifecycle.backend import Backend
 from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.state import BackendState, StopReason
 from app.lifecycle.store import StateStore
-from app.lifecycle.zones import Zone
 from app.settings import BackendConfig, ProcessRuntimeConfig, TimeoutsConfig
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient
+from app.vram.arbiter import VramArbiter, ZoneGrant
+from app.vram.zones import Zone
 from tests.fakes.runtimes import FakeRuntime
 from tests.fakes.waits import until
 
@@ -535,7 +535,7 @@ async def test_a_request_during_a_zone_stop_does_not_wake_the_backend(rig: Rig) 
 
 
 async def test_a_cancelled_zone_request_leaves_nothing_blocked(rig: Rig) -> None:
-    # APP BUG (app/lifecycle/arbiter.py, VramArbiter._make_room): the victims are blocked
+    # APP BUG (app/vram/arbiter.py, VramArbiter._make_room): the victims are blocked
     # before their stop, and only a `_NoRoom` unblocks them again. When acquire_zone() is
     # cancelled during the drain (or the probe raises), the zone is never recorded but the
     # victims keep `blocks["zone:comfy"]`: every request gets "blocked" by a zone that

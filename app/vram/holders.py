@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterable, Mapping
 
 from app.lifecycle.backend import Backend
-from app.lifecycle.placement import Holder, Resident
-from app.lifecycle.residency import hold_for_s, protected_for_s
 from app.lifecycle.state import BackendState
-from app.lifecycle.zones import Zone
+from app.vram.placement import Holder, Resident
+from app.vram.residency import hold_for_s, protected_for_s
+from app.vram.zones import Zone
 
 
 def residents(backends: Iterable[Backend], exclude: str | None = None) -> list[Resident]:

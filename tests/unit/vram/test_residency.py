@@ -1,6 +1,6 @@
 """min_resident_s in admission: a start that needs a protected backend's memory waits for
 the protection to end, then evicts it; zones and the yield force past it. The arbiter with
-real `Backend`s, gated fake runtimes and the simulated GPU (tests/unit/lifecycle/test_arbiter.py's
+real `Backend`s, gated fake runtimes and the simulated GPU (tests/unit/vram/test_arbiter.py's
 rig). Protections last a few tenths of a second of real time: the thing under test is a
 clock.
 """
@@ -14,11 +14,11 @@ import pytest
 
 from app.errors import BackendUnavailable
 from app.events import EventLog
-from app.lifecycle.residency import protected_for_s
 from app.lifecycle.state import BackendState
-from app.lifecycle.vram_yield import VramYield, YieldRequest
+from app.vram.residency import protected_for_s
+from app.vram.yielding import VramYield, YieldRequest
 from tests.fakes.waits import until
-from tests.unit.lifecycle.test_arbiter import Rig, rig, rigs, settle, state_of, within
+from tests.unit.vram.test_arbiter import Rig, rig, rigs, settle, state_of, within
 
 __all__ = ["rig", "rigs"]  # the fixtures, shared with test_arbiter
 

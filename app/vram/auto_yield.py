@@ -21,10 +21,10 @@ from typing import Literal
 from app.errors import GatewayError
 from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot
-from app.lifecycle.arbiter import VramArbiter
-from app.lifecycle.vram_yield import VramYield, YieldRequest
-from app.lifecycle.zones import Zone
 from app.settings import AutoYieldConfig
+from app.vram.arbiter import VramArbiter
+from app.vram.yielding import VramYield, YieldRequest
+from app.vram.zones import Zone
 
 logger = logging.getLogger(__name__)
 

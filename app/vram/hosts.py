@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
 from app.gpu.poller import GpuMonitor
-from app.lifecycle.arbiter import VramArbiter
-from app.lifecycle.auto_yield import AutoYield
 from app.lifecycle.backend import Backend
-from app.lifecycle.host_ram import HostRamBook
-from app.lifecycle.vram_yield import VramYield
 from app.settings import LOCAL_HOST, GpuConfig
+from app.vram.arbiter import VramArbiter
+from app.vram.auto_yield import AutoYield
+from app.vram.host_ram import HostRamBook
+from app.vram.yielding import VramYield
 
 
 @dataclass(frozen=True, eq=False)

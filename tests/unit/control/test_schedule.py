@@ -1,4 +1,4 @@
-"""The pure schedule function (`app.lifecycle.schedule.schedule_at`) and the checks of
+"""The pure schedule function (`app.control.schedule.schedule_at`) and the checks of
 `schedules:` (`app.settings.schedules`): windows across midnight, weekdays, DST changes
 (zoneinfo), the overlap rule."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.lifecycle.schedule import next_edge, schedule_at, window_at
+from app.control.schedule import next_edge, schedule_at, window_at
 from app.settings.schedules import ScheduleWindow
 from tests.fakes.servers import gateway_settings
 

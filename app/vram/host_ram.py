@@ -1,6 +1,6 @@
 """HostRamBook: a host's RAM as a resource of its sleeping backends.
 
-One book per host (`app.lifecycle.hosts.Host.ram`). It reads the host's RAM through its
+One book per host (`app.vram.hosts.Host.ram`). It reads the host's RAM through its
 `HostRamMonitor` (none: no reading), knows the host's backends, and is every backend's
 `ReleasePolicy`: an idle stop, an eviction and a yield all ask it how the backend gives
 its memory back (`Backend.give_back`, `Backend.stop_if_idle`), and it answers with

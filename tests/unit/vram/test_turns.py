@@ -1,7 +1,7 @@
 """Equals take turns in admission ("Swap in seconds" item 1): two lazy backends of the same
 priority that do not fit together alternate instead of the second being refused. The
 arbiter with real `Backend`s, gated fake runtimes and the simulated GPU (the rig of
-tests/unit/lifecycle/test_arbiter.py)."""
+tests/unit/vram/test_arbiter.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 from app.lifecycle.state import BackendState
 from tests.fakes.waits import until
-from tests.unit.lifecycle.test_arbiter import (
+from tests.unit.vram.test_arbiter import (
     Rig,
     Rigs,
     rig,

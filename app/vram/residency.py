@@ -22,8 +22,8 @@ from typing import Final
 
 from app.lifecycle.admission import AdmissionRefused, Claimant
 from app.lifecycle.backend import Backend
-from app.lifecycle.placement import Placement
 from app.lifecycle.state import BackendState
+from app.vram.placement import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def hold_for_s(backend: Backend, now: float | None = None) -> float:
 
 def may_evict(starter: Backend, victim: Backend) -> bool:
     """Whether the configuration lets a start of `starter` evict `victim` (an equal only
-    when idle or past its hold: see `app.lifecycle.placement`)."""
+    when idle or past its hold: see `app.vram.placement`)."""
     return (
         victim.lazy
         and victim is not starter

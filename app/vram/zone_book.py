@@ -1,6 +1,6 @@
 """The zones one host's arbiter holds, as data kept in the state file: holding, releasing,
 expiring and re-applying them at start, and what they block. `VramArbiter` (which grants
-zones after making room) builds on it; the yield is a zone too (`app.lifecycle.vram_yield`).
+zones after making room) builds on it; the yield is a zone too (`app.vram.yielding`).
 
 Every host saves its zones in its own section of the one state file: `zones` for the
 gateway's own machine, `zones@NAME` for another host.
@@ -17,8 +17,8 @@ from app.errors import ErrorCode, NotFound
 from app.events import EventLog
 from app.lifecycle.backend import Backend
 from app.lifecycle.store import StateStore
-from app.lifecycle.zones import Zone
 from app.settings.base import LOCAL_HOST
+from app.vram.zones import Zone
 
 logger = logging.getLogger(__name__)
 

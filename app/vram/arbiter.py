@@ -12,8 +12,8 @@
   then evicts it.
 - Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
   what it stopped until `release_zone()` or expiry. Zones are saved in the state file
-  and re-applied when the gateway starts again (`app.lifecycle.zone_book`, its base).
-- One arbiter per host (`app.lifecycle.hosts`): it sees only that host's backends and
+  and re-applied when the gateway starts again (`app.vram.zone_book`, its base).
+- One arbiter per host (`app.vram.hosts`): it sees only that host's backends and
   GPUs, and its refusals name the host's GPUs (`node-c GPU 0`).
 
 Free memory for admission is `total - max(measured used, placed)`, where *placed* is
@@ -47,15 +47,15 @@ from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
-from app.lifecycle.memory_holders import holders, residents
 from app.lifecycle.metrics import LifecycleMetrics
-from app.lifecycle.placement import Holder, Placement, Resident, describe_holders, plan_eviction
-from app.lifecycle.residency import IdleSignal, may_evict, wait_out
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore
-from app.lifecycle.zone_book import ZoneBook
-from app.lifecycle.zones import Zone, gpu_name
 from app.settings.base import LOCAL_HOST
+from app.vram.holders import holders, residents
+from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
+from app.vram.residency import IdleSignal, may_evict, wait_out
+from app.vram.zone_book import ZoneBook
+from app.vram.zones import Zone, gpu_name
 
 logger = logging.getLogger(__name__)
 
