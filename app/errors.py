@@ -343,49 +343,46 @@ class WakeTimeout(UpstreamTimeout):
         )
 
 
-class _ChainError:
-    """Mixin: what a fallback chain passed over, as `error.tried` in the envelope."""
+class _ChainError(GatewayError):
+    """What a fallback chain passed over, as `error.tried` in the envelope (a mixin before
+    the error's own class: `class FallbackDeadline(_ChainError, UpstreamTimeout)`)."""
 
     tried: list[tuple[str, str]]
 
-    def _with_tried(self, body: dict[str, Any]) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
+        body = super().body()
         body["error"]["tried"] = [{"entry": entry, "reason": why} for entry, why in self.tried]
         return body
 
 
-class AllEntriesCooling(_ChainError, UpstreamUnavailable):
-    """Every entry of a fallback chain is skipped (open circuits, no key); `Retry-After`
-    says when the first may be tried again."""
+class _NoEntryLeft(_ChainError, UpstreamUnavailable):
+    """A chain with no entry left to try; `Retry-After` says when one may be tried again
+    (none: no entry will)."""
 
-    default_code = ErrorCode.ALL_ENTRIES_COOLING
-
-    def __init__(
-        self, message: str, *, tried: list[tuple[str, str]], retry_after_s: int | None,
-        headers: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
-        extra = {"retry-after": str(retry_after_s)} if retry_after_s is not None else {}
-        super().__init__(message, kind="all_cooling", headers={**(headers or {}), **extra})
-        self.tried = tried
-
-    def body(self) -> dict[str, Any]:
-        return self._with_tried(super().body())
-
-
-class FallbackExhausted(_ChainError, UpstreamUnavailable):
-    """Every entry of a fallback chain was tried (or skipped) and none could answer."""
-
-    default_code = ErrorCode.FALLBACK_EXHAUSTED
+    chain_kind: str  # the `kind` (a metric label) of each subclass
 
     def __init__(
         self, message: str, *, tried: list[tuple[str, str]], retry_after_s: int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
         extra = {"retry-after": str(retry_after_s)} if retry_after_s is not None else {}
-        super().__init__(message, kind="exhausted", headers={**(headers or {}), **extra})
+        super().__init__(message, kind=self.chain_kind, headers={**(headers or {}), **extra})
         self.tried = tried
 
-    def body(self) -> dict[str, Any]:
-        return self._with_tried(super().body())
+
+class AllEntriesCooling(_NoEntryLeft):
+    """Every entry of a fallback chain is skipped (open circuits, no key); `Retry-After`
+    says when the first may be tried again."""
+
+    default_code = ErrorCode.ALL_ENTRIES_COOLING
+    chain_kind = "all_cooling"
+
+
+class FallbackExhausted(_NoEntryLeft):
+    """Every entry of a fallback chain was tried (or skipped) and none could answer."""
+
+    default_code = ErrorCode.FALLBACK_EXHAUSTED
+    chain_kind = "exhausted"
 
 
 class FallbackDeadline(_ChainError, UpstreamTimeout):
@@ -398,9 +395,6 @@ class FallbackDeadline(_ChainError, UpstreamTimeout):
     ) -> None:
         super().__init__(message, kind="deadline", headers=headers)
         self.tried = tried
-
-    def body(self) -> dict[str, Any]:
-        return self._with_tried(super().body())
 
 
 _JSON_NAMES: Final = {

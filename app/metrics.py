@@ -8,12 +8,14 @@ The GPU series are `app.gpu.collector`'s; the host RAM series (`microscheduler_h
 label `host`: the budget of level-1 sleepers) are `app.vram.host_ram`'s; the load
 scraped from each vLLM is `app.upstreams.vllm_load`'s; the backends' lifecycle (states,
 starts, stops, sleeps, swaps, yields, the state file, profiles) is `app.lifecycle.metrics`'s,
-which adds its series to these. This module is on the ground floor: it imports nothing of
-the app.
+which adds its series to these. `Declare` makes a series in a registry under the
+`microscheduler_` prefix, for every module that declares some. This module is on the ground
+floor: it imports nothing of the app.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -36,73 +38,83 @@ UPSTREAM_ERROR_KINDS: Final = (
 WAIT_REASONS: Final = ("wake", "max_inflight", "connection_pool")
 TOKEN_TYPES: Final = ("prompt", "completion")  # the `type` of the token counters
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+NAMESPACE: Final = "microscheduler"  # the prefix of every series name
+
+
+class Declare:
+    """Declares series in one registry, each name prefixed `microscheduler_`: the one place
+    the namespace is written, and histograms up to minutes unless told otherwise."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, documentation, labels, namespace=NAMESPACE, registry=self._registry)
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, documentation, labels, namespace=NAMESPACE, registry=self._registry)
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> Histogram:
+        return Histogram(
+            name,
+            documentation,
+            labels,
+            namespace=NAMESPACE,
+            buckets=buckets,
+            registry=self._registry,
+        )
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        ns = "microscheduler"
-        self.requests = Counter(
+        new = Declare(self.registry)
+        self.requests = new.counter(
             "requests",
             "Requests answered on the OpenAI API, by HTTP status (499: client went away).",
-            ["model", "backend", "endpoint", "status"],
-            namespace=ns,
-            registry=self.registry,
+            ("model", "backend", "endpoint", "status"),
         )
-        self.duration = Histogram(
+        self.duration = new.histogram(
             "request_duration_seconds",
             "Time from request to the last byte of the response.",
-            ["backend", "endpoint"],
-            namespace=ns,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            ("backend", "endpoint"),
         )
-        self.ttfb = Histogram(
+        self.ttfb = new.histogram(
             "time_to_first_byte_seconds",
             "Time from request to the first byte of the response body.",
-            ["backend", "endpoint"],
-            namespace=ns,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            ("backend", "endpoint"),
         )
-        self.upstream_errors = Counter(
-            "upstream_errors",
-            "Failures talking to an upstream, by kind.",
-            ["backend", "kind"],
-            namespace=ns,
-            registry=self.registry,
+        self.upstream_errors = new.counter(
+            "upstream_errors", "Failures talking to an upstream, by kind.", ("backend", "kind")
         )
-        self.in_flight = Gauge(
+        self.in_flight = new.gauge(
             "requests_in_flight",
             "Requests holding a lease on a backend (relaying or waiting for it).",
-            ["backend"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend",),
         )
-        self.backend_up = Gauge(
+        self.backend_up = new.gauge(
             "backend_up",
             "1 when the backend's last health check answered 200, else 0.",
-            ["backend"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend",),
         )
-        self.waiting = Gauge(
+        self.waiting = new.gauge(
             "requests_waiting",
             "Requests held, by reason: wake (until their backend is ready), max_inflight "
             "(for a slot on their ready backend, max_inflight in flight), connection_pool "
             "(for a free connection, max_connections in use).",
-            ["backend", "reason"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend", "reason"),
         )
-        self.pool_wait = Histogram(
+        self.pool_wait = new.histogram(
             "upstream_pool_wait_seconds",
             "How long requests waited for a free connection to their backend "
             "(only with max_connections set, and only those that waited).",
-            ["backend"],
-            buckets=LATENCY_BUCKETS,
-            namespace=ns,
-            registry=self.registry,
+            ("backend",),
         )
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}

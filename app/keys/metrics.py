@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
-from app.metrics import TOKEN_TYPES
+from app.metrics import TOKEN_TYPES, Declare
 
 OUTCOMES: Final = ("served", "error", "cancelled", "rate_limited", "forbidden")
 LIMITS: Final = ("rpm", "tpm", "max_concurrent", "daily_cloud_tokens")
@@ -29,27 +29,21 @@ LIMITS: Final = ("rpm", "tpm", "max_concurrent", "daily_cloud_tokens")
 
 class KeyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        ns = "microscheduler"
-        self.requests = Counter(
+        new = Declare(registry)
+        self.requests = new.counter(
             "key_requests",
             "Requests by client key (keys.yaml name), by outcome.",
-            ["key", "outcome"],
-            namespace=ns,
-            registry=registry,
+            ("key", "outcome"),
         )
-        self.tokens = Counter(
+        self.tokens = new.counter(
             "key_tokens",
             "Prompt and completion tokens of a client key's answers, by the entry that answered.",
-            ["key", "route", "type"],
-            namespace=ns,
-            registry=registry,
+            ("key", "route", "type"),
         )
-        self.limited = Counter(
+        self.limited = new.counter(
             "key_limited",
             "Requests of a client key refused (or kept off the cloud) by one of its limits.",
-            ["key", "limit"],
-            namespace=ns,
-            registry=registry,
+            ("key", "limit"),
         )
 
     def declare(self, key: str, entries: Iterable[str]) -> None:

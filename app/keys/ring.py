@@ -21,6 +21,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from prometheus_client import Counter
@@ -40,6 +41,17 @@ from app.upstreams.usage import TokenCounter
 ANONYMOUS: Final = "anonymous"
 _NO_LIMITS: Final = KeyConfig(key_sha256="0" * 64)
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rate:
+    """One of a key's rate limits and how OpenAI words it in a 429 and its headers."""
+
+    limit: str  # rpm | tpm: the metric label
+    window: RequestWindow | TokenWindow
+    unit: str  # x-ratelimit-*-<unit>
+    words: str  # "... on <words>: Limit ..."
+    asked: str  # after "Used N" in the 429 (the request's own count, for rpm)
 
 
 def env_key_name(index: int) -> str:
@@ -81,7 +93,15 @@ class ClientKey:
         self._outcomes = {o: _Count(metrics.requests.labels(name, o)) for o in OUTCOMES}
         self._limited = {limit: _Count(metrics.limited.labels(name, limit)) for limit in LIMITS}
         self._tokens: dict[str, TokenCounter] = {}
-        self.rate_limited = self._rpm is not None or self._tpm is not None
+        self._rates = tuple(
+            _Rate(limit, window, unit, words, asked)
+            for limit, window, unit, words, asked in (
+                ("rpm", self._rpm, "requests", "requests per min (RPM)", ", Requested 1"),
+                ("tpm", self._tpm, "tokens", "tokens per min (TPM)", ""),
+            )
+            if window is not None
+        )
+        self.rate_limited = bool(self._rates)
 
     # -- scope ------------------------------------------------------------------------
 
@@ -127,24 +147,14 @@ class ClientKey:
                 f"Too many requests in flight for key '{self.name}': limit "
                 f"{cfg.max_concurrent} (max_concurrent). Retry when one has finished.",
             )
-        if self._rpm is not None:
-            wait = self._rpm.reset_in(now)
+        for rate in self._rates:
+            wait = rate.window.reset_in(now)
             if wait > 0:
                 return Refusal(
-                    "rpm",
+                    rate.limit,
                     wait,
-                    f"Rate limit reached for key '{self.name}' on requests per min (RPM): "
-                    f"Limit {self._rpm.limit}, Used {self._rpm.used(now)}, Requested 1. "
-                    f"Please try again in {duration_text(wait)}.",
-                )
-        if self._tpm is not None:
-            wait = self._tpm.reset_in(now)
-            if wait > 0:
-                return Refusal(
-                    "tpm",
-                    wait,
-                    f"Rate limit reached for key '{self.name}' on tokens per min (TPM): "
-                    f"Limit {self._tpm.limit}, Used {self._tpm.used(now)}. "
+                    f"Rate limit reached for key '{self.name}' on {rate.words}: "
+                    f"Limit {rate.window.limit}, Used {rate.window.used(now)}{rate.asked}. "
                     f"Please try again in {duration_text(wait)}.",
                 )
         return None
@@ -157,16 +167,11 @@ class ClientKey:
             return {}
         now = self._clock() if now is None else now
         headers = {}
-        if self._rpm is not None:
-            used = self._rpm.used(now)
-            headers["x-ratelimit-limit-requests"] = str(self._rpm.limit)
-            headers["x-ratelimit-remaining-requests"] = str(max(0, self._rpm.limit - used))
-            headers["x-ratelimit-reset-requests"] = duration_text(self._rpm.empty_in(now))
-        if self._tpm is not None:
-            used = self._tpm.used(now)
-            headers["x-ratelimit-limit-tokens"] = str(self._tpm.limit)
-            headers["x-ratelimit-remaining-tokens"] = str(max(0, self._tpm.limit - used))
-            headers["x-ratelimit-reset-tokens"] = duration_text(self._tpm.empty_in(now))
+        for rate in self._rates:
+            limit, used = rate.window.limit, rate.window.used(now)
+            headers[f"x-ratelimit-limit-{rate.unit}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{rate.unit}"] = str(max(0, limit - used))
+            headers[f"x-ratelimit-reset-{rate.unit}"] = duration_text(rate.window.empty_in(now))
         return headers
 
     # -- use --------------------------------------------------------------------------

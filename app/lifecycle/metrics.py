@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from app.lifecycle.state import (
     SLEEP_REASONS,
@@ -23,7 +23,7 @@ from app.lifecycle.state import (
     StartOutcome,
     StopReason,
 )
-from app.metrics import LATENCY_BUCKETS, Metrics
+from app.metrics import LATENCY_BUCKETS, Declare, Metrics
 
 YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 
@@ -38,123 +38,86 @@ class LifecycleMetrics(Metrics):
         self._declare_state_series()
 
     def _declare_backend_series(self) -> None:
-        ns = "microscheduler"
-        self.backend_state = Gauge(
+        new = Declare(self.registry)
+        self.backend_state = new.gauge(
             "backend_state",
             "1 for the lifecycle state the backend is in, 0 for the others.",
-            ["backend", "state"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend", "state"),
         )
-        self.starts = Counter(
+        self.starts = new.counter(
             "backend_starts",
             "Starts of a backend by outcome (refused: not enough VRAM).",
-            ["backend", "outcome"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend", "outcome"),
         )
-        self.start_duration = Histogram(
+        self.start_duration = new.histogram(
             "backend_start_duration_seconds",
             "From the start decision to the backend answering its health check.",
-            ["backend"],
-            namespace=ns,
+            ("backend",),
             buckets=(*LATENCY_BUCKETS[5:], 900.0, 1800.0),
-            registry=self.registry,
         )
-        self.stops = Counter(
-            "backend_stops",
-            "Stops of a backend by the gateway, by reason.",
-            ["backend", "reason"],
-            namespace=ns,
-            registry=self.registry,
+        self.stops = new.counter(
+            "backend_stops", "Stops of a backend by the gateway, by reason.", ("backend", "reason")
         )
-        self.swaps = Counter(
+        self.swaps = new.counter(
             "swaps",
             "Starts of `backend` that evicted `evicted` to make room on its GPUs.",
-            ["backend", "evicted"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend", "evicted"),
         )
-        self.swap_wait = Histogram(
+        self.swap_wait = new.histogram(
             "swap_wait_seconds",
             "How long a start waited for VRAM other models held (min_resident_s, eviction "
             "and the memory coming back); only starts that had to wait or evict, and got in.",
-            ["backend"],
-            namespace=ns,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            ("backend",),
         )
-        self.drain_timeouts = Counter(
+        self.drain_timeouts = new.counter(
             "drain_timeouts",
             "Stops that went ahead with requests still in flight after drain_timeout_s.",
-            ["backend"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend",),
         )
-        self.backend_sleeps = Counter(
+        self.backend_sleeps = new.counter(
             "backend_sleeps",
             "Sleeps of a backend (vLLM sleep mode) by outcome (stopped: sleep mode was not "
             "offered, so it was stopped instead) and reason (idle, eviction, yield, admin).",
-            ["backend", "outcome", "reason"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend", "outcome", "reason"),
         )
 
     def _declare_yield_series(self) -> None:
-        ns = "microscheduler"
-        self.yield_active = Gauge(
+        new = Declare(self.registry)
+        self.yield_active = new.gauge(
             "vram_yield_active",
             "1 while a VRAM yield (POST /vram/yield) holds a host's GPU for an outside workload.",
-            ["host"],
-            namespace=ns,
-            registry=self.registry,
+            ("host",),
         )
-        self.yields = Counter(
-            "vram_yields",
-            "VRAM yield operations by host and outcome.",
-            ["host", "outcome"],
-            namespace=ns,
-            registry=self.registry,
+        self.yields = new.counter(
+            "vram_yields", "VRAM yield operations by host and outcome.", ("host", "outcome")
         )
-        self.yield_freed = Gauge(
+        self.yield_freed = new.gauge(
             "vram_yield_freed_bytes",
             "Free GPU memory after the host's last yield minus before it, as the probe "
             "measured it.",
-            ["host"],
-            namespace=ns,
-            registry=self.registry,
+            ("host",),
         )
 
     def _declare_state_series(self) -> None:
         """The state file's health and the GPU profiles."""
-        ns = "microscheduler"
-        self.state_save_failures = Counter(
+        new = Declare(self.registry)
+        self.state_save_failures = new.counter(
             "state_save_failures",
             "Saves of the state file (zones, yield, profile) that failed (disk full, "
             "directory read-only or missing).",
-            namespace=ns,
-            registry=self.registry,
         )
-        self.state_persisted = Gauge(
+        self.state_persisted = new.gauge(
             "state_persisted",
             "1 when the state file holds what the gateway holds in memory; 0 while an "
             "ended hold waits for its save to be retried.",
-            namespace=ns,
-            registry=self.registry,
         )
-        self.profile_active = Gauge(
-            "profile_active",
-            "1 for the active GPU profile, 0 for the others.",
-            ["profile"],
-            namespace=ns,
-            registry=self.registry,
+        self.profile_active = new.gauge(
+            "profile_active", "1 for the active GPU profile, 0 for the others.", ("profile",)
         )
-        self.backend_enabled = Gauge(
+        self.backend_enabled = new.gauge(
             "backend_enabled",
             "1 when the active GPU profile lets the backend run, else 0.",
-            ["backend"],
-            namespace=ns,
-            registry=self.registry,
+            ("backend",),
         )
 
     def declare_host(self, host: str) -> None:

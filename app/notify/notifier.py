@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from app.jsonwire import json_bytes
+from app.metrics import Declare
 from app.settings.notify import NotifyTarget
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.control_http import AsyncBaseTransport, AsyncClient, HTTPError, async_client
@@ -127,13 +128,11 @@ class Notifier:
         self._dropped = 0
         self._seen: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
-        self.total = Counter(
+        self.total = Declare(registry).counter(
             "notifications",
             "Notifications to the notify targets, by result: sent, retried (an attempt "
             "failed, another follows), failed (every attempt did), dropped (queue full).",
-            ["result"],
-            namespace="microscheduler",
-            registry=registry,
+            ("result",),
         )
         for result in RESULTS:
             self.total.labels(result)

@@ -22,8 +22,9 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from app.metrics import Declare
 from app.routing.policy import REASONS, SKIP_REASONS
 from app.upstreams.usage import TokenCounter
 
@@ -40,34 +41,26 @@ PROVIDER_OUTCOMES: Final = (
 
 class FallbackMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        ns = "microscheduler"
-        self.fallbacks = Counter(
+        new = Declare(registry)
+        self.fallbacks = new.counter(
             "fallbacks",
             "A fallback chain passed over an entry and went on to the next, by reason.",
-            ["chain", "from_entry", "to_entry", "reason"],
-            namespace=ns,
-            registry=registry,
+            ("chain", "from_entry", "to_entry", "reason"),
         )
-        self.provider_requests = Counter(
+        self.provider_requests = new.counter(
             "provider_requests",
             "Requests sent to a cloud provider, by outcome.",
-            ["provider", "outcome"],
-            namespace=ns,
-            registry=registry,
+            ("provider", "outcome"),
         )
-        self.circuit_open = Gauge(
+        self.circuit_open = new.gauge(
             "circuit_open",
             "1 while the entry's circuit breaker is open (the entry is skipped), else 0.",
-            ["entry"],
-            namespace=ns,
-            registry=registry,
+            ("entry",),
         )
-        self.tokens = Counter(
+        self.tokens = new.counter(
             "tokens",
             "Prompt and completion tokens from the usage of answers, by the entry that answered.",
-            ["route", "type"],
-            namespace=ns,
-            registry=registry,
+            ("route", "type"),
         )
         self._token_counters: dict[str, TokenCounter] = {}
 

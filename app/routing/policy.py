@@ -339,30 +339,15 @@ def classify_response(
         return Verdict("next", R.QUOTA_EXHAUSTED, cooldown_s=wait, counts_as_failure=True)
     if 500 <= status <= 599:
         if status == 529 or _mentions(headers, body, (_OVERLOADED_MARKER,)):
-            return Verdict(
-                "next",
-                R.OVERLOADED,
-                cooldown_s=_cooldown(headers, config, now),
-                counts_as_failure=True,
-            )
+            return _told_to_wait(R.OVERLOADED, headers, config, now)
         if status == 503:
-            return Verdict(
-                "next",
-                R.UNAVAILABLE,
-                cooldown_s=_cooldown(headers, config, now),
-                counts_as_failure=True,
-            )
+            return _told_to_wait(R.UNAVAILABLE, headers, config, now)
         return Verdict("next", R.HTTP_5XX, counts_as_failure=True)
     if status in (400, 413) and _mentions(headers, body, _CONTEXT_MARKERS):
         return Verdict(config.on_context_length, R.CONTEXT_LENGTH, upstream_ok=True)
     if status == 429:
         if status in config.fallback_on_status:
-            return Verdict(
-                "next",
-                R.RATE_LIMITED,
-                cooldown_s=_cooldown(headers, config, now),
-                counts_as_failure=True,
-            )
+            return _told_to_wait(R.RATE_LIMITED, headers, config, now)
         return Verdict("relay", R.RATE_LIMITED, upstream_ok=True)
     if 400 <= status <= 499:
         if status in config.fallback_on_status:
@@ -393,6 +378,16 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         return None
     return seconds
+
+
+def _told_to_wait(
+    reason: FallbackReason, headers: Headers, config: PolicyConfig, now: float
+) -> Verdict:
+    """An upstream that is busy or away: the next entry, a failure for the circuit, and
+    the entry cooled down as long as the upstream's `Retry-After` asked (if it did)."""
+    return Verdict(
+        "next", reason, cooldown_s=_cooldown(headers, config, now), counts_as_failure=True
+    )
 
 
 def _cooldown(headers: Headers, config: PolicyConfig, now: float) -> float | None:

@@ -27,10 +27,11 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
+from app.metrics import Declare
 from app.upstreams.vllm_load import BackendLoad
 
 # Members a request tries at most: the one picked, and one retry after a failure before
@@ -118,12 +119,10 @@ class Replicas:
         self._backends = backends
         self._load_of = load_of
         self._turns: dict[str, int] = {}
-        self.picks = Counter(
+        self.picks = Declare(registry).counter(
             "replica_picks",
             "Requests sent to a member of a replica group, by why it was picked.",
-            ["group", "backend", "why"],
-            namespace="microscheduler",
-            registry=registry,
+            ("group", "backend", "why"),
         )
         for name, backend in backends.items():
             group = backend.config.replica_of

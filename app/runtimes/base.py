@@ -8,6 +8,7 @@ existing container through the Docker Engine API (usually behind a socket proxy)
 
 Transport errors never escape a runtime: every failure is a `RuntimeFailure` whose message
 is written for the operator (what failed, and which config key or permission to fix).
+`read_refusal` reads the body of an API's refused stream for that message.
 """
 
 from __future__ import annotations
@@ -15,9 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.upstreams.control_http import HTTPError, Response
+
 
 class RuntimeFailure(Exception):
     """A runtime could not do what was asked; the message says why, for the operator."""
+
+
+async def read_refusal(response: Response) -> None:
+    """Read the body of a streamed response that refused the call (its status error
+    quotes it), then close it; a body cut short is not a second error."""
+    try:
+        await response.aread()
+    except HTTPError:
+        pass
+    finally:
+        await response.aclose()
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.runtimes.base import RuntimeFailure
+from app.runtimes.base import RuntimeFailure, read_refusal
 from app.settings import DockerConfig
 from app.upstreams.control_http import (
     AsyncBaseTransport,
@@ -391,12 +391,7 @@ class DockerApi:
         if response.status_code in ok:
             return response
         if stream:
-            try:
-                await response.aread()
-            except HTTPError:
-                pass
-            finally:
-                await response.aclose()
+            await read_refusal(response)
         raise self._status_error(response, method, call_path, container, config_key)
 
     def _reach_hint(self) -> str:

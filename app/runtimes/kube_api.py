@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.runtimes.base import RuntimeFailure
+from app.runtimes.base import RuntimeFailure, read_refusal
 from app.runtimes.kube_config import Connection, load_connection
 from app.settings import KubernetesConfig
 from app.tasks import OwnedTasks
@@ -186,12 +186,7 @@ class KubeApi:
         except HTTPError as exc:
             raise _transport_failure(exc, call, self.url) from None
         if response.status_code >= 400:
-            try:
-                await response.aread()
-            except HTTPError:
-                pass
-            finally:
-                await response.aclose()
+            await read_refusal(response)
             raise self._failure(response, call, connection)
         return self._body(response, call)
 
