@@ -21,9 +21,9 @@ from app.cli.gateway import (
     JsonDict,
     Unreachable,
     add_url_option,
-    call,
     follow,
     reported,
+    show,
     url_of,
 )
 
@@ -142,11 +142,9 @@ def _render_hosts(status: JsonDict, hosts: list[JsonDict], url: str) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     url = url_of(args)
+    if not args.watch:
+        return show(args, "status", "GET", "/status", lambda status: render(status, url))
     try:
-        if not args.watch:
-            status = call("GET", url, "/status", timeout=10)
-            print(json.dumps(status) if args.json else render(status, url))
-            return OK
         return _watch(url, json_lines=args.json)
     except (Unreachable, GatewayRefused) as exc:
         return reported("status", exc)
