@@ -14,15 +14,13 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
-from app.cli.common import positive_int, table
+from app.cli.common import Subparsers, positive_int, table
 from app.cli.gateway import JsonDict, add_url_option, show
 
 DEFAULT_LIMIT = 20
 
 
-def add_activity_command(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
+def add_activity_command(subparsers: Subparsers) -> None:
     activity = subparsers.add_parser(
         "activity", help="the last requests the gateway answered, newest first"
     )

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import quote
 
-from app.cli.common import table
+from app.cli.common import Subparsers, table
 from app.cli.gateway import JsonDict, add_call_options, add_url_option, show
 
 # A start waits for the model to load (start_timeout_s, 300 s by default), a stop for the
@@ -28,9 +28,7 @@ from app.cli.gateway import JsonDict, add_call_options, add_url_option, show
 DEFAULT_TIMEOUT_S = 900.0
 
 
-def add_backend_commands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
+def add_backend_commands(subparsers: Subparsers) -> None:
     ps = subparsers.add_parser(
         "ps", help="the backends: state, VRAM held, requests, idle countdown"
     )

@@ -15,13 +15,14 @@ import argparse
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import quote
 
+from app.cli.common import Subparsers
 from app.cli.gateway import JsonDict, add_call_options, show, url_of
 
 # Activation drains, stops and starts backends before it answers: give it time.
 DEFAULT_TIMEOUT_S = 900.0
 
 
-def add_profile_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_profile_command(subparsers: Subparsers) -> None:
     """Add `profile` with its `list` and `activate` sub-commands."""
     profile = subparsers.add_parser(
         "profile",

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 
+from app.cli.common import Subparsers
 from app.cli.gateway import JsonDict, add_call_options, show
 
 # A reload drains what it restarts or removes before it answers.
 DEFAULT_TIMEOUT_S = 300.0
 
 
-def add_reload_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_reload_command(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "reload", help="make a running gateway read its configuration again"
     )

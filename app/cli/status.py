@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from app.cli.common import OK, UNREACHABLE, error
+from app.cli.common import OK, UNREACHABLE, Subparsers, error
 from app.cli.common import table as _table
 from app.cli.gateway import (
     GatewayRefused,
@@ -30,7 +30,7 @@ from app.cli.gateway import (
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_status_command(subparsers: Subparsers) -> None:
     status = subparsers.add_parser("status", help="the gateway's GPUs and backends, compactly")
     add_url_option(status)
     status.add_argument("--watch", action="store_true", help="follow the live status")

@@ -11,7 +11,7 @@ import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from app.cli.common import table
+from app.cli.common import Subparsers, table
 from app.cli.gateway import JsonDict, add_url_option, show
 
 GROUPS = ("model", "key", "route", "day")
@@ -24,7 +24,7 @@ def _day(text: str) -> str:
         raise argparse.ArgumentTypeError(f"not a day like 2025-01-31: {text!r}") from None
 
 
-def add_usage_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_usage_command(subparsers: Subparsers) -> None:
     usage = subparsers.add_parser("usage", help="tokens used, per model, key, route or day")
     add_url_option(usage)
     usage.add_argument("--since", type=_day, default=None, help="first UTC day (YYYY-MM-DD)")

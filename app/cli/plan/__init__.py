@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TypeAlias
 
-from app.cli.common import Handler, add_config_option, add_json_option, guarded
+from app.cli.common import Handler, Subparsers, add_config_option, add_json_option, guarded
 from app.cli.plan.profile import run_profile
 from app.cli.plan.share import run_share
 from app.cli.plan.sizing import run_context, run_gpus, run_kv
@@ -33,8 +32,6 @@ from app.planner.sizing import (
     DEFAULT_WEIGHT_EXPANSION,
 )
 from app.planner.units import bytes_to_gib
-
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_plan_command(subparsers: Subparsers) -> None:
