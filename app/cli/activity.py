@@ -10,28 +10,17 @@ when the answer had no usage), completion tokens per second, the wait and why (`
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 from urllib.parse import urlencode
 
-from app.cli.common import OK, positive_int, table
-from app.cli.gateway import (
-    GatewayRefused,
-    JsonDict,
-    Unreachable,
-    add_url_option,
-    call,
-    reported,
-    url_of,
-)
+from app.cli.common import Subparsers, positive_int, table
+from app.cli.gateway import JsonDict, add_url_option, show
 
 DEFAULT_LIMIT = 20
 
 
-def add_activity_command(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
+def add_activity_command(subparsers: Subparsers) -> None:
     activity = subparsers.add_parser(
         "activity", help="the last requests the gateway answered, newest first"
     )
@@ -54,12 +43,7 @@ def run_activity(args: argparse.Namespace) -> int:
         query["model"] = args.model
     if args.key is not None:
         query["key"] = args.key
-    try:
-        answer = call("GET", url_of(args), f"/activity?{urlencode(query)}", timeout=10)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported("activity", exc)
-    print(json.dumps(answer) if args.json else render(answer))
-    return OK
+    return show(args, "activity", "GET", f"/activity?{urlencode(query)}", render)
 
 
 def _or_dash(value: Any) -> str:

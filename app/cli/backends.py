@@ -16,29 +16,19 @@ first); both print its state.
 from __future__ import annotations
 
 import argparse
-import json
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
-from app.cli.common import OK, seconds, table
-from app.cli.gateway import (
-    GatewayRefused,
-    JsonDict,
-    Unreachable,
-    add_url_option,
-    call,
-    reported,
-    url_of,
-)
+from app.cli.common import Subparsers, table
+from app.cli.gateway import JsonDict, add_call_options, add_url_option, show
 
 # A start waits for the model to load (start_timeout_s, 300 s by default), a stop for the
 # requests in flight to drain.
 DEFAULT_TIMEOUT_S = 900.0
 
 
-def add_backend_commands(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
+def add_backend_commands(subparsers: Subparsers) -> None:
     ps = subparsers.add_parser(
         "ps", help="the backends: state, VRAM held, requests, idle countdown"
     )
@@ -49,25 +39,18 @@ def add_backend_commands(
                        ("stop", "drain a backend's requests, then stop it")):  # fmt: skip
         command = subparsers.add_parser(verb, help=what)
         command.add_argument("name", help="the backend (as in models.yaml)")
-        add_url_option(command)
-        command.add_argument(
-            "--timeout",
-            type=seconds,
-            default=DEFAULT_TIMEOUT_S,
-            help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
+        add_call_options(
+            command, timeout_s=DEFAULT_TIMEOUT_S, json_help="print the gateway's answer"
         )
-        command.add_argument("--json", action="store_true", help="print the gateway's answer")
         command.set_defaults(func=run_start if verb == "start" else run_stop)
 
 
 def run_ps(args: argparse.Namespace) -> int:
-    try:
-        status = call("GET", url_of(args), "/status", timeout=10)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported("ps", exc)
-    backends = status.get("backends") or []
-    print(json.dumps(backends) if args.json else render_ps(backends))
-    return OK
+    return show(args, "ps", "GET", "/status", render_ps, view=_backends)
+
+
+def _backends(status: JsonDict) -> list[JsonDict]:
+    return status.get("backends") or []
 
 
 def run_start(args: argparse.Namespace) -> int:
@@ -80,18 +63,15 @@ def run_stop(args: argparse.Namespace) -> int:
 
 def _act(args: argparse.Namespace, verb: str) -> int:
     path = f"/backends/{quote(args.name, safe='')}/{verb}"
-    try:
-        view = call("POST", url_of(args), path, timeout=args.timeout)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported(verb, exc)
-    if args.json:
-        print(json.dumps(view))
-        return OK
+    return show(args, verb, "POST", path, partial(render_state, verb), timeout=args.timeout)
+
+
+def render_state(verb: str, view: JsonDict) -> str:
+    """`NAME: STATE`, after a start with how long it took."""
     line = f"{view['name']}: {view['state']}"
     if verb == "start" and view.get("last_start_s") is not None:
         line += f" (its last start took {view['last_start_s']:.1f} s)"
-    print(line)
-    return OK
+    return line
 
 
 def held_mib(backend: JsonDict) -> int | None:

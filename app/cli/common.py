@@ -23,7 +23,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from app.settings import ConfigError, Settings, load_settings
 
@@ -41,6 +41,8 @@ EXIT_CODES_HELP: Final = (
 
 Handler = Callable[[argparse.Namespace], int]
 JsonDict = dict[str, Any]
+#: What `add_subparsers` returns: each module's `add_*_command(s)` adds its parsers to it.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class UsageError(ValueError):

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, NoDefault
 from pydantic_core import core_schema
 
-from app.cli.common import OK, guarded
+from app.cli.common import OK, Subparsers, guarded
 from app.settings.hf_config import HfConfigFile
 from app.settings.loader import _FROM_OTHER_FILES
 from app.settings.root import _ENV_ONLY, MODELS_FILE, Settings
@@ -159,7 +159,7 @@ def _prune_defs(schema: JsonSchemaValue) -> None:
         schema["$defs"] = {k: v for k, v in defs.items() if k in used}
 
 
-def add_config_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_config_command(subparsers: Subparsers) -> None:
     """Add `config` with its `schema` sub-command."""
     config = subparsers.add_parser(
         "config",

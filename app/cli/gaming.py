@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from app.cli.common import FAILED, OK, error, positive_int, seconds
+from app.cli.common import FAILED, OK, Subparsers, error, positive_int, seconds
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
@@ -45,7 +45,7 @@ YIELD_TIMEOUT_S = 900.0
 RESTORE_TIMEOUT_S = 900.0
 
 
-def add_gaming_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_gaming_commands(subparsers: Subparsers) -> None:
     take = subparsers.add_parser(
         "yield",
         help="free the GPU (for a game); with -- CMD, run it and restore when it ends",

@@ -1,5 +1,6 @@
 """The CLI's client of a running gateway's admin API (`profile`, `yield`, `restore`,
-`status`): where it is, the admin key, one call, and how its failures read.
+`status`, `ps`, `activity`, `usage`, `reload`): where it is, the admin key, one call, how
+its failures read, and `show`: one call printed, as JSON with `--json`, else as text.
 
 `--url` defaults to `$MICROSCHEDULER_URL`, then http://127.0.0.1:8080. The admin key comes
 from `$MICROSCHEDULER_ADMIN_KEY` (sent as a bearer token); without it the gateway accepts
@@ -11,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from app.cli.common import FAILED, UNREACHABLE, error
+from app.cli.common import FAILED, OK, UNREACHABLE, error, seconds
 from app.upstreams.control_http import (
     InvalidURL,
     Response,
@@ -28,6 +29,8 @@ FALLBACK_URL: Final = "http://127.0.0.1:8080"
 URL_ENV: Final = "MICROSCHEDULER_URL"
 ADMIN_KEY_ENV: Final = "MICROSCHEDULER_ADMIN_KEY"
 CONNECT_TIMEOUT_S: Final = 5.0
+#: How long a read (`GET`) of the admin API may take.
+READ_TIMEOUT_S: Final = 10.0
 
 JsonDict = dict[str, Any]
 
@@ -66,6 +69,19 @@ def add_url_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"the gateway (default: ${URL_ENV}, else {FALLBACK_URL})",
     )
+
+
+def add_call_options(parser: argparse.ArgumentParser, *, timeout_s: float, json_help: str) -> None:
+    """`--url`, `--timeout` (default `timeout_s`) and `--json`: the options of a command
+    that waits for the gateway to act (start, stop, activate, reload)."""
+    add_url_option(parser)
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=timeout_s,
+        help=f"seconds to wait for the answer (default {timeout_s:g})",
+    )
+    parser.add_argument("--json", action="store_true", help=json_help)
 
 
 def url_of(args: argparse.Namespace) -> str:
@@ -129,6 +145,31 @@ def call(
             response.status_code, f"{method} {path}: the answer is not a JSON object"
         )
     return answer
+
+
+def _whole(answer: JsonDict) -> Any:
+    return answer
+
+
+def show(
+    args: argparse.Namespace,
+    command: str,
+    method: str,
+    path: str,
+    render: Callable[[Any], str],
+    *,
+    timeout: float = READ_TIMEOUT_S,
+    view: Callable[[JsonDict], Any] = _whole,
+) -> int:
+    """One admin call, printed: `view(answer)` (default: the whole answer) as JSON with
+    `--json`, else as `render` writes it; a failed call as its error line. The exit code."""
+    try:
+        answer = call(method, url_of(args), path, timeout=timeout)
+    except (Unreachable, GatewayRefused) as exc:
+        return reported(command, exc)
+    shown = view(answer)
+    print(json.dumps(shown) if args.json else render(shown))
+    return OK
 
 
 def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.cli.common import OK, USAGE, error
+from app.cli.common import OK, USAGE, Subparsers, error
 from app.cli.gateway import (
     GatewayRefused,
     Unreachable,
@@ -20,7 +20,7 @@ from app.cli.gateway import (
 )
 
 
-def add_logs_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_logs_command(subparsers: Subparsers) -> None:
     logs = subparsers.add_parser("logs", help="a backend server's own output (admin)")
     logs.add_argument("name", help="the backend")
     logs.add_argument("-f", "--follow", action="store_true", help="follow new lines")

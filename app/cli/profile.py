@@ -12,26 +12,17 @@ error are printed); 2 for arguments it cannot use. To check a profile offline in
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import quote
 
-from app.cli.common import OK, seconds
-from app.cli.gateway import (
-    GatewayRefused,
-    JsonDict,
-    Unreachable,
-    add_url_option,
-    call,
-    reported,
-    url_of,
-)
+from app.cli.common import Subparsers
+from app.cli.gateway import JsonDict, add_call_options, show, url_of
 
 # Activation drains, stops and starts backends before it answers: give it time.
 DEFAULT_TIMEOUT_S = 900.0
 
 
-def add_profile_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_profile_command(subparsers: Subparsers) -> None:
     """Add `profile` with its `list` and `activate` sub-commands."""
     profile = subparsers.add_parser(
         "profile",
@@ -54,26 +45,17 @@ def add_profile_command(subparsers: argparse._SubParsersAction[argparse.Argument
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    add_url_option(parser)
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
+    add_call_options(
+        parser, timeout_s=DEFAULT_TIMEOUT_S, json_help="print the gateway's JSON answer"
     )
-    parser.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
 
 
 def _run(
     args: argparse.Namespace, method: str, path: str, render: Callable[[JsonDict, str], str]
 ) -> int:
+    url = url_of(args)
     where = f"profile {args.profile_command}"
-    try:
-        body = call(method, url_of(args), path, timeout=args.timeout)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported(where, exc)
-    print(json.dumps(body) if args.json else render(body, url_of(args)))
-    return OK
+    return show(args, where, method, path, lambda body: render(body, url), timeout=args.timeout)
 
 
 # --------------------------------------------------------------------------- output

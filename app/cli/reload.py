@@ -10,38 +10,26 @@ prints the gateway's answer. Exit codes as `app.cli.common` says (3: unreachable
 from __future__ import annotations
 
 import argparse
-import json
 
-from app.cli.common import OK, seconds
-from app.cli.gateway import GatewayRefused, JsonDict, Unreachable, add_url_option, call, reported
-from app.cli.gateway import url_of as gateway_url
+from app.cli.common import Subparsers
+from app.cli.gateway import JsonDict, add_call_options, show
 
 # A reload drains what it restarts or removes before it answers.
 DEFAULT_TIMEOUT_S = 300.0
 
 
-def add_reload_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_reload_command(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "reload", help="make a running gateway read its configuration again"
     )
-    add_url_option(parser)
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT_S:g})",
+    add_call_options(
+        parser, timeout_s=DEFAULT_TIMEOUT_S, json_help="print the gateway's JSON answer"
     )
-    parser.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
     parser.set_defaults(func=run_reload)
 
 
 def run_reload(args: argparse.Namespace) -> int:
-    try:
-        body = call("POST", gateway_url(args), "/config/reload", timeout=args.timeout)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported("reload", exc)
-    print(json.dumps(body) if args.json else render(body))
-    return OK
+    return show(args, "reload", "POST", "/config/reload", render, timeout=args.timeout)
 
 
 def render(body: JsonDict) -> str:

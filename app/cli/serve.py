@@ -14,7 +14,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
-from app.cli.common import FAILED, OK, add_config_option, error, guarded, load_config
+from app.cli.common import FAILED, OK, Subparsers, add_config_option, error, guarded, load_config
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def add_serve_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_serve_commands(subparsers: Subparsers) -> None:
     serve = subparsers.add_parser("serve", help="run the gateway")
     add_config_option(serve)
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")

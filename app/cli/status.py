@@ -14,23 +14,23 @@ import json
 import sys
 from typing import Any
 
-from app.cli.common import OK, UNREACHABLE, error
+from app.cli.common import OK, UNREACHABLE, Subparsers, error
 from app.cli.common import table as _table
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
     Unreachable,
     add_url_option,
-    call,
     follow,
     reported,
+    show,
     url_of,
 )
 
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_status_command(subparsers: Subparsers) -> None:
     status = subparsers.add_parser("status", help="the gateway's GPUs and backends, compactly")
     add_url_option(status)
     status.add_argument("--watch", action="store_true", help="follow the live status")
@@ -142,11 +142,9 @@ def _render_hosts(status: JsonDict, hosts: list[JsonDict], url: str) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     url = url_of(args)
+    if not args.watch:
+        return show(args, "status", "GET", "/status", lambda status: render(status, url))
     try:
-        if not args.watch:
-            status = call("GET", url, "/status", timeout=10)
-            print(json.dumps(status) if args.json else render(status, url))
-            return OK
         return _watch(url, json_lines=args.json)
     except (Unreachable, GatewayRefused) as exc:
         return reported("status", exc)

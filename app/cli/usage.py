@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from typing import Any
 from urllib.parse import urlencode
 
-from app.cli.common import OK, table
-from app.cli.gateway import (
-    GatewayRefused,
-    JsonDict,
-    Unreachable,
-    add_url_option,
-    call,
-    reported,
-    url_of,
-)
+from app.cli.common import Subparsers, table
+from app.cli.gateway import JsonDict, add_url_option, show
 
 GROUPS = ("model", "key", "route", "day")
 
@@ -33,7 +24,7 @@ def _day(text: str) -> str:
         raise argparse.ArgumentTypeError(f"not a day like 2025-01-31: {text!r}") from None
 
 
-def add_usage_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_usage_command(subparsers: Subparsers) -> None:
     usage = subparsers.add_parser("usage", help="tokens used, per model, key, route or day")
     add_url_option(usage)
     usage.add_argument("--since", type=_day, default=None, help="first UTC day (YYYY-MM-DD)")
@@ -51,12 +42,7 @@ def run_usage(args: argparse.Namespace) -> int:
     for name in ("since", "until", "key"):
         if getattr(args, name) is not None:
             query[name] = getattr(args, name)
-    try:
-        answer = call("GET", url_of(args), f"/usage?{urlencode(query)}", timeout=10)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported("usage", exc)
-    print(json.dumps(answer) if args.json else render(answer))
-    return OK
+    return show(args, "usage", "GET", f"/usage?{urlencode(query)}", render)
 
 
 def render(answer: JsonDict) -> str:

@@ -12,8 +12,9 @@ A plan that does not fit (``share``, ``profile``, ``gpus``) is printed and exits
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-from app.cli.common import add_config_option, add_json_option, guarded
+from app.cli.common import Handler, Subparsers, add_config_option, add_json_option, guarded
 from app.cli.plan.profile import run_profile
 from app.cli.plan.share import run_share
 from app.cli.plan.sizing import run_context, run_gpus, run_kv
@@ -33,7 +34,7 @@ from app.planner.sizing import (
 from app.planner.units import bytes_to_gib
 
 
-def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_plan_command(subparsers: Subparsers) -> None:
     """Add ``plan`` with its ``kv``, ``context``, ``gpus``, ``share`` and ``profile`` commands."""
     plan = subparsers.add_parser(
         "plan",
@@ -43,7 +44,13 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     commands = plan.add_subparsers(
         dest="plan_command", metavar="{kv,context,gpus,share,profile}", required=True
     )
+    for add_parser, handler in _SUBCOMMANDS:
+        parser = add_parser(commands)
+        add_json_option(parser)
+        parser.set_defaults(func=guarded(handler, _command))
 
+
+def _add_kv(commands: Subparsers) -> argparse.ArgumentParser:
     kv = commands.add_parser(
         "kv",
         help="KV-cache bytes per token (and for a context x sequences)",
@@ -53,9 +60,10 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     _add_model_args(kv)
     kv.add_argument("--context", type=int, help="tokens per sequence")
     kv.add_argument("--seqs", type=int, default=1, help="concurrent sequences (default 1)")
-    add_json_option(kv)
-    kv.set_defaults(func=guarded(run_kv, _command))
+    return kv
 
+
+def _add_context(commands: Subparsers) -> argparse.ArgumentParser:
     context = commands.add_parser(
         "context",
         help="longest context (--max-model-len) that fits on N GPUs (KAITO's method)",
@@ -67,9 +75,10 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     context.add_argument(
         "--model-limit", type=int, help="context limit (default: the model's max positions)"
     )
-    add_json_option(context)
-    context.set_defaults(func=guarded(run_context, _command))
+    return context
 
+
+def _add_gpus(commands: Subparsers) -> argparse.ArgumentParser:
     gpus = commands.add_parser(
         "gpus",
         help="fewest GPUs and nodes that hold a model and its KV cache",
@@ -90,9 +99,10 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         default=DEFAULT_MAX_GPUS,
         help=f"search limit (default {DEFAULT_MAX_GPUS})",
     )
-    add_json_option(gpus)
-    gpus.set_defaults(func=guarded(run_gpus, _command))
+    return gpus
 
+
+def _add_share(commands: Subparsers) -> argparse.ArgumentParser:
     share = commands.add_parser(
         "share",
         help="--gpu-memory-utilization / --kv-cache-memory-bytes for vLLM instances sharing a GPU",
@@ -144,9 +154,10 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         default=DEFAULT_UTILIZATION_STEP,
         help=f"grid for chosen utilizations (default {DEFAULT_UTILIZATION_STEP})",
     )
-    add_json_option(share)
-    share.set_defaults(func=guarded(run_share, _command))
+    return share
 
+
+def _add_profile(commands: Subparsers) -> argparse.ArgumentParser:
     profile = commands.add_parser(
         "profile",
         help="does a GPU profile fit, and the vLLM command line of each of its instances",
@@ -162,8 +173,17 @@ def add_plan_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     profile.add_argument(
         "--gpu-gib", type=float, help="GPU memory in GiB (default: the profile's gpu_total_gb)"
     )
-    add_json_option(profile)
-    profile.set_defaults(func=guarded(run_profile, _command))
+    return profile
+
+
+#: Each subcommand: its parser (every one ends with `--json`) and its handler.
+_SUBCOMMANDS: tuple[tuple[Callable[[Subparsers], argparse.ArgumentParser], Handler], ...] = (
+    (_add_kv, run_kv),
+    (_add_context, run_context),
+    (_add_gpus, run_gpus),
+    (_add_share, run_share),
+    (_add_profile, run_profile),
+)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -1,13 +1,16 @@
 """The model a `plan` command sizes: `--model`, `--hf-config` or shape flags, the KV
-dtype, the weights (given or derived from parameters) and the sizing constants.
+dtype, the weights (given or derived from parameters), the sizing constants, and the
+planner's inputs that `plan context` and `plan gpus` both read from these flags.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TypedDict
 
 from app.cli.common import JsonDict, UsageError
+from app.cli.plan.render import gib3
 from app.planner.catalog import catalog_model
 from app.planner.kv import (
     AttentionShape,
@@ -140,8 +143,19 @@ def derive_weights(params: int | None, dtype: str, model: ModelInfo | None) -> t
     return estimate_weight_bytes(params, dtype), params
 
 
-def sizing_inputs(args: argparse.Namespace) -> tuple[ModelInfo | None, int, int | None, JsonDict]:
-    """Model, KV bytes per token, KV shard limit and JSON facts shared by context/gpus."""
+class SizingInputs(TypedDict):
+    """The keyword arguments `plan_max_context` and `plan_min_gpus` share."""
+
+    gpu_bytes: float
+    weight_bytes: float
+    kv_bytes_per_token: int
+    kv_shard_limit: int | None
+    constants: SizingConstants
+
+
+def sizing_inputs(args: argparse.Namespace) -> tuple[ModelInfo | None, SizingInputs, JsonDict]:
+    """The model, the planner's inputs and the JSON facts shared by context/gpus (the KV
+    dtype, the model, KV bytes per token, the weights and where they came from)."""
     model = resolve_model(args, required=args.bytes_per_token is None)
     facts: JsonDict = {}
     if args.bytes_per_token is not None:
@@ -156,4 +170,13 @@ def sizing_inputs(args: argparse.Namespace) -> tuple[ModelInfo | None, int, int 
     if model is not None:
         facts["model"] = model.name
     facts["kv_bytes_per_token"] = per_token
-    return model, per_token, shard_limit, facts
+    weight, weight_source = weights(args, model)
+    facts.update(weights_gib=gib3(weight), weights_source=weight_source)
+    inputs = SizingInputs(
+        gpu_bytes=args.gpu_gib * GIB,
+        weight_bytes=weight,
+        kv_bytes_per_token=per_token,
+        kv_shard_limit=shard_limit,
+        constants=constants(args),
+    )
+    return model, inputs, facts

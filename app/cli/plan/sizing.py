@@ -8,13 +8,11 @@ import argparse
 
 from app.cli.common import JsonDict, UsageError, emit, emit_plan
 from app.cli.plan.model_args import (
-    constants,
     kv_dtype,
     resolve_model,
     shape_json,
     shape_text,
     sizing_inputs,
-    weights,
 )
 from app.cli.plan.render import gib3, key_values
 from app.planner.kv import (
@@ -25,7 +23,7 @@ from app.planner.sizing import (
     plan_max_context,
     plan_min_gpus,
 )
-from app.planner.units import GIB, KIB, bytes_to_gib
+from app.planner.units import KIB, bytes_to_gib
 
 
 def run_kv(args: argparse.Namespace) -> int:
@@ -63,20 +61,11 @@ def run_kv(args: argparse.Namespace) -> int:
 
 def run_context(args: argparse.Namespace) -> int:
     """``plan context``: the longest ``--max-model-len`` that fits."""
-    model, per_token, shard_limit, facts = sizing_inputs(args)
-    weight, weight_source = weights(args, model)
+    model, inputs, facts = sizing_inputs(args)
     limit: int | None = args.model_limit
     if limit is None and model is not None:
         limit = model.max_context
-    plan = plan_max_context(
-        gpu_bytes=args.gpu_gib * GIB,
-        weight_bytes=weight,
-        kv_bytes_per_token=per_token,
-        gpus=args.gpus,
-        model_limit=limit,
-        kv_shard_limit=shard_limit,
-        constants=constants(args),
-    )
+    plan = plan_max_context(**inputs, gpus=args.gpus, model_limit=limit)
     budget = plan.budget
     data: JsonDict = {
         "max_context_tokens": plan.max_context_tokens,
@@ -86,8 +75,6 @@ def run_context(args: argparse.Namespace) -> int:
         "gpus": args.gpus,
         "kv_shards": budget.kv_shards,
         **facts,
-        "weights_gib": gib3(weight),
-        "weights_source": weight_source,
         "usable_gib_per_gpu": gib3(budget.usable_bytes),
         "weights_gib_per_gpu": gib3(budget.weight_bytes),
         "overhead_gib_per_gpu": gib3(budget.overhead_bytes),
@@ -98,11 +85,14 @@ def run_context(args: argparse.Namespace) -> int:
         ("max_context_tokens", f"{plan.max_context_tokens:,}"),
         ("why", plan.reason),
         ("GPUs / KV shards", f"{args.gpus} / {budget.kv_shards}"),
-        ("kv bytes per token", f"{per_token:,} ({budget.kv_bytes_per_token:,.0f} per GPU)"),
+        (
+            "kv bytes per token",
+            f"{inputs['kv_bytes_per_token']:,} ({budget.kv_bytes_per_token:,.0f} per GPU)",
+        ),
         ("usable per GPU", f"{bytes_to_gib(budget.usable_bytes):.2f} GiB"),
         (
             "weights per GPU",
-            f"{bytes_to_gib(budget.weight_bytes):.2f} GiB ({weight_source}, x "
+            f"{bytes_to_gib(budget.weight_bytes):.2f} GiB ({facts['weights_source']}, x "
             f"{args.weight_expansion:g})",
         ),
         ("overhead per GPU", f"{bytes_to_gib(budget.overhead_bytes):.2f} GiB"),
@@ -114,17 +104,12 @@ def run_context(args: argparse.Namespace) -> int:
 
 def run_gpus(args: argparse.Namespace) -> int:
     """``plan gpus``: the fewest GPUs and nodes for ``--context`` tokens."""
-    model, per_token, shard_limit, facts = sizing_inputs(args)
-    weight, weight_source = weights(args, model)
+    _, inputs, facts = sizing_inputs(args)
     plan = plan_min_gpus(
-        gpu_bytes=args.gpu_gib * GIB,
-        weight_bytes=weight,
-        kv_bytes_per_token=per_token,
+        **inputs,
         context_tokens=args.context,
         gpus_per_node=args.gpus_per_node,
-        kv_shard_limit=shard_limit,
         max_gpus=args.max_gpus,
-        constants=constants(args),
     )
     needed = plan.needed_bytes_per_gpu
     data: JsonDict = {
@@ -134,8 +119,6 @@ def run_gpus(args: argparse.Namespace) -> int:
         "gpus_per_node": plan.gpus_per_node,
         "context_tokens": plan.context_tokens,
         **facts,
-        "weights_gib": gib3(weight),
-        "weights_source": weight_source,
         "needed_gib_per_gpu": None if needed is None else gib3(needed),
         "usable_gib_per_gpu": gib3(plan.usable_bytes_per_gpu),
         "reason": plan.reason,
@@ -145,6 +128,6 @@ def run_gpus(args: argparse.Namespace) -> int:
         ("min_nodes", str(plan.min_nodes) if plan.min_nodes is not None else "-"),
         ("why", plan.reason),
         ("context", f"{plan.context_tokens:,} tokens"),
-        ("weights", f"{bytes_to_gib(weight):.2f} GiB ({weight_source})"),
+        ("weights", f"{bytes_to_gib(inputs['weight_bytes']):.2f} GiB ({facts['weights_source']})"),
     ]
     return emit_plan(args, data, key_values(rows), fits=plan.fits)
