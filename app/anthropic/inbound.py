@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from typing import Any, Final
 
 from app.anthropic.checks import invalid, is_int, number, required_str, unsupported
@@ -222,10 +223,7 @@ def _system_message(content: object, param: str, changes: list[ToolChange]) -> l
         texts = [content]
     elif isinstance(content, list):
         texts = []
-        for j, block in enumerate(content):
-            block_param = f"{param}[{j}]"
-            kind = _block_type(block, block_param)
-            assert isinstance(block, dict)
+        for kind, block, block_param in _blocks(content, param):
             if kind in TOOL_CHANGES:
                 changes.append(tool_change(block, block_param))
             else:
@@ -239,10 +237,7 @@ def _system_message(content: object, param: str, changes: list[ToolChange]) -> l
 def _user(blocks: list[object], param: str) -> list[Json]:
     tool_messages: list[Json] = []
     parts: list[Json] = []
-    for j, block in enumerate(blocks):
-        block_param = f"{param}[{j}]"
-        kind = _block_type(block, block_param)
-        assert isinstance(block, dict)
+    for kind, block, block_param in _blocks(blocks, param):
         if kind == "text":
             parts.append({"type": "text", "text": _text_of(block, block_param)})
         elif kind == "image":
@@ -270,10 +265,7 @@ def _tool_result(block: Json, param: str) -> tuple[Json, list[Json]]:
     if isinstance(content, str):
         texts.append(content)
     elif isinstance(content, list):
-        for k, inner in enumerate(content):
-            inner_param = f"{param}.content[{k}]"
-            kind = _block_type(inner, inner_param)
-            assert isinstance(inner, dict)
+        for kind, inner, inner_param in _blocks(content, f"{param}.content"):
             if kind == "text":
                 texts.append(_text_of(inner, inner_param))
             elif kind == "image":
@@ -289,10 +281,7 @@ def _tool_result(block: Json, param: str) -> tuple[Json, list[Json]]:
 def _assistant(blocks: list[object], param: str) -> Json:
     texts: list[str] = []
     calls: list[Json] = []
-    for j, block in enumerate(blocks):
-        block_param = f"{param}[{j}]"
-        kind = _block_type(block, block_param)
-        assert isinstance(block, dict)
+    for kind, block, block_param in _blocks(blocks, param):
         if kind == "text":
             texts.append(_text_of(block, block_param))
         elif kind == "tool_use":
@@ -336,6 +325,16 @@ def _image(block: Json, param: str) -> Json:
             f"Image sources of type {kind!r} are not supported here; use 'base64' or 'url'.",
         )
     return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _blocks(blocks: list[object], param: str) -> Iterator[tuple[str, Json, str]]:
+    """Each content block of an array with its type and its parameter name (`param[j]`);
+    raises `InvalidRequest` at the first that is not an object with a string type."""
+    for j, block in enumerate(blocks):
+        block_param = f"{param}[{j}]"
+        kind = _block_type(block, block_param)
+        assert isinstance(block, dict)
+        yield kind, block, block_param
 
 
 def _block_type(block: object, param: str) -> str:

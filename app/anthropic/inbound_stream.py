@@ -46,6 +46,7 @@ from app.anthropic.inbound import (
     stop_reason,
     tool_use_id,
 )
+from app.anthropic.stream import StreamEnd
 from app.jsonwire import sse_event as json_sse_event
 
 Json = dict[str, Any]
@@ -71,10 +72,12 @@ def error_event(status: int, message: str) -> bytes:
     return sse_event(anthropic_error(status, message))
 
 
-class MessagesStreamTranslator:
-    """One OpenAI chunk stream in, one Anthropic Messages stream out (see the module doc)."""
+class MessagesStreamTranslator(StreamEnd):
+    """One OpenAI chunk stream in, one Anthropic Messages stream out (see the module doc);
+    `done` once message_stop or an error event has been returned."""
 
     def __init__(self, model: str, message_id: str) -> None:
+        super().__init__()
         self._model = model
         self._id = message_id
         self._started = False
@@ -84,18 +87,6 @@ class MessagesStreamTranslator:
         self._tool_blocks: dict[object, tuple[int, str]] = {}  # OpenAI index -> (block, id)
         self._usage: Json = {}
         self._stop: tuple[str, str | None] | None = None
-        self._done = False
-        self._failed = False
-
-    @property
-    def done(self) -> bool:
-        """True once message_stop or an error event has been returned."""
-        return self._done
-
-    @property
-    def failed(self) -> bool:
-        """True when the stream ended with an error event (in-band, or cut)."""
-        return self._failed
 
     @property
     def usage(self) -> Json:

@@ -2,7 +2,8 @@
 
 `SseParser` turns body bytes into `(event, data)` pairs; the caller decodes `data` as
 JSON and hands it to `StreamTranslator.feed`, which returns the OpenAI SSE lines to send.
-When the upstream body ends, `StreamTranslator.finish` returns the closing lines.
+When the upstream body ends, `StreamTranslator.finish` returns the closing lines. `StreamEnd`
+(its `done` and `failed`) is shared with the other direction's translator (inbound_stream.py).
 
 Mapping (Anthropic's streaming events, docs.anthropic.com/en/docs/build-with-claude/streaming):
 
@@ -104,10 +105,31 @@ class SseParser:
         return (event, "\n".join(data)) if data else None
 
 
-class StreamTranslator:
+class StreamEnd:
+    """How a translated stream ended, for both directions (`StreamTranslator` here,
+    `MessagesStreamTranslator` in inbound_stream.py): a translator sets `_done` when it
+    returns its last line, and `_failed` too when that was an in-band error."""
+
+    def __init__(self) -> None:
+        self._done = False
+        self._failed = False
+
+    @property
+    def done(self) -> bool:
+        """True once the last line has been returned: the translator ignores the rest."""
+        return self._done
+
+    @property
+    def failed(self) -> bool:
+        """True when the stream ended with an in-band error (an error event, or cut)."""
+        return self._failed
+
+
+class StreamTranslator(StreamEnd):
     """One Anthropic stream in, one OpenAI chat-completion stream out (see the module doc)."""
 
     def __init__(self, model: str, created: int, include_usage: bool) -> None:
+        super().__init__()
         self._model = model
         self._created = created
         self._include_usage = include_usage
@@ -116,18 +138,6 @@ class StreamTranslator:
         self._usage: Json = {}
         self._stop_reason: object = None
         self._stop_sequence: object = None
-        self._done = False
-        self._failed = False
-
-    @property
-    def done(self) -> bool:
-        """True once [DONE] has been returned."""
-        return self._done
-
-    @property
-    def failed(self) -> bool:
-        """True when the stream ended with an in-band error (an `error` event, or cut)."""
-        return self._failed
 
     @property
     def usage(self) -> Json:

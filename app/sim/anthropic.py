@@ -34,16 +34,17 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import signal
 import sys
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aiohttp import web
+
+from app.sim.config import FaultOptions
 
 Json = dict[str, Any]
 
@@ -67,9 +68,9 @@ _SSE_HEADERS: Final = {
 
 
 @dataclass
-class AnthropicFaults:
-    fail_status: int | None = None
-    fail_count: int | None = None
+class AnthropicFaults(FaultOptions):
+    """The fake's runtime faults (`FaultOptions`: `fail_status`, `fail_count`, `update`)."""
+
     error_type: str | None = None
     retry_after: str | None = None
     stream_error_after: int | None = None
@@ -82,62 +83,22 @@ class AnthropicFaults:
     stop_reason: str | None = None
     text: list[str] | None = None  # the answer's pieces, one delta (one token) each
 
-    def update(self, patch: Json) -> None:
-        """Validate all of `patch`, then apply it; raises ValueError."""
-        defaults = {f.name: f for f in fields(self)}
-        new: Json = {}
-        for key, value in patch.items():
-            spec = defaults.get(key)
-            if spec is None:
-                raise ValueError(f"unknown fault option {key!r}")
-            if value is None:
-                factory = spec.default_factory
-                new[key] = factory() if callable(factory) else spec.default
-            elif key == "stall_before_headers":
-                if not isinstance(value, bool):
-                    raise ValueError("stall_before_headers must be a boolean")
-                new[key] = value
-            elif key == "ttft":
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError("ttft must be a number")
-                if not math.isfinite(value) or value < 0:
-                    raise ValueError("ttft must be >= 0")
-                new[key] = float(value)
-            elif key in ("error_type", "retry_after", "stop_reason"):
-                if not isinstance(value, str):
-                    raise ValueError(f"{key} must be a string")
-                new[key] = value
-            elif key == "reply":
-                if value not in ("text", "tool_use"):
-                    raise ValueError("reply must be 'text' or 'tool_use'")
-                new[key] = value
-            elif key == "tool_input":
-                if not isinstance(value, dict):
-                    raise ValueError("tool_input must be an object")
-                new[key] = value
-            elif key == "text":
-                if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-                    raise ValueError("text must be a list of strings")
-                new[key] = value
-            else:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"{key} must be a non-negative integer")
-                if key == "fail_status" and not 100 <= value <= 599:
-                    raise ValueError("fail_status must be an HTTP status code")
-                new[key] = value
-        for key, value in new.items():
-            setattr(self, key, value)
-
-    def take_failure(self) -> int | None:
-        status = self.fail_status
-        if status is None or self.fail_count is None:
-            return status
-        if self.fail_count <= 0:
-            return None
-        self.fail_count -= 1
-        if self.fail_count == 0:
-            self.fail_status = self.fail_count = None
-        return status
+    def _checked(self, key: str, value: object) -> Any:
+        if key in ("error_type", "retry_after", "stop_reason"):
+            if not isinstance(value, str):
+                raise ValueError(f"{key} must be a string")
+        elif key == "reply":
+            if value not in ("text", "tool_use"):
+                raise ValueError("reply must be 'text' or 'tool_use'")
+        elif key == "tool_input":
+            if not isinstance(value, dict):
+                raise ValueError("tool_input must be an object")
+        elif key == "text":
+            if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+                raise ValueError("text must be a list of strings")
+        else:
+            return super()._checked(key, value)
+        return value
 
 
 @dataclass
@@ -376,17 +337,14 @@ class FakeAnthropic:
     # --- test controls ---------------------------------------------------------------------
 
     async def get_faults(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response(asdict(self.faults))
+        return web.json_response(self.faults.as_dict())
 
     async def set_faults(self, request: web.Request) -> web.StreamResponse:
         try:
-            patch = json.loads(await request.read() or b"{}")
-            if not isinstance(patch, dict):
-                raise ValueError("body must be a JSON object")
-            self.faults.update(patch)
+            self.faults.update_json(await request.read())
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response(asdict(self.faults))
+        return web.json_response(self.faults.as_dict())
 
     async def get_stats(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(self.stats())

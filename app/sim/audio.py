@@ -164,10 +164,7 @@ class AudioApi:
             return await state.admit(arrival, streaming)
 
         async def complete(run: RequestRun) -> web.StreamResponse:
-            loop = asyncio.get_running_loop()
-            ttft, interval = self.gen.timing()
-            done_at = loop.time() + ttft + (len(texts) - 1) * interval
-            await state.engine.wait_until(run.job, done_at)
+            await self.gen.pacing(run).last(len(texts))
             if run.job.aborted:
                 return error_response(ApiError(500, "Request aborted.", "InternalServerError"))
             state.first_token(run, prompt)
@@ -216,22 +213,17 @@ class AudioApi:
         prompt: int,
         include_usage: bool,
     ) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        engine, job, gen = self.state.engine, run.job, self.gen
-        ttft, interval = gen.timing()
+        job, gen = run.job, self.gen
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         try:
-            await resp.prepare(request)
-            if not await gen.after_send(request, run):
+            pacing = await gen.started(request, run, resp)
+            if pacing is None:
                 return resp
-            start = loop.time()
-            await engine.wait_until(job, start + ttft)
             if not job.aborted:
                 self.state.first_token(run, prompt)
             last = len(texts) - 1
             for i, text in enumerate(texts):
-                if i and (interval or engine.pause == "all"):
-                    await engine.wait_until(job, start + ttft + i * interval)
+                await pacing.token(i)
                 if job.aborted:
                     break
                 run.tokens += 1

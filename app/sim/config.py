@@ -1,11 +1,13 @@
 """The fake vLLM server's options (its CLI flags, one to one) and the faults a test can
-change while it runs (`POST /_fake/faults`)."""
+change while it runs (`POST /_fake/faults`); `FaultOptions`, the part of those faults the
+fake Anthropic API (app.sim.anthropic) has too."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -77,20 +79,24 @@ class FakeConfig:
 
 
 @dataclass
-class Faults:
-    """Runtime-adjustable behaviour; ``POST /_fake/faults`` patches it (null = default)."""
+class FaultOptions:
+    """What both fakes (vLLM's, Anthropic's) share of their runtime faults: the next requests
+    fail with `fail_status` (`fail_count` of them; None: all), and a patch (``POST
+    /_fake/faults``) is validated whole before any of it applies (null = the default).
+
+    Every option not listed in `_FLAGS` or `_NUMBERS` is a non-negative integer; those in
+    `_STATUSES` an HTTP status code. A subclass checks options of other kinds in
+    `_checked`."""
 
     fail_status: int | None = None
     fail_count: int | None = None
-    drop_after: int | None = None
-    stall_after: int | None = None
-    stall_before_headers: bool = False
-    ttft: float = 0.0
-    tokens_per_second: float = 0.0
-    health_status: int | None = None
+
+    _FLAGS: ClassVar[tuple[str, ...]] = ("stall_before_headers",)
+    _NUMBERS: ClassVar[tuple[str, ...]] = ("ttft",)
+    _STATUSES: ClassVar[tuple[str, ...]] = ("fail_status",)
 
     def take_failure(self) -> int | None:
-        """Status to fail the next generation/embedding request with, consuming fail_count."""
+        """Status to fail the next request with, consuming fail_count."""
         status = self.fail_status
         if status is None or self.fail_count is None:
             return status
@@ -103,31 +109,58 @@ class Faults:
 
     def update(self, patch: dict[str, Any]) -> None:
         """Validate all of ``patch`` first, then apply it; raises ValueError."""
-        defaults = {f.name: f.default for f in fields(self)}
+        specs = {f.name: f for f in fields(self)}
         new: dict[str, Any] = {}
         for key, value in patch.items():
-            if key not in defaults:
+            spec = specs.get(key)
+            if spec is None:
                 raise ValueError(f"unknown fault option {key!r}")
             if value is None:
-                new[key] = defaults[key]
-            elif key == "stall_before_headers":
-                if not isinstance(value, bool):
-                    raise ValueError("stall_before_headers must be a boolean")
-                new[key] = value
-            elif key in ("ttft", "tokens_per_second"):
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"{key} must be a number")
-                if not math.isfinite(value) or value < 0:
-                    raise ValueError(f"{key} must be >= 0")
-                new[key] = float(value)
+                factory = spec.default_factory
+                new[key] = factory() if callable(factory) else spec.default
             else:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"{key} must be a non-negative integer")
-                if key in ("fail_status", "health_status") and not 100 <= value <= 599:
-                    raise ValueError(f"{key} must be an HTTP status code")
-                new[key] = value
+                new[key] = self._checked(key, value)
         for key, value in new.items():
             setattr(self, key, value)
 
+    def update_json(self, raw: bytes) -> None:
+        """`update` from a request body (empty: nothing changes); raises ValueError."""
+        patch = json.loads(raw or b"{}")
+        if not isinstance(patch, dict):
+            raise ValueError("body must be a JSON object")
+        self.update(patch)
+
+    def _checked(self, key: str, value: object) -> Any:
+        if key in self._FLAGS:
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be a boolean")
+            return value
+        if key in self._NUMBERS:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{key} must be a number")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key} must be >= 0")
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} must be a non-negative integer")
+        if key in self._STATUSES and not 100 <= value <= 599:
+            raise ValueError(f"{key} must be an HTTP status code")
+        return value
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class Faults(FaultOptions):
+    """The fake vLLM server's runtime-adjustable behaviour (`FaultOptions`)."""
+
+    drop_after: int | None = None
+    stall_after: int | None = None
+    stall_before_headers: bool = False
+    ttft: float = 0.0
+    tokens_per_second: float = 0.0
+    health_status: int | None = None
+
+    _NUMBERS: ClassVar[tuple[str, ...]] = ("ttft", "tokens_per_second")
+    _STATUSES: ClassVar[tuple[str, ...]] = ("fail_status", "health_status")

@@ -39,7 +39,6 @@ Messages one; the text, token timing, faults and stats are the chat endpoint's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -138,10 +137,8 @@ class MessagesApi:
         return ended(self.state.config.eos_after, count, "length")
 
     async def _complete(self, run: RequestRun, answer: _Answer) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        ttft, interval = self.gen.timing()
         count = len(answer.texts)
-        await self.state.engine.wait_until(run.job, loop.time() + ttft + (count - 1) * interval)
+        await self.gen.pacing(run).last(count)
         self.state.first_token(run, answer.prompt)
         run.tokens, run.outcome = count, answer.finish
         text = "".join(answer.texts)
@@ -164,9 +161,7 @@ class MessagesApi:
     async def _stream(
         self, request: web.Request, run: RequestRun, answer: _Answer
     ) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        engine, job, gen = self.state.engine, run.job, self.gen
-        ttft, interval = gen.timing()
+        gen = self.gen
         resp = web.StreamResponse(headers=_SSE_HEADERS)
 
         async def emit(data: Json) -> bool:
@@ -179,17 +174,15 @@ class MessagesApi:
             "usage": {"input_tokens": answer.prompt, "output_tokens": 0},
         }  # fmt: skip
         try:
-            await resp.prepare(request)
-            if not await gen.after_send(request, run):
+            pacing = await gen.started(request, run, resp)
+            if pacing is None:
                 return resp
-            start = loop.time()
-            await engine.wait_until(job, start + ttft)
             self.state.first_token(run, answer.prompt)
             if not await emit({"type": "message_start", "message": start_message}):
                 return resp
             texts = answer.texts
             if answer.tool is not None:
-                await engine.wait_until(job, start + ttft + (len(texts) - 1) * interval)
+                await pacing.last(len(texts))
                 run.tokens = len(texts)
                 block = answer.tool_use("".join(texts))
                 arguments = json.dumps(block["input"])
@@ -211,8 +204,7 @@ class MessagesApi:
                 if not await emit(event):
                     return resp
             for i, text in enumerate(texts):
-                if i and (interval or engine.pause == "all"):
-                    await engine.wait_until(job, start + ttft + i * interval)
+                await pacing.token(i)
                 run.tokens += 1
                 delta = {"type": "text_delta", "text": text}
                 if not await emit({"type": "content_block_delta", "delta": delta, "index": 0}):

@@ -47,7 +47,7 @@ from app.sim.text import (
     embedding_inputs,
     embedding_vector,
     encode_embedding,
-    usage,
+    list_response,
     validation_error,
 )
 
@@ -263,18 +263,7 @@ class PoolingApi:
                 {"index": i, "object": "score", "score": relevance(a, b)}
                 for i, (a, b) in enumerate(zip(left, right, strict=True))
             ]
-
-            def payload() -> dict[str, Any]:
-                return {
-                    "id": rid,
-                    "object": "list",
-                    "created": int(time.time()),
-                    "model": model,
-                    "data": data,
-                    "usage": usage(prompt, 0),
-                }
-
-            return prompt, payload
+            return prompt, lambda: list_response(rid, model, data, prompt)
 
         return await self.run(request, "score-", prepare)
 
@@ -289,17 +278,6 @@ class PoolingApi:
         if "input" not in body:
             raise validation_error(["input"], "missing", "Field required")
         return embedding_inputs(body["input"])
-
-    @staticmethod
-    def _list(rid: str, model: str, data: list[dict[str, Any]], prompt: int) -> dict[str, Any]:
-        return {
-            "id": rid,
-            "object": "list",
-            "created": int(time.time()),
-            "model": model,
-            "data": data,
-            "usage": usage(prompt, 0),
-        }
 
     async def pooling(self, request: web.Request) -> web.StreamResponse:
         dim = self.state.config.embedding_dim
@@ -319,7 +297,7 @@ class PoolingApi:
                 for i, (key, _) in enumerate(inputs)
             ]
             prompt = sum(n for _, n in inputs)
-            return prompt, lambda: self._list(rid, model, data, prompt)
+            return prompt, lambda: list_response(rid, model, data, prompt)
 
         return await self.run(request, "pool-", prepare)
 
@@ -336,6 +314,6 @@ class PoolingApi:
                     {"index": i, "label": _LABELS[best], "probs": probs, "num_classes": len(probs)}
                 )
             prompt = sum(n for _, n in inputs)
-            return prompt, lambda: self._list(rid, model, data, prompt)
+            return prompt, lambda: list_response(rid, model, data, prompt)
 
         return await self.run(request, "classify-", prepare)

@@ -35,7 +35,6 @@ and echoed but never called; the store is in memory and keeps the newest 1000 re
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections import OrderedDict
@@ -293,27 +292,12 @@ class ResponsesApi:
         return await state.admit(arrival, work, priority=priority)
 
     async def _complete(self, run: RequestRun, req: _Req) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        ttft, interval = self.gen.timing()
-        start = loop.time()
-        count = len(req.texts)
-        await self.state.engine.wait_until(run.job, start + ttft + (count - 1) * interval)
-        if run.job.aborted:  # sleep(mode=abort): what was generated so far
-            elapsed = loop.time() - start
-            done = 0
-            if elapsed >= ttft:
-                done = count if interval == 0 else min(count, 1 + int((elapsed - ttft) / interval))
-            count = done
-        if count:
-            self.state.first_token(run, req.prompt_tokens)
-        run.tokens = count
+        count = await self.gen.generated(run, len(req.texts), req.prompt_tokens)
         _, final = self._finish(req, run, count)
         return json_response(dumps(final))
 
     async def _stream(self, request: web.Request, run: RequestRun, req: _Req) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        engine, job, gen = self.state.engine, run.job, self.gen
-        ttft, interval = gen.timing()
+        job, gen = run.job, self.gen
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         seq = 0
 
@@ -334,8 +318,8 @@ class ResponsesApi:
             for kind in ("response.created", "response.in_progress"):
                 if not await emit({"type": kind, "response": initial}):
                     return resp
-            start = loop.time()
-            await engine.wait_until(job, start + ttft)
+            pacing = gen.pacing(run)
+            await pacing.first()
             if not job.aborted:
                 self.state.first_token(run, req.prompt_tokens)
             opening = [
@@ -354,8 +338,7 @@ class ResponsesApi:
                 if not await emit(event):
                     return resp
             for i, text in enumerate(req.texts):
-                if i and (interval or engine.pause == "all"):
-                    await engine.wait_until(job, start + ttft + i * interval)
+                await pacing.token(i)
                 if job.aborted:
                     break
                 run.tokens += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -196,6 +197,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+    }
+
+
+def list_response(rid: str, model: str, data: list[dict[str, Any]], prompt: int) -> dict[str, Any]:
+    """vLLM's list answer (embeddings, pooling, classify, score), created now."""
+    return {
+        "id": rid,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": usage(prompt, 0),
     }
 
 

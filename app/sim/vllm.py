@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -197,10 +196,7 @@ class FakeVllm(SleepMode):
 
     async def set_faults(self, request: web.Request) -> web.StreamResponse:
         try:
-            patch = json.loads(await request.read() or b"{}")
-            if not isinstance(patch, dict):
-                raise ValueError("body must be a JSON object")
-            self.faults.update(patch)
+            self.faults.update_json(await request.read())
         except ValueError as exc:
             return error_response(ApiError(400, str(exc)))
         return json_response(dumps(self.faults.as_dict()))

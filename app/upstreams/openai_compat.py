@@ -15,38 +15,18 @@ from __future__ import annotations
 
 from typing import Final
 
-from app.settings import TimeoutsConfig
-from app.settings.cloud import ProviderConfig
 from app.settings.endpoints import Api
-from app.upstreams.http import HttpUpstream, Relayable
-from app.upstreams.provider import ProviderRequest
+from app.upstreams.http import Relayable
+from app.upstreams.provider import HttpProvider, ProviderRequest
 
 _KEPT: Final = frozenset({b"content-type", b"retry-after", b"retry-after-ms"})
 
 
-class OpenAIProvider:
+class OpenAIProvider(HttpProvider):
     kind = "openai"
 
-    def __init__(
-        self, name: str, config: ProviderConfig, key: str | None, timeouts: TimeoutsConfig
-    ) -> None:
-        self.name = name
-        self.config = config
-        self.first_byte_s = timeouts.first_byte_s
-        headers = dict(config.headers)
-        if key:
-            headers["authorization"] = f"Bearer {key}"  # never logged: HttpUpstream keeps it
-        self.upstream = HttpUpstream(
-            name,
-            config.base_url,
-            timeouts,
-            max_connections=config.max_connections,
-            extra_headers=headers,
-            role="provider",
-        )
-
-    def supports(self, api: Api) -> bool:
-        return api in self.config.apis
+    def _key_headers(self, key: str | None) -> dict[str, str]:
+        return {"authorization": f"Bearer {key}"} if key else {}
 
     async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
         if request.stream:
@@ -69,6 +49,3 @@ class OpenAIProvider:
             if name in _KEPT or name.startswith(b"x-ratelimit-")
         ]
         return response
-
-    async def close(self) -> None:
-        await self.upstream.close()

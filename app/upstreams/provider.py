@@ -1,4 +1,6 @@
-"""What every cloud provider offers the fallback chain, and the request it is given."""
+"""What every cloud provider offers the fallback chain, and the request it is given;
+`HttpProvider`, the part both kinds of provider (openai_compat.py, anthropic/provider.py)
+share: their HTTP upstream, the APIs they serve, closing."""
 
 from __future__ import annotations
 
@@ -6,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.jsonwire import json_bytes
+from app.settings import TimeoutsConfig
+from app.settings.cloud import ProviderConfig
 from app.settings.endpoints import Api
-from app.upstreams.http import Relayable
+from app.upstreams.http import HttpUpstream, Relayable
 from app.upstreams.multipart import boundary_of, replace_field
 
 
@@ -60,3 +64,35 @@ class Provider(Protocol):
         request cannot be expressed in the provider's API."""
 
     async def close(self) -> None: ...
+
+
+class HttpProvider:
+    """A provider reached over one `HttpUpstream` to its `base_url`, with the configured
+    `headers` and those `_key_headers` makes of its key (never logged: `HttpUpstream`
+    keeps them); it serves the APIs its config lists. A subclass adds `kind` and `open`."""
+
+    role = "provider"  # what its errors call it, with its name
+
+    def __init__(
+        self, name: str, config: ProviderConfig, key: str | None, timeouts: TimeoutsConfig
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.first_byte_s = timeouts.first_byte_s
+        self.upstream = HttpUpstream(
+            name,
+            config.base_url,
+            timeouts,
+            max_connections=config.max_connections,
+            extra_headers={**config.headers, **self._key_headers(key)},
+            role=self.role,
+        )
+
+    def _key_headers(self, key: str | None) -> dict[str, str]:
+        raise NotImplementedError
+
+    def supports(self, api: Api) -> bool:
+        return api in self.config.apis
+
+    async def close(self) -> None:
+        await self.upstream.close()

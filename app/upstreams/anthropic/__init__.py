@@ -6,5 +6,6 @@ from it. The translation itself is pure and lives in `app.anthropic`:
     inbound_relay  as_messages / as_token_count: an opened chat-completions (or /tokenize)
                    answer of a local backend relayed as a Messages one
     relayed        TranslatedStream: the loop both streams share
-    bodies         the bodies and content types they relay
+    bodies         the bodies and content types they relay; whole_answer: an answer read
+                   whole and translated, for both directions
 """

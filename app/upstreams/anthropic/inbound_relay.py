@@ -16,8 +16,6 @@ A read that outlasts `within_s` is `UpstreamTimeout(kind="first_byte_timeout")`.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -30,17 +28,9 @@ from app.anthropic.inbound import (
     to_anthropic_message,
 )
 from app.anthropic.inbound_stream import MessagesStreamTranslator
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.jsonwire import json_bytes
-from app.upstreams.anthropic.bodies import (
-    MAX_ANSWER_BODY,
-    MAX_ERROR_BODY,
-    read_body,
-    retry_headers,
-)
+from app.upstreams.anthropic.bodies import whole_answer
 from app.upstreams.anthropic.relayed import TranslatedStream
 from app.upstreams.http import BufferedResponse, Relayable
-from app.upstreams.usage import tokens_of
 
 Json = dict[str, Any]
 
@@ -68,31 +58,14 @@ async def _whole(
 ) -> BufferedResponse:
     """Read whole and translated (an error into Anthropic's envelope); released here,
     whatever happens."""
-    ok = response.status == 200
-    try:
-        async with asyncio.timeout(max(within_s, 0.0)):
-            raw = await read_body(response, MAX_ANSWER_BODY if ok else MAX_ERROR_BODY)
-    except TimeoutError:
-        raise UpstreamTimeout(
-            "the upstream did not finish its answer in time", kind="first_byte_timeout"
-        ) from None
-    finally:
-        response.release()
-    if not ok:
-        envelope = anthropic_error_from_openai(response.status, raw)
-        answer = BufferedResponse(response.status, json_bytes(envelope), policy_body=raw)
-        answer.headers.extend(retry_headers(response))
-        return answer
-    try:
-        answer_body = json.loads(raw)
-        translated = translate(answer_body) if isinstance(answer_body, dict) else None
-    except ValueError:
-        translated = None
-    if translated is None:
-        raise UpstreamUnavailable(
-            f"the upstream answered 200 with a body that is not {what}", kind="bad_response"
-        )
-    return BufferedResponse(200, json_bytes(translated))
+    return await whole_answer(
+        response,
+        within_s,
+        envelope=anthropic_error_from_openai,
+        translate=translate,
+        who="the upstream",
+        what=what,
+    )
 
 
 class MessagesStream(TranslatedStream):
@@ -103,10 +76,6 @@ class MessagesStream(TranslatedStream):
     def __init__(self, response: Relayable, model: str) -> None:
         super().__init__(response, MessagesStreamTranslator(model, message_id(uuid.uuid4().hex)))
         self.first_chunk = self._translate(response.first_chunk)
-
-    def usage(self) -> tuple[int, int]:
-        """(input tokens, output tokens) so far."""
-        return tokens_of(self._translator.usage) or (0, 0)
 
     def _translate(self, chunk: bytes) -> bytes:
         out: list[bytes] = []

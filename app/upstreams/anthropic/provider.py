@@ -36,21 +36,15 @@ from app.anthropic import (
     to_anthropic_request,
     to_openai_completion,
 )
-from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.errors import UpstreamTimeout
 from app.jsonwire import json_bytes
 from app.settings import TimeoutsConfig
 from app.settings.cloud import ProviderConfig
 from app.settings.endpoints import Api
-from app.upstreams.anthropic.bodies import (
-    KEPT_ON_ERROR,
-    MAX_ANSWER_BODY,
-    MAX_ERROR_BODY,
-    read_body,
-    retry_headers,
-)
+from app.upstreams.anthropic.bodies import KEPT_ON_ERROR, whole_answer
 from app.upstreams.anthropic.relayed import TranslatedStream
-from app.upstreams.http import BufferedResponse, HttpUpstream, Relayable, UpstreamResponse
-from app.upstreams.provider import ProviderRequest
+from app.upstreams.http import BufferedResponse, Relayable, UpstreamResponse
+from app.upstreams.provider import HttpProvider, ProviderRequest
 from app.upstreams.usage import tokens_of
 
 _KEPT_PASSED_THROUGH: Final = KEPT_ON_ERROR | {b"content-type", b"request-id"}
@@ -60,32 +54,20 @@ _MALFORMED: Final = {
 }
 
 
-class AnthropicProvider:
+class AnthropicProvider(HttpProvider):
     kind = "anthropic"
+    role = "upstream"  # its errors say "upstream 'name'", as they always have
 
     def __init__(
         self, name: str, config: ProviderConfig, key: str | None, timeouts: TimeoutsConfig
     ) -> None:
-        self.name = name
-        self.config = config
-        self.first_byte_s = timeouts.first_byte_s
         assert config.max_tokens is not None  # the schema requires it for kind anthropic
         self._max_tokens = config.max_tokens
-        headers = dict(config.headers)
-        if key:
-            headers.update(anthropic_headers(key, version=config.anthropic_version))
-        else:
-            headers["anthropic-version"] = config.anthropic_version
-        self.upstream = HttpUpstream(
-            name,
-            config.base_url,
-            timeouts,
-            max_connections=config.max_connections,
-            extra_headers=headers,  # holds the key: never logged
-        )
+        super().__init__(name, config, key, timeouts)
 
-    def supports(self, api: Api) -> bool:
-        return api in self.config.apis
+    def _key_headers(self, key: str | None) -> dict[str, str]:
+        version = self.config.anthropic_version
+        return anthropic_headers(key, version=version) if key else {"anthropic-version": version}
 
     async def open(self, request: ProviderRequest, first_byte_s: float) -> Relayable:
         if request.api is Api.MESSAGES:
@@ -135,38 +117,17 @@ class AnthropicProvider:
     async def _whole(
         self, response: UpstreamResponse, request: ProviderRequest, within_s: float
     ) -> BufferedResponse:
-        ok = response.status == 200
-        limit = MAX_ANSWER_BODY if ok else MAX_ERROR_BODY
-        try:
-            async with asyncio.timeout(max(within_s, 0.0)):
-                raw = await read_body(response, limit)
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"upstream {self.name!r} did not finish its answer in time",
-                kind="first_byte_timeout",
-            ) from None
-        finally:
-            response.release()
-        if not ok:
-            envelope = openai_error_from_anthropic(response.status, raw)
-            answer = BufferedResponse(response.status, json_bytes(envelope), policy_body=raw)
-            answer.headers.extend(retry_headers(response))
-            return answer
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            message = None
-        if not isinstance(message, dict):
-            raise UpstreamUnavailable(
-                f"upstream {self.name!r} answered 200 with a body that is not a message",
-                kind="bad_response",
-            )
-        created = int(time.time())
-        completion = to_openai_completion(message, model=self.config.model, created=created)
-        return BufferedResponse(200, json_bytes(completion))
+        return await whole_answer(
+            response,
+            within_s,
+            envelope=openai_error_from_anthropic,
+            translate=self._completion,
+            who=f"upstream {self.name!r}",
+            what="a message",
+        )
 
-    async def close(self) -> None:
-        await self.upstream.close()
+    def _completion(self, message: dict[str, Any]) -> dict[str, Any]:
+        return to_openai_completion(message, model=self.config.model, created=int(time.time()))
 
 
 class AnthropicStream(TranslatedStream):
