@@ -144,7 +144,7 @@ class RequestObserver:
                 duration_s=ended - ctx.started,
                 ttfb_s=None if ctx.first_byte_at is None else ctx.first_byte_at - ctx.started,
             )
-        if self.access_log:
+        if self.access_log and logs.access_on():  # not formatted for a level that drops it
             logs.access(
                 ctx.request_id,
                 f"request method={scope['method']} path={scope['path']} status={status} "
