@@ -74,6 +74,12 @@ class Waits:
             return WaitKind.NONE
         return max(self._seconds.items(), key=lambda item: item[1])[0]
 
+    def summary(self) -> tuple[float, WaitKind]:
+        """(seconds, reason) for an activity entry: (0.0, none) when it did not wait."""
+        if not self._seconds or not self.waited:
+            return 0.0, WaitKind.NONE
+        return self.total_s, self.reason
+
     def header(self) -> bytes | None:
         """`2.31s; reason=wake` for `x-microscheduler-wait`; None when it did not wait."""
         if not self.waited:

@@ -128,14 +128,18 @@ class AccessWriter:
 _writer: AccessWriter | None = None
 
 
+def access_on() -> bool:
+    """Whether an access line would be written (callers skip formatting one otherwise)."""
+    return _writer is not None or _access_logger.isEnabledFor(logging.INFO)
+
+
 def access(rid: str, message: str) -> None:
     """One access line for request `rid`."""
-    message = escape_controls(message)
     writer = _writer
     if writer is not None:
-        writer.line(rid, message)
+        writer.line(rid, escape_controls(message))
     elif _access_logger.isEnabledFor(logging.INFO):
-        _access_logger.info("%s", message)
+        _access_logger.info("%s", escape_controls(message))
 
 
 def configure(level: str, stream: TextIO | None = None) -> None:

@@ -36,7 +36,8 @@ MODEL = "bench-model"
 CHAT_PATH = "/v1/chat/completions"
 TOKENS = 16  # a stream is a role event, one event per token (the last has finish_reason), [DONE]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS}
-TARGETS = {"added_p50_ms": 1.0, "gateway_rps": 2000.0, "added_first_p50_ms": 1.0}
+# Issue 23's: reported, not enforced (the exit code says only whether something broke).
+TARGETS = {"added_p50_ms": 0.4, "gateway_rps": 4000.0, "added_first_p50_ms": 1.0}
 
 Load = Callable[[int], dict[str, Any]]
 
@@ -487,6 +488,10 @@ def judge(res: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
     return out
 
 
+def _at_most(target: str) -> str:
+    return f"<= +{TARGETS[target]:g} ms"
+
+
 def lat_row(label: str, part: dict[str, Any], key: str, *target: str) -> list[str]:
     d, g, add = (part[f"{side}_{key}_ms"] for side in ("direct", "gateway", "added"))
     return [label, f"{d:.3f}", f"{g:.3f}", f"+{add:.3f} ms", *target]
@@ -503,7 +508,13 @@ def render(res: dict[str, Any]) -> str:
     runs, tool = len(t["runs"]), res["load_tool"]
     n, ns = s["requests"], st["requests"]
     table = [
-        lat_row(f"Sequential p50 (ms, n={n})", s, "p50", "<= +1 ms", verdict["added_p50_ms"]),
+        lat_row(
+            f"Sequential p50 (ms, n={n})",
+            s,
+            "p50",
+            _at_most("added_p50_ms"),
+            verdict["added_p50_ms"],
+        ),
         lat_row("Sequential p99 (ms)", s, "p99"),
     ]
     for i, r in enumerate(t["runs"], 1):
@@ -515,14 +526,14 @@ def render(res: dict[str, Any]) -> str:
             f"**Throughput, best of {runs} (req/s)**",
             t["direct_rps"],
             t["gateway_rps"],
-            ">= 2000 req/s via gateway",
+            f">= {TARGETS['gateway_rps']:.0f} req/s via gateway",
             verdict["gateway_rps"],
         ),
         lat_row(
             f"Streaming first chunk p50 (ms, n={ns})",
             st,
             "first_p50",
-            "<= +1 ms",
+            _at_most("added_first_p50_ms"),
             verdict["added_first_p50_ms"],
         ),
         lat_row(f"Streaming end of {TOKENS}-token stream p50 (ms)", st, "end_p50"),

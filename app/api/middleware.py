@@ -9,12 +9,18 @@ the fallbacks taken), and this middleware records it once the response is over,
 whatever path the request took: metrics, the access line, and an `app.activity` entry
 for each request to a model API (not `/v1/models`). The context's `Waits` is the
 request's `app.activity.current_waits` while it is served.
+
+One `send` wrapper serves the whole stack: the observer's, which also keeps how far the
+response got (`app.api.relay.Progress`: status line out, event stream, last chunk,
+ended; the relay's end of a response cut short reads it) and adds `BodyGuard`'s
+`connection: close` when a response starts before the body was read (`body_pending`).
+`BodyGuard` wraps `send` itself only when no observer is above it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Final
@@ -30,6 +36,8 @@ from app.metrics import Metrics
 CONTEXT_KEY: Final = "microscheduler.context"
 CLIENT_CLOSED: Final = 499  # nginx's convention: the client went away before the end
 NOT_ACTIVITY: Final = frozenset({"models"})  # listings: not requests to a model
+_CLOSE: Final = (b"connection", b"close")
+_IDS_DRAWN: Final = 256  # request ids per draw of randomness
 
 
 @dataclass(slots=True)
@@ -48,6 +56,16 @@ class RequestContext:
     fallback_reasons: tuple[str, ...] = ()  # and why
     expected_wake_s: float | None = None  # a cold entry passed over: its expected wake
     waits: Waits = field(default_factory=Waits)  # app.activity.current_waits
+    # How far the response got, as the observer's `send` saw it (`Progress`).
+    sse: bool = False  # its status line said `text/event-stream`
+    last: bytes = b""  # its last non-empty body chunk
+    ended: bool = False  # its last body message went out
+    # `BodyGuard`: the body is still being read (a response now says `connection: close`).
+    body_pending: bool = False
+
+    @property
+    def head_sent(self) -> bool:
+        return self.status != 0
 
 
 def context_of(scope: Scope) -> RequestContext | None:
@@ -68,22 +86,32 @@ class RequestObserver:
         self.metrics = metrics
         self.access_log = access_log
         self.activity = activity
+        self._ids = ""  # random hex drawn ahead: 16 characters per request id
+        self._ids_at = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = _request_id(scope)
+        rid = _given_request_id(scope) or self._new_id()
         ctx = RequestContext(rid, time.perf_counter(), ENDPOINT_BY_PATH.get(scope["path"]))
         scope[CONTEXT_KEY] = ctx
         rid_header = (b"x-request-id", rid.encode())
 
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), rid_header]
+                if ctx.body_pending and _has_body(scope):
+                    headers.append(_CLOSE)
+                message["headers"] = headers
                 ctx.status = message["status"]
-                message["headers"] = [*message.get("headers", ()), rid_header]
-            elif ctx.first_byte_at is None and message.get("body"):
-                ctx.first_byte_at = time.perf_counter()
+                ctx.sse = _is_event_stream(headers)
+            else:
+                if body := message.get("body"):
+                    if ctx.first_byte_at is None:
+                        ctx.first_byte_at = time.perf_counter()
+                    ctx.last = body
+                ctx.ended = not message.get("more_body", False)
             await send(message)
 
         token = logs.request_id.set(rid)
@@ -94,6 +122,15 @@ class RequestObserver:
             self._record(scope, ctx)
             current_waits.reset(waits_token)
             logs.request_id.reset(token)
+
+    def _new_id(self) -> str:
+        """16 random hex characters, as `secrets.token_hex(8)`, from a draw of the OS's
+        randomness made for `_IDS_DRAWN` requests at a time."""
+        at = self._ids_at
+        if at >= len(self._ids):
+            self._ids, at = os.urandom(8 * _IDS_DRAWN).hex(), 0
+        self._ids_at = at + 16
+        return self._ids[at : at + 16]
 
     def _record(self, scope: Scope, ctx: RequestContext) -> None:
         ended = time.perf_counter()
@@ -107,7 +144,7 @@ class RequestObserver:
                 duration_s=ended - ctx.started,
                 ttfb_s=None if ctx.first_byte_at is None else ctx.first_byte_at - ctx.started,
             )
-        if self.access_log:
+        if self.access_log and logs.access_on():  # not formatted for a level that drops it
             logs.access(
                 ctx.request_id,
                 f"request method={scope['method']} path={scope['path']} status={status} "
@@ -125,7 +162,7 @@ class RequestObserver:
 def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
     """The activity entry of a finished request: names and numbers, never its body."""
     at, duration = entry_at(ctx.started, ended)
-    waits = ctx.waits
+    wait_s, wait_reason = ctx.waits.summary()
     prompt, completion = (None, None) if ctx.usage is None else ctx.usage
     return Entry(
         at=at,
@@ -136,8 +173,8 @@ def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
         status=status,
         prompt_tokens=prompt,
         completion_tokens=completion,
-        wait_s=waits.total_s if waits.waited else 0.0,
-        wait_reason=waits.reason,
+        wait_s=wait_s,
+        wait_reason=wait_reason,
         fallbacks=ctx.fallbacks,
         duration_s=duration,
         fallback_reasons=ctx.fallback_reasons,
@@ -145,14 +182,15 @@ def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
     )
 
 
-def _request_id(scope: Scope) -> str:
+def _given_request_id(scope: Scope) -> str | None:
+    """The client's `x-request-id`, when it is one (printable, at most 128 characters)."""
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             text = bytes(value).decode("latin-1")
             if 0 < len(text) <= 128 and text.isprintable():
                 return text
             break
-    return secrets.token_hex(8)
+    return None
 
 
 class BodyGuard:
@@ -174,6 +212,9 @@ class BodyGuard:
         done = False
         size = 0
         deadline: float | None = None
+        ctx = context_of(scope)
+        if ctx is not None:
+            ctx.body_pending = True  # the observer's `send` says `connection: close`
 
         async def guarded_receive() -> Message:
             nonlocal done, size, deadline
@@ -196,11 +237,17 @@ class BodyGuard:
                 done = not message.get("more_body", False)
             else:
                 done = True
+            if done and ctx is not None:
+                ctx.body_pending = False
             return message
+
+        if ctx is not None:
+            await self.app(scope, guarded_receive, send)
+            return
 
         async def guarded_send(message: Message) -> None:
             if message["type"] == "http.response.start" and not done and _has_body(scope):
-                message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
+                message["headers"] = [*message.get("headers", ()), _CLOSE]
             await send(message)
 
         await self.app(scope, guarded_receive, guarded_send)
@@ -211,6 +258,13 @@ def too_large(limit: int) -> PayloadTooLarge:
         f"The request body is larger than this gateway accepts ({limit} bytes; "
         "see MICROSCHEDULER_MAX_BODY_BYTES).",
         headers={"connection": "close"},
+    )
+
+
+def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        name == b"content-type" and value.startswith(b"text/event-stream")
+        for name, value in headers
     )
 
 

@@ -132,42 +132,28 @@ class RelayResponse(Response):
         if ctx is not None:
             ctx.model, ctx.backend = route.name, route.backend
             self._waits = ctx.waits
-        dialect = self._dialect
         relays = self._relays
         if relays is not None and relays.stopping:
-            if self._call.key is not None:
-                self._call.key.finish("error")
-            await dialect.error_response(_stopping())(scope, receive, send)
+            self._key_done("error")
+            await self._dialect.error_response(_stopping())(scope, receive, send)
             return
-        send = out = _Progress(send)
+        # How far the response got: the observer's context keeps it, where there is one.
+        out: Progress
+        if ctx is None:
+            send = out = _Progress(send)
+        else:
+            out = ctx
         watch = _DisconnectWatch(receive)
         if relays is not None:
             relays.add(watch.task)
-        notice = _WakeNotice(send, route.backend, dialect) if self._call.stream else None
+        notice = _WakeNotice(send, route.backend, self._dialect) if self._call.stream else None
         exchange: Exchange | None = None
         try:
             try:
-                if self._stored is not None:
-                    exchange = await self._dispatcher.open_stored(*self._stored, self._call, notice)
-                else:
-                    exchange = await self._dispatcher.open(self._call, notice)
-                if ctx is not None:
-                    ctx.backend = exchange.backend
-                exchange.key = self._call.key
+                exchange = await self._open(ctx, notice)
             except GatewayError as err:
-                if self._call.key is not None:
-                    self._call.key.finish("error")
                 watch.stop()
-                if ctx is not None:
-                    _note_fallbacks(ctx, err.headers.get(FALLBACKS_HEADER.decode()),
-                                    err.headers.get(EXPECTED_WAKE_HEADER.decode()))  # fmt: skip
-                wait = self._wait_header()
-                if wait is not None:  # a new dict: the error's may be shared
-                    err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
-                if notice is not None and notice.started:
-                    await send(_body(dialect.stream_error(err, b""), more=False))
-                else:
-                    await dialect.error_response(err)(scope, receive, send)
+                await self._refused(scope, receive, send, ctx, notice, err)
                 return
             if notice is not None and notice.started:
                 await self._relay_after_notice(exchange, send, watch)
@@ -186,13 +172,13 @@ class RelayResponse(Response):
                 watch.absorb_cancel()
                 watch.stop()
                 logger.info("gateway stopping, response ended backend=%s", route.backend)
-                await self._end(scope, receive, out, _stopping())
+                await self._end(scope, receive, send, out, _stopping())
             else:
                 raise
         except Exception:
             watch.stop()
             logger.exception("relay failed unexpectedly backend=%s", route.backend)
-            await self._end(scope, receive, out, GatewayError(UNEXPECTED))
+            await self._end(scope, receive, send, out, GatewayError(UNEXPECTED))
         finally:
             if relays is not None:
                 relays.discard(watch.task)
@@ -201,13 +187,53 @@ class RelayResponse(Response):
                 exchange.finish()
                 if ctx is not None:
                     _took(ctx, exchange)
-            if self._call.key is not None:
-                self._call.key.finish("served" if exchange is not None else "cancelled")
+            self._key_done("served" if exchange is not None else "cancelled")
+
+    async def _open(self, ctx: RequestContext | None, notice: _WakeNotice | None) -> Exchange:
+        """The exchange with the upstream the dispatcher chose (a stored response's
+        follow-up: the entry that created it); raises `GatewayError`."""
+        if self._stored is not None:
+            exchange = await self._dispatcher.open_stored(*self._stored, self._call, notice)
+        else:
+            exchange = await self._dispatcher.open(self._call, notice)
+        if ctx is not None:
+            ctx.backend = exchange.backend
+        exchange.key = self._call.key
+        return exchange
+
+    async def _refused(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext | None,
+        notice: _WakeNotice | None,
+        err: GatewayError,
+    ) -> None:
+        """No upstream answered: `err` as the client's error response (in-band when wake
+        notices began the stream), with the wait and the fallbacks it took."""
+        self._key_done("error")
+        if ctx is not None:
+            _note_fallbacks(ctx, err.headers.get(FALLBACKS_HEADER.decode()),
+                            err.headers.get(EXPECTED_WAKE_HEADER.decode()))  # fmt: skip
+        wait = self._wait_header()
+        if wait is not None:  # a new dict: the error's may be shared
+            err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
+        if notice is not None and notice.started:
+            await send(_body(self._dialect.stream_error(err, b""), more=False))
+        else:
+            await self._dialect.error_response(err)(scope, receive, send)
+
+    def _key_done(self, outcome: str) -> None:
+        if self._call.key is not None:
+            self._call.key.finish(outcome)
 
     def _wait_header(self) -> bytes | None:
         return None if self._waits is None else self._waits.header()
 
-    async def _end(self, scope: Scope, receive: Receive, out: _Progress, err: GatewayError) -> None:
+    async def _end(
+        self, scope: Scope, receive: Receive, send: Send, out: Progress, err: GatewayError
+    ) -> None:
         """End the response with `err`, however far it got: an error response if nothing
         was sent, the in-band error if a stream was begun. A body other than a stream
         cannot say it failed: it is left unfinished, so the server closes the connection
@@ -215,10 +241,10 @@ class RelayResponse(Response):
         does not hold the gateway."""
         try:
             async with asyncio.timeout(END_WRITE_S):
-                if not out.started:
-                    await self._dialect.error_response(err)(scope, receive, out)
+                if not out.head_sent:
+                    await self._dialect.error_response(err)(scope, receive, send)
                 elif out.sse and not out.ended:
-                    await out(_body(self._dialect.stream_error(err, out.last), more=False))
+                    await send(_body(self._dialect.stream_error(err, out.last), more=False))
         except TimeoutError:
             logger.info("the client did not take the response's end; closing")
 
@@ -453,20 +479,37 @@ def _stopping() -> GatewayStopping:
     )
 
 
-class _Progress:
-    """`send`, remembering how far the response got: whether its status line went out,
-    whether it is an event stream, its last body chunk, whether it ended."""
+class Progress(Protocol):
+    """How far a response got: whether its status line went out, whether it is an event
+    stream, its last body chunk, whether it ended (`RequestContext` keeps it)."""
 
-    __slots__ = ("_send", "ended", "last", "sse", "started")
+    @property
+    def head_sent(self) -> bool: ...
+
+    @property
+    def sse(self) -> bool: ...
+
+    @property
+    def last(self) -> bytes: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+
+class _Progress:
+    """`send`, remembering how far the response got, for a relay without the observer's
+    context above it."""
+
+    __slots__ = ("_send", "ended", "head_sent", "last", "sse")
 
     def __init__(self, send: Send) -> None:
         self._send = send
-        self.started = self.sse = self.ended = False
+        self.head_sent = self.sse = self.ended = False
         self.last = b""
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            self.started = True
+            self.head_sent = True
             self.sse = any(
                 name == b"content-type" and value.startswith(b"text/event-stream")
                 for name, value in message.get("headers", ())

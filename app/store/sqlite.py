@@ -3,7 +3,12 @@
 Each operation opens its own connection and ends it with its transaction: a file
 removed, a directory replaced or a disk gone under a running gateway is an error at the
 next write (an open connection would write on into a deleted file), and a repaired
-directory gets the schema back at the next write. Operations run one at a time, in the
+directory gets the schema back at the next write. The batches of usage and activity (the
+one frequent write) keep theirs instead, with the same effect: before each batch one
+`os.stat` of the file compares its (device, inode) with the file the connection has open,
+and a file gone or replaced (its directory with it) gets a new connection, as a fresh
+operation would. (The inode cannot name another file while the connection holds it open.)
+A batch that fails closes the kept connection. Operations run one at a time, in the
 store's thread (`app.store.writer`).
 
 The schema is versioned: `schema_version` holds the number of `MIGRATIONS` applied; each
@@ -88,6 +93,9 @@ class SqliteStore:
         self._set_aside: str | None = None
         self._opened = False
         self._usage_lost = False
+        # The batches' connection and the (device, inode) of the file it has open.
+        self._kept: sqlite3.Connection | None = None
+        self._kept_file: tuple[int, int] | None = None
 
     @property
     def location(self) -> str:
@@ -111,11 +119,19 @@ class SqliteStore:
             raise
         return db
 
-    def _run(self, what: str, work: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
-        """`work` in one transaction on a fresh connection (a write takes the write lock
-        first); any failure as `StoreError`, the transaction rolled back."""
+    def _run(
+        self,
+        what: str,
+        work: Callable[[sqlite3.Connection], T],
+        *,
+        write: bool = True,
+        kept: bool = False,
+    ) -> T:
+        """`work` in one transaction on a fresh connection, or on the batches' kept one
+        (`kept`); a write takes the write lock first. Any failure as `StoreError`, the
+        transaction rolled back (and the kept connection closed)."""
         try:
-            db = self._connect()
+            db = self._kept_connection() if kept else self._connect()
             try:
                 db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
@@ -126,10 +142,40 @@ class SqliteStore:
                         db.execute("ROLLBACK")
                     raise
                 return result
+            except BaseException:
+                if kept:
+                    self._drop_kept()
+                raise
             finally:
-                db.close()
+                if not kept:
+                    db.close()
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot {what} {self.path}: {describe(exc)}") from None
+
+    def _kept_connection(self) -> sqlite3.Connection:
+        """The batches' connection, new when the file it has open is no longer the one
+        at `path` (removed, replaced, its directory replaced) or there is none."""
+        try:
+            found = os.stat(self.path)
+            current: tuple[int, int] | None = (found.st_dev, found.st_ino)
+        except OSError:  # gone, or its directory is not one: a new connection says why
+            current = None
+        if self._kept is not None and current is not None and current == self._kept_file:
+            return self._kept
+        self._drop_kept()
+        db = self._connect()
+        try:
+            opened = os.stat(self.path)
+        except OSError:
+            db.close()
+            raise
+        self._kept, self._kept_file = db, (opened.st_dev, opened.st_ino)
+        return db
+
+    def _drop_kept(self) -> None:
+        db, self._kept, self._kept_file = self._kept, None, None
+        if db is not None:
+            db.close()
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         with db:
@@ -265,7 +311,7 @@ class SqliteStore:
                   e.duration_s) for e in activity],
             )  # fmt: skip
 
-        self._run("save usage to", write)
+        self._run("save usage to", write, kept=True)
 
     def cloud_spent(self, day: str) -> dict[str, int]:
         def read(db: sqlite3.Connection) -> dict[str, int]:
@@ -348,7 +394,8 @@ class SqliteStore:
         return self._run("prune the activity in", prune)
 
     def close(self) -> None:
-        """Nothing stays open between operations."""
+        """Close the batches' connection (nothing else stays open between operations)."""
+        self._drop_kept()
 
 
 def summed_usage(usage: list[UsageRow]) -> list[tuple[str, str, str, str, int, int, int, int, int]]:

@@ -52,6 +52,7 @@ class UsageLedger:
         self._providers = dict(providers)  # provider name -> price (None: not given)
         self._budget_retry_s = budget_retry_s
         self._tasks = OwnedTasks()
+        self._day = (-1, "")  # (days since the epoch, its `utc_day`): one strftime a day
 
     # -- the request path -------------------------------------------------------------
 
@@ -59,8 +60,11 @@ class UsageLedger:
         """Queue a finished request (no I/O): its usage row when it reached a route."""
         row = None
         if entry.route is not None and entry.model is not None:
+            number = int(entry.at // DAY_S)
+            if number != self._day[0]:
+                self._day = (number, utc_day(entry.at))
             row = UsageRow(
-                day=utc_day(entry.at),
+                day=self._day[1],
                 key=entry.key or "-",
                 model=entry.model,
                 route=entry.route,

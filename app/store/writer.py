@@ -98,6 +98,8 @@ class StoreWriter:
         self.error: str | None = None  # the last batch's failure, None once one is written
         self.dropped = 0
         self.commits = 0
+        if metrics is not None:
+            metrics.pending.set_function(lambda: self.pending)  # read when scraped
 
     # -- the store's thread -----------------------------------------------------------
 
@@ -117,14 +119,13 @@ class StoreWriter:
     # -- the request path -------------------------------------------------------------
 
     def add(self, usage: UsageRow | None, entry: Entry) -> None:
-        """Queue one request's rows (no I/O, no await)."""
+        """Queue one request's rows (no I/O, no await): two appends and a length check."""
         if usage is not None:
             self._usage.append(usage)
         self._activity.append(entry)
-        self._bound()
         waiting = len(self._usage) + len(self._activity)
-        if self._metrics is not None:
-            self._metrics.pending.set(waiting)
+        if waiting > self.config.queue_max:  # then perhaps one queue is over it
+            self._bound()
         if waiting >= self.config.flush_rows and self._wake is not None:
             self._wake.set()
 
@@ -184,8 +185,6 @@ class StoreWriter:
                 return
             finally:
                 self._writing = 0
-                if self._metrics is not None:
-                    self._metrics.pending.set(self.pending)
             self.commits += 1
             if self._metrics is not None:
                 self._metrics.writes.inc()

@@ -1,11 +1,17 @@
 """A batch of usage is written as one upsert per ledger row (day, key, model, route), its
-requests and tokens summed first: the ledger reads the same as row by row."""
+requests and tokens summed first: the ledger reads the same as row by row. Batches keep
+one connection while the file stays; a file gone or replaced is seen at the next batch."""
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
-from app.store.base import UsageQuery, UsageRow
+import pytest
+
+from app.store.base import StoreError, UsageQuery, UsageRow
 from app.store.sqlite import SqliteStore, summed_usage
 
 
@@ -31,3 +37,41 @@ def test_a_batch_is_summed_per_ledger_row_before_it_is_written(tmp_path: Path) -
     assert (by_key["a"]["prompt_tokens"], by_key["a"]["completion_tokens"]) == (19, 20)
     assert by_key["b"]["requests"] == 1
     assert by_key["c"]["cloud_tokens"] == 4
+
+
+def counting_connect(calls: list[str]) -> Callable[[str], sqlite3.Connection]:
+    def connect(path: str) -> sqlite3.Connection:
+        calls.append(path)
+        return sqlite3.connect(path, isolation_level=None)
+
+    return connect
+
+
+def test_batches_share_one_connection_while_the_file_stays(tmp_path: Path) -> None:
+    calls: list[str] = []
+    store = SqliteStore(tmp_path, connect=counting_connect(calls))
+    store.open()
+    opened = len(calls)
+    for n in range(5):
+        store.write_batch([row("a", n, 0)], [])
+    assert len(calls) - opened == 1
+    store.close()
+    assert store.usage(UsageQuery(group_by="key"))[0]["requests"] == 5
+
+
+def test_a_batch_after_the_file_was_replaced_writes_to_the_new_one(tmp_path: Path) -> None:
+    state = tmp_path / "var"
+    store = SqliteStore(state)
+    store.open()
+    store.write_batch([row("a", 1, 1)], [])
+    shutil.rmtree(state)  # the kept connection's file is gone with its directory
+    state.write_text("not a directory\n")
+    with pytest.raises(StoreError, match=r"state\.db"):
+        store.write_batch([row("b", 1, 1)], [])
+    state.unlink()  # repaired: an empty directory
+    store.write_batch([row("c", 1, 1)], [])
+    assert [r["key"] for r in store.usage(UsageQuery(group_by="key"))] == ["c"]
+    shutil.rmtree(state)  # removed again: the next batch makes the file anew, schema and all
+    store.write_batch([row("d", 1, 1)], [])
+    assert [r["key"] for r in store.usage(UsageQuery(group_by="key"))] == ["d"]
+    store.close()
