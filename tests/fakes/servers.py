@@ -135,7 +135,8 @@ class FakeVllmRuntime:
     """A managed runtime that serves the fake vLLM in this event loop on a fixed port.
 
     `start()` returns at once, like a container start; the port opens only when the
-    test sets `listening` (or at once when `open_at_start`), like vLLM after loading.
+    test sets `listening` (or at once when `open_at_start`), then `startup_delay_s`
+    later, like vLLM after loading (the process's `--startup-delay`, without a process).
     `stop()` closes the server. Counts starts and stops.
     """
 
@@ -143,8 +144,16 @@ class FakeVllmRuntime:
     managed = True
     stop_on_shutdown = True
 
-    def __init__(self, port: int, *, open_at_start: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        open_at_start: bool = True,
+        startup_delay_s: float = 0.0,
+        **options: Any,
+    ) -> None:
         self.port = port
+        self.startup_delay_s = startup_delay_s
         self.options = options
         self.listening = asyncio.Event()
         if open_at_start:
@@ -164,6 +173,8 @@ class FakeVllmRuntime:
 
     async def _open(self) -> None:
         await self.listening.wait()
+        if self.startup_delay_s > 0:
+            await asyncio.sleep(self.startup_delay_s)  # loading: the port stays closed
         app = build_app(FakeConfig(port=self.port, **self.options))
         app[FAKE_VLLM_KEY].vram.start(self.port)  # reports to the ledger when given one
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
