@@ -134,9 +134,11 @@ async def _forget_learning(settings: Settings) -> None:
 class FakeVllmRuntime:
     """A managed runtime that serves the fake vLLM in this event loop on a fixed port.
 
-    `start()` returns at once, like a container start; the port opens only when the
-    test sets `listening` (or at once when `open_at_start`), then `startup_delay_s`
-    later, like vLLM after loading (the process's `--startup-delay`, without a process).
+    The port opens when the test sets `listening` (at once when `open_at_start`), then
+    `startup_delay_s` later, like vLLM after loading (the process's `--startup-delay`,
+    without a process). `start()` returns at once, like a container start, while the
+    port waits for either; when it opens at once, `start()` returns with it open (the
+    gateway's first health check finds it, not a refused connection and a poll later).
     `stop()` closes the server. Counts starts and stops.
     """
 
@@ -170,6 +172,8 @@ class FakeVllmRuntime:
             return  # already running: like `docker start` of a running container
         self.exit_code = None
         self._opener = asyncio.create_task(self._open())
+        if self.listening.is_set() and self.startup_delay_s <= 0:
+            await asyncio.wait({self._opener})  # open now; its failure shows in `stop()`
 
     async def _open(self) -> None:
         await self.listening.wait()
