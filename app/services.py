@@ -39,7 +39,7 @@ from app.lifecycle.load import StartDurations
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.served import LearnedRecords
-from app.lifecycle.store import ProcessRecords, StateStore, earlier_shared_state
+from app.lifecycle.store import RETRY_FIRST_S, ProcessRecords, StateStore, earlier_shared_state
 from app.metrics import PoolMetrics
 from app.notify.notifier import Notifier
 from app.routing.cloud import Cloud, build_cloud
@@ -93,6 +93,8 @@ class Seams:
     as used); it replaces the local host's source only (`hosts:` use their config).
     `ram_source` replaces the local host's RAM reading (/proc/meminfo).
     `clock` is the schedules' wall clock and wait (`app.control.scheduler`).
+    `state_retry_first_s` is the wait before the state file's first save retry after a
+    failed save (`app.lifecycle.store`; it doubles from there).
     """
 
     control_transport: AsyncBaseTransport | None = None
@@ -102,6 +104,7 @@ class Seams:
     gpu_source_factory: GpuSourceFactory | None = None
     ram_source: RamSource | None = None  # the local host's RAM (default /proc/meminfo)
     clock: Clock | None = None  # the schedules' (default: time.time and asyncio.sleep)
+    state_retry_first_s: float = RETRY_FIRST_S
 
 
 class Services:
@@ -187,6 +190,7 @@ class Services:
             settings.state_dir,
             metrics=self.metrics,
             on_change=self.events.changed,
+            retry_first_s=self._seams.state_retry_first_s,
             writer=self.usage.writer,
         )
         self._processes = ProcessRecords(self.store)

@@ -1,7 +1,9 @@
 """Waits priced in: a request whose caller accepts less wait than a cold local entry's
 learned start goes to the next chain entry at once (`cold_start_budget`) while the entry
-warms, and is served locally once it is ready. The local backend is the fake vLLM as a
-real process with `--startup-delay`; the next entry a fake provider; both on 127.0.0.1."""
+warms, and is served locally once it is ready. The local backend is the fake vLLM in
+process, its port closed for `STARTUP_DELAY_S` after each start as while vLLM loads
+(`FakeVllmRuntime(startup_delay_s=)`, the process's `--startup-delay`); the next entry a
+fake provider; both on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -16,14 +18,14 @@ import pytest
 from app.runtimes.base import Runtime
 from app.services import Seams, Services
 from app.settings import BackendConfig
-from tests.fakes.processes import ROOT, free_port
+from tests.fakes.processes import free_port
 from tests.fakes.provider import FakeProvider, cloud_settings, fake_openai_provider
 from tests.fakes.servers import FakeVllmRuntime, Gateway, chat, gateway, until_backend
 
 KEY = "sk-test-cloud-0123456789"
 AGENTS = "sk-agents-cold-start-0001"
 LOCAL_MODEL = "local-model"
-STARTUP_DELAY_S = 1.0
+STARTUP_DELAY_S = 0.5
 ACCEPTED_S = 0.2
 
 
@@ -34,14 +36,8 @@ def slow_backend(port: int) -> dict[str, Any]:
         "aliases": ["reasoning"],
         "lifecycle": "lazy",
         "vram_mib": 1000,
-        "runtime": {
-            "kind": "process",
-            "command": ["{python}", "-m", "app.sim.vllm", "--port", str(port),
-                        "--model", LOCAL_MODEL, "--startup-delay", f"{STARTUP_DELAY_S:g}"],
-            "cwd": str(ROOT),
-            "stop_grace_s": 5,
-        },
-    }  # fmt: skip
+        "runtime": {"kind": "process", "command": ["unused: the test's runtime runs it"]},
+    }
 
 
 @asynccontextmanager
@@ -61,14 +57,20 @@ async def world(
         fields: dict[str, Any] = {}
         if key is not None:
             fields["client_keys"] = {"keys": {"agents": {"key_env": "AGENTS_KEY", **key}}}
+        port = free_port()
+        runtime = FakeVllmRuntime(port, models=[LOCAL_MODEL], startup_delay_s=STARTUP_DELAY_S)
+
+        def runtime_for(name: str, config: BackendConfig) -> Runtime:
+            return runtime
+
         settings = cloud_settings(
-            {"reasoning": slow_backend(free_port())},
+            {"reasoning": slow_backend(port)},
             {"cloud": provider},
             {"reasoning": {"entries": list(entries), **(chain or {})}},
             state_dir=tmp_path / "var",
             **fields,
         )
-        async with gateway(settings) as gw:
+        async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
             if key is not None:
                 gw.client.headers["authorization"] = f"Bearer {AGENTS}"
             yield gw, cloud
@@ -188,9 +190,9 @@ async def test_an_asleep_entry_is_priced_by_its_learned_wake(
     the same way: the first wake is waited for (nothing learned), the second is not."""
     monkeypatch.setenv("CLOUD_KEY", KEY)
     port = free_port()
-    # 1750 MiB of weights at 3 GiB/s: each wake takes about 0.57 s.
+    # 1750 MiB of weights at 6 GiB/s: each wake takes about 0.28 s.
     runtime = FakeVllmRuntime(port, models=[LOCAL_MODEL], dev_mode=True, vram_mib=2000,
-                              vram_asleep_mib=250, wake_gib_per_s=3.0)  # fmt: skip
+                              vram_asleep_mib=250, wake_gib_per_s=6.0)  # fmt: skip
 
     def runtime_for(name: str, config: BackendConfig) -> Runtime:
         return runtime
@@ -221,7 +223,7 @@ async def test_an_asleep_entry_is_priced_by_its_learned_wake(
             assert slept.json()["state"] == "sleeping", slept.text
             learned = services.backends["reasoning"].ready_in_s()
             assert learned is not None
-            assert learned >= 0.4
+            assert learned >= 0.2
             second = await gw.client.post("/v1/chat/completions", json=chat("reasoning"))
             assert second.headers["x-microscheduler-route"] == "cloud"
             assert second.headers["x-microscheduler-fallbacks"] == "1; reasoning=cold_start_budget"

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gpu.host_ram import RamReading
@@ -29,6 +30,7 @@ from tests.fakes.servers import (
     chat,
     gateway,
     gateway_settings,
+    settle_yields_quickly,
     until_backend,
 )
 from tests.fakes.waits import until
@@ -204,7 +206,10 @@ async def test_weights_over_the_budget_sleep_at_level_2_or_stop(tmp_path: Path) 
         assert (await gw.client.get("/status")).json()["host_ram"]["charged_mib"] == 0
 
 
-async def test_a_yield_takes_the_same_choice(tmp_path: Path) -> None:
+async def test_a_yield_takes_the_same_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settle_yields_quickly(monkeypatch)
     async with two_sleepers(
         tmp_path, {"sleep_budget_mib": 500}, idle_ttl_s=0, **{"yield": {"level": 1}}
     ) as (gw, runtimes):

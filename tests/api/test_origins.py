@@ -2,7 +2,8 @@
 `app.access.origins`): a cross-origin "simple request" (text/plain POST, no preflight) is refused
 on admin routes, and on model routes while no client key is configured; listed origins
 (`MICROSCHEDULER_ALLOWED_ORIGINS`) get CORS; admin routes check `Host` (DNS rebinding).
-`/metrics` needs the admin key beyond loopback; `/docs` (a CDN's scripts) is gone."""
+`/metrics` needs the admin key beyond loopback; `/docs` (a CDN's scripts) is gone.
+The same through `microscheduler serve` as a process: tests/e2e/test_origins_served.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pytest
 from pydantic import SecretStr
 
 from app.settings import Settings
-from tests.fakes.processes import gateway_process
 from tests.fakes.servers import Gateway, chat, fake_vllm, gateway, gateway_settings
 
 EVIL = "http://evil.example"
@@ -290,26 +290,3 @@ async def test_no_docs_pages_only_the_schema(tmp_path: Path) -> None:
             assert response.status_code == 404, path
             assert response.json()["error"]["code"] == "not_found"
         assert (await gw.client.get("/openapi.json")).status_code == 200
-
-
-def test_through_a_real_server() -> None:
-    """`microscheduler serve` (uvicorn, the gateway's protocol, the fast path)."""
-    models = {"backends": BACKENDS, "gpu": {"probe": "sim"}}
-    with gateway_process(models) as gw, httpx.Client(base_url=gw.url, timeout=10) as client:
-        port = gw.url.rsplit(":", 1)[1]
-        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-        response = client.post(
-            "/v1/chat/completions", content=body, headers={**SIMPLE, "origin": EVIL}
-        )
-        assert_refused(response)
-        assert response.headers["connection"] == "close"  # the body was not read
-        response = client.post("/vram/yield", content=b"{}", headers={**SIMPLE, "origin": EVIL})
-        assert_refused(response)
-        assert client.get("/vram/yield").json()["state"] == "none"
-        # The gateway's own origin passes (the backend is down: 503, not 403).
-        own = {"origin": gw.url}
-        response = client.post("/v1/chat/completions", content=body, headers={**SIMPLE, **own})
-        assert response.status_code == 503, response.text
-        assert client.get("/status", headers={"host": "evil.example"}).status_code == 403
-        assert client.get("/status", headers={"host": f"127.0.0.1:{port}"}).status_code == 200
-        assert client.get("/docs").status_code == 404

@@ -61,7 +61,10 @@ class Rig:
         def runtime_for(name: str, config: BackendConfig) -> Runtime:
             return self.runtime
 
-        return gateway(self.settings, seams=Seams(runtime_factory=runtime_for))
+        # A failed save is retried after 0.05 s, doubling (not from 1 s): the first retry
+        # after the test repairs the disk writes the file sooner.
+        seams = Seams(runtime_factory=runtime_for, state_retry_first_s=0.05)
+        return gateway(self.settings, seams=seams)
 
     def saved_zones(self) -> list[dict[str, Any]]:
         zones: list[dict[str, Any]] = saved_sections(self.state_dir).get("zones", [])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gpu.ledger import LedgerWriter, read_ledger
@@ -30,12 +31,18 @@ from tests.fakes.servers import (
     chat,
     gateway,
     gateway_settings,
+    settle_yields_quickly,
     until_backend,
 )
 from tests.fakes.waits import until
 
 TOTAL = 32768
 ORCH, REASONING, EMBED, EMBED_ASLEEP = 16000, 11000, 1000, 125
+
+
+@pytest.fixture(autouse=True)
+def _settle_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    settle_yields_quickly(monkeypatch)
 
 
 class Rig:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import httpx2
+import pytest
 from aiohttp import web
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,7 @@ from app.runtimes.base import RuntimeStatus
 from app.services import Seams
 from app.settings import Settings, default_state_dir
 from app.sim.vllm import FAKE_VLLM_KEY, FakeConfig, build_app
+from app.vram import yielding
 from tests.fakes.waits import until
 
 
@@ -76,6 +78,15 @@ def gateway_settings(backends: dict[str, dict[str, Any]], **fields: Any) -> Sett
     """Settings for an in-process gateway; pass `state_dir=tmp_path` when zones are used
     (nothing is written to the state dir until a zone is acquired)."""
     return Settings(backends=backends, **{"access_log": False, **fields})
+
+
+def settle_yields_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VRAM yield's wait for the memory it freed to show (`app.vram.yielding`):
+    polled every 0.05 s, and a reading that does not change taken after 0.2 s, in place
+    of 0.25 s and 1 s. A fake vLLM's footprint leaves the simulated GPU's ledger as it
+    stops or sleeps, so the real intervals only made a test wait; the logic is the same."""
+    monkeypatch.setattr(yielding, "SETTLE_POLL_S", 0.05)
+    monkeypatch.setattr(yielding, "SETTLE_QUIET_S", 0.2)
 
 
 @dataclass
@@ -134,8 +145,11 @@ async def _forget_learning(settings: Settings) -> None:
 class FakeVllmRuntime:
     """A managed runtime that serves the fake vLLM in this event loop on a fixed port.
 
-    `start()` returns at once, like a container start; the port opens only when the
-    test sets `listening` (or at once when `open_at_start`), like vLLM after loading.
+    The port opens when the test sets `listening` (at once when `open_at_start`), then
+    `startup_delay_s` later, like vLLM after loading (the process's `--startup-delay`,
+    without a process). `start()` returns at once, like a container start, while the
+    port waits for either; when it opens at once, `start()` returns with it open (the
+    gateway's first health check finds it, not a refused connection and a poll later).
     `stop()` closes the server. Counts starts and stops.
     """
 
@@ -143,8 +157,16 @@ class FakeVllmRuntime:
     managed = True
     stop_on_shutdown = True
 
-    def __init__(self, port: int, *, open_at_start: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        open_at_start: bool = True,
+        startup_delay_s: float = 0.0,
+        **options: Any,
+    ) -> None:
         self.port = port
+        self.startup_delay_s = startup_delay_s
         self.options = options
         self.listening = asyncio.Event()
         if open_at_start:
@@ -161,9 +183,13 @@ class FakeVllmRuntime:
             return  # already running: like `docker start` of a running container
         self.exit_code = None
         self._opener = asyncio.create_task(self._open())
+        if self.listening.is_set() and self.startup_delay_s <= 0:
+            await asyncio.wait({self._opener})  # open now; its failure shows in `stop()`
 
     async def _open(self) -> None:
         await self.listening.wait()
+        if self.startup_delay_s > 0:
+            await asyncio.sleep(self.startup_delay_s)  # loading: the port stays closed
         app = build_app(FakeConfig(port=self.port, **self.options))
         app[FAKE_VLLM_KEY].vram.start(self.port)  # reports to the ledger when given one
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -492,7 +492,7 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
 
 async def test_process_startup_delay_then_sigterm() -> None:
     port = _free_port()
-    proc = await _spawn("--port", str(port), "--model", "m1", "--startup-delay", "1")
+    proc = await _spawn("--port", str(port), "--model", "m1", "--startup-delay", "0.5")
     try:
         await _wait_log(proc, "loading")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=2) as client:

@@ -7,6 +7,7 @@ packages. Read with `ast`; nothing is imported or run."""
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,9 +30,15 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(APP.rglob("*.py"))}
 
 
+@functools.cache
+def parsed(source: str) -> ast.Module:
+    """A module's tree, parsed once for every check that reads it (none changes it)."""
+    return ast.parse(source)
+
+
 def imported(module: str, path: Path) -> Iterator[str]:
     """Every module `module` imports, anywhere in the file (functions and TYPE_CHECKING too)."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module is not None:
@@ -162,7 +169,7 @@ def planner_offences(module: str, path: Path) -> list[str]:
             or top in IO_LIBRARIES
         ):
             found.append(f"{module} imports {name}")
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Call):
             called = node.func
             name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", "")
