@@ -6,9 +6,11 @@ named for what changed, with the section whole: `backends`, `gpu`, `host_ram`, `
 overridden), `config` (the configuration running: hash, when and how it was loaded),
 `hosts` when models.yaml has `hosts:` (every host's GPUs, RAM and holds, the local one's
 also in `gpu`, `host_ram` and `holds`), and `event` (one new entry of the event log,
-with its `seq`). A comment `: keep-alive` comes every 15 s of quiet. State sections are
-pushed at most every `MIN_INTERVAL_S`: a burst of changes (requests starting and ending)
-becomes one push.
+with its `seq`). State sections are pushed at most every `MIN_INTERVAL_S`: a burst of
+changes (requests starting and ending) becomes one push. Ages (`age_s`: how old the GPU's
+or the host RAM's last reading is, and `last_success_wall`) move by themselves and are no
+change: every 15 s of quiet the sections whose ages moved are sent again, then a comment
+`: keep-alive`.
 
 The gateway never waits for a client: changes only mark the client's subscription
 (`app.events`); its own task builds and sends what changed. A client that stops reading
@@ -43,6 +45,9 @@ SECTIONS: Final = (
     "backends", "gpu", "host_ram", "holds", "profile", "fallback", "keys", "state",
     "schedules", "config",
 )  # fmt: skip
+# Keys that move by themselves (at any depth): a reading's age, and when the last one
+# was taken (a poll that read the same values is no change).
+VOLATILE: Final = frozenset({"age_s", "last_success_wall"})
 
 
 @router.get("/status/stream", dependencies=[AdminDep])
@@ -59,6 +64,15 @@ def sse(event: str, data: Any) -> bytes:
     return sse_event(event, data, default=str)
 
 
+def steady(value: Any) -> Any:
+    """`value` without its `VOLATILE` keys: what counts as a change."""
+    if isinstance(value, dict):
+        return {k: steady(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [steady(v) for v in value]
+    return value
+
+
 async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes, None]:
     try:
         status = status_view(services)
@@ -72,6 +86,11 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
                 async with asyncio.timeout(KEEPALIVE_S):
                     await sub.wake.wait()
             except TimeoutError:
+                status = status_view(services)
+                for section in sections:  # ages that moved (or a change that woke no one)
+                    if status[section] != sent[section]:
+                        sent[section] = status[section]
+                        yield sse(section, status[section])
                 yield b": keep-alive\n\n"
                 continue
             if sub.dropped:
@@ -84,7 +103,7 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
                 yield sse("event", event)
             status = status_view(services)
             for section in sections:
-                if status[section] != sent[section]:
+                if steady(status[section]) != steady(sent[section]):
                     sent[section] = status[section]
                     yield sse(section, status[section])
             await asyncio.sleep(MIN_INTERVAL_S)

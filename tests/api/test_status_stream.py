@@ -280,3 +280,58 @@ async def test_a_schedules_edge_and_an_override_push_the_schedules_section(
         window = await pushed()
         assert (window["active"], window["overridden"]) == (True, True)
         await messages.aclose()
+
+
+async def test_only_ages_moving_is_not_a_change(fast_stream: None) -> None:
+    """The GPU's and the host RAM's `age_s` grow by themselves: a push for a request's
+    count carries `backends` alone, not `gpu` and `host_ram` again with new ages."""
+    port = free_port()
+    runtime = FakeVllmRuntime(port, models=["m"])
+    backends = {
+        "b": {"url": f"http://127.0.0.1:{port}", "models": ["m"],
+              "runtime": {"kind": "process", "command": ["unused"]}}
+    }  # fmt: skip
+    async with gateway(
+        gateway_settings(backends), seams=Seams(runtime_factory=lambda n, c: runtime)
+    ) as gw:
+        await until_backend(gw, "b", state="ready")
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        name, snapshot = await next_event(messages)
+        assert name == "snapshot"
+        assert snapshot["gpu"]["age_s"] is not None  # ages that move: the case at hand
+        assert snapshot["host_ram"]["age_s"] is not None
+        pushed: list[str] = []
+        for _ in range(5):
+            await asyncio.sleep(0.02)  # the ages move on meanwhile
+            lease = await services.backends["b"].acquire()
+            lease.release()
+            while True:
+                name, data = await next_event(messages, skip=("event",))
+                pushed.append(name)
+                if name == "backends" and data[0]["in_flight"] == 0:
+                    break
+        assert "gpu" not in pushed
+        assert "host_ram" not in pushed
+        await messages.aclose()
+
+
+async def test_ages_alone_are_refreshed_when_the_stream_is_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Instead of a keep-alive comment, a quiet stream gets the sections whose ages moved:
+    a page showing how old a stale reading is stays right within `KEEPALIVE_S`."""
+    monkeypatch.setattr(stream, "KEEPALIVE_S", 0.05)
+    port = free_port()
+    async with gateway(
+        gateway_settings({"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}})
+    ) as gw:
+        services = services_of(gw)
+        messages = stream._stream(services, services.events.subscribe())
+        name, snapshot = await next_event(messages)
+        assert name == "snapshot"
+        name, gpu = await next_event(messages, skip=("event", "backends", "holds", "schedules",
+                                                      "config", "host_ram"))  # fmt: skip
+        assert name == "gpu"
+        assert gpu["age_s"] != snapshot["gpu"]["age_s"]
+        await messages.aclose()
