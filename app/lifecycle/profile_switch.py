@@ -115,6 +115,13 @@ class ProfileSwitch:
         logger.info("gpu profile active profile=%s", self.active)
         return self.active
 
+    def reapply(self) -> None:
+        """The active profile's blocks and yield methods again, for backend objects
+        built since (a configuration reload's added and rebuilt ones); no I/O."""
+        profile = self.profile
+        if profile is not None:
+            self._apply(profile)
+
     def _apply(self, profile: ProfileConfig) -> None:
         """Blocks, yield methods and metrics of `profile` (no I/O)."""
         assert self.profiles is not None

@@ -15,8 +15,9 @@ A valid one is applied as its plan (`app.reload.plan`) says, in this order:
    A request in flight keeps the objects it started with.
 4. What goes is drained (each backend's `drain_timeout_s`) and stopped, then unregistered;
    rebuilt ones are registered with their new config.
-5. Footprints are planned again and pinned backends that are new (or rebuilt, or became
-   pinned) are brought up in the background, as at start.
+5. The active GPU profile's blocks and yield methods are placed on the new objects;
+   footprints are planned again and pinned backends that are new (or rebuilt, or became
+   pinned) are brought up in the background, as at start, unless something blocks them.
 
 Every reload is counted (`microscheduler_config_reloads_total{result}`: ok, refused,
 failed), recorded on the event log (`config_reload`) and its hash, time and source are
@@ -170,6 +171,9 @@ class Reloader:
         if plan.restart or plan.removed:
             # Its per-backend parts (LoRA adapters, token counters) for the new objects.
             self._swap(settings, settings, keep=(*plan.unchanged, *plan.in_place))
+        # New objects get the GPU profile's blocks and yield methods before anything
+        # could start them (the profile itself needs a restart to change).
+        services.profiles.reapply()
         services.supervisor.plan_footprints()
         for name in (*plan.added, *plan.restart, *plan.in_place):
             backend = services.backends[name]

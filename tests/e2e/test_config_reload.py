@@ -218,3 +218,38 @@ def test_watch_config_picks_up_a_change(tmp_path: Path, paced: str) -> None:
         until_sync(lambda: status(gw)["config"]["source"] == "watch", what="the watched reload")
         listed = httpx.get(gw.url + "/v1/models", timeout=5).json()["data"]
         assert "calm" in {m["id"] for m in listed}
+
+
+def test_a_backend_rebuilt_by_a_reload_keeps_the_gpu_profiles_block(tmp_path: Path) -> None:
+    """The active GPU profile disables `off`; a reload that changes its runtime rebuilds
+    it (a new object): the profile's block and yield method carry over, so the pinned
+    backend is not started behind the profile's back."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    models: dict[str, Any] = {"backends": {
+        "on": process_backend("on-model", vram_mib=1000),
+        "off": process_backend("off-model", vram_mib=1000),
+    }}  # fmt: skip
+    write(config_dir, models)
+    (config_dir / "gpu_profiles.yaml").write_text(yaml.safe_dump({"profiles": {"quiet": {
+        "models": {"off": {"enabled": False, "sleep_mode": True}},
+    }}}))  # fmt: skip
+    with gateway_process(config_dir=config_dir) as gw:  # not /ready: a pinned one is off
+        until_sync(lambda: backends(gw)["on"]["state"] == "ready", what="on started")
+        assert backends(gw)["off"]["state"] == "stopped"
+        assert backends(gw)["off"]["yield_method"] == "sleep"
+        models["backends"]["off"]["runtime"]["command"] += ["--max-model-len", "4096"]
+        write(config_dir, models)
+        response = reload(gw)
+        assert response.status_code == 200, gw.log()[-3000:]
+        assert response.json()["restarted"] == ["off"]
+        # A start would have begun at once (in the background): give it the time to show.
+        chat = {"model": "off-model", "messages": [{"role": "user", "content": "hi"}]}
+        refused = httpx.post(gw.url + "/v1/chat/completions", json=chat, timeout=30)
+        assert refused.status_code == 503
+        assert "GPU profile 'quiet'" in refused.json()["error"]["message"]
+        off = backends(gw)["off"]
+        assert off["state"] == "stopped"
+        assert "GPU profile 'quiet'" in str(off["blocked_by"])
+        assert off["yield_method"] == "sleep"  # the profile's sleep_mode
+        assert "Traceback" not in gw.log()
