@@ -560,6 +560,15 @@ class Backend(Holding, Memory, Watched):
     def unblock(self, key: str) -> None:
         self._blocks.remove(key)
 
+    def take_over(self, old: Backend, *, leaving: str) -> None:
+        """Before this object replaces `old` (a configuration reload rebuilt it): the
+        holds placed on `old` from outside carry over: its blocks (a yield, a zone, the
+        GPU profile; all but `leaving`, the reload's own), keep-warm holds and the
+        profile's yield method."""
+        self._blocks.take(old._blocks, leaving=leaving)
+        self.kept_warm = old.kept_warm
+        self.set_yield_method(old._yield_method_override)
+
     def _set_state(self, target: BackendState, reason: str | None) -> None:
         previous = self.state
         self.state = check_transition(previous, target)

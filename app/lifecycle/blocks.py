@@ -115,3 +115,7 @@ class Blocks(Mapping[str, str]):
 
     def remove(self, key: str) -> None:
         self._blocks.pop(key, None)
+
+    def take(self, other: Blocks, *, leaving: str) -> None:
+        """Every block of `other` but the one under `leaving` (a replaced object's)."""
+        self._blocks.update((k, b) for k, b in other._blocks.items() if k != leaving)

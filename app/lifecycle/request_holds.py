@@ -55,6 +55,11 @@ class Holding:
         a start (see Backend)."""
         raise NotImplementedError
 
+    @property
+    def lazy(self) -> bool:
+        """Started on demand and idle-stopped (see Backend)."""
+        raise NotImplementedError
+
     def _unavailable(self) -> GatewayError:
         """Why it cannot take requests now (see Backend)."""
         raise NotImplementedError
@@ -93,7 +98,7 @@ class Holding:
         or requests in flight or held."""
         ttl = self.config.idle_ttl_s
         if (
-            self.config.lifecycle != "lazy"
+            not self.lazy  # lazy or standby: what the reaper stops (`_idle_past_ttl`)
             or ttl <= 0
             or self.state is not BackendState.READY
             or self._leases.in_flight

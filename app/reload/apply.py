@@ -15,7 +15,9 @@ A valid one is applied as its plan (`app.reload.plan`) says, in this order:
    A request in flight keeps the objects it started with.
 4. What goes is drained (each backend's `drain_timeout_s`) and stopped, then unregistered;
    rebuilt ones are registered with their new config.
-5. The active GPU profile's blocks and yield methods are placed on the new objects;
+5. A rebuilt backend takes over its old object's holds (blocks of a yield, a zone or the
+   GPU profile, keep-warm holds, the profile's yield method); added ones get the active
+   GPU profile's blocks and yield method;
    footprints are planned again and pinned backends that are new (or rebuilt, or became
    pinned) are brought up in the background, as at start, unless something blocks them.
 
@@ -47,6 +49,7 @@ from app.routing.registry import Registry
 from app.services import Services
 from app.settings import ConfigError, Settings, load_settings
 from app.settings.record import config_digest
+from app.store.usage import prices_of
 from app.tasks import OwnedTasks
 
 if TYPE_CHECKING:
@@ -150,8 +153,17 @@ class Reloader:
     async def _apply(self, plan: ReloadPlan, settings: Settings) -> None:
         services = self._services
         old = services.settings
-        # First: what builds backends (their environment, timeouts) reads it.
+        # First: what builds backends (their environment, timeouts) reads it. Every new
+        # object is built before anything changes: a build that fails leaves it all as it was.
         services.settings = settings
+        try:
+            built = {
+                name: services.build_backend(name, settings.backends[name])
+                for name in (*plan.added, *plan.restart)
+            }
+        except BaseException:
+            services.settings = old
+            raise
         going = {name: services.backends[name] for name in (*plan.removed, *plan.restart)}
         for backend in going.values():
             backend.block(BLOCK_KEY, "a configuration reload", BlockKind.DISABLED)
@@ -160,19 +172,20 @@ class Reloader:
             backend.config = settings.backends[name]
             backend.upstream.timeouts = settings.backend_timeouts(name)
         for name in plan.added:
-            self._register(services.build_backend(name, settings.backends[name]))
+            self._register(built[name])
         self._swap(old, settings, keep=(*plan.unchanged, *plan.in_place))
         await asyncio.gather(*(self._take_down(b) for b in going.values()))
         for name in plan.removed:
             await self._unregister(name)
         for name in plan.restart:
             await self._unregister(name)
-            self._register(services.build_backend(name, settings.backends[name]))
+            built[name].take_over(going[name], leaving=BLOCK_KEY)
+            self._register(built[name])
         if plan.restart or plan.removed:
             # Its per-backend parts (LoRA adapters, token counters) for the new objects.
             self._swap(settings, settings, keep=(*plan.unchanged, *plan.in_place))
-        # New objects get the GPU profile's blocks and yield methods before anything
-        # could start them (the profile itself needs a restart to change).
+        # Added backends get the GPU profile's blocks and yield methods (rebuilt ones took
+        # them over above; the profile itself needs a restart to change).
         services.profiles.reapply()
         services.supervisor.plan_footprints()
         for name in (*plan.added, *plan.restart, *plan.in_place):
@@ -195,6 +208,7 @@ class Reloader:
                 fallback_metrics=services.cloud.metrics,
             )
             services.retired.append(services.cloud)  # its sessions may serve requests in flight
+            services.usage.set_providers(prices_of(settings))  # what counts as cloud
         providers = settings.cloud_providers.providers if settings.cloud_providers else {}
         keys = KeyRing.build(
             (key.get_secret_value() for key in settings.api_keys),

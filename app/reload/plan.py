@@ -116,7 +116,7 @@ def plan_reload(old: Settings, new: Settings) -> ReloadPlan:
             unchanged.append(name)
     removed = tuple(name for name in old.backends if name not in new.backends)
     added = tuple(name for name in new.backends if name not in old.backends)
-    problems = tuple(_new_hosts(old, new, [*added, *restart]))
+    problems = (*_new_hosts(old, new, [*added, *restart]), *_kept_warm(old, removed))
     return ReloadPlan(
         unchanged=tuple(unchanged),
         in_place=tuple(in_place),
@@ -142,6 +142,17 @@ def _new_hosts(old: Settings, new: Settings, names: list[str]) -> list[str]:
         "this gateway (a new host needs a restart)"
         for name in names
         if new.backends[name].gpus_accounted and new.backends[name].host_name not in running
+    ]
+
+
+def _kept_warm(old: Settings, removed: tuple[str, ...]) -> list[str]:
+    """A removed backend that a running `keep_warm` window names: schedules change with a
+    restart only, so the scheduler would go on naming a backend that is gone."""
+    return [
+        f"backends.{window.backend}: the running schedule {window.name!r} keeps it warm "
+        "(schedules change with a restart: remove the window first, restart, then the backend)"
+        for window in old.schedules
+        if window.backend in removed
     ]
 
 

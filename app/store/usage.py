@@ -54,6 +54,11 @@ class UsageLedger:
         self._tasks = OwnedTasks()
         self._day = (-1, "")  # (days since the epoch, its `utc_day`): one strftime a day
 
+    def set_providers(self, providers: Mapping[str, Price | None]) -> None:
+        """The cloud providers after a configuration reload: what counts as cloud (a
+        key's daily budget, read back at start) and their prices."""
+        self._providers = dict(providers)
+
     # -- the request path -------------------------------------------------------------
 
     def record(self, entry: Entry) -> None:
@@ -180,14 +185,18 @@ def _empty() -> dict[str, Any]:
     return {"local_tokens": 0, "cloud_tokens": 0, "cost": 0.0, "cost_complete": True}
 
 
-def build_ledger(settings: Settings, registry: CollectorRegistry) -> UsageLedger:
-    """The ledger over `state.db` in the state directory, with the providers' prices."""
+def prices_of(settings: Settings) -> dict[str, Price | None]:
+    """Each cloud provider of `settings` by name, with its price (None: not given)."""
     cloud = settings.cloud_providers
-    providers = {
+    return {
         name: None if p.cost_per_mtok is None else (p.cost_per_mtok.input, p.cost_per_mtok.output)
         for name, p in (cloud.providers.items() if cloud is not None else ())
     }
+
+
+def build_ledger(settings: Settings, registry: CollectorRegistry) -> UsageLedger:
+    """The ledger over `state.db` in the state directory, with the providers' prices."""
     writer = StoreWriter(
         SqliteStore(settings.state_dir), settings.store, metrics=StoreMetrics(registry)
     )
-    return UsageLedger(writer, providers)
+    return UsageLedger(writer, prices_of(settings))

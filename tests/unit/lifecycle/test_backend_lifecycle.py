@@ -13,6 +13,7 @@ import pytest
 from app.errors import BackendUnavailable, WakeTimeout
 from app.lifecycle.admission import Admission, AdmissionRefused, Claimant, Unchecked
 from app.lifecycle.backend import Backend
+from app.lifecycle.blocks import BlockKind
 from app.lifecycle.metrics import LifecycleMetrics as Metrics
 from app.lifecycle.state import BackendState, StopReason
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
@@ -485,3 +486,33 @@ async def test_a_second_start_is_timed_from_its_own_beginning_at_once() -> None:
     assert load.eta_s >= 59
     runtime.gate.set()
     await backend.start()
+
+
+async def test_a_rebuilt_backend_takes_over_the_holds_of_the_object_it_replaces() -> None:
+    """A configuration reload rebuilds a backend as a new object: a yield's or a zone's
+    block, a schedule's keep-warm hold and the profile's yield method placed on the old
+    one carry over (the reload's own block does not), so the new one is not started
+    behind a game's back or idle-stopped inside its window."""
+    old = make_backend(GatedRuntime(), **LAZY)
+    old.block("yield", "VRAM yield for 'gaming'", BlockKind.YIELDED)
+    old.block("reload", "a configuration reload", BlockKind.DISABLED)
+    old.keep_warm("schedule:evening", on=True)
+    old.set_yield_method("sleep")
+    rebuilt = make_backend(GatedRuntime(), **LAZY)
+    assert rebuilt.yield_method != "sleep"
+    rebuilt.take_over(old, leaving="reload")
+    assert dict(rebuilt.blocks) == {"yield": "VRAM yield for 'gaming'"}
+    assert rebuilt.kept_warm == frozenset({"schedule:evening"})
+    assert rebuilt.yield_method == "sleep"
+    with pytest.raises(BackendUnavailable, match="gaming"):
+        await rebuilt.acquire()
+
+
+async def test_a_woken_standby_backend_counts_down_to_its_idle_stop() -> None:
+    """The reaper stops an idle standby backend like a lazy one (`Backend.lazy`): its
+    countdown shows too (it said None)."""
+    backend = await ready_backend(GatedRuntime(), **{**LAZY, "lifecycle": "standby",
+                                                      "idle_ttl_s": 60})  # fmt: skip
+    remaining = backend.idle_stop_in_s()
+    assert remaining is not None
+    assert 0 < remaining <= 60

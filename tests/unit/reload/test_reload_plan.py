@@ -93,3 +93,18 @@ def test_a_backend_on_a_host_the_gateway_does_not_run_is_a_problem() -> None:
         "backends.far.host: host 'node-b' is not running in this gateway (a new host "
         "needs a restart)",
     )
+
+
+def test_removing_a_backend_a_running_schedule_keeps_warm_is_a_problem() -> None:
+    """Schedules need a restart, so the running windows stay: one that keeps a removed
+    backend warm would name a backend the gateway no longer has."""
+    window = {"name": "evening", "days": ["mon"], "from": "18:00", "to": "23:00",
+              "action": "keep_warm", "backend": "gone"}  # fmt: skip
+    old = settings(BASE, schedules=[window])
+    new = settings({k: v for k, v in BASE.items() if k != "gone"})
+    plan = plan_reload(old, new)
+    assert plan.removed == ("gone",)
+    assert plan.problems == (
+        "backends.gone: the running schedule 'evening' keeps it warm (schedules change "
+        "with a restart: remove the window first, restart, then the backend)",
+    )

@@ -100,3 +100,23 @@ async def test_a_database_set_aside_keeps_budgeted_keys_off_the_cloud_today(
     use = key.admit()
     assert (use.cloud, use.budget_unknown) == (False, True)
     await ledger.close()
+
+
+async def test_a_provider_added_by_a_reload_counts_as_cloud_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """`set_providers` (a reload's new cloud_providers.yaml): its tokens are saved as cloud
+    spend, so the budget read back at the next start has them (they were saved as local:
+    a key could go over its daily_cloud_tokens after a restart)."""
+    first = UsageLedger(StoreWriter(SqliteStore(tmp_path)), {})  # "cloud" not known yet
+    await first.start(ring(), Activity(), restore_activity=True)
+    first.set_providers({"cloud": None})
+    first.record(entry(20))
+    await first.close()
+
+    keys = ring()
+    second = UsageLedger(StoreWriter(SqliteStore(tmp_path)), {"cloud": None})
+    await second.start(keys, Activity(), restore_activity=True)
+    (key,) = keys.keys
+    assert key.view()["cloud_tokens_today"] == 20
+    await second.close()
