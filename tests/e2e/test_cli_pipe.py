@@ -41,11 +41,16 @@ STATUS: dict[str, Any] = {
 }
 
 
+# A backend's output, as large: `microscheduler logs` is still writing when `head` leaves.
+LOGS = b"".join(b"INFO line %06d of the backend's output\n" % i for i in range(40_000))
+
+
 class _Status(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = json.dumps(STATUS).encode()
+        is_logs = self.path.startswith("/backends/m/logs")
+        body = LOGS if is_logs else json.dumps(STATUS).encode()
         self.send_response(200)
-        self.send_header("content-type", "application/json")
+        self.send_header("content-type", "text/plain" if is_logs else "application/json")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -95,4 +100,26 @@ def test_status_piped_into_head_ends_quietly_with_141(
     assert "Traceback" not in err
     assert "BrokenPipeError" not in err
     assert err == ""
+    assert code == 141
+
+
+def test_logs_piped_into_head_ends_quietly_with_141(gateway_url: str, tmp_path: Path) -> None:
+    """`microscheduler logs m | head -1`: main's broken-pipe handler, as for every command
+    (the command swallowed it and said 0)."""
+    head_path = shutil.which("head")
+    assert head_path is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("wb") as stderr:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "logs", "m", "--url", gateway_url],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+        assert cli.stdout is not None
+        with cli.stdout:
+            head = subprocess.run([head_path, "-1"], stdin=cli.stdout, capture_output=True,
+                                  timeout=60, check=True)  # fmt: skip
+        code = cli.wait(timeout=60)
+    assert head.stdout == b"INFO line 000000 of the backend's output\n"
+    assert stderr_path.read_text() == ""
     assert code == 141
