@@ -80,6 +80,7 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
         # `hosts` only when there is another host: the local one is `gpu` and `holds` already.
         sections = SECTIONS if len(services.hosts) == 1 else (*SECTIONS, "hosts")
         sent = {section: status[section] for section in sections}
+        same = {section: steady(value) for section, value in sent.items()}  # sent, ages out
         yield sse("snapshot", status)
         while True:
             try:
@@ -89,7 +90,7 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
                 status = status_view(services)
                 for section in sections:  # ages that moved (or a change that woke no one)
                     if status[section] != sent[section]:
-                        sent[section] = status[section]
+                        sent[section], same[section] = status[section], steady(status[section])
                         yield sse(section, status[section])
                 yield b": keep-alive\n\n"
                 continue
@@ -103,8 +104,9 @@ async def _stream(services: Services, sub: Subscription) -> AsyncGenerator[bytes
                 yield sse("event", event)
             status = status_view(services)
             for section in sections:
-                if steady(status[section]) != steady(sent[section]):
-                    sent[section] = status[section]
+                now = steady(status[section])
+                if now != same[section]:
+                    sent[section], same[section] = status[section], now
                     yield sse(section, status[section])
             await asyncio.sleep(MIN_INTERVAL_S)
     finally:

@@ -15,7 +15,7 @@ is ignored. Pure but for the store it is given.
 from __future__ import annotations
 
 import logging
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from app.lifecycle.store import StateStore
 from app.settings import BackendConfig
@@ -92,13 +92,6 @@ class Served:
     def methods_of(self, path: str) -> list[str]:
         """The methods its server has at `path` (empty: none, or not known)."""
         return [] if self.learned is None else self.learned.methods_of(path)
-
-    def view(self) -> dict[str, Any]:
-        """For `/backends` and `/status`."""
-        return {
-            "source": self.source,
-            "max_model_len": self.max_model_len,
-        }
 
 
 class LearnedRecords:

@@ -68,11 +68,6 @@ class DescribedFile(Protocol):
     def model(self) -> ModelInfo: ...
 
 
-class YieldMethod(Protocol):
-    @property
-    def method(self) -> str: ...
-
-
 class PlannedBackend(Protocol):
     """What the planner reads of one backend of `models.yaml`."""
 
@@ -86,8 +81,6 @@ class PlannedBackend(Protocol):
     def gpus(self) -> Sequence[int]: ...
     @property
     def vram_mib(self) -> int | None: ...
-    @property
-    def yield_(self) -> YieldMethod: ...
     @property
     def sleep_supported(self) -> bool: ...  # its server is started with sleep mode
     @property

@@ -78,13 +78,10 @@ class StoreWriter:
         config: StoreConfig | None = None,
         *,
         metrics: StoreMetrics | None = None,
-        on_commit: Callable[[int, int], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config or StoreConfig()
         self._metrics = metrics
-        # Seam: (usage rows, activity entries) of each committed batch.
-        self._on_commit = on_commit
         self._thread: int | None = None  # the store's thread, once it runs
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="store", initializer=self._started
@@ -191,8 +188,6 @@ class StoreWriter:
             if self.error is not None:
                 logger.info("usage and activity saved again location=%s", self.store.location)
                 self.error = None
-            if self._on_commit is not None:
-                self._on_commit(len(usage), len(activity))
 
     async def _prune(self) -> None:
         config = self.config

@@ -13,7 +13,7 @@ import pytest
 from app.lifecycle.store import StateStore, StateWriteError
 from app.store import sqlite as store_sqlite
 from app.store.sqlite import MIGRATIONS, SqliteStore
-from tests.fakes.state import leftovers, saved_sections
+from tests.fakes.state import leftovers, saved_sections, sqlite_disk_full
 
 ZONES = [{"name": "comfy", "gpu": 0, "mib": 12000, "expires_at": None, "stopped": ["a"]}]
 YIELD = [{"name": "yield", "kind": "yield", "stopped": ["lazy"]}]
@@ -58,11 +58,7 @@ def test_a_failed_write_changes_nothing_on_disk(
 ) -> None:
     store = StateStore(tmp_path)
     store.update("zones", ["kept"])
-
-    def full(*args: object, **kwargs: object) -> sqlite3.Connection:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    monkeypatch.setattr(sqlite3, "connect", full)
+    sqlite_disk_full(monkeypatch)
     with pytest.raises(StateWriteError, match="disk is full") as info:
         store.update("zones", ["lost"])
     assert str(tmp_path / "state.db") in info.value.message
