@@ -28,6 +28,7 @@ def residents(backends: Iterable[Backend], exclude: str | None = None) -> list[R
             in_flight=b.in_flight,
             idle_s=b.idle_s(now),
             evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
+            starting=b.state is BackendState.STARTING,
             protected_s=protected_for_s(b, now),
             hold_s=hold_for_s(b, now),
         )
@@ -61,7 +62,7 @@ def holders(
                 f", its turn ends in {math.ceil(r.hold_s)}s (max_hold_s)" if r.hold_s > 0 else ""
             )
         elif not r.evictable:
-            note = "starting or stopping"
+            note = "starting" if r.starting else "stopping"
         elif r.protected_s > 0 and not force:
             note = f"min_resident_s, {math.ceil(r.protected_s)}s more"
         else:
