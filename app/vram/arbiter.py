@@ -100,6 +100,9 @@ class VramArbiter(ZoneBook):
         self._measuring = asyncio.Lock()
         # A backend went idle: a start waiting for an equal's turn plans again at once.
         self._idle = IdleSignal()
+        # The backends whose admission is under way (not yet admitted): their start is
+        # not waited for by another (`holders.residents`).
+        self._admitting: set[str] = set()
 
     def _gpu(self, gpu: int) -> str:
         return gpu_name(self.host, gpu)
@@ -147,7 +150,7 @@ class VramArbiter(ZoneBook):
         }
 
     def _residents(self, exclude: str | None = None) -> list[Resident]:
-        return residents(self._backends.values(), exclude)
+        return residents(self._backends.values(), exclude, self._admitting)
 
     def _holders(self, gpu: int, below_priority: int | None, force: bool) -> list[Holder]:
         return holders(self._backends, self.zones.values(), gpu, below_priority, force)
@@ -160,10 +163,23 @@ class VramArbiter(ZoneBook):
         (a `wake` from sleep: for what it takes back, its residue being counted already)
         and afterwards record what a start used (`measured_mib`)."""
         gpus = sorted(backend.config.gpus)
+        whose = f"{backend.name}'s {'wake' if wake else 'start'}"
+        self._admitting.add(backend.name)
+        try:
+            async with self._room(backend, gpus, whose, wake=wake):
+                self._admitting.discard(backend.name)
+                yield
+        finally:
+            self._admitting.discard(backend.name)
+
+    @contextlib.asynccontextmanager
+    async def _room(
+        self, backend: Claimant, gpus: list[int], whose: str, *, wake: bool
+    ) -> AsyncIterator[None]:
+        """`admit` but its bookkeeping: room made, GPUs held, what it used measured."""
         # Waiting out others' min_resident_s is bounded like the rest of a start.
         deadline = time.monotonic() + backend.config.start_timeout_s
         short_since: float | None = None  # when it first found its memory held by others
-        whose = f"{backend.name}'s {'wake' if wake else 'start'}"
         while True:
             async with self._locked(gpus, whose, waiter=backend):
                 need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
