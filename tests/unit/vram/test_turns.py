@@ -193,3 +193,27 @@ async def test_a_start_waiting_for_the_gpu_says_whose_start_holds_it(rigs: Rigs)
     assert state_of(a) is BackendState.READY
     assert state_of(b) is BackendState.STOPPED
     assert a.server.vram_waited_s > 0  # a request held for it counts the wait as `yield`
+
+
+async def test_a_start_waiting_for_an_equal_still_starting_gives_up_at_its_start_timeout(
+    rigs: Rigs,
+) -> None:
+    rig = rigs.make(total_mib=16000)
+    b = rig.add("turn-b", vram_mib=11000)
+    a = rig.add("turn-a", vram_mib=11000, start_timeout_s=0.3)
+    rig.health["turn-b"].learn_gate.clear()  # b never gets ready
+    request_b = asyncio.create_task(b.acquire())
+    await within(rig.health["turn-b"].learning.wait())
+
+    began = time.monotonic()
+    error = await unavailable(a)
+    assert time.monotonic() - began >= 0.3
+    assert error.kind == "no_vram"
+    assert "backend turn-b 11000 MiB (starting)" in error.message
+    assert error.message.endswith(
+        "turn-b is still starting, longer than this start waits (0.3s, start_timeout_s)"
+    )
+    assert rig.runtimes["turn-a"].starts == 0
+    assert state_of(b) is BackendState.STARTING  # untouched
+    rig.health["turn-b"].learn_gate.set()
+    (await within(request_b)).release()
