@@ -327,6 +327,16 @@ class Backend(Holding, Memory, Watched):
             self._metrics.starts.labels(self.name, outcome).inc()
             await self.server.end_watch()
 
+    async def start_ended(self, timeout_s: float) -> bool:
+        """Wait, without owning it and at most `timeout_s`, for the start under way to end
+        (ready, failed, refused or stopped); False at once when none is under way. For a
+        start that needs the memory this one holds (`app.vram.arbiter`)."""
+        task = self._start_task
+        if self.state is not BackendState.STARTING or task is None or task.done():
+            return False
+        await asyncio.wait({task}, timeout=timeout_s)
+        return True
+
     async def stop(self, reason: StopReason, *, drain_timeout_s: float | None = None) -> None:
         """Drain leases (up to `drain_timeout_s`), then stop the runtime. Idempotent.
 

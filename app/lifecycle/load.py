@@ -6,10 +6,16 @@ prices a cold entry by them too, `Backend.ready_in_s`). `load_status` is pure.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from app.lifecycle.store import StateStore
 from app.upstreams.vllm_output import LAUNCHING, LoadProgress
+
+# The phases of a start before its launch: admission waits for memory other models hold
+# (their min_resident_s or max_hold_s), or for its turn on its GPUs (another model's start,
+# a zone grant or the yield on them; `start_progress` names it).
+WAITING_FOR_VRAM: Final = "waiting_for_vram"
+WAITING_FOR_TURN: Final = "waiting_for_turn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,17 +34,19 @@ class StartWatch(Protocol):
     def load(self) -> LoadProgress | None: ...
 
     @property
-    def waiting_for_memory(self) -> bool: ...
+    def vram_wait_phase(self) -> str | None: ...
 
 
 def load_status(
     elapsed_s: float, last_start_s: float | None, watch: StartWatch, *, waking: bool
 ) -> LoadStatus:
     """`waking`: from sleep (`last_start_s` is then the last wake's duration, None when
-    none was measured); `watch.waiting_for_memory`: admission still waits for VRAM."""
+    none was measured); `watch.vram_wait_phase`: what admission still waits for, if it
+    does (`WAITING_FOR_VRAM`, `WAITING_FOR_TURN`)."""
     eta = None if last_start_s is None else round(max(0.0, last_start_s - elapsed_s))
-    if watch.waiting_for_memory:
-        return LoadStatus("waiting_for_vram", 0, eta)
+    waiting = watch.vram_wait_phase
+    if waiting is not None:
+        return LoadStatus(waiting, 0, eta)
     if waking:
         return LoadStatus("waking", 0, eta)
     progress = watch.load

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from app.lifecycle.load import WAITING_FOR_VRAM
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.served import Served
 from app.lifecycle.state import SleepOutcome, StopReason
@@ -64,6 +65,7 @@ class Server:
         self._waiting: tuple[float, str] | None = None
         # While admission waits for memory other models hold: says what it waits for.
         self._vram_wait: Callable[[], str] | None = None
+        self._vram_wait_phase = WAITING_FOR_VRAM
         self._vram_waited_s = 0.0  # how long such waits took, in all (ended ones)
         self._vram_wait_began: float | None = None
         # The start being watched: its progress and last lines, and the task reading them.
@@ -236,14 +238,17 @@ class Server:
         return f"health check to {self.vllm.health_url} {error} for {waited} s; {running}"
 
     @property
-    def waiting_for_memory(self) -> bool:
-        """Admission waits for memory before the launch."""
-        return self._vram_wait is not None
+    def vram_wait_phase(self) -> str | None:
+        """While admission waits before the launch: the load phase that says so."""
+        return None if self._vram_wait is None else self._vram_wait_phase
 
     @contextlib.contextmanager
-    def waiting_for_vram(self, progress: Callable[[], str]) -> Iterator[None]:
-        """Admission waits for memory before the launch: `start_progress` is `progress()`."""
-        self._vram_wait = progress
+    def waiting_for_vram(
+        self, progress: Callable[[], str], phase: str = WAITING_FOR_VRAM
+    ) -> Iterator[None]:
+        """Admission waits before the launch, for memory other models hold or (`phase`
+        `WAITING_FOR_TURN`) for its turn on its GPUs: `start_progress` is `progress()`."""
+        self._vram_wait, self._vram_wait_phase = progress, phase
         self._vram_wait_began = began = time.monotonic()
         try:
             yield

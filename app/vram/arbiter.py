@@ -9,7 +9,11 @@
   ones after their `max_hold_s`. A lazy backend inside its `min_resident_s` (or a busy
   equal inside its hold) is not evicted for a start: the start waits for the protection to
   end or the equal to go idle (out of the GPUs' locks, up to its own `start_timeout_s`),
-  then evicts it.
+  then evicts it. A backend still starting (ready only after it has learned what it
+  serves, out of the locks) is waited for the same way, then planned for again.
+- A start waiting for its turn on a GPU (another model's start, a zone grant or the yield
+  holds the GPU's lock) says so: `waiting for turn-b's start on GPU 0`, load phase
+  `waiting_for_turn`.
 - Zones: `acquire_zone()` makes room for an outside workload the same way and blocks
   what it stopped until `release_zone()` or expiry. Zones are saved in the state file
   and re-applied when the gateway starts again (`app.vram.zone_book`, its base).
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -47,13 +52,14 @@ from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
+from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore
 from app.settings.base import LOCAL_HOST
 from app.vram.holders import holders, residents
 from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
-from app.vram.residency import IdleSignal, may_evict, wait_out
+from app.vram.residency import IdleSignal, may_evict, turn_text, wait_for_starts, wait_out
 from app.vram.zone_book import ZoneBook
 from app.vram.zones import Zone, gpu_name
 
@@ -89,10 +95,14 @@ class VramArbiter(ZoneBook):
         self.probe_name = "none" if gpus is None else gpus.name
         self._reclaim_timeout_s = reclaim_timeout_s
         self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._lock_holders: dict[int, str] = {}  # GPU -> whose its lock is: "b's start"
         # Sleeps are measured one at a time, so one's window does not see another's.
         self._measuring = asyncio.Lock()
         # A backend went idle: a start waiting for an equal's turn plans again at once.
         self._idle = IdleSignal()
+        # The backends whose admission is under way (not yet admitted): their start is
+        # not waited for by another (`holders.residents`).
+        self._admitting: set[str] = set()
 
     def _gpu(self, gpu: int) -> str:
         return gpu_name(self.host, gpu)
@@ -140,7 +150,7 @@ class VramArbiter(ZoneBook):
         }
 
     def _residents(self, exclude: str | None = None) -> list[Resident]:
-        return residents(self._backends.values(), exclude)
+        return residents(self._backends.values(), exclude, self._admitting)
 
     def _holders(self, gpu: int, below_priority: int | None, force: bool) -> list[Holder]:
         return holders(self._backends, self.zones.values(), gpu, below_priority, force)
@@ -153,11 +163,25 @@ class VramArbiter(ZoneBook):
         (a `wake` from sleep: for what it takes back, its residue being counted already)
         and afterwards record what a start used (`measured_mib`)."""
         gpus = sorted(backend.config.gpus)
+        whose = f"{backend.name}'s {'wake' if wake else 'start'}"
+        self._admitting.add(backend.name)
+        try:
+            async with self._room(backend, gpus, whose, wake=wake):
+                self._admitting.discard(backend.name)
+                yield
+        finally:
+            self._admitting.discard(backend.name)
+
+    @contextlib.asynccontextmanager
+    async def _room(
+        self, backend: Claimant, gpus: list[int], whose: str, *, wake: bool
+    ) -> AsyncIterator[None]:
+        """`admit` but its bookkeeping: room made, GPUs held, what it used measured."""
         # Waiting out others' min_resident_s is bounded like the rest of a start.
         deadline = time.monotonic() + backend.config.start_timeout_s
         short_since: float | None = None  # when it first found its memory held by others
         while True:
-            async with self._locked(gpus):
+            async with self._locked(gpus, whose, waiter=backend):
                 need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
                 before = await self.read_gpus()
                 wait: _Protected | None = None
@@ -193,7 +217,21 @@ class VramArbiter(ZoneBook):
                     return
             # Out of the GPUs' locks: nothing is launched meanwhile, so other starts that
             # fit, zones and the yield need not wait for this one.
-            await wait_out(backend, wait.plan, str(wait), deadline, self._idle)
+            if wait.plan.starting:
+                starting = [self._backends[name] for name in wait.plan.starting]
+                text = self._turn_text(gpus, starting)
+                await wait_for_starts(backend, starting, text, str(wait), deadline)
+            else:
+                await wait_out(backend, wait.plan, str(wait), deadline, self._idle)
+
+    def _turn_text(self, gpus: list[int], starting: list[Backend]) -> str:
+        """`waiting for b's start on GPU 0`: the starts under way on `gpus`."""
+        return turn_text(
+            [
+                (f"{b.name}'s start", [self._gpu(g) for g in b.config.gpus if g in gpus])
+                for b in starting
+            ]
+        )
 
     def went_idle(self) -> None:
         """A backend's last request ended: wake the starts waiting for its turn."""
@@ -238,17 +276,40 @@ class VramArbiter(ZoneBook):
             freed.mib = first_before.used_mib - first_after.used_mib
 
     @contextlib.asynccontextmanager
-    async def locked(self, gpus: Iterable[int]) -> AsyncIterator[None]:
-        """Hold the locks of `gpus`: no start, eviction or zone grant on them meanwhile."""
-        async with self._locked(gpus):
+    async def locked(self, gpus: Iterable[int], whose: str) -> AsyncIterator[None]:
+        """Hold the locks of `gpus`: no start, eviction or zone grant on them meanwhile.
+        `whose`: what holds them, for the starts that wait (`the VRAM yield`)."""
+        async with self._locked(gpus, whose):
             yield
 
     @contextlib.asynccontextmanager
-    async def _locked(self, gpus: Iterable[int]) -> AsyncIterator[None]:
-        async with contextlib.AsyncExitStack() as stack:
+    async def _locked(
+        self, gpus: Iterable[int], whose: str, *, waiter: Claimant | None = None
+    ) -> AsyncIterator[None]:
+        """Hold the locks of `gpus` for `whose`; a `waiter` (a start) that waits for one
+        says for what meanwhile (`waiting for b's start on GPU 0`)."""
+        taken: list[int] = []
+        try:
             for gpu in sorted(set(gpus)):  # one order everywhere: no deadlock
-                await stack.enter_async_context(self._gpu_locks[gpu])
+                lock = self._gpu_locks[gpu]
+                if waiter is not None and lock.locked():
+                    with waiter.server.waiting_for_vram(
+                        functools.partial(self._lock_wait_text, gpu), phase=WAITING_FOR_TURN
+                    ):
+                        await lock.acquire()
+                else:
+                    await lock.acquire()
+                taken.append(gpu)
+                self._lock_holders[gpu] = whose
             yield
+        finally:
+            for gpu in reversed(taken):
+                del self._lock_holders[gpu]
+                self._gpu_locks[gpu].release()
+
+    def _lock_wait_text(self, gpu: int) -> str:
+        whose = self._lock_holders.get(gpu, "another start")  # between two holders
+        return turn_text([(whose, [self._gpu(gpu)])])
 
     async def _make_room(
         self,
@@ -290,7 +351,9 @@ class VramArbiter(ZoneBook):
                 plan = self._plan(need, reading, requester, below_priority, force, equal_priority)
         if not plan.fits:
             refusal = self._refusal(need, reading, plan, below_priority, force)
-            raise _NoRoom(refusal) if plan.wait_s is None else _Protected(refusal, plan)
+            if plan.wait_s is None and not plan.starting:
+                raise _NoRoom(refusal)
+            raise _Protected(refusal, plan)
         if plan.evict:
             reading = await self._evict(plan.evict, need, stop_reason, requester, block)
         return plan.evict, reading
@@ -449,7 +512,7 @@ class VramArbiter(ZoneBook):
         ttl_s: float | None,
         below_priority: int | None,
     ) -> ZoneGrant:
-        async with self._locked([gpu]):
+        async with self._locked([gpu], f"zone {name}"):
             now = time.time()
             expires = now + ttl_s if ttl_s is not None else None
             current = self.zones.get(name)
@@ -505,7 +568,8 @@ class _NoRoom(Exception):
 
 
 class _Protected(Exception):
-    """No room now, but there will be once residents' min_resident_s ends (`plan`)."""
+    """No room now, but there will be once residents' min_resident_s (or an equal's
+    `max_hold_s`) ends, or may be once the starts under way of others end (`plan`)."""
 
     def __init__(self, message: str, plan: Placement) -> None:
         super().__init__(message)

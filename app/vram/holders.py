@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
@@ -15,8 +15,14 @@ from app.vram.residency import hold_for_s, protected_for_s
 from app.vram.zones import Zone
 
 
-def residents(backends: Iterable[Backend], exclude: str | None = None) -> list[Resident]:
-    """The backends holding memory (a sleeping one: what it still holds), but `exclude`."""
+def residents(
+    backends: Iterable[Backend], exclude: str | None = None, admitting: Collection[str] = ()
+) -> list[Resident]:
+    """The backends holding memory (a sleeping one: what it still holds), but `exclude`.
+    A start under way is `starting` (waited for by a start that needs its memory) once
+    admitted: not while admission still waits for room for it (`admitting`: a sleeper's
+    wake, which holds its residue), as it may be waiting for the very start that would
+    wait for it."""
     now = time.monotonic()
     return [
         Resident(
@@ -28,6 +34,7 @@ def residents(backends: Iterable[Backend], exclude: str | None = None) -> list[R
             in_flight=b.in_flight,
             idle_s=b.idle_s(now),
             evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
+            starting=b.state is BackendState.STARTING and b.name not in admitting,
             protected_s=protected_for_s(b, now),
             hold_s=hold_for_s(b, now),
         )
@@ -61,7 +68,7 @@ def holders(
                 f", its turn ends in {math.ceil(r.hold_s)}s (max_hold_s)" if r.hold_s > 0 else ""
             )
         elif not r.evictable:
-            note = "starting or stopping"
+            note = "starting" if backends[r.name].state is BackendState.STARTING else "stopping"
         elif r.protected_s > 0 and not force:
             note = f"min_resident_s, {math.ceil(r.protected_s)}s more"
         else:

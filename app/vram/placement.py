@@ -17,6 +17,11 @@ Rules (issue: VRAM admission and eviction; "Swap in seconds" item 1):
 - a backend inside its `min_resident_s` is not evicted for another backend's start; when
   only such backends stand in the way, the plan says how long until it fits (`wait_s`), so
   admission waits instead of refusing. Zones and the yield force past it (`force`);
+- a backend still starting (it holds its memory from its admission to its ready, health
+  check and learning included) is not evicted; when the need would be met once such
+  starts end (ready: evictable like the others, by these rules; failed: their memory
+  free), the plan names them (`starting`) so admission waits for them and plans again,
+  instead of refusing because a holder is mid-start. Never for a forced plan;
 - picks that turn out unnecessary once later picks are in are dropped again.
 """
 
@@ -38,6 +43,7 @@ class Resident:
     in_flight: int = 0
     idle_s: float = 0.0
     evictable: bool = True  # False while it is starting or stopping
+    starting: bool = False  # a start under way: not evictable until it ends
     # Seconds of its `min_resident_s` left: until then only a forced plan evicts it.
     protected_s: float = 0.0
     # Busy: seconds of its `max_hold_s` left, during which a start of equal priority waits
@@ -62,6 +68,9 @@ class Placement:
     # Of `protected`: busy equals inside their `max_hold_s` (the wait ends sooner when
     # they go idle); the others are inside their `min_resident_s`.
     holding: tuple[str, ...] = ()
+    # Does not fit now (nor by waiting out protections), but may once the starts of
+    # these residents end: they hold memory it needs and are not evictable while starting.
+    starting: tuple[str, ...] = ()
 
 
 def plan_eviction(
@@ -90,12 +99,13 @@ def plan_eviction(
             return True
         return r.priority == equal_priority
 
+    eligible = [
+        _held(r, equal_priority) if r.priority == equal_priority else r
+        for r in residents
+        if r.lazy and allowed(r) and any(g in deficit for g in r.gpus)
+    ]
     candidates = sorted(
-        (
-            _held(r, equal_priority) if r.priority == equal_priority else r
-            for r in residents
-            if r.lazy and r.evictable and allowed(r) and any(g in deficit for g in r.gpus)
-        ),
+        (r for r in eligible if r.evictable),
         key=lambda r: (r.busy, r.priority, -r.idle_s, r.name),
     )
     if force:
@@ -103,6 +113,17 @@ def plan_eviction(
     plan = _pick(deficit, [r for r in candidates if r.protected_s <= 0])
     if plan.fits:
         return plan
+    plan = _after_protections(plan, deficit, candidates)
+    if plan.wait_s is not None:
+        return plan
+    starting = [r for r in eligible if r.starting and not r.evictable]
+    return _after_starts(plan, deficit, candidates, starting)
+
+
+def _after_protections(
+    plan: Placement, deficit: Mapping[int, int], candidates: Sequence[Resident]
+) -> Placement:
+    """`plan` (it does not fit), with when it would by evicting protected candidates."""
     # The earliest moment enough protections have ended; a plan then, computed now, is
     # only a promise: admission plans again when it comes.
     for wait_s in sorted({r.protected_s for r in candidates if r.protected_s > 0}):
@@ -114,6 +135,23 @@ def plan_eviction(
             holding = tuple(n for n in names if n in held)
             return replace(plan, wait_s=wait_s, protected=names, holding=holding)
     return plan
+
+
+def _after_starts(
+    plan: Placement,
+    deficit: Mapping[int, int],
+    candidates: Sequence[Resident],
+    starting: Sequence[Resident],
+) -> Placement:
+    """`plan` (it does not fit, even after protections), with the starts under way that
+    hold what it lacks: once they end it may fit (whether they are then evicted now or
+    after a protection is decided when admission plans again)."""
+    if not starting:
+        return plan
+    later = _pick(deficit, [*candidates, *sorted(starting, key=lambda r: r.name)])
+    names = {r.name for r in starting}
+    waited = tuple(n for n in later.evict if n in names)
+    return replace(plan, starting=waited) if later.fits and waited else plan
 
 
 def _held(resident: Resident, equal_priority: int | None) -> Resident:

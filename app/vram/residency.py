@@ -9,6 +9,12 @@ model load (llama-swap #612).
 The waiting start sleeps outside the GPUs' locks: nothing is launched meanwhile, so other
 starts that fit, zones and the yield are not held up by it, and the protected backend
 keeps serving (its data plane never touches admission).
+
+A start that needs memory held by a backend still starting (admitted but not ready yet:
+past its GPUs' locks and learning what it serves, or adopted at gateway start and still
+loading) waits for that start to end the same way (`wait_for_starts`), then plans again:
+the other is then ready and evicted by these rules (or protected by them), or failed and
+its memory free. It is never refused because the holder is mid-start (issue 31, 3).
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from app.lifecycle.admission import AdmissionRefused, Claimant
 from app.lifecycle.backend import Backend
+from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.state import BackendState
 from app.vram.placement import Placement
 
@@ -100,6 +108,36 @@ async def wait_out(
                 "wait_s=%.1f", backend.name, names, wait_s)  # fmt: skip
     with backend.server.waiting_for_vram(progress):
         await idle.wait(min(until - now, RESIDENCY_POLL_S))
+
+
+def turn_text(turns: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """What a start waits for its turn on, in words, from (whose, on which GPUs) pairs:
+    `waiting for turn-b's start on GPU 0`."""
+    return "waiting for " + ", ".join(f"{whose} on {' and '.join(gpus)}" for whose, gpus in turns)
+
+
+async def wait_for_starts(
+    backend: Claimant, starting: Sequence[Backend], text: str, refusal: str, deadline: float
+) -> None:
+    """Wait (at most `RESIDENCY_POLL_S`: the caller plans again after) for the starts of
+    `starting` to end: they hold memory this start needs and are not evicted mid-start.
+    `start_progress` is `text` meanwhile (`turn_text`), its load phase `waiting_for_turn`.
+    Raises `AdmissionRefused` (with `refusal`, what holds the memory) once `deadline` has
+    passed, or when their starts have ended without them leaving `starting`."""
+    names = ", ".join(b.name for b in starting)
+    now = time.monotonic()
+    if now >= deadline:
+        verb = "is" if len(starting) == 1 else "are"
+        raise AdmissionRefused(
+            f"{refusal}; {names} {verb} still starting, longer than this start waits "
+            f"({backend.config.start_timeout_s:g}s, start_timeout_s)"
+        )
+    logger.debug("start waits for starts under way backend=%s starting=%s", backend.name, names)
+    timeout_s = min(deadline - now, RESIDENCY_POLL_S)
+    with backend.server.waiting_for_vram(lambda: text, phase=WAITING_FOR_TURN):
+        under_way = await asyncio.gather(*(b.start_ended(timeout_s) for b in starting))
+    if not any(under_way) and all(b.state is BackendState.STARTING for b in starting):
+        raise AdmissionRefused(refusal)  # no start of theirs runs: nothing to wait for
 
 
 class IdleSignal:

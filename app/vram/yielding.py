@@ -153,7 +153,7 @@ class VramYield:
             # A start in progress holds the GPU's lock until it ends: stop it first.
             starting = [b for b in scope if b.state is BackendState.STARTING]
             await self._take(starting, taken, sleep=False)
-            async with self._arbiter.locked([request.gpu]):
+            async with self._arbiter.locked([request.gpu], "the VRAM yield"):
                 await self._take_in_order(request, scope, taken, free_before)
                 reading = await self._arbiter.read_gpus()
                 free_after = free_mib(reading, request.gpu) if reading is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +150,9 @@ class FakeVllmRuntime:
     without a process). `start()` returns at once, like a container start, while the
     port waits for either; when it opens at once, `start()` returns with it open (the
     gateway's first health check finds it, not a refused connection and a poll later).
-    `stop()` closes the server. Counts starts and stops.
+    `stop()` closes the server. Counts starts and stops. With `learn_gate`, its
+    `/openapi.json` (what the gateway learns after health, before ready; ~0.6 s on a real
+    server) answers once the test sets it; `learning` is set when it is asked.
     """
 
     kind = "fake-vllm"
@@ -163,10 +165,13 @@ class FakeVllmRuntime:
         *,
         open_at_start: bool = True,
         startup_delay_s: float = 0.0,
+        learn_gate: asyncio.Event | None = None,
         **options: Any,
     ) -> None:
         self.port = port
         self.startup_delay_s = startup_delay_s
+        self.learn_gate = learn_gate
+        self.learning = asyncio.Event()
         self.options = options
         self.listening = asyncio.Event()
         if open_at_start:
@@ -191,11 +196,22 @@ class FakeVllmRuntime:
         if self.startup_delay_s > 0:
             await asyncio.sleep(self.startup_delay_s)  # loading: the port stays closed
         app = build_app(FakeConfig(port=self.port, **self.options))
+        if self.learn_gate is not None:
+            app.middlewares.append(self._held_learning)
         app[FAKE_VLLM_KEY].vram.start(self.port)  # reports to the ledger when given one
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
         self._runner = runner
+
+    @web.middleware
+    async def _held_learning(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path == "/openapi.json" and self.learn_gate is not None:
+            self.learning.set()
+            await self.learn_gate.wait()
+        return await handler(request)
 
     async def stop(self) -> None:
         self.stops += 1

@@ -35,10 +35,12 @@ function actions(b) {
 
 function loadBar(b) {
   // While starting: vLLM's phase, the share done (a moving bar when not known), time left.
+  // Before its launch (waiting_for_vram, waiting_for_turn): what it waits for, in words.
   const load = b.load;
   if (b.state !== "starting" && !load) return null;
   const share = load && known(load.percent) ? Math.max(0, Math.min(100, load.percent)) : null;
-  const words = [load ? load.phase.replaceAll("_", " ") : (b.starting || "starting"),
+  const waiting = load && load.phase.startsWith("waiting_for") && b.starting;
+  const words = [waiting || (load ? load.phase.replaceAll("_", " ") : (b.starting || "starting")),
     share === null ? null : `${Math.round(share)}%`,
     load && known(load.eta_s) ? `about ${duration(load.eta_s)} left` : null].filter(Boolean).join(" · ");
   return el("div", { class: "load", "data-testid": `load-${b.name}`, "data-percent": share ?? "" },

@@ -56,7 +56,7 @@ def test_wakes_are_learned_per_sleep_level_apart_from_cold_starts() -> None:
 
 class _Watch:
     load: LoadProgress | None = None
-    waiting_for_memory = False
+    vram_wait_phase: str | None = None
 
 
 def test_a_wake_in_progress_has_an_eta_from_the_last_wake() -> None:

@@ -33,14 +33,23 @@ T = TypeVar("T")
 
 
 class Health:
-    """A backend's `/health`: answers 200 once `gate` is open (open by default)."""
+    """A backend's server as its start sees it: `/health` answers 200 once `gate` is open,
+    `/openapi.json` (what a start learns after health, before ready) once `learn_gate` is;
+    both open by default. `learning` is set when `/openapi.json` is asked."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.gate.set()
         self.called = asyncio.Event()
+        self.learn_gate = asyncio.Event()
+        self.learn_gate.set()
+        self.learning = asyncio.Event()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/openapi.json":
+            self.learning.set()
+            await self.learn_gate.wait()
+            return httpx.Response(404)  # docs off: nothing learned, nothing to parse
         self.called.set()
         await self.gate.wait()
         return httpx.Response(200)

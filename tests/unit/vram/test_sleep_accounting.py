@@ -294,6 +294,31 @@ async def test_a_wake_evicts_like_a_start(rig: Rig) -> None:
     assert rig.arbiter.placed_mib() == {0: 16000}
 
 
+async def test_two_sleepers_waking_at_once_do_not_wait_for_each_other(rig: Rig) -> None:
+    # Each wake needs the other's residue, and each sleeper is `starting` while its wake
+    # waits for room: were a wake not yet admitted waited for like a start under way, the
+    # two would wait for each other up to their start_timeout_s (300 s). One wakes (the
+    # other's residue evicted), the other is refused at once, as before.
+    first = await rig.ready("first", vram_mib=12000, asleep=2000)
+    await within(first.sleep(StopReason.ADMIN, level=1))
+    second = await rig.ready("second", vram_mib=12000, asleep=2000)
+    await within(second.sleep(StopReason.ADMIN, level=1))
+    await within(  # 12000 of the 20000 free: each wake (10000) now needs the other's 2000
+        rig.arbiter.acquire_zone(
+            "comfy", holder="comfyui", mib=12000, gpu=0, ttl_s=60, below_priority=None
+        )
+    )
+    wakes = [asyncio.create_task(b.acquire()) for b in (first, second)]
+    await within(asyncio.wait(wakes))
+    outcomes = [w.exception() or w.result() for w in wakes]
+    refused = [o for o in outcomes if isinstance(o, BackendUnavailable)]
+    assert len(refused) == 1, outcomes
+    assert refused[0].kind is UnavailableKind.NO_VRAM
+    for wake in wakes:
+        if wake.exception() is None:
+            wake.result().release()
+
+
 # -- idle -----------------------------------------------------------------------------------
 
 SLEEPS_WHEN_IDLE: dict[str, Any] = {"idle_ttl_s": 10, "idle": {"method": "sleep", "level": 2}}

@@ -124,3 +124,96 @@ async def test_a_start_waiting_for_a_busy_equal_gives_up_at_its_start_timeout(ri
     assert "longer than this start waits (0.3s, start_timeout_s)" in error.message
     assert state_of(first) is BackendState.READY
     busy.release()
+
+
+async def test_a_start_waits_for_an_equal_still_starting_then_takes_its_turn(
+    rigs: Rigs,
+) -> None:
+    # Issue 31, 3: b has passed its health check and learns what it serves (its
+    # /openapi.json, ~0.6 s on a real server) when a's start plans: b holds its memory but
+    # is not ready, so not evictable yet. a waits for b's start, then for b's turn.
+    rig = rigs.make(total_mib=16000)
+    b = rig.add("turn-b", vram_mib=11000)
+    a = rig.add("turn-a", vram_mib=11000)
+    rig.health["turn-b"].learn_gate.clear()
+    request_b = asyncio.create_task(b.acquire())
+    await within(rig.health["turn-b"].learning.wait())
+    assert state_of(b) is BackendState.STARTING
+
+    request_a = asyncio.create_task(a.acquire())  # was: 503 backend_no_vram at once
+    progress = await until(
+        lambda: a.start_progress() or (request_a.done() and repr(request_a.exception())),
+        what="a's start to say what it waits for",
+    )
+    assert progress == "waiting for turn-b's start on GPU 0", progress
+    load = a.load()
+    assert load is not None
+    assert load.phase == "waiting_for_turn"
+    assert not request_a.done()
+    assert rig.runtimes["turn-a"].starts == 0
+
+    rig.health["turn-b"].learn_gate.set()
+    lease_b = await within(request_b)  # b's request first: its turn
+
+    def waits_for_the_turn() -> str | None:
+        words = a.start_progress()
+        return words if words and "turn-b is resident" in words else None
+
+    turn = await until(waits_for_the_turn, what="a's start to wait for b's turn")
+    assert turn.endswith("(busy, max_hold_s)")
+    lease_b.release()
+    lease_a = await within(request_a)  # then a's: served, no 503
+    lease_a.release()
+    assert state_of(b) is BackendState.STOPPED
+    assert swaps(rig, "turn-a", "turn-b") == 1
+
+
+async def test_a_start_waiting_for_the_gpu_says_whose_start_holds_it(rigs: Rigs) -> None:
+    # One start per GPU: while b launches (minutes on a real server), a's start waits for
+    # the GPU's lock; /status said `launching 0%`, as if a were loading.
+    rig = rigs.make(total_mib=16000)
+    b = rig.add("turn-b", vram_mib=11000)
+    a = rig.add("turn-a", vram_mib=11000)
+    rig.health["turn-b"].gate.clear()
+    request_b = asyncio.create_task(b.acquire())
+    await within(rig.health["turn-b"].called.wait())  # launched, not healthy yet
+
+    starting_a = asyncio.create_task(a.start())
+    progress = await until(a.start_progress, what="a's start to say what it waits for")
+    assert progress == "waiting for turn-b's start on GPU 0"
+    load = a.load()
+    assert load is not None
+    assert load.phase == "waiting_for_turn"
+    assert rig.runtimes["turn-a"].starts == 0
+
+    rig.health["turn-b"].gate.set()
+    lease_b = await within(request_b)
+    lease_b.release()
+    await within(starting_a)  # b idle: evicted at once, its turn over
+    assert state_of(a) is BackendState.READY
+    assert state_of(b) is BackendState.STOPPED
+    assert a.server.vram_waited_s > 0  # a request held for it counts the wait as `yield`
+
+
+async def test_a_start_waiting_for_an_equal_still_starting_gives_up_at_its_start_timeout(
+    rigs: Rigs,
+) -> None:
+    rig = rigs.make(total_mib=16000)
+    b = rig.add("turn-b", vram_mib=11000)
+    a = rig.add("turn-a", vram_mib=11000, start_timeout_s=0.3)
+    rig.health["turn-b"].learn_gate.clear()  # b never gets ready
+    request_b = asyncio.create_task(b.acquire())
+    await within(rig.health["turn-b"].learning.wait())
+
+    began = time.monotonic()
+    error = await unavailable(a)
+    assert time.monotonic() - began >= 0.3
+    assert error.kind == "no_vram"
+    assert "backend turn-b 11000 MiB (starting)" in error.message
+    assert error.message.endswith(
+        "turn-b is still starting, longer than this start waits (0.3s, start_timeout_s)"
+    )
+    assert rig.runtimes["turn-a"].starts == 0
+    assert state_of(b) is BackendState.STARTING  # untouched
+    rig.health["turn-b"].learn_gate.set()
+    (await within(request_b)).release()
