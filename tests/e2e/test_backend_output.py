@@ -80,8 +80,9 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         phases = list(dict.fromkeys(load["phase"] for load in first))
         # The phases advance in vLLM's order (the poll may miss a short one).
         order = [
-            *("launching", "loading_model", "loading_weights", "profiling"),
-            *("allocating_kv_cache", "capturing_graphs", "warming_up", "starting_server"),
+            *("launching", "resolving_config", "starting_engine", "loading_model"),
+            *("loading_weights", "profiling", "compiling", "allocating_kv_cache"),
+            *("capturing_graphs", "warming_up", "starting_server"),
         ]
         assert phases == [p for p in order if p in phases]
         assert {"loading_weights", "capturing_graphs"} <= set(phases)
