@@ -132,6 +132,7 @@ def test_a_failed_kv_cache_check_is_quoted_with_its_hint() -> None:
     )
     for text in (message, reason):
         assert "exited with code 1 before it was ready" in text
+        assert text.endswith("(its output: `microscheduler logs llm`)")
         assert vllm_said in text
         assert "microscheduler plan context" in text
         assert "--max-model-len" in text
