@@ -8,7 +8,8 @@ lock, and owns the state. Nothing here changes a backend's state: failures are r
 While a start it launched waits for health, it reads the server's output (a runtime that
 offers it: `app.runtimes.output.OutputSource`) for vLLM's start-up phases (`load`) and
 keeps the last `RECENT_LINES`; a start that fails quotes the decisive ones
-(`app.upstreams.vllm_output.explain`: recognised lines only, bounded, with a hint).
+(`app.upstreams.vllm_output.explain`: recognised lines only, bounded, with a hint) and
+names the command that shows the rest (`microscheduler logs NAME`).
 """
 
 from __future__ import annotations
@@ -156,11 +157,15 @@ class Server:
 
     async def _explanation(self) -> str:
         """What its output says about a failed start (after waiting up to
-        `OUTPUT_GRACE_S` for the reader to reach the end of an exited server's output)."""
+        `OUTPUT_GRACE_S` for the reader to reach the end of an exited server's output),
+        then where to read the whole of it, for a runtime whose output the gateway reads:
+        `; it said: "..." (hint: ...) (its output: `microscheduler logs NAME`)`."""
+        if not isinstance(self.runtime, OutputSource):
+            return ""
         reader = self._reader
         if reader is not None and not reader.done():
             await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
-        return explain(self._recent)
+        return f"{explain(self._recent)} (its output: `microscheduler logs {self.name}`)"
 
     async def wait_healthy(self, start_timeout_s: float) -> None:
         """Poll the health check until it passes; fail at once if the server exits.

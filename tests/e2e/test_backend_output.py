@@ -80,8 +80,9 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         phases = list(dict.fromkeys(load["phase"] for load in first))
         # The phases advance in vLLM's order (the poll may miss a short one).
         order = [
-            *("launching", "loading_model", "loading_weights", "profiling"),
-            *("allocating_kv_cache", "capturing_graphs", "warming_up", "starting_server"),
+            *("launching", "resolving_config", "starting_engine", "loading_model"),
+            *("loading_weights", "profiling", "compiling", "allocating_kv_cache"),
+            *("capturing_graphs", "warming_up", "starting_server"),
         ]
         assert phases == [p for p in order if p in phases]
         assert {"loading_weights", "capturing_graphs"} <= set(phases)
@@ -131,6 +132,7 @@ def test_a_failed_kv_cache_check_is_quoted_with_its_hint() -> None:
     )
     for text in (message, reason):
         assert "exited with code 1 before it was ready" in text
+        assert text.endswith("(its output: `microscheduler logs llm`)")
         assert vllm_said in text
         assert "microscheduler plan context" in text
         assert "--max-model-len" in text

@@ -149,6 +149,7 @@ def test_a_container_failing_its_kv_cache_check_is_explained(
         assert "exited with code 1 before it was ready" in message
         assert "To serve at least one request with the model's max seq len (32768)" in message
         assert "microscheduler plan context" in message
+        assert "(its output: `microscheduler logs llm`)" in message
         assert message in backend(gw)["reason"] or backend(gw)["reason"] in message
 
 

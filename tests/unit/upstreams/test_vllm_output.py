@@ -14,6 +14,7 @@ from app.upstreams.vllm_output import (
     LoadTracker,
     diagnose,
     explain,
+    last_error,
     loaded_weights_gib,
     message,
     progress_of,
@@ -33,12 +34,32 @@ def log(fmt: str, *args: object, where: str = "x.py:1", proc: str = "EngineCore_
 # (format string as in vLLM 0.33, its arguments, the phase it marks)
 PHASE_LINES = [
     (
+        "non-default args: %s",
+        ({"model_tag": "Qwen/Qwen3-8B", "model": "Qwen/Qwen3-8B", "max_model_len": 32768},),
+        "resolving_config",
+    ),  # entrypoints/common/startup.py:96
+    ("Resolved architecture: %s", ("Qwen3ForCausalLM",), "resolving_config"),  # model.py:744
+    (
+        "Initializing a V1 LLM engine (v%s) with config: %s",
+        ("0.33.0", "model='Qwen/Qwen3-8B', speculative_config=None, max_seq_len=32768"),
+        "starting_engine",
+    ),  # v1/engine/core.py:140
+    (
         "Starting to load model %s...",
         ("Qwen/Qwen3-8B",),
         "loading_model",
     ),  # gpu_model_runner.py:4979
     ("Loading weights took %.2f seconds", (12.3456,), "loading_weights"),  # default_loader.py:507
     ("Model loading took %s GiB memory and %.6f seconds", ("15.27", 13.5), "profiling"),  # :5089
+    ("%sStarting torch.compile", ("",), "compiling"),  # compilation/monitor.py:40
+    ("%sStarting torch.compile", ("[backbone] ",), "compiling"),  # with a compile tag
+    ("%sDynamo bytecode transform time: %.2f s", ("", 5.91), "compiling"),  # backends.py:1188
+    ("%storch.compile took %.2f s in total", ("", 17.04), "compiling"),  # monitor.py:20,62
+    (
+        "%storch.compile and initial profiling/warmup run together took %.2f s in total",
+        ("", 21.5),
+        "compiling",
+    ),  # compilation/decorators.py:716
     ("Available KV cache memory: %s GiB", ("5.61",), "allocating_kv_cache"),  # gpu_worker.py:773
     (
         "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
@@ -72,7 +93,8 @@ def test_each_milestone_line_is_recognised_with_and_without_the_prefix(
 def test_the_kv_cache_size_keeps_its_thousands_separators() -> None:
     line = log("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: "
                "%.2fx", "GPU", f"{1234567:,}", f"{131072:,}", 9.42)  # fmt: skip
-    found = MILESTONES[5].pattern.search(message(line))
+    kv_size = next(m for m in MILESTONES if m.key == "kv_size")
+    found = kv_size.pattern.search(message(line))
     assert found is not None
     assert found.group("tokens") == "1,234,567"
 
@@ -105,6 +127,31 @@ def test_tqdm_carriage_returns_feed_the_tracker_update_by_update() -> None:
             seen.append(tracker.progress)
     assert [p.phase for p in seen] == ["capturing_graphs"] * 3
     assert [p.percent for p in seen] == [80, 87, 95]
+
+
+def test_the_milestones_percents_follow_vllms_order() -> None:
+    percents = [m.percent for m in MILESTONES]
+    assert percents == sorted(percents)
+    assert percents[0] > 0
+    keys = [m.key for m in MILESTONES]
+    # API server, then engine core, then the load; torch.compile between the weights and
+    # the KV cache (the profiling run compiles: v1/worker/gpu_worker.py:700).
+    assert keys.index("engine_init") < keys.index("load_start")
+    assert keys.index("model_loaded") < keys.index("compile_start") < keys.index("kv_memory")
+    early = [m for m in MILESTONES if m.percent < MILESTONES[keys.index("load_start")].percent]
+    assert [m.phase for m in early] == ["resolving_config", "resolving_config", "starting_engine"]
+
+
+def test_the_progress_moves_before_the_model_loads() -> None:
+    tracker = LoadTracker()
+    seen = []
+    for fmt, args, _ in PHASE_LINES[:3]:
+        assert tracker.feed(log(fmt, *args, proc="APIServer"))
+        seen.append(tracker.progress)
+    assert [p.phase for p in seen] == ["resolving_config", "resolving_config", "starting_engine"]
+    assert [p.percent for p in seen] == [1, 2, 3]
+    tracker.feed(log("Starting to load model %s...", "m"))
+    assert tracker.progress.percent == 5
 
 
 def test_the_percent_never_goes_back() -> None:
@@ -144,10 +191,34 @@ FAILURE_LINES = [
     ("unsupported_architecture", "ValueError: Model architectures ['FooForCausalLM'] are "
      "not supported for now. Supported architectures: dict_keys([...])"),  # registry.py:1250
     ("port_in_use", "OSError: [Errno 98] Address already in use"),  # launcher.py:353 bind
+    # config/model.py:2664, under pydantic's "ValidationError: 1 validation error for
+    # ModelConfig" as "  Value error, ..."
+    ("max_model_len_too_long", "Value error, User-specified max_model_len (65536) is "
+     "greater than the derived max_model_len (max_position_embeddings=32768 or "
+     "model_max_length=None in model's config.json). To allow overriding this maximum, set "
+     "the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."),
+    ("sleep_mode_unsupported", "Value error, Sleep mode is not supported on current "
+     "platform. [type=value_error]"),  # config/model.py:668
+    ("not_cached_offline", "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an "
+     "appropriate cached snapshot folder for the specified revision on the local disk and "
+     "outgoing traffic has been disabled. To enable repo look-ups and downloads online, set "
+     "'HF_HUB_OFFLINE=0' as environment variable."),  # _snapshot_download.py:389
+    ("not_cached_offline", "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the "
+     "requested files in the disk cache and outgoing traffic has been disabled. To enable "
+     "hf.co look-ups and downloads online, set 'local_files_only' to False."),
+    ("no_network", "OSError: We couldn't connect to 'https://huggingface.co' to load the "
+     "files, and couldn't find them in the cached files."),  # transformers/utils/hub.py:621
+    ("model_not_found", "OSError: nobody/nothing is not a local folder and is not a valid "
+     "model identifier listed on 'https://huggingface.co/models'"),  # transformers hub.py:570
+    ("model_not_found", "huggingface_hub.errors.HFValidationError: Repo id must use "
+     "alphanumeric chars, '-', '_' or '.'."),  # huggingface_hub/utils/_validators.py:140
+    ("unknown_flag", "vllm serve: error: unrecognized arguments: --max-model-lenght 4096"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("key", "said"), FAILURE_LINES, ids=[k for k, _ in FAILURE_LINES])
+@pytest.mark.parametrize(
+    ("key", "said"), FAILURE_LINES, ids=[f"{k}-{n}" for n, (k, _) in enumerate(FAILURE_LINES)]
+)
 def test_each_failure_is_recognised_with_its_hint(key: str, said: str) -> None:
     lines = [log("EngineCore failed to start."), f"(EngineCore_DP0 pid=4242) {said}"]
     found = diagnose(lines)
@@ -197,3 +268,58 @@ def test_the_weights_vllm_loaded_are_read_from_its_line() -> None:
     tracker.feed("(EngineCore_DP0 pid=7) INFO 11-26 07:50:02 [gpu_worker.py:773] "
                  "Available KV cache memory: 1.2 GiB")  # fmt: skip
     assert tracker.weights_gib == 15.27
+
+
+def test_an_unrecognised_failure_quotes_its_last_exception_line_only() -> None:
+    lines = [
+        log("Starting to load model %s...", "m"),
+        "(EngineCore_DP0 pid=1) Traceback (most recent call last):",
+        '(EngineCore_DP0 pid=1)   File "/x/vllm/model_executor/models/llama.py", line 9, in f',
+        "(EngineCore_DP0 pid=1) KeyError: 'rope_scaling'",
+        "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause "
+        "above. Failed core proc(s): {}",  # v1/engine/utils.py:1470: the root cause is above
+        "user prompt: tell me a secret",
+    ]
+    assert diagnose(lines) == []
+    assert last_error(lines) == "KeyError: 'rope_scaling'"
+    assert explain(lines) == "; it said: \"KeyError: 'rope_scaling'\""
+    assert "secret" not in explain(lines)
+    # The wrapper alone is still better than nothing.
+    assert last_error(lines[-2:]) == (
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {}"
+    )
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        # argparse.py ArgumentParser.error: "%(prog)s: error: %(message)s"
+        "vllm serve: error: argument --dtype: invalid choice: 'fp77' (choose from auto, "
+        "bfloat16, float, float16, float32, half)",
+        "huggingface_hub.errors.EntryNotFoundError: 404 Client Error.",
+        "torch.distributed.DistBackendError: NCCL error in: ../init.cpp:1",
+        "Value error, Invalid value for --kv-cache-dtype [type=value_error]",  # pydantic
+    ],
+)
+def test_exception_and_argparse_error_lines_are_the_fallback(said: str) -> None:
+    assert explain([log("non-default args: %s", {}), said, "something after it"]) == (
+        f'; it said: "{said}"'
+    )
+
+
+def test_the_fallback_quotes_no_other_line_and_is_bounded() -> None:
+    # A warning naming an exception mid-line is no exception (real: system_utils.py:255).
+    warning = log("Found ulimit of 20000 and failed to automatically increase with error "
+                  "current limit exceeds maximum limit. This can cause fd limit errors like "
+                  "`OSError: [Errno 24] Too many open files`. Consider increasing with "
+                  "ulimit -n")  # fmt: skip
+    assert explain([warning, "Traceback (most recent call last):", "exit 1"]) == ""
+    long = "ValueError: " + "x" * 2 * MAX_QUOTE
+    found = last_error([long])
+    assert found is not None
+    assert len(found) == MAX_QUOTE
+    # A recognised line wins: no fallback quote besides it.
+    lines = ["KeyError: 'x'", "OSError: [Errno 98] Address already in use"]
+    assert explain(lines).count("it said") == 1
+    assert "KeyError" not in explain(lines)
