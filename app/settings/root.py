@@ -44,6 +44,7 @@ from app.settings.profiles import GpuProfilesConfig
 from app.settings.schedules import ScheduleWindow, check_schedules, check_timezone
 from app.settings.store import StoreConfig
 from app.settings.timeouts import TimeoutsConfig
+from app.settings.urls import shared_server
 
 ENV_PREFIX = "MICROSCHEDULER_"
 
@@ -339,6 +340,9 @@ class Settings(BaseSettings):
                     else:
                         owner[name] = backend
         self._check_groups()
+        shared = shared_server(self.backends)
+        if shared is not None:
+            raise ValueError(shared)
         if self.gpu_profiles is not None:
             unknown = self.gpu_profiles.unknown_backends(self.backends)
             if unknown:
