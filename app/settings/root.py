@@ -200,8 +200,10 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(
         default_factory=ServerConfig, description="What one client may hold of the HTTP server."
     )
+    # An idle backend's /health (and its /metrics, polled every gpu.poll_interval_s) less
+    # often: up to every 30 s (app/control/polling.py).
     health_interval_s: PositiveFloat = Field(
-        5.0, description="How often backends are health-checked."
+        5.0, description="How often backends in use are health-checked (idle ones less often)."
     )
     shutdown_grace_s: PositiveFloat = Field(
         10.0, description="At shutdown, requests in flight get this long to finish."
