@@ -5,10 +5,11 @@ listed in `MICROSCHEDULER_ALLOWED_ORIGINS`).
 
 Each request gets a `RequestContext` in its scope; the relay fills in what only it knows
 (the configured model name, the backend, a client that went away, the answer's tokens,
-the fallbacks taken, the error that ended a response begun: `stream_error`), and this middleware records it once the response is over,
-whatever path the request took: metrics, the access line, and an `app.activity` entry
-for each request to a model API (not `/v1/models`). The context's `Waits` is the
-request's `app.activity.current_waits` while it is served.
+the fallbacks taken, the error that ended a response begun: `stream_error`), and this
+middleware records it once the response is over, whatever path the request took:
+metrics, the access line, and an `app.activity` entry for each request to a model API
+(not `/v1/models`). The context's `Waits` is the request's `app.activity.current_waits`
+while it is served.
 
 One `send` wrapper serves the whole stack: the observer's, which also keeps how far the
 response got (`app.api.relay.Progress`: status line out, event stream, last chunk,

@@ -31,9 +31,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
+from app.control.polling import poll_due, poll_interval_s
 from app.errors import BackendUnavailable
 from app.gpu.poller import GpuMonitor
-from app.control.polling import poll_due, poll_interval_s
 from app.lifecycle import admission as rules
 from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind

@@ -5,6 +5,8 @@ groups included. Real fake vLLM servers on 127.0.0.1, the gateway in process."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 
 from tests.fakes.servers import fake_vllm, gateway, gateway_settings, sdk_http
@@ -16,7 +18,7 @@ async def test_each_card_has_its_servers_max_model_len() -> None:
         fake_vllm(models=["group-model"], max_model_len=8192) as wide,
         fake_vllm(models=["group-model"], max_model_len=2048) as narrow,
     ):
-        backends = {
+        backends: dict[str, dict[str, Any]] = {
             "chat": {
                 "url": chat.url,
                 "models": ["chat-model"],

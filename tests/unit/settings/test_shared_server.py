@@ -93,7 +93,9 @@ def test_external_replicas_on_one_server_are_one_model_twice() -> None:
         "a": external("http://127.0.0.1:8000", "m", **member),
         "b": external("http://localhost:8000", "m", **member),
     }
-    with pytest.raises(ValidationError, match="and both send model 'm': one model configured twice"):
+    with pytest.raises(
+        ValidationError, match="and both send model 'm': one model configured twice"
+    ):
         Settings(backends=backends)
 
 
