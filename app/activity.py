@@ -8,7 +8,9 @@ the time, the key's name, the model (the configured name the request was routed 
 the route (the backend or provider that answered), the API (the endpoint's name), the
 status, the tokens of the answer's usage, the wait and why, the fallbacks taken (and
 their reasons; with `cold_start_budget`, the passed-over entry's expected time to ready,
-`expected_wake_s`) and the duration. Every string in it comes from the configuration
+`expected_wake_s`), the duration, and the error that ended a response whose status line
+had gone out (`stream_error`: a stream that ended with an error event is a 200 on the
+wire, and stays one here). Every string in it comes from the configuration
 (names) or a closed vocabulary, so an entry's size does not depend on the request.
 
 Waits are counted per request in `Waits`, which the request's context carries
@@ -120,6 +122,10 @@ class Entry:
     duration_s: float
     fallback_reasons: tuple[str, ...] = ()  # `FallbackReason`s, in the chain's order
     expected_wake_s: float | None = None  # a cold entry passed over (cold_start_budget)
+    # The error that ended it after its status line went out (the status stays what went
+    # out, 200): the gateway's error code, or `upstream_<status>` / `upstream_error` for
+    # the upstream's own error event (`app.upstreams.sse_errors`). None: it did not.
+    stream_error: str | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -147,6 +153,7 @@ class Entry:
             "fallback_reasons": list(self.fallback_reasons),
             "expected_wake_s": self.expected_wake_s,
             "duration_s": round(self.duration_s, 3),
+            "stream_error": self.stream_error,
         }
 
 

@@ -93,6 +93,8 @@ class Seams:
     as used); it replaces the local host's source only (`hosts:` use their config).
     `ram_source` replaces the local host's RAM reading (/proc/meminfo).
     `clock` is the schedules' wall clock and wait (`app.control.scheduler`).
+    `poll_clock` is the monotonic clock the health watch and the scrape space an idle
+    backend's polls by (`app.control.polling`).
     `state_retry_first_s` is the wait before the state file's first save retry after a
     failed save (`app.lifecycle.store`; it doubles from there).
     """
@@ -104,6 +106,7 @@ class Seams:
     gpu_source_factory: GpuSourceFactory | None = None
     ram_source: RamSource | None = None  # the local host's RAM (default /proc/meminfo)
     clock: Clock | None = None  # the schedules' (default: time.time and asyncio.sleep)
+    poll_clock: Callable[[], float] | None = None  # idle polls' (default: time.monotonic)
     state_retry_first_s: float = RETRY_FIRST_S
 
 
@@ -249,6 +252,7 @@ class Services:
             self.profiles,
             vllm_load,
             sweep=functools.partial(sweep_orphans, self._processes, wanted),
+            poll_clock=self._seams.poll_clock,
         )
         self.scheduler = Scheduler(
             settings.schedules,

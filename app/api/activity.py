@@ -29,8 +29,10 @@ async def activity(
     """Each entry: `at` (arrival, Unix seconds), `key`, `model`, `route` (the backend or
     provider that answered), `api` (the endpoint's name), `status`, `prompt_tokens`,
     `completion_tokens` and `tokens_per_s` (None without usage in the answer), `wait_s`
-    and `wait_reason` (`none`, `queue`, `wake`, `limit`, `yield`), `fallbacks` and
-    `duration_s`. Never a prompt or an answer."""
+    and `wait_reason` (`none`, `queue`, `wake`, `limit`, `yield`), `fallbacks`,
+    `duration_s`, and `stream_error`: the error that ended a response whose status line
+    had gone out (a stream ended by an error event keeps its 200; None: it ended well).
+    Never a prompt or an answer."""
     ring = services.activity
     entries = ring.recent(min(limit, ring.size), model=model, key=key)
     return {"size": ring.size, "held": len(ring), "entries": [e.view() for e in entries]}

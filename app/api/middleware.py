@@ -5,10 +5,11 @@ listed in `MICROSCHEDULER_ALLOWED_ORIGINS`).
 
 Each request gets a `RequestContext` in its scope; the relay fills in what only it knows
 (the configured model name, the backend, a client that went away, the answer's tokens,
-the fallbacks taken), and this middleware records it once the response is over,
-whatever path the request took: metrics, the access line, and an `app.activity` entry
-for each request to a model API (not `/v1/models`). The context's `Waits` is the
-request's `app.activity.current_waits` while it is served.
+the fallbacks taken, the error that ended a response begun: `stream_error`), and this
+middleware records it once the response is over, whatever path the request took:
+metrics, the access line, and an `app.activity` entry for each request to a model API
+(not `/v1/models`). The context's `Waits` is the request's `app.activity.current_waits`
+while it is served.
 
 One `send` wrapper serves the whole stack: the observer's, which also keeps how far the
 response got (`app.api.relay.Progress`: status line out, event stream, last chunk,
@@ -56,6 +57,9 @@ class RequestContext:
     fallback_reasons: tuple[str, ...] = ()  # and why
     expected_wake_s: float | None = None  # a cold entry passed over: its expected wake
     waits: Waits = field(default_factory=Waits)  # app.activity.current_waits
+    # The error that ended the response after its status line went out (the relay's own
+    # in-band error, or the upstream's error event before `[DONE]`): its code.
+    stream_error: str | None = None
     # How far the response got, as the observer's `send` saw it (`Progress`).
     sse: bool = False  # its status line said `text/event-stream`
     last: bytes = b""  # its last non-empty body chunk
@@ -145,11 +149,12 @@ class RequestObserver:
                 ttfb_s=None if ctx.first_byte_at is None else ctx.first_byte_at - ctx.started,
             )
         if self.access_log and logs.access_on():  # not formatted for a level that drops it
+            broke = "" if ctx.stream_error is None else f" stream_error={ctx.stream_error}"
             logs.access(
                 ctx.request_id,
                 f"request method={scope['method']} path={scope['path']} status={status} "
                 f"model={ctx.model or '-'} backend={ctx.backend or '-'} key={ctx.key or '-'} "
-                f"duration_ms={(ended - ctx.started) * 1000:.1f}",
+                f"duration_ms={(ended - ctx.started) * 1000:.1f}{broke}",
             )
         if (
             self.activity is not None
@@ -179,6 +184,7 @@ def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
         duration_s=duration,
         fallback_reasons=ctx.fallback_reasons,
         expected_wake_s=ctx.expected_wake_s,
+        stream_error=ctx.stream_error,
     )
 
 

@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Route
 from app.api.middleware import context_of, too_large
 from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
 from app.api.relay import RelayResponse
-from app.api.views import model_list, model_view
+from app.api.views import max_model_len_of, model_list, model_view
 from app.errors import EndpointNotServed, MethodNotAllowed, ModelNotFound, UnsupportedMediaType
 from app.jsonwire import json_bytes
 from app.keys.ring import ClientKey
@@ -170,7 +170,12 @@ def not_offered(method: str, path: str, backend: str) -> None:
 async def list_models(request: Request) -> Response:
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
-    models = model_list(services.registry, services.started_at, allowed=key.allows)
+    models = model_list(
+        services.registry,
+        services.started_at,
+        allowed=key.allows,
+        max_len=lambda entry: max_model_len_of(entry, services.backends),
+    )
     body = json_bytes(models)
     return Response(body, media_type="application/json")
 
@@ -185,7 +190,8 @@ async def retrieve_model(request: Request) -> Response:
     if entry is None:
         raise ModelNotFound(name)
     key.check_model(name)
-    body = json_bytes(model_view(entry, services.started_at))
+    max_len = max_model_len_of(entry, services.backends)
+    body = json_bytes(model_view(entry, services.started_at, max_len))
     return Response(body, media_type="application/json")
 
 

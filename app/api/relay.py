@@ -55,6 +55,7 @@ from app.routing.local import LOWERED_HEADER
 from app.routing.patience import EXPECTED_WAKE_HEADER
 from app.settings.endpoints import Api
 from app.tasks import OpenRelays
+from app.upstreams.sse_errors import stream_error
 from app.upstreams.usage import UsageStripper
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class RelayResponse(Response):
         self._stored = stored
         self._relays = relays
         self._waits: Waits | None = None
+        self._ctx: RequestContext | None = None
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -132,6 +134,7 @@ class RelayResponse(Response):
         if ctx is not None:
             ctx.model, ctx.backend = route.name, route.backend
             self._waits = ctx.waits
+            self._ctx = ctx
         relays = self._relays
         if relays is not None and relays.stopping:
             self._key_done("error")
@@ -220,9 +223,17 @@ class RelayResponse(Response):
         if wait is not None:  # a new dict: the error's may be shared
             err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
         if notice is not None and notice.started:
+            self._broke(_label(err))
             await send(_body(self._dialect.stream_error(err, b""), more=False))
         else:
             await self._dialect.error_response(err)(scope, receive, send)
+
+    def _broke(self, label: str | None) -> None:
+        """The response ended with an error after its status line went out (`label`: the
+        error's code; None: it did not): its activity entry and access line say so, its
+        status stays what went out."""
+        if label is not None and self._ctx is not None and self._ctx.stream_error is None:
+            self._ctx.stream_error = label
 
     def _key_done(self, outcome: str) -> None:
         if self._call.key is not None:
@@ -243,7 +254,10 @@ class RelayResponse(Response):
             async with asyncio.timeout(END_WRITE_S):
                 if not out.head_sent:
                     await self._dialect.error_response(err)(scope, receive, send)
-                elif out.sse and not out.ended:
+                    return
+                if not out.ended:
+                    self._broke(_label(err))
+                if out.sse and not out.ended:
                     await send(_body(self._dialect.stream_error(err, out.last), more=False))
         except TimeoutError:
             logger.info("the client did not take the response's end; closing")
@@ -285,6 +299,7 @@ class RelayResponse(Response):
                 if len(body) > MAX_ERROR_BODY:
                     break
         watch.stop()
+        self._broke(f"upstream_{upstream.status}")
         error = self._dialect.upstream_stream_error(upstream.status, body)
         await send(_body(error, more=False))
 
@@ -308,6 +323,8 @@ class RelayResponse(Response):
                 await self._ended_early(exchange, send, first)
                 return
             await send(_body(first, more=False))
+            if sse:
+                self._broke(stream_error(first))
             exchange.body_done(first)
             return
         await send(_body(first, more=True))
@@ -329,6 +346,7 @@ class RelayResponse(Response):
                 "upstream failed mid-response backend=%s error=%s", exchange.backend, err
             )
             watch.stop()
+            self._broke(_label(err))
             if sse:
                 await send(_body(self._dialect.stream_error(err, last), more=False))
             # Otherwise return without finishing: the server closes the connection, so the
@@ -339,6 +357,8 @@ class RelayResponse(Response):
             await self._ended_early(exchange, send, last)
             return
         await send(_body(b"", more=False))
+        if sse:  # the upstream's own error event, before [DONE]: its last chunks only
+            self._broke(stream_error(previous + last))
         exchange.body_done(previous + last)
 
     async def _ended_early(self, exchange: Exchange, send: Send, last: bytes) -> None:
@@ -348,8 +368,14 @@ class RelayResponse(Response):
             f"upstream {exchange.backend!r} ended the stream without [DONE]", kind="disconnected"
         )
         self._dispatcher.record_stream_error(exchange, error)
+        self._broke(_label(error))
         logger.warning("upstream stream ended without [DONE] backend=%s", exchange.backend)
         await send(_body(self._dialect.stream_error(error, last), more=False))
+
+
+def _label(err: GatewayError) -> str:
+    """A gateway error's label for the activity and the access line: its code."""
+    return str(err.code or err.type)
 
 
 def _took(ctx: RequestContext, exchange: Exchange) -> None:

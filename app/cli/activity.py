@@ -4,7 +4,9 @@ gateway answered, newest first, as a table (`GET /activity`; `--json` prints its
 Columns: when it arrived (local time), the client key, the model, the route (the backend
 or provider that answered), the API, the status, the prompt and completion tokens (`-`
 when the answer had no usage), completion tokens per second, the wait and why (`none`,
-`queue`, `wake`, `limit`, `yield`), the fallbacks taken and the duration.
+`queue`, `wake`, `limit`, `yield`), the fallbacks taken and the duration. A response that
+broke after its status line went out (a stream ended by an error event) shows the error
+after its status: `200 (upstream_500)`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def _seconds(value: float) -> str:
     return f"{value:.3f}s" if value < 1 else f"{value:.2f}s"
 
 
+def _status(entry: JsonDict) -> str:
+    """The status that went out; a response that broke after it says with what."""
+    broke = entry.get("stream_error")
+    return str(entry["status"]) if broke is None else f"{entry['status']} ({broke})"
+
+
 def render(answer: JsonDict) -> str:
     entries = answer.get("entries") or []
     if not entries:
@@ -70,7 +78,7 @@ def render(answer: JsonDict) -> str:
         rows.append([
             time.strftime("%H:%M:%S", time.localtime(e["at"])),
             _or_dash(e.get("key")), _or_dash(e.get("model")), _or_dash(e.get("route")),
-            e["api"], str(e["status"]), tokens, "-" if rate is None else f"{rate:.1f}",
+            e["api"], _status(e), tokens, "-" if rate is None else f"{rate:.1f}",
             wait, str(e["fallbacks"]), _seconds(e["duration_s"]),
         ])  # fmt: skip
     return "\n".join(table(rows))

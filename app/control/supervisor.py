@@ -15,7 +15,9 @@ it stops.
 - Loops, each a named task: the health watch (every `health_interval_s`; an external
   server found healthy is asked what it serves, `Backend.learn`), the reaper (idle
   lazy backends, expired zones and yield, every `reaper_interval_s`), the vLLM `/metrics`
-  scrape and the GPU poll of each host (every `gpu.poll_interval_s`).
+  scrape and the GPU poll of each host (every `gpu.poll_interval_s`). The health check
+  and the scrape of an idle backend's server come less often, up to every 30 s
+  (`app.control.polling`), so they do not fill its access log.
 - `close()`: cancels the loops and bring-ups, stops the backends the gateway runs itself
   (containers outlive it and are adopted next time), stops waiting for starts and stops.
 """
@@ -29,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
+from app.control.polling import poll_due, poll_interval_s
 from app.errors import BackendUnavailable
 from app.gpu.poller import GpuMonitor
 from app.lifecycle import admission as rules
@@ -60,10 +63,16 @@ class Supervisor:
         vllm_load: VllmLoadMetrics,
         *,
         sweep: Callable[[], Awaitable[None]] | None = None,
+        poll_clock: Callable[[], float] | None = None,
     ) -> None:
         """`sweep`: run once at start before any backend is brought up (stops the
-        processes a crashed gateway left that the configuration no longer wants)."""
+        processes a crashed gateway left that the configuration no longer wants).
+        `poll_clock`: the monotonic clock idle backends' polls are spaced by
+        (`app.control.polling`; default `time.monotonic`)."""
         self._settings = settings
+        self._clock = poll_clock or time.monotonic
+        # (loop, backend) -> when the loop last polled the backend's server.
+        self._polled: dict[tuple[str, str], float] = {}
         self._sweep = sweep
         self._backends = backends
         self._hosts = hosts
@@ -221,24 +230,46 @@ class Supervisor:
             await asyncio.wait_for(self._stopping.wait(), seconds)
         return not self._stopping.is_set()
 
+    def _due(self, loop: str, backend: Backend, round_s: float, *, failing: bool) -> bool:
+        """Whether this round of `loop` polls `backend`'s server: every round while it is
+        in use or `failing`, less often the longer it is idle (`app.control.polling`)."""
+        now = self._clock()
+        key = (loop, backend.name)
+        last = self._polled.get(key)
+        interval = poll_interval_s(round_s, backend.idle_s(now), failing=failing)
+        if not poll_due(None if last is None else now - last, interval, round_s):
+            return False
+        self._polled[key] = now
+        return True
+
     async def _watch_loop(self) -> None:
         while True:
-            await asyncio.gather(*(b.watch() for b in self._backends.values()))
+            round_s = self._settings.health_interval_s
+            await asyncio.gather(
+                *(
+                    b.watch(health=self._due("health", b, round_s, failing=b.healthy is not True))
+                    for b in self._backends.values()
+                )
+            )
             self.watched.set()
-            if not await self._pause(self._settings.health_interval_s):
+            if not await self._pause(round_s):
                 return
 
     async def _scrape_loop(self) -> None:
-        """Each backend's vLLM `/metrics` (KV cache usage, running and waiting) per poll."""
+        """Each backend's vLLM `/metrics` (KV cache usage, running and waiting) per poll;
+        an idle backend's less often (`app.control.polling`)."""
         while True:
-            await asyncio.gather(*(self._scrape(b) for b in self._backends.values()))
-            if not await self._pause(self._settings.gpu.poll_interval_s):
+            round_s = self._settings.gpu.poll_interval_s
+            await asyncio.gather(*(self._scrape(b, round_s) for b in self._backends.values()))
+            if not await self._pause(round_s):
                 return
 
-    async def _scrape(self, backend: Backend) -> None:
+    async def _scrape(self, backend: Backend, round_s: float) -> None:
         if backend.state is not BackendState.READY:
             self._vllm_load.update(backend.name, None)
             return
+        if not self._due("metrics", backend, round_s, failing=False):
+            return  # idle: its last reading stands
         try:
             load = await backend.server.vllm.load(timeout_s=SCRAPE_TIMEOUT_S)
         except ScrapeError as exc:

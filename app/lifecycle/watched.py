@@ -1,6 +1,7 @@
 """The watched half of a backend: what its periodic check finds and does.
 
-- `watch()`, once per `health_interval_s` (`app.control.supervisor`): a health check;
+- `watch()`, once per `health_interval_s` (`app.control.supervisor`): a health check
+  (an idle server's less often, `app.control.polling`);
   a managed server found dead while ready or asleep fails the backend (or, scaled to 0 by
   its owner under kubernetes `scale: external`, stops it); an external server found
   healthy again is asked what it serves (it may be another server now).
@@ -61,9 +62,11 @@ class Watched:
         """One health check of its server; records the outcome. Never raises."""
         return await self.server.check_health()
 
-    async def watch(self) -> None:
+    async def watch(self, *, health: bool = True) -> None:
         """One periodic check: health, whether a managed server died while ready, and a
-        restart of a failed pinned backend once its backoff has passed."""
+        restart of a failed pinned backend once its backoff has passed. `health`: whether
+        this round asks its server's health (False: an idle server, asked less often,
+        `app.control.polling`; the runtime is still asked whether the server exited)."""
         if self._down_pinned() and self._retry_in() == 0:
             async with self._lock:
                 if self._down_pinned() and not self._blocks:
@@ -83,6 +86,8 @@ class Watched:
                 code, more = exit_text(exited)
                 await self._fail(f"its server exited with {code}{more}")
                 return
+        if not health:
+            return
         if self.state in (BackendState.READY, BackendState.FAILED) or not self.runtime.managed:
             healthy = await self.server.check_health()
             self._learn_due = self._learn_due or not healthy  # back as another server?

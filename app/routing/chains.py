@@ -88,6 +88,7 @@ from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
 from app.upstreams.sse_comments import content_start
+from app.upstreams.sse_errors import ERROR_DATA
 
 R = FallbackReason
 ROUTE_HEADER: Final = b"x-microscheduler-route"
@@ -103,7 +104,6 @@ _REPLICA_RETRY: Final = frozenset(
         R.LOCAL_RUNTIME, R.LOCAL_UNAVAILABLE, R.COLD_START_BUDGET,
     }
 )  # fmt: skip
-_STREAM_ERROR_STARTS: Final = (b'data: {"error"', b'data: {"object":"error"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,7 +511,7 @@ def _early_error(response: Relayable) -> bool:
     chunk = response.first_chunk
     # The first event, past any SSE comments (vLLM's keep-alives) and blank lines.
     start = content_start(chunk)
-    return start is not None and chunk[start:].lstrip().startswith(_STREAM_ERROR_STARTS)
+    return start is not None and chunk[start:].lstrip().startswith(ERROR_DATA)
 
 
 def _outcome(reason: FallbackReason) -> str:

@@ -44,6 +44,7 @@ from app.settings.profiles import GpuProfilesConfig
 from app.settings.schedules import ScheduleWindow, check_schedules, check_timezone
 from app.settings.store import StoreConfig
 from app.settings.timeouts import TimeoutsConfig
+from app.settings.urls import shared_server
 
 ENV_PREFIX = "MICROSCHEDULER_"
 
@@ -199,8 +200,10 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(
         default_factory=ServerConfig, description="What one client may hold of the HTTP server."
     )
+    # An idle backend's /health (and its /metrics, polled every gpu.poll_interval_s) less
+    # often: up to every 30 s (app/control/polling.py).
     health_interval_s: PositiveFloat = Field(
-        5.0, description="How often backends are health-checked."
+        5.0, description="How often backends in use are health-checked (idle ones less often)."
     )
     shutdown_grace_s: PositiveFloat = Field(
         10.0, description="At shutdown, requests in flight get this long to finish."
@@ -339,6 +342,9 @@ class Settings(BaseSettings):
                     else:
                         owner[name] = backend
         self._check_groups()
+        shared = shared_server(self.backends)
+        if shared is not None:
+            raise ValueError(shared)
         if self.gpu_profiles is not None:
             unknown = self.gpu_profiles.unknown_backends(self.backends)
             if unknown:

@@ -78,8 +78,9 @@ async def test_a_chat_is_recorded_with_its_tokens_and_no_prompt_text() -> None:
     assert set(entry) == {
         "at", "key", "model", "route", "api", "status", "prompt_tokens", "completion_tokens",
         "tokens_per_s", "wait_s", "wait_reason", "fallbacks", "duration_s",
-        "fallback_reasons", "expected_wake_s",
+        "fallback_reasons", "expected_wake_s", "stream_error",
     }  # fmt: skip
+    assert entry["stream_error"] is None  # it ended well
 
 
 async def test_a_stream_is_recorded_when_it_ends_with_its_usage() -> None:

@@ -144,11 +144,14 @@ async def test_a_wake_that_fails_after_the_comments_ends_the_stream_in_band(
         {"lazy": lazy(port, max_wait_s=0.35)}, {"lazy": runtime}, tmp_path, wake_notice_s=0.1
     ) as gw:
         response = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        entry = await newest_activity(gw)
     assert response.status_code == 200  # committed by the first comment
     events = [line for line in response.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["code"] == "backend_wake_timeout"
+    # Recorded as what went out (200) and how it ended.
+    assert (entry["status"], entry["stream_error"]) == (200, "backend_wake_timeout")
     assert "still starting after 0.35s (max_wait_s)" in error["message"]
 
 
@@ -171,6 +174,8 @@ async def test_an_upstream_error_after_the_wake_comments_is_sent_in_band(
         opener = asyncio.create_task(open_later())
         response = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         await opener
+        entry = await newest_activity(gw)
+    assert (entry["status"], entry["stream_error"]) == (200, "upstream_500")
     assert response.status_code == 200  # committed by the first comment
     assert response.text.startswith(": waking lazy ")
     events = [line for line in response.text.splitlines() if line.startswith("data: ")]
@@ -178,6 +183,13 @@ async def test_an_upstream_error_after_the_wake_comments_is_sent_in_band(
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["code"] == 500  # the upstream's own error object, passed on
     assert error["type"] == "InternalServerError"
+
+
+async def newest_activity(gw: Gateway) -> dict[str, Any]:
+    response = await gw.client.get("/activity", params={"limit": 1})
+    assert response.status_code == 200
+    entry: dict[str, Any] = response.json()["entries"][0]
+    return entry
 
 
 async def test_a_non_streaming_request_that_waits_too_long_gets_504(tmp_path: Path) -> None:

@@ -123,7 +123,9 @@ function renderActivity(entries) {
       cell("model", e.model ?? "-"),
       cell("route", e.route ?? "-"),
       cell("api", e.api),
-      cell("status", String(e.status), { class: e.status >= 400 ? "bad num" : "num" }),
+      // A response that broke after its status line: the status that went out, and why.
+      cell("status", e.stream_error ? `${e.status} (${e.stream_error})` : String(e.status),
+        { class: e.status >= 400 || e.stream_error ? "bad num" : "num" }),
       cell("tokens", tokens, { class: "num" }),
       cell("tok/s", known(e.tokens_per_s) ? String(e.tokens_per_s) : "-", { class: "num" }),
       cell("wait", wait, { class: "num" }),
