@@ -6,15 +6,26 @@ Against the fake vLLM, which refuses as vLLM 0.33 does (app.sim.tools)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.servers import Gateway, fake_vllm, gateway, gateway_settings
+from tests.api.test_lifecycle_api import lazy, lifecycle_gateway
+from tests.fakes.processes import free_port
+from tests.fakes.servers import (
+    FakeVllmRuntime,
+    Gateway,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+    until_backend,
+)
 
 REFUSED = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 HINT = (
@@ -66,6 +77,28 @@ async def test_messages_keep_the_400_in_anthropics_envelope_with_the_hint(
         "type": "error",
         "error": {"type": "invalid_request_error", "message": REFUSED + HINT},
     }
+
+
+async def test_a_stream_held_by_wake_notices_gets_the_hint_in_band(tmp_path: Path) -> None:
+    """A streaming client held while its backend wakes has its status line (200) already:
+    the 400 comes as the stream's one error event, hinted the same."""
+    port = free_port()
+    runtime = FakeVllmRuntime(port, open_at_start=False, models=["lazy-model"])
+    async with lifecycle_gateway(
+        {"local": lazy(port)}, {"local": runtime}, tmp_path, wake_notice_s=0.1
+    ) as gw:
+        body = {"model": "lazy-model", "messages": HI, "tools": [CHAT_TOOL], "stream": True}
+        request = asyncio.create_task(gw.client.post("/v1/chat/completions", json=body))
+        await until_backend(gw, "local", waiting=1)
+        await asyncio.sleep(0.25)  # wake notices go out: the status line is sent already
+        runtime.listening.set()
+        answer = await request
+    assert answer.status_code == 200
+    events = [b for b in answer.text.split("\n\n") if b.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["message"] == REFUSED + HINT
+    assert error["code"] == 400
 
 
 async def test_a_named_tool_choice_is_hinted_too() -> None:

@@ -200,7 +200,8 @@ class FakeVllmRuntime:
         await self.listening.wait()
         if self.startup_delay_s > 0:
             await asyncio.sleep(self.startup_delay_s)  # loading: the port stays closed
-        app = build_app(FakeConfig(port=self.port, **self.options))
+        # The first /openapi.json at once unless the test says otherwise (see `fake_vllm`).
+        app = build_app(FakeConfig(port=self.port, **{"openapi_delay": 0.0, **self.options}))
         app[FAKE_VLLM_KEY].vram.start(self.port)  # reports to the ledger when given one
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
