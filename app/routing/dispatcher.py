@@ -89,7 +89,8 @@ class Dispatcher:
         self.replicas = replicas or Replicas(
             backends, metrics.registry, load_of or (lambda _name: None)
         )
-        self._tool_hinted: set[str] = set()  # backends whose tool refusal was logged
+        # Backends whose tool refusal was logged (a reload's dispatcher logs afresh).
+        self._tool_hinted: set[str] = set()
         self.adapters = {
             name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
             for name, b in backends.items()

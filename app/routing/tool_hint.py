@@ -62,7 +62,9 @@ def hinted(body: bytes, backend: str) -> bytes | None:
     except ValueError:
         return None
     error = parsed.get("error") if isinstance(parsed, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(error, dict):
+        return None
+    message = error.get("message")
     if not isinstance(message, str) or not message.endswith(REFUSAL_ENDS):
         return None
     return json_bytes({**parsed, "error": {**error, "message": message + hint(backend)}})

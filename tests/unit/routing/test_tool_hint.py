@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from app.routing.tool_hint import MAX_BODY, hint, hinted, is_json
 
@@ -10,8 +11,13 @@ AUTO = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-pa
 
 
 def test_both_envelopes_keep_everything_but_the_longer_message() -> None:
-    openai = {"error": {"message": AUTO, "type": "BadRequestError", "param": None, "code": 400}}
-    anthropic = {"type": "error", "error": {"type": "invalid_request_error", "message": AUTO}}
+    openai: dict[str, Any] = {
+        "error": {"message": AUTO, "type": "BadRequestError", "param": None, "code": 400}
+    }
+    anthropic: dict[str, Any] = {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": AUTO},
+    }
     for body in (openai, anthropic):
         out = hinted(json.dumps(body).encode(), "qwen")
         assert out is not None
