@@ -22,10 +22,15 @@ group's member, a chain's entry), so the follow-ups on that id reach the same en
 (`open_stored`): `GET`, `cancel`, and a create that continues it (`previous_response_id`,
 `pinned_entry`). vLLM keeps responses only with `VLLM_ENABLE_RESPONSES_API_STORE=1`: its
 404 for an id is explained so (`app.routing.responses.not_stored`).
+
+A local vLLM's 400 refusing `tools` because it runs without `--enable-auto-tool-choice
+--tool-call-parser` (Claude Code fails so on every request) is relayed with a hint naming
+the flags appended to vLLM's message (`app.routing.tool_hint`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 from app.errors import (
@@ -48,9 +53,13 @@ from app.routing.local import open_entry, served_target
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberAttempts, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
+from app.routing.tool_hint import hint, hinted, is_json
 from app.settings.endpoints import Api
+from app.upstreams.http import BufferedResponse
 from app.upstreams.usage import TokenCounter
 from app.upstreams.vllm_load import BackendLoad
+
+logger = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -80,6 +89,8 @@ class Dispatcher:
         self.replicas = replicas or Replicas(
             backends, metrics.registry, load_of or (lambda _name: None)
         )
+        # Backends whose tool refusal was logged (a reload's dispatcher logs afresh).
+        self._tool_hinted: set[str] = set()
         self.adapters = {
             name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
             for name, b in backends.items()
@@ -104,8 +115,34 @@ class Dispatcher:
         else:
             exchange = await self._open_backend(call.route.backend, call, notice)
         self._explain_not_stored(call, exchange, None)
+        if exchange.response.status == 400:
+            self._hint_tool_parser(exchange)
         self._remember(call, exchange)
         return exchange
+
+    def _hint_tool_parser(self, exchange: Exchange) -> None:
+        """A local vLLM's refusal of tools for want of `--enable-auto-tool-choice
+        --tool-call-parser` gets the hint appended (`app.routing.tool_hint`), relayed with
+        vLLM's status and envelope; logged once per backend. Any other 400 is untouched."""
+        response = exchange.response
+        name = exchange.backend
+        if name not in self._backends or not response.complete or not is_json(response.headers):
+            return
+        body = hinted(response.first_chunk, name)
+        if body is None:
+            return
+        if name not in self._tool_hinted:
+            self._tool_hinted.add(name)
+            logger.warning(
+                "backend refused a request with tools: its vLLM runs without tool calling "
+                "backend=%s hint=%s",
+                name, hint(name).strip(" ()"),
+            )  # fmt: skip
+        kept = [(k, v) for k, v in response.headers if k != b"content-length"]
+        relayed = BufferedResponse(400, body)
+        relayed.headers = [*kept, (b"content-length", str(len(body)).encode())]
+        response.release()  # read to its end: the connection goes back to the pool
+        exchange.response = relayed
 
     def _remember(self, call: Call, exchange: Exchange) -> None:
         """Remember the id of the response `exchange` creates, with the entry creating it."""

@@ -37,6 +37,13 @@ class FakeConfig:
     num_labels: int = 2  # a classify model's labels; 1 adds /score and /rerank (vLLM's rule)
     api_key: list[str] | None = None  # vLLM's --api-key (Bearer, /v1 /v2 /inference /cohere)
     disable_fastapi_docs: bool = False  # vLLM's flag: no /openapi.json
+    # The first GET /openapi.json answers this late (FastAPI builds the schema then);
+    # the later ones at once.
+    openapi_delay: float = 0.5
+    # vLLM's --enable-auto-tool-choice and --tool-call-parser: tool calls (app.sim.tools);
+    # without both, `tools` with tool_choice auto (their default), required or named: 400.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     allow_runtime_lora: bool | None = None  # None: read VLLM_ALLOW_RUNTIME_LORA_UPDATING
     # Keep responses (`store`): None reads VLLM_ENABLE_RESPONSES_API_STORE when the app is
     # built; off, like vLLM's default (`store` silently ignored, follow-ups 404).
@@ -63,6 +70,11 @@ class FakeConfig:
     # `/wake_up` and read again by a level-2 `reload_weights`. 0: instant.
     wake_gib_per_s: float = 0.0
     weights_mib: int | None = None
+
+    @property
+    def tool_calling(self) -> bool:
+        """Whether the server parses tool calls (vLLM needs both flags)."""
+        return self.enable_auto_tool_choice and self.tool_call_parser is not None
 
     def wake_s(self) -> float:
         """Seconds a wake of the weights takes (0: not modelled)."""

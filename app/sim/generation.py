@@ -40,7 +40,13 @@ from app.sim.text import (
     token_texts,
     validation_error,
 )
-from app.sim.tools import tool_call_chunks, tool_to_call, with_tool_call
+from app.sim.tools import (
+    chat_tool_choice,
+    tool_call_chunks,
+    tool_choice_error,
+    tool_to_call,
+    with_tool_call,
+)
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8"}
 
@@ -159,6 +165,12 @@ class GenerationApi:
         n = _int_field(body, "n")
         if n is not None and n != 1:
             raise ApiError(400, "n > 1 is not supported by the fake vLLM server.", param="n")
+        if chat:  # rendering the chat checks the tools before the lengths (vLLM 0.33)
+            refused = tool_choice_error(
+                chat_tool_choice(body), tool_calling=state.config.tool_calling
+            )
+            if refused is not None:
+                raise refused
         max_len = state.config.max_model_len
         if max_tokens is not None and max_tokens > max_len:
             # vllm/renderers/params.py TokenizeParams.__post_init__ (a VLLMValidationError)

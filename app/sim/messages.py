@@ -34,6 +34,11 @@ Messages one; the text, token timing, faults and stats are the chat endpoint's
   ``message_stop``; framed ``event: <type>\\ndata: <json>\\n\\n``, no ``ping``, no
   ``[DONE]``. A tool call is a ``tool_use`` block whose input comes in two
   ``input_json_delta`` pieces.
+- ``tool_choice`` becomes chat's (``auto``, ``any`` -> ``required``, ``none``, ``tool`` ->
+  the named function), ``auto`` when ``tools`` are given without one; the request (and
+  ``count_tokens``, which renders it too) is refused as the chat endpoint refuses it
+  without ``--enable-auto-tool-choice --tool-call-parser`` (``app.sim.tools``), in
+  Anthropic's envelope: Claude Code, which always sends tools, needs both flags.
 - ``count_tokens``: ``{"input_tokens": N, "context_management": {"original_input_tokens": N}}``.
 """
 
@@ -49,7 +54,7 @@ from aiohttp import web
 from app.sim.generation import GenerationApi, ended
 from app.sim.state import FakeState, RequestRun, json_response
 from app.sim.text import ApiError, chat_prompt, dumps, token_texts, validation_error
-from app.sim.tools import tool_to_call
+from app.sim.tools import tool_choice_error, tool_to_call
 
 Json = dict[str, Any]
 
@@ -63,6 +68,7 @@ _TOOL_CHANGES: Final = ("tool_addition", "tool_removal")
 _BILLING: Final = "x-anthropic-billing-header"
 _ERROR_TYPES: Final = {400: "invalid_request_error", 404: "not_found_error"}
 _STOP: Final = {"stop": "end_turn", "length": "max_tokens"}
+_TOOL_CHOICES: Final = {"auto": "auto", "any": "required", "none": "none", "tool": None}
 
 
 class _HandlerError(Exception):
@@ -91,6 +97,7 @@ class MessagesApi:
             body = await state.parse_body(request)
             chat = _to_chat(body, count_only=False)
             model = _model(state, body)
+            self._check_tools(chat)
             prompt, seed = chat_prompt(chat["messages"])
             count, finish = self._output(body["max_tokens"], prompt)
         except ApiError as err:
@@ -112,6 +119,7 @@ class MessagesApi:
             body = await self.state.parse_body(request)
             chat = _to_chat(body, count_only=True)
             _model(self.state, body)
+            self._check_tools(chat)
         except ApiError as err:
             return web.Response(status=err.status, body=err.body(), content_type="application/json")
         except _HandlerError as err:
@@ -119,6 +127,15 @@ class MessagesApi:
         prompt, _ = chat_prompt(chat["messages"])
         answer = {"input_tokens": prompt, "context_management": {"original_input_tokens": prompt}}
         return json_response(dumps(answer))
+
+    def _check_tools(self, chat: Json) -> None:
+        """vLLM renders the chat request, count_tokens' too, refusing a tool choice its
+        server cannot parse (`app.sim.tools.tool_choice_error`), in Anthropic's envelope."""
+        refused = tool_choice_error(
+            chat.get("tool_choice"), tool_calling=self.state.config.tool_calling
+        )
+        if refused is not None:
+            raise _HandlerError(refused.status, refused.message)
 
     def _output(self, max_tokens: int, prompt: int) -> tuple[int, str]:
         max_len = self.state.config.max_model_len
@@ -300,8 +317,34 @@ def _to_chat(body: Json, *, count_only: bool) -> Json:
                 chat.append({"role": "system", "content": text})
         else:
             chat.append({"role": role, "content": _plain(content)})
-    tools = _resolve_tools(body.get("tools"), changes)
-    return {"messages": chat, **({"tools": tools} if tools else {})}
+    declared = body.get("tools")
+    tools = _resolve_tools(declared, changes)
+    choice = _tool_choice(body.get("tool_choice"))
+    if choice is None and (declared is not None or changes):
+        choice = "auto"  # vLLM `_convert_tools`: tools given, even none left, and no choice
+    return {
+        "messages": chat,
+        **({"tools": tools} if tools else {}),
+        **({"tool_choice": choice} if choice is not None else {}),
+    }
+
+
+def _tool_choice(choice: Any) -> str | Json | None:
+    """Anthropic's `tool_choice` as vLLM makes it chat's (`_convert_tool_choice`)."""
+    if choice is None:
+        return None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in _TOOL_CHOICES:
+        raise validation_error(["tool_choice", "type"], "literal_error",
+                               "Input should be 'auto', 'any', 'tool' or 'none'")  # fmt: skip
+    assert isinstance(choice, dict)
+    if kind != "tool":
+        return _TOOL_CHOICES[kind]
+    name = choice.get("name")
+    if not name:
+        msg = "Value error, tool_choice.name is required when type is 'tool'"
+        raise validation_error(["tool_choice"], "value_error", msg)
+    return {"type": "function", "function": {"name": name}}
 
 
 def _check_blocks(blocks: list[Any], loc: list[str | int], *, system: bool) -> None:

@@ -54,6 +54,7 @@ from app.sim.sleep_mode import SleepMode
 from app.sim.startup_log import add_startup_log_options, print_startup
 from app.sim.state import error_response, json_response, process_started
 from app.sim.text import ApiError, dumps, validation_error
+from app.sim.tools import TOOL_PARSERS
 
 __all__ = [
     "FakeConfig",
@@ -70,6 +71,7 @@ class FakeVllm(SleepMode):
     """The non-generation endpoints: health, models, metrics, sleep mode, LoRA, test controls."""
 
     routes: RouteTable  # set by build_app
+    _openapi_ready_at: float | None = None  # when the schema is built (--openapi-delay)
 
     # --- plain endpoints ---------------------------------------------------------------------
 
@@ -187,6 +189,16 @@ class FakeVllm(SleepMode):
         return await self.routes.fallback(request)
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
+        """The schema; the first answer `--openapi-delay` late, as FastAPI builds vLLM's
+        on the first call (``fastapi/applications.py`` ``openapi()``, then cached). vLLM
+        does it on its event loop, holding every other request meanwhile; the fake waits
+        without holding them (in process, its loop is the tests')."""
+        loop = asyncio.get_running_loop()
+        if self._openapi_ready_at is None:
+            self._openapi_ready_at = loop.time() + self.config.openapi_delay
+        wait = self._openapi_ready_at - loop.time()  # a call during the build waits for it
+        if wait > 0:
+            await asyncio.sleep(wait)
         return json_response(self.routes.openapi())
 
     # --- test controls -----------------------------------------------------------------------
@@ -472,6 +484,22 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         "--disable-fastapi-docs", action="store_true",
         help="as vLLM's: no /openapi.json (the fake serves no /docs pages either)",
     )  # fmt: skip
+    p.add_argument(
+        "--openapi-delay", type=nn_float, default=0.5, metavar="S",
+        help="the first GET /openapi.json answers S seconds late, as FastAPI builds vLLM's "
+        "schema on the first call (0.6 s or more on a real server); later ones at once "
+        "(default 0.5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help="as vLLM's, with --tool-call-parser: tool calls; without both, a request with "
+        "tools and tool_choice auto (their default), required or named is a 400",
+    )  # fmt: skip
+    p.add_argument(
+        "--tool-call-parser", metavar="NAME",
+        help="as vLLM's: one of vLLM 0.33's parser names (hermes, llama3_json, mistral, ...); "
+        "the fake's calls are the same whichever",
+    )  # fmt: skip
     p.add_argument("--embedding-dim", type=nn_int, default=8)
     p.add_argument("--fail-status", type=nn_int, metavar="CODE")
     p.add_argument("--fail-count", type=nn_int, metavar="N")
@@ -521,6 +549,13 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         value = getattr(ns, name)
         if value is not None and not 100 <= value <= 599:
             p.error(f"--{name.replace('_', '-')} must be an HTTP status code")
+    # vllm/entrypoints/common/cli_args.py:553-554 and :619-623: the server does not start
+    if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+        p.exit(1, "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser\n")
+    if ns.enable_auto_tool_choice and ns.tool_call_parser not in TOOL_PARSERS:
+        names = ",".join(sorted(TOOL_PARSERS))
+        p.exit(1, f"KeyError: 'invalid tool call parser: {ns.tool_call_parser} "
+                  f"(chose from {{ {names} }})'\n")  # fmt: skip
     kwargs = vars(ns)
     if ns.vram_asleep_mib is not None and ns.vram_asleep_mib > ns.vram_mib:
         p.error("--vram-asleep-mib must not exceed --vram-mib")

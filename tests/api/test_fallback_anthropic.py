@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from app.services import Services
 from app.sim.anthropic import FakeAnthropic, FakeAnthropicServer
 from tests.fakes.provider import cloud_settings, fake_anthropic
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, sdk_http
+from tests.fakes.servers import TOOL_CALLING, FakeServer, Gateway, fake_vllm, gateway, sdk_http
 
 KEY = "sk-ant-test-0123456789"
 CLAUDE = "claude-sonnet-4-5"
@@ -74,7 +74,7 @@ async def world(
     monkeypatch.setenv("ANTHROPIC_TEST_KEY", KEY)
     async with (
         fake_anthropic(KEY, **faults) as claude,
-        fake_vllm(models=["local-model"], max_tokens=4) as local,
+        fake_vllm(models=["local-model"], max_tokens=4, **TOOL_CALLING) as local,
     ):
         claude.fake.config.max_input_tokens = 1000
         settings = cloud_settings(

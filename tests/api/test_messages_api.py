@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from tests.fakes.servers import (
+    TOOL_CALLING,
     FakeServer,
     Gateway,
     fake_vllm,
@@ -66,7 +67,7 @@ async def w() -> AsyncIterator[World]:
     app.router.add_post("/v1/messages/count_tokens", messages)
     async with (
         serve_app(app) as native_url,
-        fake_vllm(models=["local-model"], max_tokens=4) as upstream,
+        fake_vllm(models=["local-model"], max_tokens=4, **TOOL_CALLING) as upstream,
     ):
         settings = gateway_settings(
             {

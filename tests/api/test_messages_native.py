@@ -16,7 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.servers import FakeServer, Gateway, fake_vllm, gateway, gateway_settings
+from tests.fakes.servers import (
+    TOOL_CALLING,
+    FakeServer,
+    Gateway,
+    fake_vllm,
+    gateway,
+    gateway_settings,
+)
 
 CLIENT_KEY, BACKEND_KEY = "sk-dev-4c1d", "backend-secret-77"
 CLAUDE_CODE: dict[str, Any] = json.loads(
@@ -46,7 +53,7 @@ async def w(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[World]:
     monkeypatch.setenv("DEV_KEY", CLIENT_KEY)
     monkeypatch.setenv("NATIVE_BACKEND_KEY", BACKEND_KEY)
     # Claude Code asks for 32,000 output tokens: a context that takes them.
-    options = {"max_tokens": 4, "max_model_len": 262_144}
+    options = {"max_tokens": 4, "max_model_len": 262_144, **TOOL_CALLING}
     async with (
         fake_vllm(models=["served-model"], **options) as native,
         fake_vllm(models=["old-model"], **options) as old,

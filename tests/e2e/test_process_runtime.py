@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -52,6 +53,7 @@ def test_demo_config_wakes_the_lazy_backend_and_stops_both(tmp_path: Path) -> No
             )
             assert reply.choices[0].message.content
         assert port_is_open(reasoning)
+        claude_code_is_served(gw.url)
         # The default yield frees what the woken lazy backend holds, as measured: asleep,
         # the fake keeps an eighth of its 11000 MiB.
         taken = httpx.post(gw.url + "/vram/yield", json={"reason": "gaming"}, timeout=60).json()
@@ -64,6 +66,19 @@ def test_demo_config_wakes_the_lazy_backend_and_stops_both(tmp_path: Path) -> No
     assert not port_is_open(reasoning)
     assert "process stopped backend=orchestrator" in log
     assert "process stopped backend=reasoning" in log
+
+
+def claude_code_is_served(url: str) -> None:
+    """The README's Claude Code example works on the demo: a request Claude Code sent (it
+    always sends tools), passed through (`reasoning`) and translated (`default`), is
+    answered; the demo's fakes run with --enable-auto-tool-choice --tool-call-parser, as a
+    real vLLM must (without them: 400)."""
+    recorded = json.loads((ROOT / "tests" / "fixtures" / "claude_code_messages.json").read_text())
+    for model in ("reasoning", "default"):
+        body = {**recorded["body"], "model": model, "stream": False}
+        answer = httpx.post(url + "/v1/messages", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["type"] == "message"
 
 
 def assert_clean_exit(code: int) -> None:

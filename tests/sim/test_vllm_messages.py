@@ -19,7 +19,10 @@ TOOL: Any = {"name": "Read", "input_schema": {"type": "object"}}
 
 @pytest.fixture
 async def server() -> AsyncIterator[FakeVllmServer]:
-    config = FakeConfig(port=0, models=["m"], max_tokens=4, max_model_len=4096)
+    config = FakeConfig(
+        port=0, models=["m"], max_tokens=4, max_model_len=4096,
+        enable_auto_tool_choice=True, tool_call_parser="hermes",
+    )  # fmt: skip
     async with FakeVllmServer(config) as srv:
         yield srv
 
