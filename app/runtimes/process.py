@@ -135,8 +135,9 @@ class ProcessRuntime:
         self._begin_tail()
 
     def _record(self, pid: int, cmdline: tuple[str, ...]) -> None:
-        """`cmdline`: the argv it was started with, which /proc shows once the exec is
-        done (read now, it may still be empty: the exec races this call)."""
+        """`cmdline`: the argv it was started with, kept for logs (not what /proc shows:
+        a `#!` script reads as its interpreter, then the script; and read now, the exec
+        races this call). The start time is what identifies it."""
         observed = observe(pid)  # the start time is the fork's: already final
         if observed is None or observed.zombie:
             return  # already exited: nothing to find again
