@@ -24,7 +24,8 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
         ├── UpstreamBadStatus (502)               a status outside HTTP's 200..599
         ├── UpstreamUnavailable (503)             refused, reset
         │   ├── BackendUnavailable (503)          a local backend cannot serve now: starting
-        │   │                                     failed, blocked by a zone, no VRAM, queue full
+        │   │                                     failed, blocked by a zone, no VRAM, queue full,
+        │   │                                     its port taken by another server
         │   ├── AllEntriesCooling (503)           every entry of a fallback chain is skipped
         │   └── FallbackExhausted (503)           no entry of a fallback chain could answer
         └── UpstreamTimeout (504)                 connect, first byte or idle timeout
@@ -79,6 +80,7 @@ class ErrorCode(StrEnum):
     BACKEND_YIELDED = "backend_yielded"
     BACKEND_DISABLED = "backend_disabled"
     BACKEND_NO_VRAM = "backend_no_vram"
+    BACKEND_PORT_IN_USE = "backend_port_in_use"
     BACKEND_QUEUE_FULL = "backend_queue_full"
     BACKEND_RUNTIME = "backend_runtime"
     BACKEND_WAKE_TIMEOUT = "backend_wake_timeout"
@@ -317,8 +319,15 @@ class UnavailableKind(StrEnum):
     YIELDED = "yielded"  # a VRAM yield took it
     DISABLED = "disabled"  # the active GPU profile disables it
     NO_VRAM = "no_vram"  # admission refused the start
+    PORT_IN_USE = "port_in_use"  # its start failed: another server answers on its port
     QUEUE_FULL = "queue_full"  # `max_waiting` requests are held already
     RUNTIME = "runtime"  # the runtime could not do it (e.g. Docker proxy down)
+
+
+# How the reason of a start refused because another server answers on the backend's port
+# begins (`app.runtimes.port_check`, `app.lifecycle.server.NotOurServer`): its requests
+# are refused with `backend_port_in_use` (`app.lifecycle.state.failure_kind`).
+PORT_IN_USE_REASON: Final = f"{UnavailableKind.PORT_IN_USE}: "
 
 
 class BackendUnavailable(UpstreamUnavailable):

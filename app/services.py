@@ -53,6 +53,7 @@ from app.runtimes.docker_api import DockerApi
 from app.runtimes.external import ExternalRuntime
 from app.runtimes.kube_api import KubeApi
 from app.runtimes.kubernetes import KubernetesRuntime
+from app.runtimes.port_check import address_of
 from app.runtimes.process import ProcessRuntime, sweep_orphans
 from app.runtimes.process_record import launch_hash
 from app.settings import (
@@ -447,6 +448,7 @@ class Services:
                 launch=launch_hash(config),
                 output_dir=self.settings.state_dir / "logs",
                 port=urlsplit(config.url).port,
+                address=address_of(config.url),
             )
         if isinstance(config.runtime, DockerRuntimeConfig):
             return DockerRuntime(name, config.runtime, self._docker(config.host_name))

@@ -122,9 +122,9 @@ class Backend(Holding, Memory, Watched):
         """What it serves and its `max_model_len`: configured, or learned from its server."""
         return self._served
 
-    async def learn(self) -> None:
-        """Ask the ready server what it serves (`serving`); never raises."""
-        if await self.server.learn(self.config.models, self._served):
+    async def learn(self, ours: str | None = None) -> None:
+        """Ask the ready server what it serves (`serving`); raises only `NotOurServer` (`ours`)."""
+        if await self.server.learn(self.config.models, self._served, ours=ours):
             self._learn_due = False
 
     @property
@@ -285,7 +285,7 @@ class Backend(Holding, Memory, Watched):
                 await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
             if not wake or self._served.learned is None:  # a wake: the same server as before
-                await self.learn()  # before it is ready: the first request is routed by it
+                await self.learn(self.config.served_model)  # before ready: routes its first request
             duration = time.monotonic() - began
             async with self._lock:
                 if self.state is not BackendState.STARTING:

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
+from app.errors import PORT_IN_USE_REASON
 from app.lifecycle.load import WAITING_FOR_VRAM
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.served import Served
@@ -30,6 +31,7 @@ from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.runtimes.output import OutputSource
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+from app.upstreams.vllm_learned import not_ours
 from app.upstreams.vllm_output import LoadProgress, LoadTracker, explain
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,11 @@ OUTPUT_GRACE_S: Final = 2.0  # after its exit, for the rest of its output to be 
 
 class StartFailed(Exception):
     """The server was launched (or woken) but did not become ready; the message says why."""
+
+
+class NotOurServer(StartFailed):
+    """The server that answered the start lists other models than the backend's: another
+    server answers on its port (ours was stopped)."""
 
 
 class Server:
@@ -90,14 +97,35 @@ class Server:
         self._up_gauge.set(1 if ok else 0)
         return ok
 
-    async def learn(self, model_ids: list[str], served: Served) -> bool:
+    async def learn(self, model_ids: list[str], served: Served, *, ours: str | None = None) -> bool:
         """Ask the ready server what it serves and its `max_model_len`, into `served`;
-        False when it did not answer (what was known stays). Never raises."""
-        learned = await self.vllm.learn(model_ids)
-        if learned is None:
+        False when it did not answer (what was known stays).
+
+        `ours`: at a start, the model id our server serves (`models[0]`). A server whose
+        `/v1/models` lists others is not ours but another answering on its port (its
+        health check passed for ours): ours is stopped and `NotOurServer` raised, the
+        one exception."""
+        answer = await self.vllm.learn(model_ids)
+        if answer is None:
             return False
-        served.take(learned)
+        if ours is not None and (listed := not_ours(answer.models, ours)) is not None:
+            await self._not_ours(ours, listed)
+        served.take(answer.learned)
         return True
+
+    async def _not_ours(self, model: str, listed: str) -> None:
+        why = (
+            f"{PORT_IN_USE_REASON}the server at {self.vllm.base_url} lists {listed} in /v1/models, "
+            f"not {model!r} (backends.{self.name}.models[0]): another server answers on its "
+            "port, or ours serves the model under another name (--served-model-name)"
+        )
+        logger.error("not our server, stopping ours backend=%s url=%s lists=%s", self.name,
+                     self.vllm.base_url, listed)  # fmt: skip
+        try:
+            await self.runtime.stop()
+        except RuntimeFailure as exc:
+            raise NotOurServer(f"{why}; stopping ours failed: {exc}") from None
+        raise NotOurServer(f"{why}; stopped ours")
 
     async def exited(self) -> RuntimeStatus | None:
         """The runtime's status when the server has exited; None while it runs or when the
@@ -172,6 +200,8 @@ class Server:
 
         A refused connection means still loading (vLLM opens its port late). When the
         runtime cannot be asked (Docker proxy down) the health check alone decides.
+        A pass counts only with the runtime's word, asked in the same round, that our
+        server still runs: another server on its port would answer for one that died.
         """
         began = time.monotonic()
         deadline = began + start_timeout_s
@@ -181,7 +211,8 @@ class Server:
         owner_stopped = False  # its owner keeps it stopped (running = what it waits for)
         try:
             while True:
-                if time.monotonic() >= next_status:
+                asked = time.monotonic() >= next_status  # the runtime, this round
+                if asked:
                     next_status = time.monotonic() + STATUS_POLL_S
                     try:
                         status = await self.runtime.status()
@@ -204,7 +235,10 @@ class Server:
                             else f"the {self._what_runs()} is running"
                         )
                 if await self.check_health() and runtime_ready is not False:
-                    return
+                    if asked:
+                        return
+                    next_status = 0.0  # confirm, at once, that it is ours that runs
+                    continue
                 self._waiting = (began, running)
                 if time.monotonic() >= deadline:
                     await self.runtime.stop()

@@ -26,7 +26,7 @@ import enum
 import math
 from typing import Final
 
-from app.errors import BackendUnavailable, UnavailableKind
+from app.errors import PORT_IN_USE_REASON, BackendUnavailable, UnavailableKind
 
 # After a failure, requests get the failure for this long instead of a new start, so a
 # crash-looping server is not restarted by every request; pinned backends are restarted
@@ -156,7 +156,9 @@ def refusal(
     retry_in_s: float = 0.0,
 ) -> BackendUnavailable:
     """Why a request for a backend in `state` (not blocked) cannot be served, with when
-    to retry: a start in progress (5 s), a failure's restart backoff, or no VRAM."""
+    to retry: a start in progress (5 s), a failure's restart backoff, or no VRAM.
+    A failure whose reason begins `port_in_use:` (another server answers on its port:
+    `app.runtimes.port_check`, `app.lifecycle.server.NotOurServer`) is of that kind."""
     detail = f": {reason}" if reason else ""
     if state is BackendState.STARTING:
         return BackendUnavailable(
@@ -167,8 +169,16 @@ def refusal(
     if state is BackendState.FAILED:
         return BackendUnavailable(
             f"backend {backend!r} failed{detail}",
-            kind=UnavailableKind.FAILED,
+            kind=failure_kind(reason),
             retry_after_s=max(1, math.ceil(retry_in_s)),
         )
     kind = UnavailableKind.NO_VRAM if no_vram else UnavailableKind.STOPPED
     return BackendUnavailable(f"backend {backend!r} is {state}{detail}", kind=kind)
+
+
+def failure_kind(reason: str | None) -> UnavailableKind:
+    """The kind of a failed backend's refusal: `port_in_use` when its reason begins with
+    it (`PORT_IN_USE_REASON`), else `failed`."""
+    if reason is not None and reason.startswith(PORT_IN_USE_REASON):
+        return UnavailableKind.PORT_IN_USE
+    return UnavailableKind.FAILED

@@ -65,6 +65,7 @@ Raised errors:
     BackendUnavailable queue_full             next*   local_queue_full    no
     BackendUnavailable disabled               next    local_disabled      no
     BackendUnavailable failed                 next    local_failed        yes
+    BackendUnavailable port_in_use            next    local_failed        yes
     BackendUnavailable runtime                next    local_runtime       yes
     BackendUnavailable, any other kind        next    local_unavailable   no
     WakeTimeout                               next    local_wake_timeout  yes
@@ -234,6 +235,7 @@ _LOCAL_REASONS = {
     "queue_full": (R.LOCAL_QUEUE_FULL, False),
     "disabled": (R.LOCAL_DISABLED, False),
     "failed": (R.LOCAL_FAILED, True),
+    "port_in_use": (R.LOCAL_FAILED, True),  # a failed start, named for what to fix
     "runtime": (R.LOCAL_RUNTIME, True),
 }
 

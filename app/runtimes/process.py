@@ -22,6 +22,11 @@ wants, and each runtime adopts its own (found by `status()` at bring-up), which 
 watched, stopped and idle-stopped like a child. Not being its parent, the gateway cannot
 wait for it: it polls /proc until the process is gone.
 
+Before it launches a server, its port must be free: when something already answers there
+(`app.runtimes.port_check`) the start is refused (`PortInUse`) rather than "ready" on
+another server's health check, unless that something is the server an earlier gateway
+recorded, which is adopted.
+
 A command whose first word is `{python}` runs with the gateway's own interpreter, so the
 demo's fake servers work from any shell without activating the virtualenv.
 """
@@ -41,6 +46,7 @@ from typing import Final
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
 from app.runtimes.output import OutputFile, OutputRing
+from app.runtimes.port_check import PortInUse, port_in_use_message, taken
 from app.runtimes.process_record import (
     ProcessRecord,
     RecordBook,
@@ -75,17 +81,20 @@ class ProcessRuntime:
         launch: str,
         output_dir: Path,
         port: int | None = None,
+        address: tuple[str, int] | None = None,
     ) -> None:
         """`env`: the whole environment it starts with (`app.runtimes.child_env`);
         `book`: where started processes are recorded; `launch`: the hash of the backend's
         launch settings (`process_record.launch_hash`); `output_dir`: where its output
-        file is (`STATE_DIR/logs`); `port`: its server's, recorded."""
+        file is (`STATE_DIR/logs`); `port`: its server's, recorded; `address`: (host,
+        port) of its URL, which must not answer before a launch (`port_check`)."""
         self._backend = backend
         self._config = config
         self._env = dict(env)
         self._book = book
         self._launch = launch
         self._port = port
+        self._address = address
         self._proc: asyncio.subprocess.Process | None = None
         self._adopted: ProcessRecord | None = None  # a server an earlier gateway started
         self._output = OutputFile(output_dir / f"{backend}.log")
@@ -104,6 +113,9 @@ class ProcessRuntime:
         if self._adopted is not None and same_process(self._adopted, observe(self._adopted.pid)):
             return
         self._adopted = None
+        if self._proc is None and self._adoptable() is not None:
+            return  # the server an earlier gateway started runs on: adopted, not launched
+        await self._check_port()
         command = [sys.executable if word == PYTHON else word for word in self._config.command]
         await self._end_tail()  # the last run's output, read to its end
         try:
@@ -134,9 +146,20 @@ class ProcessRuntime:
         self._record(self._proc.pid, tuple(command))
         self._begin_tail()
 
+    async def _check_port(self) -> None:
+        """Raise `PortInUse` when something answers on its port already."""
+        if self._address is None:
+            return
+        host, port = self._address
+        if await taken(host, port):
+            logger.error("port in use, not starting backend=%s host=%s port=%d",
+                         self._backend, host, port)  # fmt: skip
+            raise PortInUse(port_in_use_message(self._backend, host, port))
+
     def _record(self, pid: int, cmdline: tuple[str, ...]) -> None:
-        """`cmdline`: the argv it was started with, which /proc shows once the exec is
-        done (read now, it may still be empty: the exec races this call)."""
+        """`cmdline`: the argv it was started with, kept for logs (not what /proc shows:
+        a `#!` script reads as its interpreter, then the script; and read now, the exec
+        races this call). The start time is what identifies it."""
         observed = observe(pid)  # the start time is the fork's: already final
         if observed is None or observed.zombie:
             return  # already exited: nothing to find again

@@ -7,7 +7,7 @@ the backend's launch settings. At the next start a record is matched against wha
 now (`verdict`, pure):
 
 - the process is gone, or the pid now belongs to another process (a different start
-  time, boot or command line): the record is dropped;
+  time or boot): the record is dropped;
 - the same process, but the configuration no longer wants it (backend removed, or its
   launch settings changed): it is stopped;
 - the same process and still wanted: it is adopted (ready once it answers health, its
@@ -42,6 +42,9 @@ class ProcessRecord:
     pid: int
     start_time: int  # /proc/PID/stat field 22: clock ticks after boot
     boot_id: str
+    # The argv it was started with, for logs and display only: not what /proc shows (a
+    # console script such as `.../bin/vllm` reads `[.../python3.11, .../bin/vllm, ...]`
+    # there, its `#!` interpreter first), and no part of its identity (`same_process`).
     cmdline: tuple[str, ...]
     port: int | None
     launch: str  # `launch_hash` of the backend's config when it was started
@@ -61,7 +64,7 @@ class ProcessRecord:
                 pid=int(data["pid"]),
                 start_time=int(data["start_time"]),
                 boot_id=str(data["boot_id"]),
-                cmdline=tuple(str(word) for word in data["cmdline"]),
+                cmdline=tuple(str(word) for word in data.get("cmdline", ())),
                 port=None if data["port"] is None else int(data["port"]),
                 launch=str(data["launch"]),
                 stop_grace_s=float(data["stop_grace_s"]),
@@ -89,13 +92,23 @@ class Verdict(enum.StrEnum):
 
 def same_process(record: ProcessRecord, observed: Observed | None) -> bool:
     """The recorded process still runs: the pid is alive and was not reused (the same
-    start time in the same boot, the same command line)."""
+    start time in the same boot).
+
+    A process is its pid, its start time (clock ticks after boot, 100 a second on Linux) and the
+    boot. For the pid to name another process with the same start time, ours would have
+    had to exit and the kernel hand its pid out again, in this boot, to a process forked
+    in the same tick (10 ms) as ours was; pids are handed out in turn up to `pid_max` before
+    one is reused, so that is not a real risk.
+
+    The command line is not compared: the one recorded is the argv as configured, and
+    what /proc shows after the exec differs for a script run through its `#!` line
+    (`[.../python3.11, .../bin/vllm, serve, ...]` for `[.../bin/vllm, serve, ...]`), and
+    a program may rewrite its own (setproctitle)."""
     return (
         observed is not None
         and not observed.zombie
         and observed.start_time == record.start_time
         and observed.boot_id == record.boot_id
-        and observed.cmdline == record.cmdline
     )
 
 

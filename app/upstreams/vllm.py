@@ -14,8 +14,9 @@
   routes (only with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; `LoraError` otherwise).
 - `asleep_level()`: the level a sleeping server sleeps at, from the `vllm:engine_sleep_state`
   gauge of its `/metrics` (for a server found asleep at gateway start).
-- `learn()`: what it serves (`GET /openapi.json`) and its `max_model_len` (`GET
-  /v1/models`), each within `LEARN_TIMEOUT_S` (`app.upstreams.vllm_learned`).
+- `learn()`: what it serves (`GET /openapi.json`), its `max_model_len` and the model
+  ids it lists (`GET /v1/models`), each within `LEARN_TIMEOUT_S`
+  (`app.upstreams.vllm_learned`).
 
 Each sleep-mode call waits at most `timeout_s`, per backend (`timeouts.control_s`), by
 default scaled by the size of its weights (`control_timeout_s`): a level-2 wake reloads
@@ -45,7 +46,14 @@ from app.upstreams.control_http import (
     StreamError,
     TimeoutException,
 )
-from app.upstreams.vllm_learned import Learned, LearnError, max_model_len_of, routes_of_openapi
+from app.upstreams.vllm_learned import (
+    Answer,
+    Learned,
+    LearnError,
+    max_model_len_of,
+    models_of,
+    routes_of_openapi,
+)
 from app.upstreams.vllm_load import BackendLoad, MetricsParseError, ScrapeError, parse_vllm_load
 
 logger = logging.getLogger(__name__)
@@ -121,6 +129,10 @@ class VllmClient:
     @property
     def health_url(self) -> str:
         return self._health_url
+
+    @property
+    def base_url(self) -> str:
+        return self._base
 
     async def health(self) -> str | None:
         """None when the server answers its health check with 200, else why not."""
@@ -280,10 +292,11 @@ class VllmClient:
 
     # -- what it serves ---------------------------------------------------------------
 
-    async def learn(self, model_ids: list[str]) -> Learned | None:
-        """Its routes and `max_model_len`, as a ready server says them; None when it did
-        not answer (then what was known stays). `/openapi.json` answering 404 means vLLM's
-        docs are off (`--disable-fastapi-docs`): `routes` None. Never raises."""
+    async def learn(self, model_ids: list[str]) -> Answer | None:
+        """Its routes and `max_model_len`, as a ready server says them, and the model ids
+        it lists; None when it did not answer (then what was known stays). `/openapi.json`
+        answering 404 means vLLM's docs are off (`--disable-fastapi-docs`): `routes` None.
+        Never raises."""
         try:
             openapi = await self._client.get(
                 f"{self._base}/openapi.json", headers=self._headers, timeout=LEARN_TIMEOUT_S
@@ -305,8 +318,10 @@ class VllmClient:
             logger.warning("cannot learn its routes url=%s status=%d", self._base,
                            openapi.status_code)  # fmt: skip
             return None
-        max_len = max_model_len_of(models.content, model_ids) if models.status_code == 200 else None
-        return Learned(routes, max_len)
+        if models.status_code != 200:
+            return Answer(Learned(routes, None), None)
+        learned = Learned(routes, max_model_len_of(models.content, model_ids))
+        return Answer(learned, models_of(models.content))
 
     # -- load -------------------------------------------------------------------------
 

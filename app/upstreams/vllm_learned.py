@@ -7,6 +7,8 @@
   with `openapi_url=None`): then `routes` is None and the configuration decides.
 - Its `max_model_len`: the `max_model_len` of its model card in `GET /v1/models`
   (`vllm/entrypoints/openai/models/serving.py`: base models carry it, LoRA adapters not).
+- The model ids it lists there (`Answer.models`): a start is ready only on a server that
+  lists the backend's own (`not_ours`), not on another server that answers on its port.
 
 `VllmClient.learn` does the I/O; `app.lifecycle.served` keeps what was learned.
 """
@@ -83,6 +85,56 @@ class Learned:
                 return None
             routes.add((item[0], item[1]))
         return cls(frozenset(routes), max_len)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a server answered to `VllmClient.learn`: what is kept of it (`learned`) and
+    the ids of the model cards of its `/v1/models` (None: no model list: not 200, or not
+    a list)."""
+
+    learned: Learned
+    models: tuple[str, ...] | None
+
+
+# How many of a foreign server's model ids a reason names, and how much of each.
+NAMED_MODELS: Final = 3
+_MODEL_ID_CHARS: Final = 80
+
+
+def models_of(body: bytes) -> tuple[str, ...] | None:
+    """The ids of the model cards of a `GET /v1/models` body (`{"data": [{"id": ...}]}`);
+    None when it is not such a list. vLLM lists one card per `--served-model-name` (the
+    model's path when none is given), then its LoRA adapters
+    (vllm/entrypoints/openai/models/serving.py:64 and :149,
+    vllm/entrypoints/launchers/api_server/app_state.py:59)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    cards = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(cards, list):
+        return None
+    return tuple(
+        card["id"] for card in cards if isinstance(card, dict) and isinstance(card.get("id"), str)
+    )
+
+
+def not_ours(models: tuple[str, ...] | None, served_model: str) -> str | None:
+    """None when a server that lists `models` may be the backend's (it lists
+    `served_model`, or gave no model list: not known); else what it lists instead,
+    bounded (`'a', 'b', 'c' and 2 more`, or `no model` for an empty list)."""
+    if models is None or served_model in models:
+        return None
+    if not models:
+        return "no model"
+    named = ", ".join(repr(_cut(m)) for m in models[:NAMED_MODELS])
+    more = len(models) - NAMED_MODELS
+    return named if more <= 0 else f"{named} and {more} more"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _MODEL_ID_CHARS else text[:_MODEL_ID_CHARS] + "..."
 
 
 def _matches(template: str, path: str) -> bool:

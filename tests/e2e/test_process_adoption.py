@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tests.fakes.processes import (
+    ROOT,
     GatewayProcess,
     gateway_process,
     port_is_open,
@@ -122,3 +124,64 @@ def test_the_orphan_of_a_backend_no_longer_configured_is_stopped(tmp_path: Path)
         assert "why=backend removed" in log
         records = saved_sections(state_dir)["processes"]
         assert "lazy" not in records
+
+
+def settled(backend: dict[str, Any]) -> dict[str, Any] | None:
+    """`backend` once it is no longer on its way to ready (ready, failed, refused)."""
+    waiting = backend["state"] == "starting" or (
+        backend["state"] == "stopped" and backend["reason"] is None
+    )
+    return None if waiting else backend
+
+
+def console_script(path: Path) -> Path:
+    """An executable like the `vllm` a pip install writes: a `#!` line naming the
+    interpreter, so /proc shows `[python, path, serve, ...]` for the argv `[path, serve, ...]`;
+    `serve` dropped, it runs the fake vLLM."""
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "if sys.argv[1:2] == ['serve']:\n"
+        "    del sys.argv[1]\n"
+        "runpy.run_module('app.sim.vllm', run_name='__main__', alter_sys=True)\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def test_a_console_script_server_is_adopted_after_a_crash(tmp_path: Path) -> None:
+    """Issue 31: the record holds the argv as configured, /proc the interpreter first; the
+    process is found by its pid, start time and boot (before: "dropped, process gone", and
+    a second server started on the port the orphan held)."""
+    models = sim_gpu_models(tmp_path / "sim-gpu", **MIB)
+    del models["backends"]["lazy"]
+    runtime = models["backends"]["pinned"]["runtime"]
+    assert runtime["command"][:3] == ["{python}", "-m", "app.sim.vllm"]
+    (tmp_path / "bin").mkdir()
+    vllm = console_script(tmp_path / "bin" / "vllm")
+    runtime["command"] = [str(vllm), "serve", *runtime["command"][3:]]
+    state_dir = tmp_path / "var"
+    pids: dict[str, int] = {}
+    with killed_afterwards(pids):
+        with gateway_process(models, state_dir=state_dir, wait_ready=True) as gw:
+            pids["pinned"] = until_sync(lambda: pid_of(gw, "pinned"))
+            cmdline = Path(f"/proc/{pids['pinned']}/cmdline").read_bytes().split(b"\0")
+            assert cmdline[1] == str(vllm).encode()  # the interpreter first
+            gw.proc.send_signal(signal.SIGKILL)
+            gw.proc.wait(10)
+        assert alive(pids["pinned"])
+        with gateway_process(models, state_dir=state_dir) as gw:
+            # Ready, or not (started anew, its memory held by the orphan: no room).
+            pinned = until_sync(lambda: settled(backends(gw)["pinned"]), what="pinned settled")
+            assert (pinned["state"], pinned["runtime_detail"]) == (
+                "ready",
+                f"pid {pids['pinned']} (adopted)",
+            ), pinned["reason"]
+            response = chat(gw, "pinned-model")
+            assert response.status_code == 200, response.text
+            stop(gw.proc)
+            log = gw.log()
+        assert "adopting process backend=pinned" in log
+        assert "process started" not in log  # no second server
+        assert "process record dropped" not in log

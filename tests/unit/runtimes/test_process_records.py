@@ -29,6 +29,7 @@ from app.runtimes.process_record import (
     verdict,
 )
 from app.settings import BackendConfig, ProcessRuntimeConfig
+from tests.fakes.waits import until
 
 RECORD = ProcessRecord(
     backend="vllm",
@@ -53,13 +54,41 @@ def test_the_same_process_still_wanted_is_adopted() -> None:
         None,  # gone
         dataclasses.replace(SAME, start_time=999999),  # pid reused by a later process
         dataclasses.replace(SAME, boot_id="boot-2"),  # the machine rebooted since
-        dataclasses.replace(SAME, cmdline=("bash",)),  # another program
         dataclasses.replace(SAME, zombie=True),  # exited, not reaped yet
     ],
-    ids=["gone", "pid-reused", "rebooted", "other-command", "zombie"],
+    ids=["gone", "pid-reused", "rebooted", "zombie"],
 )
 def test_a_record_whose_process_is_not_the_same_is_dropped(observed: Observed | None) -> None:
     assert verdict(RECORD, observed, "hash-1") is Verdict.DROP
+
+
+def test_a_console_script_is_the_same_process_though_proc_shows_its_interpreter_first() -> None:
+    """The argv as configured is recorded; /proc shows the `#!` interpreter before the
+    script (issue 31: a real vLLM was "dropped, process gone" while it ran on)."""
+    configured = ("/opt/venv/bin/vllm", "serve", "Qwen/Qwen3-8B", "--port", "8001")
+    record = dataclasses.replace(RECORD, cmdline=configured)
+    seen = dataclasses.replace(SAME, cmdline=("/opt/venv/bin/python3.11", *configured))
+    assert same_process(record, seen)
+    assert verdict(record, seen, "hash-1") is Verdict.ADOPT
+
+
+def test_the_command_line_is_no_part_of_the_identity() -> None:
+    """A program may rewrite its own (setproctitle): pid, start time and boot decide."""
+    assert verdict(RECORD, dataclasses.replace(SAME, cmdline=("VLLM::EngineCore",)), "hash-1") \
+        is Verdict.ADOPT  # fmt: skip
+
+
+def test_a_record_an_earlier_version_wrote_still_loads() -> None:
+    written = {
+        "backend": "vllm", "pid": 4242, "start_time": 123456, "boot_id": "boot-1",
+        "cmdline": ["/opt/venv/bin/vllm", "serve", "m"], "port": 8001, "launch": "hash-1",
+        "stop_grace_s": 10.0,
+    }  # fmt: skip
+    loaded = ProcessRecord.from_json(written)
+    assert loaded == dataclasses.replace(RECORD, cmdline=("/opt/venv/bin/vllm", "serve", "m"))
+    assert ProcessRecord.from_json({k: v for k, v in written.items() if k != "cmdline"}) == (
+        dataclasses.replace(RECORD, cmdline=())
+    )
 
 
 def test_the_same_process_no_longer_wanted_is_stopped() -> None:
@@ -184,3 +213,38 @@ async def test_the_sweep_keeps_a_wanted_process_for_its_runtime(
     await sweep_orphans(book, {"b": "h"})
     assert (await runtime(book).status()).running
     assert book.records()["b"].pid == pid
+
+
+async def test_a_console_script_left_running_is_adopted(tmp_path: Path) -> None:
+    """A command like `.../bin/vllm serve` (a `#!` script: /proc shows the interpreter
+    first) is found again by the runtime of the next gateway."""
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    script.chmod(0o755)
+    config = ProcessRuntimeConfig(kind="process", command=[str(script), "serve"], stop_grace_s=2)
+
+    def runtime_of(book: MemoryBook) -> ProcessRuntime:
+        env = dict(os.environ)
+        return ProcessRuntime("b", config, env=env, book=book, launch="h", output_dir=OUTPUT_DIR)
+
+    book = MemoryBook()
+    first = runtime_of(book)
+    await first.start()
+    pid = first.pid
+    assert pid is not None
+    try:
+        await until(lambda: _shows_interpreter_first(pid, script), what="the exec done")
+        again = runtime_of(book)
+        status = await again.status()
+        assert status.detail == f"pid {pid} (adopted)"
+        await again.stop()
+        assert book.records() == {}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        await first.stop()
+
+
+def _shows_interpreter_first(pid: int, script: Path) -> bool:
+    seen = observe(pid)
+    return seen is not None and seen.cmdline[1:] == (str(script), "serve")
