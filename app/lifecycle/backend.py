@@ -32,7 +32,7 @@ from app.lifecycle import admission as rules
 from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.lease import Leases
-from app.lifecycle.load import LoadStatus, StartDurations, load_status
+from app.lifecycle.load import LoadStatus, StartClock, StartDurations
 from app.lifecycle.memory import Memory
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import TicketQueue
@@ -84,9 +84,7 @@ class Backend(Holding, Memory, Watched):
         self.upstream = upstream  # the data plane: client requests (aiohttp)
         changed = None if events is None else events.changed  # pushes /status/stream
         self.server = Server(name, runtime, vllm, metrics, on_progress=changed)  # its I/O
-        self._durations = durations or StartDurations(None)  # its last cold start: eta
-        # The start's began (monotonic) and, for a wake, the level it slept at (0: unknown).
-        self._starting: tuple[float, int | None] | None = None
+        self._clock = StartClock(name, durations or StartDurations(None))  # the eta of a start
         self.admission: Admission = admission or Unchecked()
         # How it gives memory back (sleep level or stop): its host's RAM book decides.
         self.release_policy: ReleasePolicy = release or Unbudgeted()
@@ -174,17 +172,7 @@ class Backend(Holding, Memory, Watched):
         return self.server.start_progress
 
     def load(self) -> LoadStatus | None:  # while starting: how far (app.lifecycle.load)
-        if self.state is not BackendState.STARTING or self._starting is None:
-            return None
-        began, level = self._starting
-        last = self._last_duration(level)
-        return load_status(time.monotonic() - began, last, self.server, waking=level is not None)
-
-    def _last_duration(self, wake_level: int | None) -> float | None:
-        """Its last measured cold start, or wake from `wake_level` (0: level unknown)."""
-        if wake_level is None:
-            return self._durations.get(self.name)
-        return self._durations.get_wake(self.name, wake_level)
+        return self._clock.load(self.server) if self.state is BackendState.STARTING else None
 
     def ready_in_s(self) -> float | None:
         """Seconds until it would be ready for a request arriving now, by its last
@@ -195,14 +183,12 @@ class Backend(Holding, Memory, Watched):
             return 0.0
         if self._blocks or (state is BackendState.FAILED and self._retry_in() > 0):
             return None
-        if state is BackendState.STARTING and self._starting is not None:
-            began, level = self._starting
-            last = self._last_duration(level)
-            return None if last is None else max(0.0, last - (time.monotonic() - began))
+        if state is BackendState.STARTING:
+            return self._clock.left_s()
         if state is BackendState.SLEEPING:
-            return self._last_duration(self._asleep_level or 0)
+            return self._clock.last(self._asleep_level or 0)
         if state in (BackendState.STOPPED, BackendState.FAILED) and self.runtime.managed:
-            return self._last_duration(None)
+            return self._clock.last(None)
         return None
 
     @property
@@ -260,16 +246,15 @@ class Backend(Holding, Memory, Watched):
             self.holds_vram = True
             self._start_task = spawn(asyncio.sleep(0), name=f"start:{self.name}")
             return self._start_task
-        # Timed from here, not from the task's first step: a /status read in between
-        # would see the previous start's beginning (and an eta of 0).
-        self._starting = (time.monotonic(), (self._asleep_level or 0) if wake else None)
+        timing = self._clock.begin((self._asleep_level or 0) if wake else None)
         self._set_state(BackendState.STARTING, "waking from sleep" if wake else None)
-        self._start_task = spawn(self._run_start(adopt, wake), name=f"start:{self.name}")
+        self._start_task = spawn(self._run_start(timing, adopt, wake), name=f"start:{self.name}")
         return self._start_task
 
-    async def _run_start(self, adopt: bool, wake: bool = False) -> None:
-        assert self._starting is not None  # set by _begin_start
-        began, wake_level = self._starting
+    async def _run_start(
+        self, timing: tuple[float, int | None], adopt: bool, wake: bool = False
+    ) -> None:
+        began, wake_level = timing
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
@@ -298,7 +283,7 @@ class Backend(Holding, Memory, Watched):
                 self._backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
-            self._durations.record(self.name, duration, cold=not adopt, wake_level=wake_level)
+            self._clock.record(duration, cold=not adopt, wake_level=wake_level)
             self._metrics.start_duration.labels(self.name).observe(duration)
             logger.info(
                 "backend ready backend=%s runtime=%s start_s=%.2f",

@@ -1,10 +1,12 @@
 """A start in progress as `/status` shows it (`load`): vLLM's phase and the share done, from
 its output (`app.upstreams.vllm_output`), and the seconds left by its last measured cold
 start or wake (`StartDurations`, small sections of the state file; a fallback chain
-prices a cold entry by them too, `Backend.ready_in_s`). `load_status` is pure."""
+prices a cold entry by them too, `Backend.ready_in_s`). `StartClock` is one backend's:
+when its start under way began and what its last ones took. `load_status` is pure."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -53,6 +55,50 @@ def load_status(
     if progress is None:
         return LoadStatus(LAUNCHING, 0, eta)
     return LoadStatus(progress.phase, progress.percent, eta)
+
+
+class StartClock:
+    """One backend's starts in time: when the one under way began (and, for a wake, the
+    level it slept at), and the durations of its last cold start and wakes, for the
+    `load` and `eta_s` of the next."""
+
+    def __init__(self, backend: str, durations: StartDurations) -> None:
+        self._backend = backend
+        self._durations = durations
+        # The start's began (monotonic) and, for a wake, the level it slept at (0: unknown).
+        self._under_way: tuple[float, int | None] | None = None
+
+    def begin(self, wake_level: int | None) -> tuple[float, int | None]:
+        """A start (`wake_level` None) or a wake from `wake_level` begins now. Called
+        with the state change, not from the start's task: a /status read in between
+        would see the previous start's beginning (and an eta of 0)."""
+        self._under_way = (time.monotonic(), wake_level)
+        return self._under_way
+
+    def last(self, wake_level: int | None) -> float | None:
+        """Its last measured cold start, or wake from `wake_level` (0: level unknown)."""
+        if wake_level is None:
+            return self._durations.get(self._backend)
+        return self._durations.get_wake(self._backend, wake_level)
+
+    def load(self, watch: StartWatch) -> LoadStatus | None:
+        """The start under way as /status shows it (None: none was begun)."""
+        if self._under_way is None:
+            return None
+        began, level = self._under_way
+        last = self.last(level)
+        return load_status(time.monotonic() - began, last, watch, waking=level is not None)
+
+    def left_s(self) -> float | None:
+        """Seconds left of the start under way by its last measured one (None: not known)."""
+        if self._under_way is None:
+            return None
+        began, level = self._under_way
+        last = self.last(level)
+        return None if last is None else max(0.0, last - (time.monotonic() - began))
+
+    def record(self, seconds: float, *, cold: bool, wake_level: int | None) -> None:
+        self._durations.record(self._backend, seconds, cold=cold, wake_level=wake_level)
 
 
 START_DURATIONS = "start_durations"

@@ -475,9 +475,9 @@ async def test_a_second_start_is_timed_from_its_own_beginning_at_once() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, **LAZY)
     runtime.gate = asyncio.Event()
-    backend._durations.put("b", 60.0)  # its last cold start took a minute
+    backend._clock.record(60.0, cold=True, wake_level=None)  # its last cold start: a minute
     await backend.stop(StopReason.ADMIN)
-    backend._starting = (0.0, None)  # a start long ago (its monotonic clock's beginning)
+    backend._clock._under_way = (0.0, None)  # a start long ago (the monotonic clock's start)
     async with backend._lock:
         backend._begin_start(adopt=False)  # the task has not run yet
         load = backend.load()
