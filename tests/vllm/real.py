@@ -49,7 +49,9 @@ class RealVllm:
             self.vllm, "serve", self.model if model is None else model,
             "--served-model-name", MODEL_ID, "--host", "127.0.0.1", "--port", str(port),
             "--load-format", "dummy", "--enforce-eager", "--dtype", "bfloat16",
-            "--max-model-len", str(MAX_MODEL_LEN), *extra,
+            "--max-model-len", str(MAX_MODEL_LEN),
+            # The gateway's polls stay out of its log (docs/vllm.md).
+            "--disable-access-log-for-endpoints", "/health,/metrics", *extra,
         ]  # fmt: skip
 
     def backend(

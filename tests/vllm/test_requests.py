@@ -8,7 +8,6 @@ One gateway and one server for the module: the first test wakes it, the rest use
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -208,4 +207,7 @@ def test_its_output_reaches_the_logs(gateway: GatewayProcess) -> None:
     logs = httpx.get(f"{gateway.url}/backends/tiny/logs?tail=400", headers=ADMIN, timeout=30)
     assert logs.status_code == 200
     assert "Starting vLLM server on http://127.0.0.1:" in logs.text
-    json.dumps(logs.text)  # text, not bytes
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in logs.text  # its access log runs
+    # ... but without the gateway's polls (--disable-access-log-for-endpoints)
+    assert '"GET /health HTTP/1.1"' not in logs.text
+    assert '"GET /metrics HTTP/1.1"' not in logs.text

@@ -117,8 +117,9 @@ def test_a_port_another_server_answers_on_is_refused(gateway: GatewayProcess) ->
         gateway.url + "/v1/chat/completions", json={**chat_body(), "model": "squatted"}, timeout=60
     )
     assert response.status_code == 503, response.text
-    message = response.json()["error"]["message"]
-    assert "port_in_use" in message or "already answers" in message, message
+    error = response.json()["error"]
+    assert error["code"] == "backend_port_in_use", error
+    assert "already answers" in error["message"], error
     status = status_of(gateway.url, "squatted")
     assert status["state"] != "ready"
     assert "process started backend=squatted" not in gateway.log()  # nothing launched
