@@ -101,4 +101,4 @@ def test_a_crash_adoption_a_yield_a_restore_and_an_idle_stop(
                 what="the idle stop",
             )
             assert not alive(new_pid)
-            assert "reason=idle" in second.log()
+            assert "to=stopped reason=stopped by the gateway (idle)" in second.log()
