@@ -1,8 +1,12 @@
-"""Every relative link in README.md and docs/ leads somewhere: the file exists and, for a
-Markdown page, so does the heading its `#anchor` names.
+"""Every relative link in README.md, docs/ and config/reference/README.md leads somewhere:
+the file exists and, for a Markdown page, so does the heading its `#anchor` names. So
+does every place the shipped configuration and deployment files send a reader to in their
+comments: `docs/PAGE.md#anchor`, or a section of the README by its title
+(`README, "Two commands"`).
 
 `mkdocs build --strict` (`make docs`) checks the links between docs pages; the README's
-links into docs/ (and any link to a file outside docs/) are checked only here.
+links into docs/, any link to a file outside docs/ and the comments' pointers are checked
+only here.
 """
 
 from __future__ import annotations
@@ -61,7 +65,48 @@ def problem(source: Path, target: str) -> str | None:
 
 
 def markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md")), ROOT / "config/reference/README.md"]
+
+
+# In a comment: `docs/vllm.md#claude-code`, `README.md#two-commands`, or a README section by
+# its title, `README "Two commands"` / `README, "Two commands"`.
+DOC_POINTER = re.compile(r"\b((?:docs/[\w-]+|README)\.md(?:#[\w-]+)?)")
+README_SECTION = re.compile(r'\bREADME,? "([^"]+)"')
+COMMENT_BREAK = re.compile(r"\s*\n\s*#\s*")
+
+
+def config_files() -> list[Path]:
+    """The shipped configuration and deployment files, whose comments point at the docs."""
+    files = [ROOT / "docker-compose.yml"]
+    for folder in ("config", "deploy"):
+        files.extend(p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in CONFIG_SUFFIXES)
+    return files
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".cfg", ".conf", ".toml", ".env")
+
+
+def pointers(text: str) -> list[str]:
+    """Where TEXT's comments send a reader: a path from the repository's root (`docs/...`,
+    `README.md#...`), or `README.md#slug` for a README section named by its title. A title
+    may run on over a comment's next line."""
+    joined = COMMENT_BREAK.sub(" ", text)
+    return [
+        *DOC_POINTER.findall(joined),
+        *(f"README.md#{slug(title)}" for title in README_SECTION.findall(joined)),
+    ]
+
+
+def test_the_pointers_of_a_comment_are_found() -> None:
+    text = (
+        '# chains (README "Cloud fallback").\n'
+        '    # its set (README, "What a\n    # backend serves"), so (docs/vllm.md#claude-code).\n'
+    )
+    assert pointers(text) == [
+        "docs/vllm.md#claude-code",
+        "README.md#cloud-fallback",
+        "README.md#what-a-backend-serves",
+    ]
 
 
 def test_the_slug_is_mkdocs_one() -> None:
@@ -92,6 +137,17 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(path: Path) -> None:
     broken = [why for target in links(path) if (why := problem(path, target)) is not None]
+    assert broken == []
+
+
+@pytest.mark.parametrize("path", config_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_pointer_of_a_config_file_resolves(path: Path) -> None:
+    readme = ROOT / "README.md"
+    broken = [
+        why
+        for target in pointers(path.read_text(encoding="utf-8"))
+        if (why := problem(readme, target)) is not None
+    ]
     assert broken == []
 
 

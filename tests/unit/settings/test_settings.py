@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from app.settings import (
@@ -14,6 +15,7 @@ from app.settings import (
     load_settings,
 )
 from app.settings.cloud import CloudConfig
+from tests.docs import page, section
 
 ISSUE_EXAMPLE = """\
 backends:
@@ -252,6 +254,14 @@ def test_the_shipped_keys_example_is_valid_beside_the_demo(
     keys = load_settings(tmp_path).client_keys
     assert keys is not None
     assert list(keys.keys) == ["agents", "family", "batch"]
+    assert keys.keys["family"].fallback_on == ["queue_full"]  # as docs/keys.md shows it
+
+
+def test_the_keys_page_shows_the_shipped_keys_example() -> None:
+    """docs/keys.md shows config/keys.example.yaml's keys (its comments may differ)."""
+    shown = section(page("keys"), "Sharing one GPU: keys and usage").split("```yaml\n", 1)[1]
+    shipped = (Path(__file__).resolve().parents[3] / "config" / "keys.example.yaml").read_text()
+    assert yaml.safe_load(shown.split("```", 1)[0]) == yaml.safe_load(shipped)
 
 
 LAZY_BACKEND = {
