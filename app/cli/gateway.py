@@ -2,7 +2,9 @@
 `status`, `ps`, `activity`, `usage`, `reload`): where it is, the admin key, one call, how
 its failures read, and `show`: one call printed, as JSON with `--json`, else as text.
 
-`--url` defaults to `$MICROSCHEDULER_URL`, then http://127.0.0.1:8080. The admin key (sent
+`--url` defaults to `$MICROSCHEDULER_URL`, then http://127.0.0.1:$MICROSCHEDULER_PORT (the
+port a gateway started in the same environment listens on), then http://127.0.0.1:8080.
+The admin key (sent
 as a bearer token) comes from `--admin-key-file PATH`, `$MICROSCHEDULER_ADMIN_KEY`,
 `$MICROSCHEDULER_ADMIN_KEY_FILE` or `~/.config/microscheduler/admin.key`
 (`app.cli.admin_key`); without one the gateway accepts admin calls from loopback only.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,6 +32,7 @@ from app.upstreams.control_http import (
 
 FALLBACK_URL: Final = "http://127.0.0.1:8080"
 URL_ENV: Final = "MICROSCHEDULER_URL"
+PORT_ENV: Final = "MICROSCHEDULER_PORT"
 CONNECT_TIMEOUT_S: Final = 5.0
 #: How long a read (`GET`) of the admin API may take.
 READ_TIMEOUT_S: Final = 10.0
@@ -61,8 +64,14 @@ def reported(command: str, problem: GatewayProblem) -> int:
     return FAILED
 
 
-def default_url() -> str:
-    return os.environ.get(URL_ENV, "").strip() or FALLBACK_URL
+def default_url(environ: Mapping[str, str] = os.environ) -> str:
+    """`$MICROSCHEDULER_URL`, else loopback on `$MICROSCHEDULER_PORT` (a whole number),
+    else `FALLBACK_URL`."""
+    url = environ.get(URL_ENV, "").strip()
+    if url:
+        return url
+    port = environ.get(PORT_ENV, "").strip()
+    return f"http://127.0.0.1:{port}" if port.isdigit() else FALLBACK_URL
 
 
 def add_url_option(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +79,8 @@ def add_url_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=None,
-        help=f"the gateway (default: ${URL_ENV}, else {FALLBACK_URL})",
+        help=f"the gateway (default: ${URL_ENV}, else http://127.0.0.1:${PORT_ENV}, "
+        f"else {FALLBACK_URL})",
     )
     parser.add_argument(
         "--admin-key-file",

@@ -95,7 +95,10 @@ def gateway() -> Iterator[StandIn]:
 @pytest.fixture(autouse=True)
 def no_key_around(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No key from the developer's environment or their ~/.config."""
-    for name in ("MICROSCHEDULER_ADMIN_KEY", "MICROSCHEDULER_ADMIN_KEY_FILE", "MICROSCHEDULER_URL"):
+    for name in (
+        "MICROSCHEDULER_ADMIN_KEY", "MICROSCHEDULER_ADMIN_KEY_FILE", "MICROSCHEDULER_URL",
+        "MICROSCHEDULER_PORT",
+    ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
 
@@ -219,3 +222,15 @@ def test_the_help_shows_the_steam_launch_option_as_steam_wants_it(
     assert "/home/you/microscheduler/.venv/bin/microscheduler yield -- %command%" in help_text
     assert "%%" not in help_text
     assert "--admin-key-file" in help_text
+
+
+def test_without_url_the_gateway_is_found_on_microscheduler_port(
+    gateway: StandIn, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port the gateway was told (`MICROSCHEDULER_PORT=8081 make run`) is where the
+    CLI of the same environment looks for it (before: always 8080)."""
+    monkeypatch.setenv("MICROSCHEDULER_ADMIN_KEY", KEY)
+    monkeypatch.setenv("MICROSCHEDULER_PORT", gateway.url.rsplit(":", 1)[1])
+    assert run("yield", "--", *GAME) == 7
+    assert [path for _, path, _ in gateway.calls] == ["/vram/yield", "/vram/restore"]
+    assert "warning" not in capfd.readouterr().err
