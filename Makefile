@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/demo
-HOST   ?= 127.0.0.1
-PORT   ?= 8080
+# `make run HOST=... PORT=...` passes --host/--port; left empty, the gateway's own
+# setting decides: MICROSCHEDULER_HOST/_PORT, else `host:`/`port:` of models.yaml, else
+# 127.0.0.1:8080.
+HOST   ?=
+PORT   ?=
 
 .PHONY: run test test-vllm vllm-venv lint typecheck unit docs bench check-config lock clean
 
@@ -24,16 +27,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
-# Escaped for the double-quoted echo below.
-TRY_BODY := {\"model\": \"reasoning\", \"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], \"stream\": true}
-
+# `serve --banner` prints where it serves (the address it bound: the real port, whichever
+# setting chose it) and a request to try.
 run: $(VENV)/.installed
-	@echo "microscheduler: serving $(CONFIG) on http://$(HOST):$(PORT) (Ctrl-C stops it and its backends)."
-	@echo "Open http://$(HOST):$(PORT)/ for the control page. Once the log says 'backend ready',"
-	@echo "try (the first request wakes the lazy reasoning model):"
-	@echo "  curl -sN http://$(HOST):$(PORT)/v1/chat/completions -H 'content-type: application/json' -d '$(TRY_BODY)'"
-	@echo
-	$(BIN)/microscheduler serve --config $(CONFIG) --host $(HOST) --port $(PORT)
+	$(BIN)/microscheduler serve --config $(CONFIG) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) --banner
 
 check-config: $(VENV)/.installed
 	$(BIN)/microscheduler check-config --config $(CONFIG)

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from app.cli.activity import add_activity_command
+from app.cli.admin_key import KeyFileError
 from app.cli.backends import add_backend_commands
-from app.cli.common import BROKEN_PIPE, EXIT_CODES_HELP
+from app.cli.common import BROKEN_PIPE, EXIT_CODES_HELP, USAGE, error
 from app.cli.config_schema import add_config_command
 from app.cli.gaming import add_gaming_commands
 from app.cli.logs import add_logs_command
@@ -65,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = args.func(args)
         sys.stdout.flush()  # a reader that left is found here, not at the interpreter's exit
+    except KeyFileError as exc:  # --admin-key-file (or its variable) names no usable file
+        error(args.command, str(exc))
+        sys.exit(USAGE)
     except BrokenPipeError:
         # `microscheduler status | head -1`: the reader has what it wanted. Python's own
         # recipe (the `signal` module's notes on SIGPIPE): stdout to /dev/null, so the

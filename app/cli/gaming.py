@@ -14,6 +14,13 @@ command ends, whatever the end: its own exit, a crash, Ctrl-C (the command gets 
 as the terminal sends it to both), or SIGTERM to this process (passed on to the command).
 The exit code is the command's (128 + N for a signal N), 127 when it cannot be started.
 
+The command always runs: a game must start from its launcher whatever the gateway's
+state. When the yield cannot be had (the gateway is down, refuses the admin key or the
+call, the key file cannot be read, `--min-free-mib` is not reached), a `warning: yield:`
+line on stderr says why and that the command starts anyway; it runs on the GPU as it
+is, nothing is restored after it, and the exit code is still the command's. Without a
+command those are failures (exit 1, 2 or 3, as every command).
+
 `--host NAME` (both commands) acts on the GPU of that machine of models.yaml `hosts:`
 instead of the gateway's own (`local`); the output names it.
 """
@@ -24,10 +31,13 @@ import argparse
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from app.cli.admin_key import KeyFileError
 from app.cli.common import FAILED, OK, Subparsers, error, positive_int, seconds
 from app.cli.gateway import (
     GatewayRefused,
@@ -50,7 +60,15 @@ def add_gaming_commands(subparsers: Subparsers) -> None:
         "yield",
         help="free the GPU (for a game); with -- CMD, run it and restore when it ends",
         description="Free the GPU for a game; with -- CMD, run it and restore when it ends.",
-        epilog="Example (Steam launch option): microscheduler yield -- %%command%%",
+        # Shown as written (a raw epilog, not %-formatted: one % shows as one).
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "As a Steam launch option, with the executable's full path:\n"
+            "  /home/you/microscheduler/.venv/bin/microscheduler yield -- %command%\n"
+            "The command always runs: when the GPU cannot be freed, a warning says why.\n"
+            "The admin key: --admin-key-file, $MICROSCHEDULER_ADMIN_KEY, or the file\n"
+            "~/.config/microscheduler/admin.key (Steam does not pass your shell's variables)."
+        ),
     )
     add_url_option(take)
     take.add_argument(
@@ -69,7 +87,8 @@ def add_gaming_commands(subparsers: Subparsers) -> None:
     _add_host_option(take)
     take.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
-        help="run it once the memory is free, restore when it ends (exit code: its own)",
+        help="run it once the memory is free (or, with a warning, when it cannot be), "
+        "restore when it ends (exit code: its own)",
     )  # fmt: skip
     take.set_defaults(func=run_yield)
 
@@ -130,11 +149,11 @@ def restore_summary(body: JsonDict) -> str:
     )  # fmt: skip
 
 
-def _holders(url: str, host: str | None) -> str:
+def _holders(url: str, host: str | None, key_file: Path | None) -> str:
     """What still uses the host's GPU, from /status: backends holding memory and other
     processes."""
     try:
-        status = call("GET", url, "/status", timeout=10)
+        status = call("GET", url, "/status", timeout=10, key_file=key_file)
     except (Unreachable, GatewayRefused):
         return "(the status could not be read)"
     name = host or LOCAL_HOST
@@ -155,7 +174,10 @@ def _holders(url: str, host: str | None) -> str:
 def run_restore(args: argparse.Namespace) -> int:
     url = url_of(args)
     try:
-        body = call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(args.host))
+        body = call(
+            "POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(args.host),
+            key_file=args.admin_key_file,
+        )  # fmt: skip
     except (Unreachable, GatewayRefused) as exc:
         return reported("restore", exc)
     print(restore_summary(body))
@@ -166,7 +188,7 @@ def run_yield(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    url = url_of(args)
+    url, key_file = url_of(args), args.admin_key_file
     request: JsonDict = {"reason": args.reason, "include_pinned": args.include_pinned}
     if args.min_free_mib is not None:
         request["min_free_mib"] = args.min_free_mib
@@ -174,10 +196,18 @@ def run_yield(args: argparse.Namespace) -> int:
         request["ttl_s"] = args.ttl
     request.update(_host(args.host) or {})
     try:
-        body = call("POST", url, "/vram/yield", timeout=YIELD_TIMEOUT_S, body=request)
-    except (Unreachable, GatewayRefused) as exc:
-        return reported("yield", exc)
+        body = call(
+            "POST", url, "/vram/yield", timeout=YIELD_TIMEOUT_S, body=request, key_file=key_file
+        )
+    except (Unreachable, GatewayRefused, KeyFileError) as exc:
+        if not command:
+            if isinstance(exc, KeyFileError):
+                raise  # exit 2, as for every command (app.cli.main)
+            return reported("yield", exc)
+        _play_anyway(_why_not(exc))
+        return _run_then(command, _nothing)
     print(yield_summary(body))
+    restore = partial(_restore_quietly, url, args.host, key_file)
     if body.get("met") is False:
         error(
             "yield",
@@ -185,16 +215,40 @@ def run_yield(args: argparse.Namespace) -> int:
             f"{args.min_free_mib:,} MiB asked "
             "for; what holds it:",
         )
-        print(_holders(url, args.host), file=sys.stderr)
-        _restore_quietly(url, args.host)
-        return FAILED
+        print(_holders(url, args.host, key_file), file=sys.stderr)
+        restore()
+        if not command:
+            return FAILED
+        _play_anyway(f"only {body.get('free_mib'):,} MiB could be freed; the yield is undone")
+        return _run_then(command, _nothing)
     if not command:
         print(f"restore with: {_restore_command(args.host)}")
         return OK
     try:
-        return _run_then_restore(command, url, args.host)
+        return _run_then(command, restore)
     finally:
         sys.stdout.flush()
+
+
+def _why_not(problem: Unreachable | GatewayRefused | KeyFileError) -> str:
+    if isinstance(problem, GatewayRefused):
+        return f"the gateway refused it: {problem} (HTTP {problem.status})"
+    return str(problem)
+
+
+def _play_anyway(why: str) -> None:
+    """The warning for a command run without the yield (never the admin key: the
+    messages name where it came from)."""
+    print(
+        f"warning: yield: the GPU was not freed ({' '.join(why.split())}); "
+        "starting the command anyway",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _nothing() -> None:
+    """What ends a command run without a yield: nothing to restore."""
 
 
 def _host(host: str | None) -> JsonDict | None:
@@ -206,12 +260,14 @@ def _restore_command(host: str | None) -> str:
     return "microscheduler restore" + ("" if host is None else f" --host {host}")
 
 
-def _run_then_restore(command: Sequence[str], url: str, host: str | None) -> int:
+def _run_then(command: Sequence[str], restore: Callable[[], None]) -> int:
+    """Run `command` to its end, then `restore` (also when it cannot be started); its
+    exit code (128 + N for a signal N, 127 when it cannot be started)."""
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
         error("yield", f"cannot run {command[0]!r}: {exc.strerror or exc}")
-        _restore_quietly(url, host)
+        restore()
         return 127
 
     def pass_on(signum: int, frame: FrameType | None) -> None:
@@ -227,15 +283,18 @@ def _run_then_restore(command: Sequence[str], url: str, host: str | None) -> int
                 continue  # the terminal sent Ctrl-C to the command too: wait for its end
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _restore_quietly(url, host)
+        restore()
     return 128 - code if code < 0 else code
 
 
-def _restore_quietly(url: str, host: str | None) -> None:
+def _restore_quietly(url: str, host: str | None, key_file: Path | None) -> None:
     """Restore, saying what happened; a failure is printed, never raised (the command's
     exit code is what the caller returns)."""
     try:
-        body = call("POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(host))
+        body = call(
+            "POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(host),
+            key_file=key_file,
+        )  # fmt: skip
         print(restore_summary(body))
-    except (Unreachable, GatewayRefused) as exc:
+    except (Unreachable, GatewayRefused, KeyFileError) as exc:
         error("yield", f"the restore failed: {exc}; run: {_restore_command(host)}")

@@ -2,9 +2,12 @@
 `status`, `ps`, `activity`, `usage`, `reload`): where it is, the admin key, one call, how
 its failures read, and `show`: one call printed, as JSON with `--json`, else as text.
 
-`--url` defaults to `$MICROSCHEDULER_URL`, then http://127.0.0.1:8080. The admin key comes
-from `$MICROSCHEDULER_ADMIN_KEY` (sent as a bearer token); without it the gateway accepts
-admin calls from loopback only.
+`--url` defaults to `$MICROSCHEDULER_URL`, then http://127.0.0.1:$MICROSCHEDULER_PORT (the
+port a gateway started in the same environment listens on), then http://127.0.0.1:8080.
+The admin key (sent
+as a bearer token) comes from `--admin-key-file PATH`, `$MICROSCHEDULER_ADMIN_KEY`,
+`$MICROSCHEDULER_ADMIN_KEY_FILE` or `~/.config/microscheduler/admin.key`
+(`app.cli.admin_key`); without one the gateway accepts admin calls from loopback only.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Final
 
+from app.cli.admin_key import AdminKey, admin_key, where_keys_come_from
 from app.cli.common import FAILED, OK, UNREACHABLE, error, seconds
 from app.upstreams.control_http import (
     InvalidURL,
@@ -27,7 +32,7 @@ from app.upstreams.control_http import (
 
 FALLBACK_URL: Final = "http://127.0.0.1:8080"
 URL_ENV: Final = "MICROSCHEDULER_URL"
-ADMIN_KEY_ENV: Final = "MICROSCHEDULER_ADMIN_KEY"
+PORT_ENV: Final = "MICROSCHEDULER_PORT"
 CONNECT_TIMEOUT_S: Final = 5.0
 #: How long a read (`GET`) of the admin API may take.
 READ_TIMEOUT_S: Final = 10.0
@@ -59,15 +64,31 @@ def reported(command: str, problem: GatewayProblem) -> int:
     return FAILED
 
 
-def default_url() -> str:
-    return os.environ.get(URL_ENV, "").strip() or FALLBACK_URL
+def default_url(environ: Mapping[str, str] = os.environ) -> str:
+    """`$MICROSCHEDULER_URL`, else loopback on `$MICROSCHEDULER_PORT` (a whole number),
+    else `FALLBACK_URL`."""
+    url = environ.get(URL_ENV, "").strip()
+    if url:
+        return url
+    port = environ.get(PORT_ENV, "").strip()
+    return f"http://127.0.0.1:{port}" if port.isdigit() else FALLBACK_URL
 
 
 def add_url_option(parser: argparse.ArgumentParser) -> None:
+    """`--url` and `--admin-key-file`: where the gateway is and how to be let in."""
     parser.add_argument(
         "--url",
         default=None,
-        help=f"the gateway (default: ${URL_ENV}, else {FALLBACK_URL})",
+        help=f"the gateway (default: ${URL_ENV}, else http://127.0.0.1:${PORT_ENV}, "
+        f"else {FALLBACK_URL})",
+    )
+    parser.add_argument(
+        "--admin-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the gateway's admin key (default: $MICROSCHEDULER_ADMIN_KEY, "
+        "$MICROSCHEDULER_ADMIN_KEY_FILE, else ~/.config/microscheduler/admin.key if it exists)",
     )
 
 
@@ -88,12 +109,14 @@ def url_of(args: argparse.Namespace) -> str:
     return (args.url or default_url()).rstrip("/")
 
 
-def _headers() -> tuple[dict[str, str], bool]:
+def _headers(key_file: Path | None) -> tuple[dict[str, str], AdminKey | None]:
+    """The request headers, with the admin key's bearer token when there is one;
+    `KeyFileError` (an `OSError`: exit 2) for a named key file that cannot be read."""
     headers = {"Accept": "application/json"}
-    key = os.environ.get(ADMIN_KEY_ENV, "").strip()
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    return headers, bool(key)
+    key = admin_key(key_file)
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key.value}"
+    return headers, key
 
 
 def _error_message(response: Response) -> str:
@@ -108,10 +131,13 @@ def _error_message(response: Response) -> str:
     return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {text}" if text else "")
 
 
-def _refused(response: Response, has_key: bool) -> GatewayRefused:
+def _refused(response: Response, key: AdminKey | None) -> GatewayRefused:
     message = _error_message(response)
-    if response.status_code in (401, 403) and not has_key:
-        message += f" (set {ADMIN_KEY_ENV} to the gateway's admin key)"
+    if response.status_code in (401, 403):
+        if key is None:
+            message += f" (no admin key was sent: {where_keys_come_from()})"
+        else:
+            message += f" (the admin key sent, from {key.source}, was refused)"
     return GatewayRefused(response.status_code, message)
 
 
@@ -124,10 +150,17 @@ def _unreachable(url: str, exc: Exception) -> Unreachable:
 
 
 def call(
-    method: str, url: str, path: str, *, timeout: float, body: JsonDict | None = None
+    method: str,
+    url: str,
+    path: str,
+    *,
+    timeout: float,
+    body: JsonDict | None = None,
+    key_file: Path | None = None,
 ) -> JsonDict:
-    """One admin call; `Unreachable` or `GatewayRefused` unless it answers a JSON object."""
-    headers, has_key = _headers()
+    """One admin call; `Unreachable` or `GatewayRefused` unless it answers a JSON object
+    (`KeyFileError` before it for an unreadable `key_file`)."""
+    headers, key = _headers(key_file)
     limits = Timeout(timeout, connect=min(CONNECT_TIMEOUT_S, timeout))
     try:
         with sync_client(base_url=url, headers=headers, timeout=limits) as client:
@@ -135,7 +168,7 @@ def call(
     except (TransportError, InvalidURL) as exc:
         raise _unreachable(url, exc) from None
     if response.is_error:
-        raise _refused(response, has_key)
+        raise _refused(response, key)
     try:
         answer = response.json()
     except ValueError:
@@ -164,7 +197,7 @@ def show(
     """One admin call, printed: `view(answer)` (default: the whole answer) as JSON with
     `--json`, else as `render` writes it; a failed call as its error line. The exit code."""
     try:
-        answer = call(method, url_of(args), path, timeout=timeout)
+        answer = call(method, url_of(args), path, timeout=timeout, key_file=args.admin_key_file)
     except (Unreachable, GatewayRefused) as exc:
         return reported(command, exc)
     shown = view(answer)
@@ -172,10 +205,10 @@ def show(
     return OK
 
 
-def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
+def follow(url: str, path: str, key_file: Path | None = None) -> Iterator[tuple[str, Any]]:
     """(event, data) of the server-sent events at `path`, until the gateway ends them.
     No read timeout: the stream sends a keep-alive comment every 15 s."""
-    headers, has_key = _headers()
+    headers, key = _headers(key_file)
     timeout = Timeout(None, connect=CONNECT_TIMEOUT_S)
     try:
         with (
@@ -184,7 +217,7 @@ def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
         ):
             if response.is_error:
                 response.read()
-                raise _refused(response, has_key)
+                raise _refused(response, key)
             event, data = "message", []
             for line in response.iter_lines():
                 if line.startswith("event:"):
@@ -198,10 +231,12 @@ def follow(url: str, path: str) -> Iterator[tuple[str, Any]]:
         raise _unreachable(url, exc) from None
 
 
-def stream_text(url: str, path: str, params: dict[str, str]) -> Iterator[str]:
+def stream_text(
+    url: str, path: str, params: dict[str, str], key_file: Path | None = None
+) -> Iterator[str]:
     """The text/plain answer of an admin GET, chunk by chunk as it comes (no read
     timeout: a followed output may be quiet for long)."""
-    headers, has_key = _headers()
+    headers, key = _headers(key_file)
     headers["Accept"] = "text/plain"
     timeout = Timeout(None, connect=CONNECT_TIMEOUT_S)
     try:
@@ -211,7 +246,7 @@ def stream_text(url: str, path: str, params: dict[str, str]) -> Iterator[str]:
         ):
             if response.is_error:
                 response.read()
-                raise _refused(response, has_key)
+                raise _refused(response, key)
             yield from response.iter_text()
     except (TransportError, InvalidURL) as exc:
         raise _unreachable(url, exc) from None

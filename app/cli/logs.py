@@ -37,7 +37,7 @@ def run_logs(args: argparse.Namespace) -> int:
     path = f"/backends/{args.name}/logs"
     params = {"tail": str(args.tail), "follow": "1" if args.follow else "0"}
     try:
-        for chunk in stream_text(url, path, params):
+        for chunk in stream_text(url, path, params, args.admin_key_file):
             sys.stdout.write(chunk)
             sys.stdout.flush()
     except (Unreachable, GatewayRefused) as exc:

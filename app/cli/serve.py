@@ -3,18 +3,23 @@ configuration and say what it holds).
 
 `serve` binds its address before the app starts: a port already taken (a second
 `make run`) fails at once with `error: serve: cannot listen on ...: address already in
-use` and exit 1, before any backend is started or any VRAM is asked for.
+use`, what answers there (another microscheduler?) and the ways to another port, exit 1,
+before any backend is started or any VRAM is asked for. The address is `--host/--port`,
+else the settings' (`MICROSCHEDULER_HOST/_PORT`, else `host:/port:` of models.yaml, else
+127.0.0.1:8080). `--banner` (`make run`) prints the address bound and a request to try.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
 from app.cli.common import FAILED, OK, Subparsers, add_config_option, error, guarded, load_config
+from app.cli.serve_address import banner, holder_of, in_use_message
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -25,8 +30,19 @@ logger = logging.getLogger(__name__)
 def add_serve_commands(subparsers: Subparsers) -> None:
     serve = subparsers.add_parser("serve", help="run the gateway")
     add_config_option(serve)
-    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
+    serve.add_argument(
+        "--host", default=None,
+        help="bind address (default: $MICROSCHEDULER_HOST, else host: of models.yaml, "
+        "else 127.0.0.1)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--port", type=int, default=None,
+        help="port (default: $MICROSCHEDULER_PORT, else port: of models.yaml, else 8080)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--banner", action="store_true",
+        help="print the address bound and a request to try (make run)",
+    )  # fmt: skip
     serve.add_argument(
         "--watch-config",
         action="store_true",
@@ -51,11 +67,18 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         sockets = bind_sockets(settings.host, settings.port)
     except OSError as exc:
-        error("serve", f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        host, port, reason = settings.host, settings.port, exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            error("serve", in_use_message(host, port, reason, holder_of(host, port)))
+        else:
+            error("serve", f"cannot listen on {host}:{port}: {reason}")
         return FAILED
     with contextlib.ExitStack() as bound:
         for sock in sockets:
             bound.enter_context(sock)
+        if args.banner:
+            port = sockets[0].getsockname()[1]  # the one bound: port 0 picks one
+            print(banner(settings, args.config, settings.host, port), flush=True)
         logger.info("address bound host=%s port=%d: serving once the start-up completes",
                     settings.host, settings.port)  # fmt: skip
         reload = ReloadOptions(sighup=True, watch=args.watch_config, overrides=overrides)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from app.cli.common import OK, UNREACHABLE, Subparsers, error
@@ -145,17 +146,17 @@ def run_status(args: argparse.Namespace) -> int:
     if not args.watch:
         return show(args, "status", "GET", "/status", lambda status: render(status, url))
     try:
-        return _watch(url, json_lines=args.json)
+        return _watch(url, args.admin_key_file, json_lines=args.json)
     except (Unreachable, GatewayRefused) as exc:
         return reported("status", exc)
 
 
-def _watch(url: str, *, json_lines: bool) -> int:
+def _watch(url: str, key_file: Path | None, *, json_lines: bool) -> int:
     status: JsonDict = {}
     in_place = sys.stdout.isatty()
     shown = ""
     try:
-        for event, data in follow(url, "/status/stream"):
+        for event, data in follow(url, "/status/stream", key_file):
             if event == "snapshot":
                 status = data
             elif event != "event" and event in status:

@@ -7,6 +7,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,8 +114,10 @@ async def gateway() -> AsyncIterator[FakeGateway]:
 
 
 @pytest.fixture(autouse=True)
-def _no_admin_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_admin_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("MICROSCHEDULER_ADMIN_KEY", raising=False)
+    monkeypatch.delenv("MICROSCHEDULER_ADMIN_KEY_FILE", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no ~/.config/.../admin.key
 
 
 def _main(argv: list[str]) -> int:
@@ -206,7 +209,8 @@ async def test_a_missing_admin_key_is_explained(
     code, _, err = await run(["profile", "list", "--url", gateway.url], capsys)
     assert code == 1
     assert "needs the admin key as a Bearer token." in err
-    assert "(set MICROSCHEDULER_ADMIN_KEY to the gateway's admin key) (HTTP 401)" in err
+    assert "(no admin key was sent: set MICROSCHEDULER_ADMIN_KEY, write the key to " in err
+    assert "or pass --admin-key-file PATH) (HTTP 401)" in err
 
 
 async def test_an_error_that_is_not_json_still_exits_1(
