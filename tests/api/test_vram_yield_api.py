@@ -522,8 +522,11 @@ async def test_a_yield_takes_an_idle_sleeper_as_it_is(tmp_path: Path) -> None:
         await wake_all(gw)
         await until_backend(gw, "embed", state="sleeping")
         body = (await gw.client.post("/vram/yield", json={"reason": "gaming"})).json()
-        assert body["slept"] == ["embed"]
+        # Asleep before the yield: it freed nothing now, and the answer says so.
+        assert body["already_asleep"] == ["embed"]
+        assert body["slept"] == []
         assert body["stopped"] == ["reasoning"]
+        assert body["freed_mib"] == REASONING
         assert body["free_mib"] == TOTAL - ORCH - EMBED_ASLEEP
         # The yield holds what is free; the sleeper counts its residue, not its footprint:
         # together they fill the GPU exactly, nothing counted twice.
@@ -533,3 +536,28 @@ async def test_a_yield_takes_an_idle_sleeper_as_it_is(tmp_path: Path) -> None:
         assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
         await wake_all(gw)
         assert rig.used() == ORCH + REASONING + EMBED
+
+
+async def test_a_yield_of_a_sleeper_only_says_it_was_already_asleep(tmp_path: Path) -> None:
+    """The README's sequence with the yield after the idle sleep: nothing is freed, and
+    the answer says the sleeper was already asleep, not that the yield put it to sleep."""
+    rig = Rig(tmp_path)
+    async with rig.gateway(embed=IDLE_SLEEP) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
+        await until_backend(gw, "embed", state="sleeping")
+        body = (await gw.client.post("/vram/yield", json={"reason": "gaming"})).json()
+        assert body["freed_mib"] == 0
+        assert (body["slept"], body["stopped"]) == ([], [])
+        assert body["already_asleep"] == ["embed"]
+        # Still blocked by the yield: a request does not wake it.
+        refused = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "backend_yielded"
+        assert rig.used() == ORCH + EMBED_ASLEEP
+        held = (await gw.client.get("/vram/yield")).json()
+        assert held["already_asleep"] == ["embed"]
+        restored = (await gw.client.post("/vram/restore")).json()
+        assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
