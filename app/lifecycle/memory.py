@@ -26,6 +26,7 @@ class Memory:
     # Set by Backend.__init__.
     config: BackendConfig
     state: BackendState
+    holds_vram: bool
 
     def _init_memory(self, config: BackendConfig) -> None:
         # What admission counts for it: `vram_mib`, else the active profile's share, else
@@ -75,6 +76,17 @@ class Memory:
     def counted_mib(self) -> int | None:
         """MiB per GPU admission counts for it while it holds memory."""
         return self.vram_mib if self._asleep_mib is None else self._asleep_mib
+
+    @property
+    def held_mib(self) -> int | None:
+        """MiB per GPU it holds now (None: none), the one number `ps`, `status` and the
+        automatic yield's foreign memory use: asleep, what it kept (as counted); else
+        what its last start measured, else what admission counts."""
+        if not self.holds_vram:
+            return None
+        if self.state is BackendState.SLEEPING:
+            return self.counted_mib
+        return self._measured_mib or self.vram_mib
 
     @property
     def measured_mib(self) -> int | None:

@@ -123,12 +123,11 @@ class VramArbiter(ZoneBook):
 
     def held_mib(self, *, measured: bool = False) -> dict[int, int]:
         """MiB per GPU the backends holding memory take: as admitted, or (`measured`) as
-        their last start measured, admitted where it measured nothing; asleep, what they
-        still hold."""
+        they hold it now (`Backend.held_mib`: their last start measured, admitted where it
+        measured nothing); asleep, what they still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            awake = backend.asleep_mib is None
-            mib = (measured and awake and backend.measured_mib) or backend.counted_mib
+            mib = backend.held_mib if measured else backend.counted_mib
             if backend.holds_vram and mib:
                 for gpu in backend.config.gpus:
                     held[gpu] += mib

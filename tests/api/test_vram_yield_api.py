@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +20,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.cli.backends import render_ps
+from app.cli.status import render as render_status
 from app.gpu.ledger import LedgerWriter, read_ledger
 from app.runtimes.base import Runtime
 from app.services import Seams, Services
@@ -122,6 +125,13 @@ class Rig:
         import time
 
         return read_ledger(self.ledger, now=time.time()).get(0, 0)
+
+
+def vram_cell(table: str, backend: str) -> str:
+    """The `VRAM MiB` column of `backend`'s row in a `status` or `ps` table."""
+    lines = [line for line in table.splitlines() if line.startswith(("backend ", f"{backend} "))]
+    header, row = (re.split(r"\s{2,}", line) for line in lines[-2:])
+    return row[header.index("VRAM MiB")]
 
 
 def metric_value(text: str, name: str) -> float:
@@ -561,3 +571,17 @@ async def test_a_yield_of_a_sleeper_only_says_it_was_already_asleep(tmp_path: Pa
         assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
         response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
         assert response.status_code == 200, response.text
+
+
+async def test_status_and_ps_show_the_same_vram_for_a_sleeper(tmp_path: Path) -> None:
+    """What a backend holds now, one number in both tables: asleep, what it kept."""
+    rig = Rig(tmp_path)
+    async with rig.gateway(embed=IDLE_SLEEP) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
+        await until_backend(gw, "embed", state="sleeping")
+        status = (await gw.client.get("/status")).json()
+        tables = render_status(status, "gw"), render_ps(status["backends"])
+        assert [vram_cell(t, "embed") for t in tables] == [f"{EMBED_ASLEEP:,}"] * 2
+        assert [vram_cell(t, "orchestrator") for t in tables] == [f"{ORCH:,}"] * 2
+        assert [vram_cell(t, "reasoning") for t in tables] == ["-"] * 2  # never started
