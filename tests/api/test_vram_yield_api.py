@@ -585,3 +585,37 @@ async def test_status_and_ps_show_the_same_vram_for_a_sleeper(tmp_path: Path) ->
         assert [vram_cell(t, "embed") for t in tables] == [f"{EMBED_ASLEEP:,}"] * 2
         assert [vram_cell(t, "orchestrator") for t in tables] == [f"{ORCH:,}"] * 2
         assert [vram_cell(t, "reasoning") for t in tables] == ["-"] * 2  # never started
+
+
+async def test_a_sleeper_is_not_blamed_for_a_game_that_filled_the_gpu(tmp_path: Path) -> None:
+    """The auto-yield demo: reasoning awake (16000 + 11000 of 32768), a game asks for
+    12000 more; the GPU shows it full (32768, not 39000). The yield's sleep of reasoning
+    frees 9625, but the full reading before it shows only 3393 freed: reasoning was said
+    to hold 7607 MiB asleep, the game's memory. What it holds asleep is what its own
+    sleep measured on a GPU that was not full."""
+    rig = Rig(tmp_path)
+    rig.runtimes["reasoning"].options["dev_mode"] = True  # its fake offers sleep mode
+    sleeps = {"yield": {"method": "sleep", "level": 2}}  # level 2: no host RAM budget
+    auto = {"enabled": True, "foreign_mib": 2000, "settle_s": 0.1, "restore_after_s": 60}
+    asleep = REASONING // 8  # the fake's residue
+    async with rig.gateway(auto_yield=auto, reasoning=sleeps) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert response.status_code == 200, response.text
+        slept = await gw.client.post("/backends/reasoning/sleep")
+        assert slept.status_code == 200, slept.text
+        assert slept.json()["asleep_mib"] == asleep, slept.json()  # measured on a GPU with room
+        response = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert response.status_code == 200, response.text
+        assert rig.used() == ORCH + REASONING
+
+        game = LedgerWriter(rig.ledger, pid=os.getpid(), gpus=[0], model="game", port=None)
+        game.set_mib(12000)
+        try:
+            held = await until(lambda: yield_now(gw), timeout_s=10, what="the automatic yield")
+            assert held["slept"] == ["reasoning"]
+            view = await until_backend(gw, "reasoning", state="sleeping")
+            assert view["asleep_mib"] == asleep, view
+            assert f"holds {asleep} MiB" in view["reason"]
+            assert view["held_mib"] == asleep
+        finally:
+            game.remove()
