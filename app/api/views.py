@@ -81,6 +81,9 @@ def backend_view(backend: Backend) -> Json:
         # The machine whose GPUs it uses; None: a kubernetes backend the cluster places.
         "host": cfg.host_name if cfg.gpus_accounted else None,
         "holds_vram": backend.holds_vram,
+        # MiB per GPU it holds now (None: none): asleep, what it kept; else what its last
+        # start measured, else what admission counts. `ps` and `status` show this.
+        "held_mib": backend.held_mib,
         "blocked_by": sorted(backend.blocks.values()),
         "yield_method": backend.yield_method,
         # How an idle stop and an eviction free its memory (stop, or sleep at a level;

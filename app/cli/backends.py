@@ -2,11 +2,12 @@
 `ollama ps`, and starting or stopping one (its admin API: `GET /status`,
 `POST /backends/{name}/start`, `POST /backends/{name}/stop`).
 
-`ps` columns: the backend, its state, its lifecycle, the VRAM it holds now (MiB per GPU:
-measured at its last start, else what admission counts; asleep, what it keeps; `-` when
-it holds none), the requests in flight, those queued (held for its start or for a slot),
-and the idle countdown: the time until its idle stop (`idle_ttl_s`), `-` when none counts
-down (pinned, no idle_ttl_s, not ready, or busy).
+`ps` columns: the backend, its state, its lifecycle, the VRAM it holds now (`held_mib`,
+MiB per GPU: measured at its last start, else what admission counts; asleep, what it
+keeps; `-` when it holds none; `status` shows the same), the requests in flight, those
+queued (held for its start or for a slot), and the idle countdown: the time until its
+idle stop (`idle_ttl_s`), `-` when none counts down (pinned, no idle_ttl_s, not ready,
+or busy).
 
 `start` waits until the backend is ready (a start takes what a wake takes: admission may
 evict idle models to make room), `stop` until it is stopped (requests in flight drain
@@ -75,13 +76,9 @@ def render_state(verb: str, view: JsonDict) -> str:
 
 
 def held_mib(backend: JsonDict) -> int | None:
-    """MiB per GPU it holds now (None: none)."""
-    if not backend.get("holds_vram"):
-        return None
-    if backend.get("asleep_mib") is not None:
-        return int(backend["asleep_mib"])
-    vram = backend.get("vram") or {}
-    mib = vram.get("measured_mib") or vram.get("admission_mib") or backend.get("vram_mib")
+    """MiB per GPU it holds now (None: none): the gateway's `held_mib`, which `status`
+    shows too."""
+    mib = backend.get("held_mib")
     return None if mib is None else int(mib)
 
 

@@ -3,6 +3,9 @@
 With models.yaml `hosts:`, the GPUs, the yields and the zones of every host, and a host
 column for the backends.
 
+The backends' `VRAM MiB` is what each holds now, as `ps` shows it (`held_mib`: asleep,
+what it kept; `-` when it holds none).
+
 `--watch` follows `GET /status/stream` and prints the table again on every change (in
 place on a terminal) until Ctrl-C.
 """
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli.backends import held_mib
 from app.cli.common import OK, UNREACHABLE, Subparsers, error
 from app.cli.common import table as _table
 from app.cli.gateway import (
@@ -75,8 +79,7 @@ def render(status: JsonDict, url: str) -> str:
         lines.append(f"zone {zone['zone']}: {_mib(zone['mib'])} MiB for {zone['holder']}")
     rows = [["backend", "state", "lifecycle", "in flight", "waiting", "VRAM MiB", "why"]]
     for b in status.get("backends", []):
-        vram = b.get("vram", {})
-        mib = vram.get("measured_mib") or vram.get("admission_mib")
+        mib = held_mib(b)
         reasons = [_load(b.get("load")), b.get("starting"), b.get("reason"),
                    *(b.get("blocked_by") or [])]  # fmt: skip
         why = "; ".join(x for x in reasons if x)
@@ -129,8 +132,7 @@ def _render_hosts(status: JsonDict, hosts: list[JsonDict], url: str) -> str:
             )
     rows = [["backend", "host", "state", "lifecycle", "in flight", "waiting", "VRAM MiB", "why"]]
     for b in status.get("backends", []):
-        vram = b.get("vram", {})
-        mib = vram.get("measured_mib") or vram.get("admission_mib")
+        mib = held_mib(b)
         reasons = [_load(b.get("load")), b.get("starting"), b.get("reason"),
                    *(b.get("blocked_by") or [])]  # fmt: skip
         why = "; ".join(x for x in reasons if x)

@@ -7,8 +7,13 @@ allocator leftovers on its GPUs (0.5-6 GiB); levels 1 and 2 free the same GPU me
 
 - what its sleep freed as the probe saw it (GPU used before the sleep minus after),
   subtracted from its footprint;
-- else (no probe, or a reading that showed nothing freed) its `asleep_mib:` estimate;
+- else (no probe, a reading that showed nothing freed, or a GPU full before the sleep:
+  see `app.vram.arbiter.VramArbiter.measure_sleep`) what its last measured sleep kept;
+- else its `asleep_mib:` estimate;
 - else its whole footprint: nothing is counted as free that was not seen or declared.
+
+Once counted, what it holds asleep stays so until it wakes or stops: a neighbour's
+allocation later (a game) is the neighbour's, never recomputed into the sleeper's.
 
 A wake takes back its footprint minus what it kept, and is admitted for that much like a
 start (it may evict, or be refused and stay asleep).
@@ -32,8 +37,8 @@ class AdmissionRefused(Exception):
 
 @dataclass(slots=True)
 class Freed:
-    """What a sleep freed on the backend's first GPU, as the probe saw it (None: unknown).
-    Filled in when the measuring context exits."""
+    """What a sleep freed on the backend's first GPU, as the probe saw it (None: unknown,
+    or not measurable: the GPU was full). Filled in when the measuring context exits."""
 
     mib: int | None = None
 
@@ -93,13 +98,18 @@ async def _unmeasured() -> AsyncIterator[Freed]:
     yield Freed()
 
 
-def asleep_mib(footprint: int | None, freed: int | None, declared: int | None) -> int | None:
+def asleep_mib(
+    footprint: int | None, freed: int | None, declared: int | None, kept: int | None = None
+) -> int | None:
     """MiB a backend counts while asleep, from its footprint (None: not checked), what the
-    probe saw its sleep free and its `asleep_mib:`; None: its whole footprint."""
+    probe saw its sleep free, what its last measured sleep `kept` and its `asleep_mib:`;
+    None: its whole footprint."""
     if footprint is None:
         return None
     if freed is not None and freed > 0:
         return max(0, footprint - freed)
+    if kept is not None:
+        return min(kept, footprint)
     if declared is not None:
         return min(declared, footprint)
     return None

@@ -484,7 +484,7 @@ class Backend(Holding, Memory, Watched):
             async with self.admission.measure_sleep(self) as freed:
                 slept = await self.server.sleep(sleep_level, reason)
             if slept is SleepOutcome.SLEPT:
-                kept = rules.asleep_mib(self.vram_mib, freed.mib, self.config.asleep_mib)
+                kept = self.kept_asleep(freed.mib)
                 why = rules.asleep_reason(sleep_level, reason, kept)
                 async with self._lock:
                     self._asleep_mib, self._asleep_level = kept, sleep_level

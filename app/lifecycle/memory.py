@@ -16,6 +16,7 @@ readable, as `app.lifecycle.request_holds` is.
 
 from __future__ import annotations
 
+from app.lifecycle import admission as rules
 from app.lifecycle.release import ram_charge
 from app.lifecycle.state import BackendState
 from app.planner.footprint import Footprint
@@ -26,6 +27,7 @@ class Memory:
     # Set by Backend.__init__.
     config: BackendConfig
     state: BackendState
+    holds_vram: bool
 
     def _init_memory(self, config: BackendConfig) -> None:
         # What admission counts for it: `vram_mib`, else the active profile's share, else
@@ -38,6 +40,9 @@ class Memory:
         self._measured_mib: int | None = None
         # Asleep: MiB per GPU it still holds (None: awake, or counted whole; see `rules`).
         self._asleep_mib: int | None = None
+        # What its last sleep the probe measured kept (None: none measured yet): counted
+        # for a sleep the GPU's reading cannot measure (`kept_asleep`).
+        self._measured_kept_mib: int | None = None
         # Asleep: the level it slept at, which its wake needs (None: not known, or awake).
         self._asleep_level: int | None = None
         # What its weights took on its GPUs when it last loaded, as vLLM said it ("Model
@@ -71,10 +76,32 @@ class Memory:
         """While asleep: the level it slept at (None: not known, e.g. found asleep)."""
         return self._asleep_level
 
+    def kept_asleep(self, freed_mib: int | None) -> int | None:
+        """What it holds asleep after a sleep the probe saw free `freed_mib` (None: not
+        measured), by `app.lifecycle.admission.asleep_mib`; a measured sleep's is
+        remembered for a later one that cannot be measured (its GPU was full)."""
+        kept = rules.asleep_mib(
+            self.vram_mib, freed_mib, self.config.asleep_mib, self._measured_kept_mib
+        )
+        if freed_mib is not None and freed_mib > 0:
+            self._measured_kept_mib = kept
+        return kept
+
     @property
     def counted_mib(self) -> int | None:
         """MiB per GPU admission counts for it while it holds memory."""
         return self.vram_mib if self._asleep_mib is None else self._asleep_mib
+
+    @property
+    def held_mib(self) -> int | None:
+        """MiB per GPU it holds now (None: none), the one number `ps`, `status` and the
+        automatic yield's foreign memory use: asleep, what it kept (as counted); else
+        what its last start measured, else what admission counts."""
+        if not self.holds_vram:
+            return None
+        if self.state is BackendState.SLEEPING:
+            return self.counted_mib
+        return self._measured_mib or self.vram_mib
 
     @property
     def measured_mib(self) -> int | None:

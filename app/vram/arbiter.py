@@ -66,6 +66,8 @@ from app.vram.zones import Zone, gpu_name
 logger = logging.getLogger(__name__)
 
 RECLAIM_POLL_S: Final = 0.25
+# A GPU with this much free or less is full: its used memory is no measure of a sleep.
+FULL_MIB: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +125,11 @@ class VramArbiter(ZoneBook):
 
     def held_mib(self, *, measured: bool = False) -> dict[int, int]:
         """MiB per GPU the backends holding memory take: as admitted, or (`measured`) as
-        their last start measured, admitted where it measured nothing; asleep, what they
-        still hold."""
+        they hold it now (`Backend.held_mib`: their last start measured, admitted where it
+        measured nothing); asleep, what they still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            awake = backend.asleep_mib is None
-            mib = (measured and awake and backend.measured_mib) or backend.counted_mib
+            mib = backend.held_mib if measured else backend.counted_mib
             if backend.holds_vram and mib:
                 for gpu in backend.config.gpus:
                     held[gpu] += mib
@@ -263,7 +264,13 @@ class VramArbiter(ZoneBook):
     async def measure_sleep(self, backend: Claimant) -> AsyncIterator[Freed]:
         """Around `POST /sleep`: GPU used before minus after on its first GPU (unknown
         without readings). Not under the GPU locks: an eviction sleeps its victims while
-        holding them."""
+        holding them.
+
+        Unknown too when the GPU was full before the sleep (`FULL_MIB` free or less): its
+        reading stops at the total while more is asked for (a game beside the models), and
+        what the sleep frees is taken at once by what waited, so "before minus after"
+        would count the neighbour's memory as the sleeper's (issue 32: 7,607 MiB "held"
+        by a sleeper that kept 1,375)."""
         freed = Freed()
         gpu = backend.config.gpus[0]
         async with self._measuring:
@@ -272,8 +279,14 @@ class VramArbiter(ZoneBook):
             after = await self.read_gpus()
         first_before = None if before is None else before.usable(gpu)
         first_after = None if after is None else after.usable(gpu)
-        if first_before is not None and first_after is not None:
-            freed.mib = first_before.used_mib - first_after.used_mib
+        if first_before is None or first_after is None:
+            return
+        if first_before.free_mib <= FULL_MIB:
+            logger.info("sleep not measured: the GPU was full backend=%s gpu=%s used_mib=%d "
+                        "total_mib=%d", backend.name, self._gpu(gpu), first_before.used_mib,
+                        first_before.total_mib)  # fmt: skip
+            return
+        freed.mib = first_before.used_mib - first_after.used_mib
 
     @contextlib.asynccontextmanager
     async def locked(self, gpus: Iterable[int], whose: str) -> AsyncIterator[None]:

@@ -220,9 +220,11 @@ class VramYield:
                     free = free_mib(settled, request.gpu)
 
     def _record(self, report: YieldReport) -> None:
-        logger.info("vram yielded host=%s reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s",
-                    self.host, report.reason, report.freed_mib, report.free_mib,
-                    ",".join(report.stopped) or "-", ",".join(report.slept) or "-")  # fmt: skip
+        logger.info("vram yielded host=%s reason=%s freed_mib=%s free_mib=%s stopped=%s slept=%s "
+                    "already_asleep=%s", self.host, report.reason, report.freed_mib,
+                    report.free_mib, ",".join(report.stopped) or "-",
+                    ",".join(report.slept) or "-",
+                    ",".join(report.already_asleep) or "-")  # fmt: skip
         self._events.record(
             "vram_yield",
             host=self.host,
@@ -231,13 +233,23 @@ class VramYield:
             free_mib=report.free_mib,
             stopped=list(report.stopped),
             slept=list(report.slept),
+            already_asleep=list(report.already_asleep),
             duration_s=report.duration_s,
         )
 
     async def _take(self, backends: list[Backend], taken: _Taken, *, sleep: bool) -> bool:
-        """Stop (or put to sleep) `backends` together; True when any was taken."""
+        """Stop (or put to sleep) `backends` together; True when any was (one asleep
+        already is taken as it is, `already_asleep`: it frees nothing now)."""
 
-        async def one(backend: Backend) -> SleepOutcome:
+        async def one(backend: Backend) -> SleepOutcome | None:
+            if (
+                sleep
+                and backend.state is BackendState.SLEEPING
+                and backend.yield_how.method != "stop"
+            ):
+                # Asleep already (blocked, so no wake begins): taken as it is, freeing
+                # nothing now; None: the answer's `already_asleep`.
+                return None
             if sleep and backend.state in (BackendState.READY, BackendState.SLEEPING):
                 # `yield:` (or a GPU profile's method), the sleep level chosen against
                 # the host RAM budget like an idle stop's or an eviction's.
@@ -253,6 +265,9 @@ class VramYield:
                 continue
             if isinstance(result, BaseException):
                 raise result
+            if result is None:
+                taken.already_asleep.append(backend.name)
+                continue
             took = True
             (taken.slept if result is SleepOutcome.SLEPT else taken.stopped).append(backend.name)
             if backend.last_drain_timed_out:
@@ -347,6 +362,7 @@ class _Taken:
 
     stopped: list[str] = field(default_factory=list)
     slept: list[str] = field(default_factory=list)
+    already_asleep: list[str] = field(default_factory=list)  # asleep before: taken as they are
     failed: dict[str, str] = field(default_factory=dict)
     drain_timeouts: list[str] = field(default_factory=list)
 
@@ -356,7 +372,7 @@ def _keep_blocked(scope: list[Backend], taken: _Taken, block_key: str) -> list[s
     others are unblocked and keep serving."""
     blocked = []
     for backend in scope:
-        if backend.name in taken.stopped or backend.name in taken.slept:
+        if backend.name in (*taken.stopped, *taken.slept, *taken.already_asleep):
             continue
         if backend.state is BackendState.STOPPED:
             blocked.append(backend.name)
@@ -382,7 +398,7 @@ def _held_zone(
         expires_at=draft.expires_at,
         stopped=tuple(taken.stopped + blocked),
         kind="yield",
-        slept=tuple(taken.slept),
+        slept=tuple(taken.slept + taken.already_asleep),  # both blocked while it holds
         report=report,
         host=draft.host,
     )
@@ -429,6 +445,7 @@ def _report(
         measured_by=probe_name if freed is not None else f"{probe_name}: no reading, not measured",
         stopped=tuple(taken.stopped),
         slept=tuple(taken.slept),
+        already_asleep=tuple(taken.already_asleep),
         blocked=tuple(blocked),
         failed=dict(taken.failed),
         drain_timeouts=tuple(taken.drain_timeouts),

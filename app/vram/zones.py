@@ -44,12 +44,20 @@ class YieldReport:
     failed: Mapping[str, str]  # backend -> why it could not be stopped
     drain_timeouts: tuple[str, ...]
     duration_s: float
+    # Asleep before the yield: taken as they are (blocked while it holds), freeing nothing.
+    already_asleep: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("stopped", "slept", "blocked", "drain_timeouts"):
-            data[key] = list(data[key])
-        data["failed"] = dict(self.failed)
+        fields = asdict(self)
+        for key in ("stopped", "slept", "already_asleep", "blocked", "drain_timeouts"):
+            fields[key] = list(fields[key])
+        fields["failed"] = dict(self.failed)
+        data: dict[str, Any] = {}
+        for key, value in fields.items():  # `already_asleep` right after `slept`
+            if key != "already_asleep":
+                data[key] = value
+            if key == "slept":
+                data["already_asleep"] = fields["already_asleep"]
         return data
 
     @classmethod
@@ -80,6 +88,7 @@ class YieldReport:
             failed={str(k): str(v) for k, v in dict(data.get("failed") or {}).items()},
             drain_timeouts=names("drain_timeouts"),
             duration_s=float(data.get("duration_s", 0.0)),
+            already_asleep=names("already_asleep"),
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +20,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.cli.backends import render_ps
+from app.cli.status import render as render_status
 from app.gpu.ledger import LedgerWriter, read_ledger
 from app.runtimes.base import Runtime
 from app.services import Seams, Services
@@ -122,6 +125,13 @@ class Rig:
         import time
 
         return read_ledger(self.ledger, now=time.time()).get(0, 0)
+
+
+def vram_cell(table: str, backend: str) -> str:
+    """The `VRAM MiB` column of `backend`'s row in a `status` or `ps` table."""
+    lines = [line for line in table.splitlines() if line.startswith(("backend ", f"{backend} "))]
+    header, row = (re.split(r"\s{2,}", line) for line in lines[-2:])
+    return row[header.index("VRAM MiB")]
 
 
 def metric_value(text: str, name: str) -> float:
@@ -522,8 +532,11 @@ async def test_a_yield_takes_an_idle_sleeper_as_it_is(tmp_path: Path) -> None:
         await wake_all(gw)
         await until_backend(gw, "embed", state="sleeping")
         body = (await gw.client.post("/vram/yield", json={"reason": "gaming"})).json()
-        assert body["slept"] == ["embed"]
+        # Asleep before the yield: it freed nothing now, and the answer says so.
+        assert body["already_asleep"] == ["embed"]
+        assert body["slept"] == []
         assert body["stopped"] == ["reasoning"]
+        assert body["freed_mib"] == REASONING
         assert body["free_mib"] == TOTAL - ORCH - EMBED_ASLEEP
         # The yield holds what is free; the sleeper counts its residue, not its footprint:
         # together they fill the GPU exactly, nothing counted twice.
@@ -533,3 +546,76 @@ async def test_a_yield_takes_an_idle_sleeper_as_it_is(tmp_path: Path) -> None:
         assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
         await wake_all(gw)
         assert rig.used() == ORCH + REASONING + EMBED
+
+
+async def test_a_yield_of_a_sleeper_only_says_it_was_already_asleep(tmp_path: Path) -> None:
+    """The README's sequence with the yield after the idle sleep: nothing is freed, and
+    the answer says the sleeper was already asleep, not that the yield put it to sleep."""
+    rig = Rig(tmp_path)
+    async with rig.gateway(embed=IDLE_SLEEP) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
+        await until_backend(gw, "embed", state="sleeping")
+        body = (await gw.client.post("/vram/yield", json={"reason": "gaming"})).json()
+        assert body["freed_mib"] == 0
+        assert (body["slept"], body["stopped"]) == ([], [])
+        assert body["already_asleep"] == ["embed"]
+        # Still blocked by the yield: a request does not wake it.
+        refused = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "backend_yielded"
+        assert rig.used() == ORCH + EMBED_ASLEEP
+        held = (await gw.client.get("/vram/yield")).json()
+        assert held["already_asleep"] == ["embed"]
+        restored = (await gw.client.post("/vram/restore")).json()
+        assert sorted(restored["on_demand"]) == ["embed", "reasoning"]
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
+
+
+async def test_status_and_ps_show_the_same_vram_for_a_sleeper(tmp_path: Path) -> None:
+    """What a backend holds now, one number in both tables: asleep, what it kept."""
+    rig = Rig(tmp_path)
+    async with rig.gateway(embed=IDLE_SLEEP) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat("embed-model"))
+        assert response.status_code == 200, response.text
+        await until_backend(gw, "embed", state="sleeping")
+        status = (await gw.client.get("/status")).json()
+        tables = render_status(status, "gw"), render_ps(status["backends"])
+        assert [vram_cell(t, "embed") for t in tables] == [f"{EMBED_ASLEEP:,}"] * 2
+        assert [vram_cell(t, "orchestrator") for t in tables] == [f"{ORCH:,}"] * 2
+        assert [vram_cell(t, "reasoning") for t in tables] == ["-"] * 2  # never started
+
+
+async def test_a_sleeper_is_not_blamed_for_a_game_that_filled_the_gpu(tmp_path: Path) -> None:
+    """The auto-yield demo: reasoning awake (16000 + 11000 of 32768), a game asks for
+    12000 more; the GPU shows it full (32768, not 39000). The yield's sleep of reasoning
+    frees 9625, but the full reading before it shows only 3393 freed: reasoning was said
+    to hold 7607 MiB asleep, the game's memory. What it holds asleep is what its own
+    sleep measured on a GPU that was not full."""
+    rig = Rig(tmp_path)
+    rig.runtimes["reasoning"].options["dev_mode"] = True  # its fake offers sleep mode
+    sleeps = {"yield": {"method": "sleep", "level": 2}}  # level 2: no host RAM budget
+    auto = {"enabled": True, "foreign_mib": 2000, "settle_s": 0.1, "restore_after_s": 60}
+    asleep = REASONING // 8  # the fake's residue
+    async with rig.gateway(auto_yield=auto, reasoning=sleeps) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert response.status_code == 200, response.text
+        slept = await gw.client.post("/backends/reasoning/sleep")
+        assert slept.status_code == 200, slept.text
+        assert slept.json()["asleep_mib"] == asleep, slept.json()  # measured on a GPU with room
+        response = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert response.status_code == 200, response.text
+        assert rig.used() == ORCH + REASONING
+
+        game = LedgerWriter(rig.ledger, pid=os.getpid(), gpus=[0], model="game", port=None)
+        game.set_mib(12000)
+        try:
+            held = await until(lambda: yield_now(gw), timeout_s=10, what="the automatic yield")
+            assert held["slept"] == ["reasoning"]
+            view = await until_backend(gw, "reasoning", state="sleeping")
+            assert view["asleep_mib"] == asleep, view
+            assert f"holds {asleep} MiB" in view["reason"]
+            assert view["held_mib"] == asleep
+        finally:
+            game.remove()

@@ -47,6 +47,10 @@ def test_asleep_counts_what_the_probe_did_not_see_freed() -> None:
     assert asleep_mib(16000, None, 30000) == 16000  # never more than its footprint
     assert asleep_mib(16000, None, None) is None  # nothing known: its whole footprint
     assert asleep_mib(None, 14000, 3000) is None  # not checked at all
+    # Not measured (its GPU was full): what its last measured sleep kept, before declared.
+    assert asleep_mib(16000, None, 3000, 2000) == 2000
+    assert asleep_mib(16000, 14500, 3000, 2000) == 1500  # a measurement beats it
+    assert asleep_mib(8000, None, None, 9000) == 8000  # never more than its footprint
 
 
 def test_a_wake_takes_back_its_footprint_minus_what_it_kept() -> None:
@@ -107,14 +111,15 @@ class Rig:
         self.runtimes: dict[str, FakeRuntime] = {}
         self.servers: dict[str, Server] = {}
         self._clients: list[httpx.AsyncClient] = []
+        self.foreign_mib = 0  # memory the gateway does not manage (a game)
         used = self.used if measured else self.placed
         gpus = GpuMonitor(SimSource(TOTAL_MIB, 1, used), poll_interval_s=1.0, stale_after_s=10.0)
         self.arbiter = VramArbiter(gpus, StateStore(state_dir), reclaim_timeout_s=2.0)
         self.arbiter.attach(self.backends)
 
     def used(self) -> dict[int, int]:
-        """What the servers hold, as the GPU shows it."""
-        held = 0
+        """What the servers (and anything foreign) hold, as the GPU shows it."""
+        held = self.foreign_mib
         for name, server in self.servers.items():
             if self.runtimes[name].running:
                 held += server.asleep_mib if server.sleeping else server.awake_mib
@@ -454,6 +459,42 @@ async def test_unmeasured_a_sleeper_counts_its_declared_residue_else_everything(
         assert rig.arbiter.placed_mib() == {0: 9500}
     finally:
         await rig.close()
+
+
+async def test_a_sleep_on_a_full_gpu_keeps_what_its_measured_sleep_kept(rig: Rig) -> None:
+    """A game asks for more than is free: the GPU shows it full, and the sleep's memory
+    goes to it at once. "Used before minus after" would count the game's 10000 MiB as
+    what the sleeper holds (it kept 2000, as its sleep on a GPU with room measured)."""
+    backend = await rig.ready("b", vram_mib=16000, asleep=2000)
+    await within(backend.sleep(StopReason.ADMIN, level=2))
+    assert backend.asleep_mib == 2000  # measured: 14000 freed
+    await within(backend.start())
+    rig.foreign_mib = 10000  # 26000 asked of 24000: the GPU shows 24000 used
+    await within(backend.sleep(StopReason.ADMIN, level=2))
+    assert backend.asleep_mib == 2000
+    assert backend.held_mib == 2000
+    assert backend.reason is not None
+    assert "holds 2000 MiB" in backend.reason
+    assert rig.arbiter.held_mib(measured=True) == {0: 2000}
+    rig.foreign_mib = 20000  # the game grows while it sleeps: still the game's
+    assert rig.arbiter.held_mib(measured=True) == {0: 2000}
+
+
+async def test_a_first_sleep_on_a_full_gpu_counts_its_declared_residue_else_everything(
+    rig: Rig,
+) -> None:
+    declared = await rig.ready("declared", vram_mib=8000, asleep=1000, asleep_mib=1500)
+    rig.foreign_mib = 20000  # 28000 asked of 24000; 21000 after the sleep
+    await within(declared.sleep(StopReason.ADMIN, level=2))
+    assert declared.asleep_mib == 1500  # its `asleep_mib:`, not the game's 4000 MiB
+    await within(declared.stop(StopReason.ADMIN))
+
+    rig.foreign_mib = 0
+    silent = await rig.ready("silent", vram_mib=8000, asleep=1000)
+    rig.foreign_mib = 20000
+    await within(silent.sleep(StopReason.ADMIN, level=2))
+    assert silent.asleep_mib is None  # counted whole: nothing measured or declared
+    assert silent.held_mib == 8000
 
 
 def test_a_server_found_running_may_be_asleep_when_any_method_sleeps() -> None:
