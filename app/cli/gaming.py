@@ -129,6 +129,8 @@ def yield_summary(body: JsonDict) -> str:
         + (f"{free:,} MiB free" if free is not None else "free memory unknown (no GPU probe)"),
         f"stopped: {_names(body.get('stopped'))}; slept: {_names(body.get('slept'))}",
     ]  # fmt: skip
+    if body.get("already_asleep"):  # asleep before the yield: freed nothing by it
+        lines.append(f"already asleep: {_names(body['already_asleep'])}")
     if body.get("failed"):
         lines.append("could not stop: " + "; ".join(f"{k}: {v}" for k, v in body["failed"].items()))
     if body.get("drain_timeouts"):

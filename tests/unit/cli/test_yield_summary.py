@@ -1,0 +1,22 @@
+"""What `microscheduler yield` prints of the gateway's answer."""
+
+from __future__ import annotations
+
+from app.cli.gaming import yield_summary
+
+
+def test_a_model_asleep_before_the_yield_is_said_to_be_already_asleep() -> None:
+    # The README's `yield` more than idle_ttl_s after the first request: reasoning slept
+    # already, so the yield freed nothing of it.
+    body = {"reason": "gaming", "gpu": 0, "freed_mib": 0, "free_mib": 15393,
+            "stopped": [], "slept": [], "already_asleep": ["reasoning"]}  # fmt: skip
+    said = yield_summary(body)
+    assert "freed 0 MiB" in said
+    assert "stopped: -; slept: -" in said
+    assert "already asleep: reasoning" in said.splitlines()
+
+
+def test_nothing_is_said_of_sleepers_when_none_was_asleep_before() -> None:
+    body = {"reason": "gaming", "gpu": 0, "freed_mib": 9625, "free_mib": 15393,
+            "stopped": [], "slept": ["reasoning"], "already_asleep": []}  # fmt: skip
+    assert "already asleep" not in yield_summary(body)
