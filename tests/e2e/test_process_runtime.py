@@ -135,7 +135,11 @@ def test_a_command_that_exits_is_reported_with_its_exit_code(tmp_path: Path) -> 
     with gateway_process(config) as gw:
         backend = until_sync(lambda: failed_backend(gw, "broken"))
         assert backend["state"] == "failed"
-        assert backend["reason"] == "exited with code 3 before it was ready"
+        # Nothing in its output explains it: the reason says where to read the rest.
+        assert backend["reason"] == (
+            "exited with code 3 before it was ready "
+            "(its output: `microscheduler logs broken`)"
+        )
         response = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": []})
         assert response.status_code == 503
         assert "exited with code 3" in response.json()["error"]["message"]
