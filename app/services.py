@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -23,7 +23,7 @@ from app.control.schedule import zone
 from app.control.scheduler import Clock, Scheduler, SystemClock
 from app.control.supervisor import Supervisor
 from app.events import EventLog
-from app.gpu.auto import REMOTE_WARNING, AutoProbe, detect_nvml
+from app.gpu.auto import AutoProbe, auto_probes
 from app.gpu.collector import GpuCollector
 from app.gpu.host_ram import (
     FixedRamSource,
@@ -129,8 +129,12 @@ class Services:
         seams: Seams,
         *,
         activity: Activity | None = None,
+        probes: Mapping[str, AutoProbe] | None = None,
     ) -> None:
+        """`probes`: what `gpu.probe: auto` found on each host with it (`auto_probes`, run
+        off the event loop by the app's start-up); None: asked here."""
         self.settings = settings
+        self._probes = probes
         self.metrics = metrics
         # The last requests (`GET /activity`); the access middleware records them.
         self.activity = activity if activity is not None else Activity(settings.activity_size)
@@ -390,11 +394,10 @@ class Services:
             return gpu, None
         if host == LOCAL_HOST and self._seams.gpu_source_factory is not None:
             return gpu.model_copy(update={"probe": "nvml"}), None  # the test's source
-        if host == LOCAL_HOST:
-            found = detect_nvml(timeout_s=gpu.sample_timeout_s, nvml=self._seams.nvml)
-            warning = found.warning
-        else:
-            found, warning = AutoProbe("none", REMOTE_WARNING), REMOTE_WARNING
+        if self._probes is None:  # built without the start-up's answer: ask now
+            self._probes = auto_probes(self.settings, nvml=self._seams.nvml)
+        found = self._probes[host]
+        warning = found.warning
         if warning is not None:
             logger.warning("gpu probe host=%s: %s", host, warning)
         else:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast
 
 from app.gpu.nvml import NvmlApi
+from app.settings.base import LOCAL_HOST
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -100,18 +101,25 @@ def detect_nvml(*, timeout_s: float, nvml: object | None = None) -> AutoProbe:
         return none(f"NVML did not answer within {timeout_s:g} s (a hung driver)")
 
 
+def auto_probes(settings: Settings, *, nvml: object | None = None) -> dict[str, AutoProbe]:
+    """What `auto` is on each host that has it (blocking: call it off the event loop)."""
+    found: dict[str, AutoProbe] = {}
+    if settings.gpu.probe == "auto":
+        found[LOCAL_HOST] = detect_nvml(timeout_s=settings.gpu.sample_timeout_s, nvml=nvml)
+    for name, host in settings.hosts.items():
+        if host.gpu.probe == "auto":
+            found[name] = AutoProbe("none", REMOTE_WARNING)
+    return found
+
+
 def probe_warnings(settings: Settings, *, nvml: object | None = None) -> list[str]:
     """What `check-config` says about `auto` (each `gpu.probe: ...` or
     `hosts.NAME.gpu.probe: ...`): asks NVML as the gateway would at start."""
-    warnings = []
-    if settings.gpu.probe == "auto":
-        found = detect_nvml(timeout_s=settings.gpu.sample_timeout_s, nvml=nvml)
-        if found.warning is not None:
-            warnings.append(f"gpu.probe: {found.warning}")
-    for name, host in settings.hosts.items():
-        if host.gpu.probe == "auto":
-            warnings.append(f"hosts.{name}.gpu.probe: {REMOTE_WARNING}")
-    return warnings
+    return [
+        f"{'gpu' if host == LOCAL_HOST else f'hosts.{host}.gpu'}.probe: {found.warning}"
+        for host, found in auto_probes(settings, nvml=nvml).items()
+        if found.warning is not None
+    ]
 
 
 REMOTE_WARNING: str = (
