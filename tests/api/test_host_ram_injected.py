@@ -1,5 +1,5 @@
 """No test reads the RAM of the machine running it: an in-process gateway's host RAM is
-the injected reading (`tests.fakes.servers.test_seams`: 64 GiB, 40 GiB available, unless
+the injected reading (`tests.fakes.servers.seams_for_tests`: 64 GiB, 40 GiB available, unless
 the test injects its own), and the level-1 decision follows that reading, never
 /proc/meminfo. The backend's 30000 MiB of weights would not fit a level-1 sleep on a
 machine with less than ~34 GiB free (this one: 24 GiB in all)."""

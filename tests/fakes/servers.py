@@ -121,7 +121,7 @@ async def gateway(
     `configure` may add routes to the app before it starts (e.g. a probe for a dependency).
     """
     registry = CollectorRegistry()
-    seams = test_seams(seams)
+    seams = seams_for_tests(seams)
     with contextlib.ExitStack() as scratch:
         if settings.state_dir == default_state_dir(settings.config_dir):
             # No state directory named: one of its own, so that no test's usage ledger
@@ -151,7 +151,7 @@ TEST_RAM_TOTAL_MIB = 65536
 TEST_RAM_AVAILABLE_MIB = 40960
 
 
-def test_seams(seams: Seams | None) -> Seams:
+def seams_for_tests(seams: Seams | None) -> Seams:
     """`seams` with what no test may read from the machine running it filled in: the host
     RAM (`TEST_RAM_*`) and NVML (`NoNvml`: `gpu.probe: auto` finds no GPU)."""
     seams = seams or Seams()
