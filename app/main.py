@@ -37,6 +37,7 @@ from app.api import (
     vram,
 )
 from app.api.fastpath import GatewayApp
+from app.gpu.auto import auto_probes
 from app.lifecycle.metrics import LifecycleMetrics
 from app.reload.apply import Reloader
 from app.services import Seams, Services
@@ -71,7 +72,10 @@ def create_app(
             settings.host, api_keys=settings.has_client_keys, admin_key=bool(settings.admin_key)
         ):
             logger.warning("exposed: %s", warning)
-        services = Services(settings, metrics, seams or Seams(), activity=requests)
+        own_seams = seams or Seams()
+        # `gpu.probe: auto` asks NVML (blocking calls that can hang): off the loop.
+        probes = await asyncio.to_thread(auto_probes, settings, nvml=own_seams.nvml)
+        services = Services(settings, metrics, own_seams, activity=requests, probes=probes)
         app.state.services = services
         reloader = app.state.reloader = Reloader(services, reload.overrides)
         await services.start()

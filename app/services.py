@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -23,8 +23,15 @@ from app.control.schedule import zone
 from app.control.scheduler import Clock, Scheduler, SystemClock
 from app.control.supervisor import Supervisor
 from app.events import EventLog
+from app.gpu.auto import AutoProbe, auto_probes
 from app.gpu.collector import GpuCollector
-from app.gpu.host_ram import HostRamMonitor, MeminfoSource, NodeExporterSource, RamSource
+from app.gpu.host_ram import (
+    FixedRamSource,
+    HostRamMonitor,
+    MeminfoSource,
+    NodeExporterSource,
+    RamSource,
+)
 from app.gpu.ledger import read_ledger
 from app.gpu.nvml import NvmlSource
 from app.gpu.poller import GpuMonitor
@@ -93,6 +100,8 @@ class Seams:
     gateway's placed-memory callback, which the simulated GPU without a ledger reports
     as used); it replaces the local host's source only (`hosts:` use their config).
     `ram_source` replaces the local host's RAM reading (/proc/meminfo).
+    `nvml` replaces the `pynvml` module for the local host (`gpu.probe: auto` asks it
+    whether there is a GPU, `nvml` reads through it): a test never asks the real driver.
     `clock` is the schedules' wall clock and wait (`app.control.scheduler`).
     `poll_clock` is the monotonic clock the health watch and the scrape space an idle
     backend's polls by (`app.control.polling`).
@@ -106,6 +115,7 @@ class Seams:
     runtime_factory: RuntimeFactory | None = None
     gpu_source_factory: GpuSourceFactory | None = None
     ram_source: RamSource | None = None  # the local host's RAM (default /proc/meminfo)
+    nvml: object | None = None  # the pynvml module (default: imported)
     clock: Clock | None = None  # the schedules' (default: time.time and asyncio.sleep)
     poll_clock: Callable[[], float] | None = None  # idle polls' (default: time.monotonic)
     state_retry_first_s: float = RETRY_FIRST_S
@@ -119,8 +129,12 @@ class Services:
         seams: Seams,
         *,
         activity: Activity | None = None,
+        probes: Mapping[str, AutoProbe] | None = None,
     ) -> None:
+        """`probes`: what `gpu.probe: auto` found on each host with it (`auto_probes`, run
+        off the event loop by the app's start-up); None: asked here."""
         self.settings = settings
+        self._probes = probes
         self.metrics = metrics
         # The last requests (`GET /activity`); the access middleware records them.
         self.activity = activity if activity is not None else Activity(settings.activity_size)
@@ -204,7 +218,11 @@ class Services:
     def _build_hosts(self) -> None:
         """Each host's arbiter (its GPUs) and RAM book, the backends, and the hosts."""
         settings = self.settings
-        gpus = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
+        configured = {LOCAL_HOST: settings.gpu, **{n: h.gpu for n, h in settings.hosts.items()}}
+        # `auto` resolved once, here: nvml, or none with the warning saying why.
+        resolved = {name: self._resolve_probe(name, gpu) for name, gpu in configured.items()}
+        gpus = {name: gpu for name, (gpu, _) in resolved.items()}
+        self.probe_warnings = {n: w for n, (_, w) in resolved.items() if w is not None}
         arbiters = {name: self._build_arbiter(name, gpu, self._seams) for name, gpu in gpus.items()}
         monitors = {n: a.monitor for n, a in arbiters.items() if a.monitor is not None}
         if monitors:
@@ -348,11 +366,16 @@ class Services:
 
     def _build_ram_book(self, host: str, arbiter: VramArbiter, seams: Seams) -> HostRamBook:
         """A host's RAM book: /proc/meminfo for the gateway's own machine, node-exporter
-        through the Prometheus of its GPU probe for another (none: no reading)."""
+        through the Prometheus of its GPU probe for another (none: no reading); `host_ram.sim`
+        (tests, demos) in place of either."""
         config = self.settings.host_ram_of(host)
         source: RamSource | None = None
-        if host == LOCAL_HOST:
-            source = seams.ram_source or MeminfoSource()
+        if host == LOCAL_HOST and seams.ram_source is not None:
+            source = seams.ram_source
+        elif config.sim is not None:
+            source = FixedRamSource(config.sim.total_mib, config.sim.available_mib)
+        elif host == LOCAL_HOST:
+            source = MeminfoSource()
         elif arbiter.monitor is not None and isinstance(arbiter.monitor.source, PrometheusSource):
             prometheus = arbiter.monitor.source
             source = NodeExporterSource(
@@ -364,6 +387,22 @@ class Services:
             else HostRamMonitor(source, host=host, poll_interval_s=config.poll_interval_s)
         )
         return HostRamBook(host, config, monitor, self.events)
+
+    def _resolve_probe(self, host: str, gpu: GpuConfig) -> tuple[GpuConfig, str | None]:
+        """`gpu` with `auto` replaced by what it found (`app.gpu.auto`), and its warning."""
+        if gpu.probe != "auto":
+            return gpu, None
+        if host == LOCAL_HOST and self._seams.gpu_source_factory is not None:
+            return gpu.model_copy(update={"probe": "nvml"}), None  # the test's source
+        if self._probes is None:  # built without the start-up's answer: ask now
+            self._probes = auto_probes(self.settings, nvml=self._seams.nvml)
+        found = self._probes[host]
+        warning = found.warning
+        if warning is not None:
+            logger.warning("gpu probe host=%s: %s", host, warning)
+        else:
+            logger.info("gpu probe host=%s: auto found NVML and a GPU: probe nvml", host)
+        return gpu.model_copy(update={"probe": found.probe}), warning
 
     def _build_arbiter(self, host: str, gpu: GpuConfig, seams: Seams) -> VramArbiter:
         """A host's arbiter over its GPU monitor (none: no telemetry, admission off)."""
@@ -392,7 +431,8 @@ class Services:
         if seams.gpu_source_factory is not None and host == LOCAL_HOST:
             source = seams.gpu_source_factory(placed)
         elif gpu.probe == "nvml":
-            source = NvmlSource(timeout_s=gpu.sample_timeout_s)
+            nvml = seams.nvml if host == LOCAL_HOST else None
+            source = NvmlSource(timeout_s=gpu.sample_timeout_s, nvml=nvml)
         elif gpu.probe == "prometheus":
             assert gpu.prometheus is not None  # GpuConfig requires it
             where = "gpu" if host == LOCAL_HOST else f"hosts.{host}.gpu"
@@ -436,7 +476,8 @@ class Services:
             if gpu.auto_yield.enabled
             else None
         )
-        return Host(name, gpu, arbiter, vram_yield, auto_yield, backends, ram)
+        warning = self.probe_warnings.get(name)
+        return Host(name, gpu, arbiter, vram_yield, auto_yield, backends, ram, warning)
 
     def _build_runtime(self, name: str, config: BackendConfig) -> Runtime:
         if isinstance(config.runtime, ProcessRuntimeConfig):

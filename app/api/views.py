@@ -240,12 +240,21 @@ NO_GPU_STATUS: Json = {
 }
 
 
-def gpu_status_view(status: GpuStatus | None) -> Json:
-    """The GPU section of `/status` (None: `gpu.probe: none`)."""
+def gpu_status_view(
+    status: GpuStatus | None, *, probe: str | None = None, warning: str | None = None
+) -> Json:
+    """The GPU section of `/status` (None: `gpu.probe: none`). `probe` is the probe running
+    (`auto` resolved: nvml or none); `warning` says why there is none when `auto` found no
+    GPU (the page shows it as a banner)."""
+    described = {"probe": probe, "warning": warning}
     if status is None:
-        return dict(NO_GPU_STATUS)
+        view = dict(NO_GPU_STATUS)
+        if warning is not None:
+            view["error"] = warning
+        return {**view, **described}
     snapshot = status.snapshot
     return {
+        **described,
         "source": status.source,
         "up": status.up,
         "error": status.error,
@@ -416,7 +425,7 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
     return {
         "name": host.name,
         "probe": host.arbiter.probe_name,
-        "gpu": gpu_status_view(status),
+        "gpu": gpu_status_view(status, probe=host.arbiter.probe_name, warning=host.probe_warning),
         "holds": {
             "yield": yield_view(host.vram_yield.current),
             "zones": [zone_view(z) for z in host.arbiter.zones.values() if z.kind == "zone"],

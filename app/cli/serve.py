@@ -141,7 +141,8 @@ def server_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def run_check_config(args: argparse.Namespace) -> int:
+def run_check_config(args: argparse.Namespace, *, nvml: object | None = None) -> int:
+    """`nvml` replaces the `pynvml` module `gpu.probe: auto` asks (tests)."""
     settings = load_config(args.config)
     names = sum(len(b.names) for b in settings.backends.values())
     print(
@@ -155,4 +156,8 @@ def run_check_config(args: argparse.Namespace) -> int:
     for name, backend in settings.backends.items():
         for warning in backend.warnings():
             print(f"warning: backends.{name}.{warning}")
+    from app.gpu.auto import probe_warnings
+
+    for warning in probe_warnings(settings, nvml=nvml):
+        print(f"warning: {warning}")
     return OK

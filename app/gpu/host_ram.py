@@ -4,6 +4,7 @@
   kernel means as KiB: proc(5)). MemAvailable is the kernel's estimate of what can be
   allocated without swapping (page cache that can be dropped counts as available; pinned
   memory does not).
+- `host_ram.sim` (tests, demos): a fixed reading, `FixedRamSource`.
 - Another host: node-exporter's `node_memory_MemTotal_bytes` and
   `node_memory_MemAvailable_bytes` (its meminfo collector, the same two fields in bytes),
   read through the Prometheus of that host's GPU probe (`PrometheusSource.instant`, same
@@ -88,6 +89,21 @@ class MeminfoSource:
         except OSError as exc:
             raise ProbeError(f"cannot read {self._path}: {exc}", reason="error") from None
         return parse_meminfo(text)
+
+
+class FixedRamSource:
+    """A fixed reading: `host_ram.sim` (tests, demos) and the in-process tests' seam. Its
+    numbers change only when set (`total_mib`, `available_mib`)."""
+
+    name = "sim"
+
+    def __init__(self, total_mib: int, available_mib: int) -> None:
+        self.total_mib = total_mib
+        self.available_mib = available_mib
+
+    async def sample(self) -> RamReading:
+        mib = KIB * KIB
+        return RamReading(self.total_mib * mib, self.available_mib * mib, time.monotonic())
 
 
 def build_ram_query(selector: str, lookback_s: int) -> str:

@@ -29,6 +29,7 @@ from app.settings.hosts import (
     KubernetesConfig,
     PrometheusProbeConfig,
     SimGpuConfig,
+    SimRamConfig,
 )
 from app.settings.loader import ConfigError, load_settings
 from app.settings.root import (
@@ -69,6 +70,7 @@ __all__ = [
     "ReleaseConfig",
     "Settings",
     "SimGpuConfig",
+    "SimRamConfig",
     "TimeoutOverridesConfig",
     "TimeoutsConfig",
     "default_state_dir",

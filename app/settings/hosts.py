@@ -224,17 +224,20 @@ class PrometheusProbeConfig(StrictConfig):
 class GpuConfig(StrictConfig):
     """The GPU probe behind telemetry, VRAM admission and yield.
 
-    `nvml` reads the real GPUs (nvidia-ml-py); `sim` is the simulated GPU; `prometheus`
+    `auto` (the default) is `nvml` when NVML loads and sees a GPU, else `none` with a
+    warning (at start, in `/status`, on the page, from `check-config`; `app.gpu.auto`);
+    `nvml` reads the real GPUs (nvidia-ml-py) and insists: the probe is reported down
+    while NVML fails; `sim` is the simulated GPU (the demo's, the tests'); `prometheus`
     reads another host's GPUs from the dcgm-exporter series in a Prometheus
     (`gpu.prometheus`); `none` turns admission off (every start is allowed) and reports
     no GPU.
     """
 
-    probe: Literal["nvml", "sim", "prometheus", "none"] = Field(
-        "sim",
+    probe: Literal["auto", "nvml", "sim", "prometheus", "none"] = Field(
+        "auto",
         description=(
-            "nvml: real GPUs; sim: simulated; prometheus: dcgm-exporter via Prometheus; none: no "
-            "admission."
+            "auto: nvml when NVML sees a GPU, else none with a warning; nvml: real GPUs; sim: "
+            "simulated; prometheus: dcgm-exporter via Prometheus; none: no admission."
         ),
     )
     poll_interval_s: PositiveFloat = Field(1.0, description="How often the GPUs are sampled.")
@@ -285,6 +288,14 @@ class GpuConfig(StrictConfig):
         return self
 
 
+class SimRamConfig(StrictConfig):
+    """A simulated host RAM reading (`host_ram.sim`): what the tests' gateway processes
+    read in place of /proc/meminfo, so no test depends on the RAM free on its machine."""
+
+    total_mib: PositiveInt = Field(description="The simulated MemTotal in MiB.")
+    available_mib: NonNegativeInt = Field(description="The simulated MemAvailable in MiB.")
+
+
 class HostRamConfig(StrictConfig):
     """The host RAM that level-1 sleepers may hold on a machine (vLLM sleep level 1 copies
     a backend's weights to *pinned* host memory, which the kernel can neither swap nor
@@ -304,6 +315,9 @@ class HostRamConfig(StrictConfig):
       gateway's own machine reads /proc/meminfo.
     - `poll_interval_s`: how often /status and the metrics get a new reading (a release
       decision reads it afresh).
+    - `sim`: a simulated reading (tests, demos): the host's RAM is these numbers, never
+      /proc/meminfo or node-exporter, so a level-1 decision does not depend on the RAM
+      free on the machine running the test.
 
     Without a reading (another host without a Prometheus probe, or node-exporter down)
     the budget is `sleep_budget_mib` if set, else unknown: then `auto` sleeps at level 2
@@ -325,6 +339,14 @@ class HostRamConfig(StrictConfig):
     )
     poll_interval_s: PositiveFloat = Field(
         5.0, description="How often /status and the metrics get a new reading."
+    )
+
+    sim: SimRamConfig | None = Field(
+        None,
+        description=(
+            "A simulated RAM reading (tests, demos) in place of /proc/meminfo or node-exporter;"
+            " null: the real one."
+        ),
     )
 
     @field_validator("selector")

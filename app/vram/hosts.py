@@ -37,6 +37,8 @@ class Host:
     auto_yield: AutoYield | None
     backends: Mapping[str, Backend]  # those whose GPUs it accounts
     ram: HostRamBook  # its RAM, and how its backends give their memory back
+    # Why it has no probe although none was asked for (`gpu.probe: auto`, `app.gpu.auto`).
+    probe_warning: str | None = None
 
     @property
     def monitor(self) -> GpuMonitor | None:

@@ -463,7 +463,7 @@ async def test_local_admission_refusals_fall_back(
     backend = {**LAZY, "url": f"http://127.0.0.1:{runtime.port}", **fields}
     async with world(
         monkeypatch, tmp_path, entries=["reasoning", "cloud"], backend=backend, runtime=runtime,
-        chain=chain,
+        chain=chain, gpu={"probe": "sim"},  # the simulated 32 GiB GPU admits
     ) as w:  # fmt: skip
         response = await ask(w.gw, stream=stream)
         assert answer(response, stream)[0] == CLOUD_MODEL

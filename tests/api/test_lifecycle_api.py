@@ -49,9 +49,13 @@ async def lifecycle_gateway(
     tmp_path: Path,
     **fields: Any,
 ) -> AsyncIterator[Gateway]:
+    """The gateway over `runtimes` on the simulated GPU (`probe: sim`, 32 GiB, said here:
+    the default probe is `auto`, no GPU on a machine without NVML) unless `gpu=` says."""
+
     def runtime_for(name: str, config: BackendConfig) -> Runtime:
         return runtimes[name]
 
+    fields = {"gpu": {"probe": "sim"}, **fields}
     settings = gateway_settings(backends, state_dir=tmp_path / "var", **fields)
     async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
         yield gw

@@ -21,7 +21,7 @@ from app import logs
 from app.cli.serve import server_options
 from app.main import create_app
 from app.settings import Settings
-from tests.fakes.servers import Gateway, gateway, gateway_settings
+from tests.fakes.servers import Gateway, gateway, gateway_settings, seams_for_tests
 from tests.fakes.waits import until
 
 
@@ -129,8 +129,8 @@ def test_a_message_is_one_line_and_its_traceback_keeps_its_lines(log_out: io.Str
 async def real_server(settings: Settings) -> AsyncIterator[int]:
     """The gateway under uvicorn as `serve` runs it, in this loop, on a free port."""
     options = {**server_options(settings), "port": 0}
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, registry=CollectorRegistry()),
-                                           **options))  # fmt: skip
+    app = create_app(settings, seams=seams_for_tests(None), registry=CollectorRegistry())
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     task = asyncio.create_task(server.serve())
     try:
         await until(lambda: server.started, timeout_s=10)

@@ -50,8 +50,8 @@ class Rig:
         self.port = free_port()
         self.state_dir = tmp_path / "var"
         self.state_dir.mkdir()
-        self.settings = gateway_settings(
-            {"lazy": lazy_backend(self.port)}, state_dir=self.state_dir
+        self.settings = gateway_settings(  # zones need a GPU probe: the simulated one
+            {"lazy": lazy_backend(self.port)}, state_dir=self.state_dir, gpu={"probe": "sim"}
         )
         self.runtime = FakeVllmRuntime(self.port, models=[LAZY])
 

@@ -291,8 +291,9 @@ async def test_only_ages_moving_is_not_a_change(fast_stream: None) -> None:
         "b": {"url": f"http://127.0.0.1:{port}", "models": ["m"],
               "runtime": {"kind": "process", "command": ["unused"]}}
     }  # fmt: skip
-    async with gateway(
-        gateway_settings(backends), seams=Seams(runtime_factory=lambda n, c: runtime)
+    async with gateway(  # a GPU whose age moves: the simulated one
+        gateway_settings(backends, gpu={"probe": "sim"}),
+        seams=Seams(runtime_factory=lambda n, c: runtime),
     ) as gw:
         await until_backend(gw, "b", state="ready")
         services = services_of(gw)
@@ -323,9 +324,8 @@ async def test_ages_alone_are_refreshed_when_the_stream_is_quiet(
     a page showing how old a stale reading is stays right within `KEEPALIVE_S`."""
     monkeypatch.setattr(stream, "KEEPALIVE_S", 0.05)
     port = free_port()
-    async with gateway(
-        gateway_settings({"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}})
-    ) as gw:
+    backends = {"b": {"url": f"http://127.0.0.1:{port}", "models": ["m"]}}
+    async with gateway(gateway_settings(backends, gpu={"probe": "sim"})) as gw:
         services = services_of(gw)
         messages = stream._stream(services, services.events.subscribe())
         name, snapshot = await next_event(messages)

@@ -105,6 +105,19 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
 
+# The host RAM a gateway process reads (`host_ram.sim`, through the environment like any
+# key) unless its models.yaml says its own: the same on every machine, roomy so a level-1
+# sleep fits (the in-process gateways' `TEST_RAM_*`), never /proc/meminfo.
+SIM_RAM_ENV = "MICROSCHEDULER_HOST_RAM__SIM"
+SIM_RAM = '{"total_mib": 65536, "available_mib": 40960}'
+
+
+def _sets_sim_ram(models_yaml: Path) -> bool:
+    config = yaml.safe_load(models_yaml.read_text()) if models_yaml.exists() else None
+    host_ram = config.get("host_ram") if isinstance(config, dict) else None
+    return isinstance(host_ram, dict) and host_ram.get("sim") is not None
+
+
 @contextlib.contextmanager
 def gateway_process(
     models_yaml: dict[str, Any] | None = None,
@@ -116,7 +129,8 @@ def gateway_process(
     args: Sequence[str] = (),
 ) -> Iterator[GatewayProcess]:
     """`microscheduler serve` as a real uvicorn process on a free port of 127.0.0.1.
-    `state_dir`: its state directory (default: a fresh one, removed afterwards)."""
+    `state_dir`: its state directory (default: a fresh one, removed afterwards). Its host
+    RAM is `SIM_RAM` unless models.yaml has `host_ram.sim` (`env` may override it too)."""
     with tempfile.TemporaryDirectory() as tmp:
         if config_dir is None:
             config_dir = Path(tmp) / "config"
@@ -126,6 +140,8 @@ def gateway_process(
         log_path = Path(tmp) / "gateway.log"
         clean_env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
         clean_env["MICROSCHEDULER_STATE_DIR"] = str(state_dir or f"{tmp}/var")
+        if not _sets_sim_ram(config_dir / "models.yaml"):
+            clean_env[SIM_RAM_ENV] = SIM_RAM
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--config", str(config_dir),

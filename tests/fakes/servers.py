@@ -7,7 +7,7 @@ import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,14 @@ from aiohttp import web
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from app.gpu.host_ram import FixedRamSource
 from app.main import create_app
 from app.runtimes.base import RuntimeStatus
 from app.services import Seams
 from app.settings import Settings, default_state_dir
 from app.sim.vllm import FAKE_VLLM_KEY, FakeConfig, build_app
 from app.vram import yielding
+from tests.fakes.nvml import NoNvml
 from tests.fakes.waits import until
 
 
@@ -119,6 +121,7 @@ async def gateway(
     `configure` may add routes to the app before it starts (e.g. a probe for a dependency).
     """
     registry = CollectorRegistry()
+    seams = seams_for_tests(seams)
     with contextlib.ExitStack() as scratch:
         if settings.state_dir == default_state_dir(settings.config_dir):
             # No state directory named: one of its own, so that no test's usage ledger
@@ -140,6 +143,25 @@ async def gateway(
                 transport=transport, base_url="http://localhost", timeout=10
             ) as client:
                 yield Gateway(client, registry, app)
+
+
+# The host RAM every in-process gateway reads unless its test injects another: roomy, so
+# a level-1 sleep fits, and the same on every machine (never /proc/meminfo).
+TEST_RAM_TOTAL_MIB = 65536
+TEST_RAM_AVAILABLE_MIB = 40960
+
+
+def seams_for_tests(seams: Seams | None) -> Seams:
+    """`seams` with what no test may read from the machine running it filled in: the host
+    RAM (`TEST_RAM_*`) and NVML (`NoNvml`: `gpu.probe: auto` finds no GPU)."""
+    seams = seams or Seams()
+    if seams.ram_source is None:
+        seams = replace(
+            seams, ram_source=FixedRamSource(TEST_RAM_TOTAL_MIB, TEST_RAM_AVAILABLE_MIB)
+        )
+    if seams.nvml is None:
+        seams = replace(seams, nvml=NoNvml())
+    return seams
 
 
 async def _forget_learning(settings: Settings) -> None:

@@ -117,6 +117,7 @@ function render() {
   const persisted = s.state?.persisted !== false;
   $("#persisted").hidden = persisted;
   if (!persisted) $("#persisted").textContent = `state not saved: ${s.state.error || "retrying"}`;
+  renderProbeWarning();
   renderGpus();
   renderHolds();
   renderBackends();
@@ -126,6 +127,16 @@ function render() {
   renderFallback();
   renderKeys();
   renderEvents();
+}
+
+// `gpu.probe: auto` found no GPU (or `auto` on another host): no admission, said loudly.
+function renderProbeWarning() {
+  const warnings = (state.status.hosts || [])
+    .filter((host) => host.gpu?.warning)
+    .map((host) => manyHosts() ? `${host.name}: ${host.gpu.warning}` : host.gpu.warning);
+  const banner = $("#probe-warning");
+  banner.hidden = warnings.length === 0;
+  banner.replaceChildren(...warnings.map((w) => el("p", { text: `No GPU probe: ${w}` })));
 }
 
 // More than one machine (models.yaml `hosts:`): the GPUs and the backends say which.

@@ -52,7 +52,7 @@ def kubernetes(**fields: Any) -> dict[str, Any]:
 def problem(hosts: dict[str, Any], backends: dict[str, dict[str, Any]]) -> str | None:
     return check_hosts(
         {name: HostConfig(**cfg) for name, cfg in hosts.items()},
-        GpuConfig(),
+        GpuConfig(probe="sim"),  # the local count below is a simulated GPU's
         {name: BackendConfig(**cfg) for name, cfg in backends.items()},
     )
 

@@ -23,6 +23,7 @@ from app.upstreams.vllm import (
     VllmClient,
     control_timeout_s,
 )
+from tests.fakes.servers import seams_for_tests
 
 GIB = 1024**3
 BASE = "http://vllm:8000"
@@ -63,7 +64,7 @@ async def test_each_backend_gets_its_own_control_timeout(tmp_path: Path) -> None
         state_dir=tmp_path,
         access_log=False,
     )  # fmt: skip
-    services = Services(settings, Metrics(), Seams())
+    services = Services(settings, Metrics(), seams_for_tests(Seams()))
     try:
         waits = {name: b.server.vllm.timeout_s for name, b in services.backends.items()}
     finally:
