@@ -71,6 +71,7 @@ class Server:
         self.runtime_detail: str | None = None  # the runtime's last word on it
         # While wait_healthy polls: when it began and what the runtime last said.
         self._waiting: tuple[float, str] | None = None
+        self._learning_since: float | None = None  # healthy, asked what it serves since
         # While admission waits for memory other models hold: says what it waits for.
         self._vram_wait: Callable[[], str] | None = None
         self._vram_wait_phase = WAITING_FOR_VRAM
@@ -105,7 +106,11 @@ class Server:
         `/v1/models` lists others is not ours but another answering on its port (its
         health check passed for ours): ours is stopped and `NotOurServer` raised, the
         one exception."""
-        answer = await self.vllm.learn(model_ids)
+        self._learning_since = time.monotonic()
+        try:
+            answer = await self.vllm.learn(model_ids)
+        finally:
+            self._learning_since = None
         if answer is None:
             return False
         if ours is not None and (listed := not_ours(answer.models, ours)) is not None:
@@ -264,6 +269,12 @@ class Server:
         refused for 40 s; the process is running` (for /status, the page, wake notices)."""
         if self._vram_wait is not None:
             return self._vram_wait()
+        if self._learning_since is not None:  # healthy; vLLM builds its schema (0.6-3 s)
+            waited = int(time.monotonic() - self._learning_since)
+            return (
+                f"health check to {self.vllm.health_url} passes; asking what it serves "
+                f"(/openapi.json, /v1/models) for {waited} s"
+            )
         if self._waiting is None:
             return None
         began, running = self._waiting

@@ -132,11 +132,32 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
     assert comments[0].startswith(": waking lazy ")
     # A start that waits says why, in the comments and in /backends, not a silent wait.
     why = f"health check to http://127.0.0.1:{port}/health refused for "
-    assert why in comments[-1]
-    assert comments[-1].endswith("s; the process is running)")
+    refused = [comment for comment in comments if why in comment]
+    assert refused, comments
+    assert refused[-1].endswith("s; the process is running)")
     assert views[0]["starting"].startswith(why)
     assert text.index(": waking") < text.index("data: {")
     assert text.rstrip().endswith("data: [DONE]")
+
+
+async def test_a_start_asking_its_server_what_it_serves_says_so(tmp_path: Path) -> None:
+    """Healthy but not ready yet: the real vLLM builds its /openapi.json schema (0.6 to 3 s
+    on its first call); /status and the wake comments say what the start waits for."""
+    port = free_port()
+    learning = asyncio.Event()
+    runtime = FakeVllmRuntime(port, models=["lazy-model"], learn_gate=learning)
+    async with lifecycle_gateway({"lazy": lazy(port)}, {"lazy": runtime}, tmp_path) as gw:
+        request = asyncio.create_task(gw.client.post("/v1/chat/completions", json=CHAT))
+        await asyncio.wait_for(runtime.learning.wait(), 5)  # healthy, its routes asked
+        view = await backend_state(gw, "lazy")
+        learning.set()
+        response = await request
+    assert response.status_code == 200
+    assert view["state"] == "starting"
+    assert view["starting"].startswith(
+        f"health check to http://127.0.0.1:{port}/health passes; asking what it serves "
+        "(/openapi.json, /v1/models) for "
+    ), view["starting"]
 
 
 async def test_a_wake_that_fails_after_the_comments_ends_the_stream_in_band(

@@ -137,8 +137,7 @@ def test_a_command_that_exits_is_reported_with_its_exit_code(tmp_path: Path) -> 
         assert backend["state"] == "failed"
         # Nothing in its output explains it: the reason says where to read the rest.
         assert backend["reason"] == (
-            "exited with code 3 before it was ready "
-            "(its output: `microscheduler logs broken`)"
+            "exited with code 3 before it was ready (its output: `microscheduler logs broken`)"
         )
         response = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": []})
         assert response.status_code == 503
