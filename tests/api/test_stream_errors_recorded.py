@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 
@@ -22,7 +23,6 @@ from tests.fakes.servers import (
     gateway,
     gateway_settings,
     serve_app,
-    until_backend,
 )
 
 CHUNK = (
@@ -138,10 +138,26 @@ async def test_a_stream_the_stopping_gateway_ended_is_recorded() -> None:
         async with gateway(settings) as gw:
             services: Services = gw.app.state.services
             await upstream.set_faults(stall_after=1)  # the stream stays open
-            ask = asyncio.create_task(gw.client.post("/v1/chat/completions", json=BODY))
-            await until_backend(gw, "b", in_flight=1)
-            assert services.relays.end_all() == 1  # as a gateway stopping does
-            response = await ask
+            # The client's side of the ASGI app: the stream has begun once a body chunk
+            # went out (before that, a stopping gateway answers 503, not in-band).
+            begun = asyncio.Event()
+
+            async def watched(scope: Any, receive: Any, send: Any) -> None:
+                async def sending(message: Any) -> None:
+                    await send(message)
+                    if message["type"] == "http.response.body" and message.get("body"):
+                        begun.set()
+
+                await gw.app(scope, receive, sending)
+
+            transport = httpx.ASGITransport(app=watched, client=("127.0.0.1", 50000))
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://localhost", timeout=10
+            ) as client:
+                ask = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+                await asyncio.wait_for(begun.wait(), 10)
+                assert services.relays.end_all() == 1  # as a gateway stopping does
+                response = await ask
             entry = await newest(gw)
     assert response.status_code == 200
     assert '"code":"gateway_stopping"' in response.text  # ended in-band

@@ -269,7 +269,9 @@ async def test_every_metric_in_the_dashboard_and_alerts_is_exposed() -> None:
 
     async with fake_vllm(models=["nemotron-8b"], max_tokens=2) as upstream:
         backend = {"url": upstream.url, "models": ["nemotron-8b"], "aliases": ["default"]}
-        async with gateway(gateway_settings({"orchestrator": backend})) as gw:
+        # The dashboard's GPU panels read the probe's series: a GPU it sees (simulated).
+        settings = gateway_settings({"orchestrator": backend}, gpu={"probe": "sim"})
+        async with gateway(settings) as gw:
             chat = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
             response = await gw.client.post("/v1/chat/completions", json=chat)
             assert response.status_code == 200

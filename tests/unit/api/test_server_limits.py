@@ -72,7 +72,9 @@ def test_serve_hands_every_limit_to_uvicorn(
     monkeypatch.setenv("MICROSCHEDULER_SERVER__MAX_HEADER_BYTES", "32768")
     monkeypatch.setenv("MICROSCHEDULER_SERVER__KEEP_ALIVE_S", "7")
     monkeypatch.setenv("MICROSCHEDULER_STATE_DIR", str(tmp_path / "var"))
-    args = argparse.Namespace(config=config(tmp_path), host=None, port=0, watch_config=False)
+    args = argparse.Namespace(
+        config=config(tmp_path), host=None, port=0, watch_config=False, banner=False
+    )
     run_serve(args)
     (options,) = seen
     assert options.timeout_keep_alive == 7
