@@ -108,6 +108,15 @@ def models_of(body: bytes) -> tuple[str, ...] | None:
     model's path when none is given), then its LoRA adapters
     (vllm/entrypoints/openai/models/serving.py:64 and :149,
     vllm/entrypoints/launchers/api_server/app_state.py:59)."""
+    cards = _model_cards(body)
+    if cards is None:
+        return None
+    return tuple(card["id"] for card in cards if isinstance(card.get("id"), str))
+
+
+def _model_cards(body: bytes) -> list[dict[str, Any]] | None:
+    """The model cards of a `GET /v1/models` body (its `data` objects); None when it is
+    not such a list."""
     try:
         doc = json.loads(body)
     except ValueError:
@@ -115,9 +124,7 @@ def models_of(body: bytes) -> tuple[str, ...] | None:
     cards = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(cards, list):
         return None
-    return tuple(
-        card["id"] for card in cards if isinstance(card, dict) and isinstance(card.get("id"), str)
-    )
+    return [card for card in cards if isinstance(card, dict)]
 
 
 def not_ours(models: tuple[str, ...] | None, served_model: str) -> str | None:
@@ -172,18 +179,12 @@ def max_model_len_of(body: bytes, model_ids: Iterable[str]) -> int | None:
     """The `max_model_len` of the first card of `GET /v1/models` whose id is one of
     `model_ids` (the backend's served name first), else of the first card that has one;
     None when none says."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    cards = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(cards, list):
+    cards = _model_cards(body)
+    if cards is None:
         return None
     lengths: dict[str, int] = {}
     first: int | None = None
     for card in cards:
-        if not isinstance(card, dict):
-            continue
         value = card.get("max_model_len")
         if type(value) is not int or value <= 0:
             continue
