@@ -124,8 +124,14 @@ def test_a_record_survives_the_state_file_and_a_bad_one_is_ignored(tmp_path: Pat
 async def test_observe_reads_a_real_process_start_time_and_command_line() -> None:
     proc = await asyncio.create_subprocess_exec("sleep", "30", start_new_session=True)
     try:
-        seen = observe(proc.pid)
-        assert seen is not None
+        # The spawn returns after the fork; until the child's exec, /proc shows an empty
+        # (or the parent's) command line. Wait for the exec, bounded.
+        for _ in range(200):
+            seen = observe(proc.pid)
+            assert seen is not None
+            if seen.cmdline == ("sleep", "30"):
+                break
+            await asyncio.sleep(0.025)
         assert seen.cmdline == ("sleep", "30")
         assert not seen.zombie
         assert seen.start_time > 0
