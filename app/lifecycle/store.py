@@ -21,6 +21,12 @@ missing or full):
   doubling delay (`retry_first_s` up to `retry_max_s`) until it succeeds; any later
   successful save (or `close()`) writes the pending state too.
 
+- A store that cannot be opened at start (the directory read-only, a file, gone) is not
+  fatal: the gateway runs on empty state and says so (an error in the log, `persisted:
+  false` in `/status` with the reason, the metric at 0). For the rest of its run it refuses
+  every new hold and writes nothing there, so what it could not read is never overwritten
+  with empty state; a restart reads it once the directory is usable.
+
 Every store operation runs in the store's thread (`app.store.writer.StoreWriter`);
 `update()` and `put()` wait for theirs (a new hold is saved before it is acted on).
 """
@@ -98,6 +104,8 @@ class StateStore:
         self._retry_max_s = retry_max_s
         # The last save's error while memory is ahead of the store; None: it is current.
         self._pending: str | None = None
+        # Why the store could not be read at start; None once it was read.
+        self._unread: str | None = None
         self._retry: asyncio.Task[None] | None = None
         if metrics is not None:
             metrics.state_persisted.set(1)
@@ -115,13 +123,36 @@ class StateStore:
 
     def _loaded(self) -> dict[str, Any]:
         if self._data is None:
-            self._data = self.load()
+            try:
+                self._data = self.load()
+            except StateWriteError as exc:
+                self._start_unread(exc)
+                self._data = {}
         return self._data
+
+    def _refuse_unread(self) -> None:
+        if self._unread is not None:  # a save now would write over what was not read
+            raise StateWriteError(self._unread)
+
+    def _start_unread(self, exc: StateWriteError) -> None:
+        """The store could not be opened at all (the directory read-only, a file, gone):
+        the gateway runs on empty state rather than not at all, and for this run never
+        writes it (what it could not read is never overwritten) and refuses new holds."""
+        self._unread = (
+            f"the gateway state at {self.location} could not be read at start "
+            f"({exc.message}): new holds are refused; restart the gateway once it can be read"
+        )
+        self._pending = self._unread
+        logger.error("state not read, running on empty state: new holds are refused until "
+                     "a restart path=%s error=%s", self.location, exc.message)  # fmt: skip
+        if self._metrics is not None:
+            self._metrics.state_persisted.set(0)
 
     def update(self, name: str, value: Any) -> None:
         """Replace a section and save; a save that fails raises `StateWriteError` and
         changes nothing. For what starts a hold."""
         data = {**self._loaded(), name: value}
+        self._refuse_unread()
         self.save(data)  # raises StateWriteError: then nothing changed
         self._data = data
         self._saved()
@@ -130,6 +161,8 @@ class StateStore:
         """Replace a section now and save it when the store can be written: never raises
         for a write that fails (see the module docstring). For what ends a hold."""
         self._data = {**self._loaded(), name: value}
+        if self._unread is not None:  # memory only: the store was never read
+            return
         try:
             self.save(self._data)
         except StateWriteError as exc:
@@ -198,7 +231,10 @@ class StateStore:
         """Stop retrying; a last try to save what is pending."""
         await cancel_and_wait(self._retry)
         self._retry = None
-        if self._pending is not None and self._data is not None:
+        if self._unread is not None:
+            logger.error("state not saved at shutdown: it was not read at start path=%s",
+                         self.location)  # fmt: skip
+        elif self._pending is not None and self._data is not None:
             try:
                 await self.writer.run(self.save, self._data)
             except StateWriteError as exc:
@@ -212,6 +248,7 @@ class StateStore:
     def check_writable(self) -> None:
         """Take the store's write lock and let it go, so a read-only, missing or full
         directory is found before anything acts on it; raises `StateWriteError`."""
+        self._refuse_unread()
         try:
             self._in_thread(self.writer.store.check_writable)
         except StoreError as exc:

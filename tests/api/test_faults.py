@@ -193,6 +193,48 @@ async def test_a_yield_that_cannot_be_saved_is_refused_and_changes_nothing(
             assert leftovers(state_dir) == []
 
 
+# -- (f) the state directory unusable at start: the gateway serves, holds are refused ----
+
+
+async def test_a_state_store_unreadable_at_start_is_no_crash_and_is_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    # A zone saved by an earlier run; then the directory is set aside and a regular file
+    # takes its place: a path nothing can be opened under, for any user (root included).
+    state_dir = tmp_path / "var"
+    settings = gateway_settings({"lazy": lazy_backend(free_port())}, state_dir=state_dir)
+    async with gateway(settings) as gw:
+        kept = await gw.client.post("/vram/zones/old/acquire", json={"mib": 100, "holder": "x"})
+        assert kept.status_code == 200, kept.text
+    saved = saved_sections(state_dir)
+    assert "old" in json.dumps(saved["zones"])
+    state_dir.rename(tmp_path / "var.away")
+    state_dir.write_text("not a directory\n")
+
+    async with gateway(settings) as gw:
+        assert (await gw.client.get("/health")).status_code == 200
+        state = (await gw.client.get("/status")).json()["state"]
+        assert state["persisted"] is False
+        assert "could not be read at start" in state["error"]
+        assert str(state_dir / "state.db") in state["error"]
+        metrics = (await gw.client.get("/metrics")).text
+        assert "microscheduler_state_persisted 0.0" in metrics
+        refused = await gw.client.post("/vram/zones/new/acquire", json={"mib": 1, "holder": "y"})
+        assert refused.status_code == 500, refused.text
+        assert "new holds are refused" in refused.json()["error"]["message"]
+        assert (await gw.client.post("/vram/yield", json={"reason": "game"})).status_code == 500
+        # The directory comes back while it runs: it is still not written (what it holds
+        # was never read), and still refuses holds until a restart.
+        state_dir.unlink()
+        (tmp_path / "var.away").rename(state_dir)
+        again = await gw.client.post("/vram/zones/new/acquire", json={"mib": 1, "holder": "y"})
+        assert again.status_code == 500, again.text
+    assert saved_sections(state_dir) == saved
+    async with gateway(settings) as gw:  # a restart reads it
+        zones = (await gw.client.get("/vram/zones")).json()["zones"]
+        assert [z["zone"] for z in zones] == ["old"]
+
+
 # -- (g) the GPU probe flapping: /status and metrics say so, and it recovers ----------------
 
 
