@@ -63,8 +63,9 @@ BLOCK_KEY: Final = "reload"
 def refusal(problems: list[str]) -> InvalidRequest:
     """The 400 of a refused reload: every problem, one per line."""
     listed = "\n".join(f"- {p}" for p in problems)
+    count = f"{len(problems)} problem" + ("" if len(problems) == 1 else "s")
     return InvalidRequest(
-        f"configuration refused, the running one stays ({len(problems)} problems):\n{listed}",
+        f"configuration refused, the running one stays ({count}):\n{listed}",
         param="config",
         code=ErrorCode.INVALID_VALUE,
     )

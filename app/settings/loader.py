@@ -94,6 +94,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        byte = f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        raise ConfigError([f"{path}: not UTF-8 text ({byte}): a YAML file is expected"]) from None
+    except RecursionError:  # PyYAML composes nodes recursively
+        raise ConfigError([f"{path}: invalid YAML: nested too deeply"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""

@@ -125,6 +125,21 @@ def test_missing_directory_and_file_are_named(tmp_path: Path) -> None:
     assert problems(tmp_path)[0].startswith(f"{tmp_path / 'models.yaml'}: file not found")
 
 
+def test_a_binary_or_deeply_nested_file_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "models.yaml").write_bytes(b"backends:\n  \xf8\x00\xff")
+    (line,) = problems(tmp_path)
+    assert line == (
+        f"{tmp_path / 'models.yaml'}: not UTF-8 text (byte 0xf8 at offset 12): "
+        "a YAML file is expected"
+    )
+    write(tmp_path, "backends: " + "[" * 3000 + "]" * 3000 + "\n")
+    (line,) = problems(tmp_path)
+    assert line == f"{tmp_path / 'models.yaml'}: invalid YAML: nested too deeply"
+    write(tmp_path, "backends:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 1500)))
+    (line,) = problems(tmp_path)
+    assert line == f"{tmp_path / 'models.yaml'}: invalid YAML: nested too deeply"
+
+
 def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
     write(tmp_path, "backends:\n  a: [unclosed\n")
     (line,) = problems(tmp_path)
