@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Final
@@ -38,6 +39,10 @@ CONTEXT_KEY: Final = "microscheduler.context"
 CLIENT_CLOSED: Final = 499  # nginx's convention: the client went away before the end
 NOT_ACTIVITY: Final = frozenset({"models"})  # listings: not requests to a model
 _CLOSE: Final = (b"connection", b"close")
+# A client's request id is kept when it is 1-128 of these (a UUID, a ULID, hex, dotted or
+# colon-separated ids); another gets a new one. It never reaches a backend
+# (`app.upstreams.http`).
+SAFE_REQUEST_ID: Final = re.compile(rb"[A-Za-z0-9._:+/-]{1,128}")
 _IDS_DRAWN: Final = 256  # request ids per draw of randomness
 
 
@@ -189,12 +194,12 @@ def _entry(ctx: RequestContext, status: int, ended: float) -> Entry:
 
 
 def _given_request_id(scope: Scope) -> str | None:
-    """The client's `x-request-id`, when it is one (printable, at most 128 characters)."""
+    """The client's `x-request-id`, when it is a safe one (`SAFE_REQUEST_ID`): it is
+    written in every log line of the request, where a space or `=` would forge fields."""
     for name, value in scope["headers"]:
         if name == b"x-request-id":
-            text = bytes(value).decode("latin-1")
-            if 0 < len(text) <= 128 and text.isprintable():
-                return text
+            if SAFE_REQUEST_ID.fullmatch(value):
+                return bytes(value).decode("ascii")
             break
     return None
 

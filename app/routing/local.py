@@ -74,6 +74,13 @@ TOKEN_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 LOWERED_HEADER: Final = b"x-microscheduler-max-tokens-lowered"
 
 
+# vLLM names a created response after the request's `request_id` (a vLLM extra field,
+# vllm/entrypoints/openai/responses/protocol.py `ResponsesRequest.request_id`: the
+# response's `id`, and its key in the server's store). A client naming one could take over
+# another key's stored response, so the gateway drops it: vLLM draws a random one.
+RESPONSES_CREATE: Final = "/v1/responses"
+
+
 def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes | None]:
     """`body` for `backend`, and the `LOWERED_HEADER` value when a token limit was lowered.
 
@@ -83,7 +90,8 @@ def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes 
     usage (`call.usage_added`), on a backend with `scheduling: priority` a JSON request
     vLLM takes `priority` in gets the client key's (replacing any the client sent: a
     client must not raise its own), or a `max_tokens` (see the module docstring) above the
-    backend's learned `max_model_len` is lowered to it. Otherwise `body` (the client's
+    backend's learned `max_model_len` is lowered to it, or a Responses create names its
+    own `request_id` (dropped: `RESPONSES_CREATE`). Otherwise `body` (the client's
     bytes) is sent as it is, never written again; so is a form (its model is replaced in
     the raw bytes by the caller) and a body without a `model` (a stored response's call)."""
     if not is_json_post(call):
@@ -97,8 +105,12 @@ def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes 
     if backend.name not in call.route.members:  # a chain's entry serving another model
         model = backend.config.served_model
     named = payload.get("model")
-    if update or call.usage_added or (named is not None and named != model):
-        return json_bytes({**payload, "model": model, **update}), lowered
+    chosen_id = call.path == RESPONSES_CREATE and "request_id" in payload
+    if update or chosen_id or call.usage_added or (named is not None and named != model):
+        sent = {**payload, "model": model, **update}
+        if chosen_id:
+            del sent["request_id"]
+        return json_bytes(sent), lowered
     return body, None
 
 

@@ -19,6 +19,7 @@ turns that 404 into an error saying so.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections import OrderedDict
@@ -30,6 +31,8 @@ from app.errors import ResponseNotFound
 from app.routing.exchange import Call
 from app.routing.registry import Route
 from app.upstreams.http import Relayable
+
+logger = logging.getLogger(__name__)
 
 _RESPONSE_ID: Final = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_\-.]{1,200})"')
 _SCAN_BYTES: Final = 64 * 1024
@@ -76,7 +79,15 @@ class ResponseIds:
         return len(self._by_key.get(key, ()))
 
     def remember(self, response_id: str, entry: str, route: Route, key: str | None = None) -> None:
+        """Map `response_id` to where it is stored, for `key`. An id another key holds
+        stays that key's (never taken over: the gateway drops a client's own choice of
+        id, so only a provider could repeat one)."""
         now = self._clock()
+        held = self.lookup(response_id)
+        if held is not None and held.key != key:
+            logger.warning("response id already held by another key, not taken over "
+                           "response_id=%s entry=%s", response_id, entry)  # fmt: skip
+            return
         self.forget(response_id)
         self._ids[response_id] = StoredAt(entry, route, now + self._ttl_s, key)
         own = self._by_key.setdefault(key, OrderedDict())

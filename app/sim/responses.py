@@ -174,9 +174,12 @@ class ResponsesApi:
         else:
             count = max_out = min(limit, room)
             limited = True
-        base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        # vLLM names the response after the body's `request_id` (a vLLM extra field,
+        # default `resp_<uuid>`: vllm/entrypoints/openai/responses/protocol.py), not after
+        # the X-Request-Id header.
+        given = body.get("request_id")
         return _Req(
-            rid=base if base.startswith("resp_") else f"resp_{base}",
+            rid=given if isinstance(given, str) and given else f"resp_{uuid.uuid4().hex}",
             model=model,
             body=body,
             prompt_tokens=prompt_tokens,

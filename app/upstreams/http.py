@@ -55,8 +55,19 @@ _NOT_FROM_UPSTREAM = HOP_BY_HOP | {"server", "date"}
 # (999 broke the client's connection), and a 1xx (101) is no final answer.
 RELAYABLE_STATUS: Final = range(200, 600)
 # What a client sends that must not reach the upstream: the gateway's own key (as a bearer
-# token or, from Anthropic's SDKs, `x-api-key`), framing.
-_NOT_TO_UPSTREAM = HOP_BY_HOP | {"host", "authorization", "x-api-key", "content-length", "cookie"}
+# token or, from Anthropic's SDKs, `x-api-key`), framing, and its `x-request-id`: vLLM
+# makes it the request's id (vllm/entrypoints/serve/engine/serving.py `_base_request_id`:
+# `chatcmpl-<id>`), and an abort by that id ends every request given it
+# (vllm/v1/engine/output_processor.py `abort_requests`): one client must not be able to
+# name another's request. Without it vLLM draws a random id.
+_NOT_TO_UPSTREAM = HOP_BY_HOP | {
+    "host",
+    "authorization",
+    "x-api-key",
+    "content-length",
+    "cookie",
+    "x-request-id",
+}
 
 
 def forwardable_request_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:

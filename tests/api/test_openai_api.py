@@ -285,6 +285,23 @@ async def test_request_id_is_echoed_or_made(gw: Gateway) -> None:
     assert given.headers["x-request-id"] == "abc"
     made = await gw.client.get("/v1/models")
     assert len(made.headers["x-request-id"]) == 16
+    uuid = "0b7c2a5e-3f4d-4e1a-9c8b-7d6e5f4a3b2c"
+    kept = await gw.client.get("/v1/models", headers={"x-request-id": uuid})
+    assert kept.headers["x-request-id"] == uuid
+
+
+@pytest.mark.parametrize(
+    "forged", ["abc key=admin", "x path=/vram/yield", "a\tb", "é", "x" * 129, "a,b", "a;b"]
+)
+async def test_a_request_id_that_could_forge_log_fields_is_replaced(
+    gw: Gateway, forged: str
+) -> None:
+    # Every log line of the request carries its id: a space or `=` in it would add fields.
+    answer = await gw.client.get("/v1/models", headers={"x-request-id": forged.encode()})
+    made = answer.headers["x-request-id"]
+    assert made != forged
+    assert len(made) == 16
+    assert all(c in "0123456789abcdef" for c in made)
 
 
 async def test_unknown_path_and_method_use_the_envelope(gw: Gateway) -> None:

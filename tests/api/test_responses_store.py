@@ -209,3 +209,37 @@ async def test_another_keys_previous_response_id_is_not_relayed(
             assert other.status_code == 404
             assert other.json()["error"]["code"] == "response_not_found"
             assert len(await paths(fake)) == before
+
+
+async def test_a_client_cannot_choose_a_stored_response_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM names a response after the body's `request_id`, and takes a request's id from
+    # `x-request-id`: key b naming key a's response id in either must not take it over.
+    monkeypatch.setenv("A_KEY", "sk-a-0123456789")
+    monkeypatch.setenv("B_KEY", "sk-b-0123456789")
+    keys = {"a": {"key_env": "A_KEY"}, "b": {"key_env": "B_KEY"}}
+    async with fake_vllm(models=["m"], max_tokens=2, responses_store=True) as fake:
+        settings = gateway_settings(
+            {"b": {"url": fake.url, "models": ["m"]}}, client_keys={"keys": keys}
+        )
+        async with gateway(settings) as gw:
+            a_auth = {"authorization": "Bearer sk-a-0123456789"}
+            made = await gw.client.post(
+                "/v1/responses", json={"model": "m", "input": "secret"}, headers=a_auth
+            )
+            rid = made.json()["id"]
+            taken = await gw.client.post(
+                "/v1/responses",
+                json={"model": "m", "input": "mine now", "request_id": rid},
+                headers={"authorization": "Bearer sk-b-0123456789", "x-request-id": rid},
+            )
+            assert taken.status_code == 200, taken.text
+            assert taken.json()["id"] != rid
+            sent = (await fake.stats())["requests"][-1]
+            assert "request_id" not in sent["body"]
+            assert "x-request-id" not in sent["headers"]
+            # a's response is still a's, where it was
+            got = await gw.client.get(f"/v1/responses/{rid}", headers=a_auth)
+            assert got.status_code == 200, got.text
+            assert got.json()["output"] == made.json()["output"]
