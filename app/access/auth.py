@@ -6,9 +6,10 @@
 - Admin endpoints (state changes): `MICROSCHEDULER_ADMIN_KEY` when set, else loopback
   clients only, naming the gateway in `Host` (`app.access.origins.OriginPolicy.host_trusted`:
   a web page that rebinds its own name to 127.0.0.1 is a loopback client too).
-- `/metrics` (every client key's name and usage): as admin endpoints when an admin key
-  is set and the gateway listens beyond loopback (`Settings.metrics_admin_only`), else
-  open (on a loopback listener, to a `Host` naming the gateway).
+- `/metrics` (every client key's name and usage): as admin endpoints when the gateway
+  listens beyond loopback (`Settings.metrics_admin_only`: the admin key, or without one
+  loopback clients only), else open (on a loopback listener, to a `Host` naming the
+  gateway).
 - `/health` and `/ready` are open.
 - Browser pages of other sites: `app.api.origin_guard.OriginGuard`, on every route.
 

@@ -190,9 +190,9 @@ class Settings(BaseSettings):
             "Host names admin routes accept besides loopback and host; * turns the check off."
         ),
     )
-    # `/metrics` open to anyone even when it would need the admin key (`metrics_admin_only`).
+    # `/metrics` open to anyone even when it would be an admin route (`metrics_admin_only`).
     metrics_public: bool = Field(
-        False, description="/metrics open to anyone even when it would need the admin key."
+        False, description="/metrics open to anyone even beyond loopback (else an admin route)."
     )
     max_body_bytes: PositiveInt = Field(
         10 * 1024 * 1024, description="The largest request body; more is 413."
@@ -434,9 +434,10 @@ class Settings(BaseSettings):
 
     @property
     def metrics_admin_only(self) -> bool:
-        """Whether `/metrics` (every client key's name and usage) needs the admin key: when
-        one is set and the gateway listens beyond loopback, unless `metrics_public`."""
-        return bool(self.admin_key) and not is_loopback(self.host) and not self.metrics_public
+        """Whether `/metrics` (every client key's name and usage) is an admin route (the
+        admin key when one is set, else loopback clients only): when the gateway listens
+        beyond loopback, unless `metrics_public`."""
+        return not is_loopback(self.host) and not self.metrics_public
 
     @model_validator(mode="after")
     def _not_open_to_spend(self) -> Settings:

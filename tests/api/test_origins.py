@@ -261,6 +261,25 @@ async def test_metrics_need_the_admin_key_beyond_loopback(tmp_path: Path) -> Non
         assert "microscheduler_" in response.text
 
 
+async def test_metrics_beyond_loopback_without_an_admin_key_follow_the_admin_rule(
+    tmp_path: Path,
+) -> None:
+    # Like every admin route without an admin key: loopback clients only, not the LAN.
+    lan = settings(tmp_path, host="0.0.0.0")
+    async with gateway(lan, client_host="192.168.1.23") as gw:
+        response = await gw.client.get("/metrics")
+        assert response.status_code == 403
+        assert "loopback" in response.json()["error"]["message"]
+        assert "microscheduler_" not in response.text
+    async with gateway(lan) as gw:  # from 127.0.0.1
+        response = await gw.client.get("/metrics", headers={"host": "127.0.0.1:8080"})
+        assert response.status_code == 200
+        assert "microscheduler_" in response.text
+    public = settings(tmp_path, host="0.0.0.0", metrics_public=True)
+    async with gateway(public, client_host="192.168.1.23") as gw:
+        assert (await gw.client.get("/metrics")).status_code == 200
+
+
 @pytest.mark.parametrize(
     "fields", [{"host": "127.0.0.1"}, {"host": "0.0.0.0", "metrics_public": True}]
 )
