@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
@@ -10,8 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from app.api.protocol import json_object
+from app.errors import PermissionDenied
+from app.notify.notifier import LOOP_HEADER
 from app.services import Services
 from app.settings.root import is_loopback
+
+logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -29,6 +34,14 @@ def require_admin(request: Request, services: ServicesDep) -> None:
     gateway in `Host`) only."""
     client = request.client.host if request.client else None
     headers = request.headers
+    if headers.get(LOOP_HEADER) == services.notifier.token:
+        logger.warning("a notification of this gateway came back to it, refused: a notify "
+                       "target is the gateway itself path=%s", request.url.path)  # fmt: skip
+        raise PermissionDenied(
+            "A notification this gateway posted came back to it: a notify target is the "
+            "gateway itself (by another name or through a proxy). Refused, or each post "
+            "would act and notify again, in a loop."
+        )
     services.auth.check_admin(headers.get("authorization"), client, headers.get("host"))
 
 

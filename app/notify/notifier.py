@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,10 @@ from app.upstreams.control_http import AsyncBaseTransport, AsyncClient, HTTPErro
 logger = logging.getLogger(__name__)
 
 QUEUE_SIZE: Final = 256
+# Carries the gateway's `Notifier.token` on every post; an admin route refuses a request
+# bearing it (a target that is the gateway by another name or through a proxy), which
+# would otherwise act and notify again, in a loop (`app.api.deps.require_admin`).
+LOOP_HEADER: Final = "x-microscheduler-notification"
 ATTEMPTS: Final = 4
 BACKOFF_S: Final = 0.5
 FALLBACK_EVERY_S: Final = 3600.0  # fallback_to_cloud: the first per key per hour
@@ -128,6 +133,8 @@ class Notifier:
         self._dropped = 0
         self._seen: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
+        # Sent with every post: a post that reaches this gateway back is refused.
+        self.token = secrets.token_hex(8)
         self.total = Declare(registry).counter(
             "notifications",
             "Notifications to the notify targets, by result: sent, retried (an attempt "
@@ -239,6 +246,7 @@ class Notifier:
             headers = {"content-type": "application/json"}
             payload = {"event": item.event, "at": round(item.at, 3), "text": text, **item.fields}
             body = json_bytes(payload, default=str)
+        headers[LOOP_HEADER] = self.token
         try:
             response = await client.post(
                 target.resolved_url(), content=body, headers=headers, timeout=target.timeout_s

@@ -9,6 +9,7 @@ import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -438,6 +439,28 @@ class Settings(BaseSettings):
         admin key when one is set, else loopback clients only): when the gateway listens
         beyond loopback, unless `metrics_public`."""
         return not is_loopback(self.host) and not self.metrics_public
+
+    @model_validator(mode="after")
+    def _notify_not_self(self) -> Settings:
+        """A notify target that is this gateway (a loopback name, or its listen host, on
+        its port) would post to itself: an admin route there (`/config/reload`) notifies
+        again, in a loop. Refused here; one it reaches by another name is refused when the
+        post arrives (`app.notify.notifier.LOOP_HEADER`)."""
+        for index, target in enumerate(self.notify):
+            parts = urlsplit(target.resolved_url())
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+            except ValueError:
+                continue  # the target's own check says why
+            host = parts.hostname or ""
+            if port == self.port and (
+                is_loopback(host) or host == self.host or host in ("0.0.0.0", "::")
+            ):
+                raise ValueError(
+                    f"notify: target {index} posts to this gateway itself ({host}:{port}): "
+                    "each post would act on the gateway and notify again, in a loop"
+                )
+        return self
 
     @model_validator(mode="after")
     def _not_open_to_spend(self) -> Settings:

@@ -89,3 +89,46 @@ async def test_yield_and_restore_are_posted_and_a_500_is_retried(receiver: Recei
     assert "secret-topic" not in str(status)
     assert 'microscheduler_notifications_total{result="retried"} 1.0' in metrics
     assert 'microscheduler_notifications_total{result="sent"} 3.0' in metrics
+
+
+async def test_a_notification_that_comes_back_to_the_gateway_is_refused() -> None:
+    # A target that is the gateway by another name (here: through a proxy that forwards
+    # each post to its /config/reload) would reload, notify `config_reloaded`, and loop.
+    forwarded: list[int] = []
+    gateway_url = ""
+
+    async def proxy(request: web.Request) -> web.Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(
+                gateway_url + "/config/reload", content=await request.read(), headers=headers
+            )
+        forwarded.append(answer.status_code)
+        return web.Response(status=answer.status_code, body=answer.content)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", proxy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        with fake_vllm_process("m") as upstream:
+            config: dict[str, Any] = {
+                "backends": {"b": {"url": upstream, "models": ["m"]}},
+                "notify": [{"url": f"http://127.0.0.1:{port}/hook"}],
+            }
+            with gateway_process(config) as gw:
+                gateway_url = gw.url
+                async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+                    assert (await client.post("/vram/yield", json={"reason": "game"})).is_success
+                    await until(lambda: forwarded or None, what="the yield's post forwarded")
+                    status = (await client.get("/status")).json()
+    finally:
+        await runner.cleanup()
+    assert forwarded[0] == 403
+    assert status["config"]["source"] == "startup"  # never reloaded
+    (target,) = status["notifications"]["targets"]
+    assert target["failed"] >= 1
+    assert target["sent"] == 0

@@ -329,3 +329,24 @@ def test_bad_release_methods_and_levels_are_refused(fields: dict[str, Any], expe
     with pytest.raises(ValidationError) as info:
         BackendConfig.model_validate({**LAZY_BACKEND, **fields})
     assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9100/config/reload",
+        "http://localhost:9100/vram/yield",
+        "http://[::1]:9100/x",
+        "http://0.0.0.0:9100/x",
+    ],
+)
+def test_a_notify_target_that_is_the_gateway_itself_is_refused(tmp_path: Path, url: str) -> None:
+    write(tmp_path, "backends:\n  b: {url: 'http://127.0.0.1:9', models: [m]}\n"
+          f"notify:\n  - url: '{url}'\n")  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path, port=9100)
+    (line,) = info.value.problems
+    assert "notify: target 0 posts to this gateway itself" in line
+    assert "loop" in line
+    # Another port on the same machine is another server: accepted.
+    assert load_settings(tmp_path, port=9101).notify[0].url == url
