@@ -45,6 +45,8 @@ DB_FILE: Final = "state.db"
 JSON_FILE: Final = "state.json"  # earlier versions' state, imported once
 JSON_VERSION: Final = 1
 BUSY_TIMEOUT_S: Final = 5.0
+PRIVATE_DIR: Final = 0o700  # the state directory
+PRIVATE_FILE: Final = 0o600  # state.db, and its -wal and -shm (SQLite copies the mode)
 _CORRUPT_CODES: Final = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
 GROUPS: Final = ("model", "key", "route", "day")
@@ -108,7 +110,9 @@ class SqliteStore:
     # -- connections ------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+        if not self.path.exists():  # SQLite gives its -wal and -shm the file's mode
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE))
         db = self._connect_to(str(self.path))
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -219,8 +223,24 @@ class SqliteStore:
             self._put_aside(exc)
         except OSError as exc:
             raise StoreError(f"cannot open {self.path}: {describe(exc)}") from None
+        self._make_private()
         self._import_json()
         self._opened = True
+
+    def _make_private(self) -> None:
+        """The directory 0700 and the database's files 0600 (usage names every key): an
+        earlier version's, or one made under a loose umask, is tightened once, at open."""
+        paths = [self.path.parent] + [Path(f"{self.path}{s}") for s in ("", "-wal", "-shm")]
+        for path in paths:
+            mode = PRIVATE_DIR if path == self.path.parent else PRIVATE_FILE
+            try:
+                if path.stat().st_mode & 0o777 != mode:
+                    path.chmod(mode)
+                    logger.info("state made private path=%s mode=%o", path, mode)
+            except OSError as exc:  # gone, or not ours: the data stays readable as it was
+                if path.exists():
+                    logger.warning("state not made private path=%s error=%s", path,
+                                   describe(exc))  # fmt: skip
 
     def _put_aside(self, exc: sqlite3.DatabaseError) -> None:
         aside = self.path.with_name(DB_FILE + ".corrupt")

@@ -5,6 +5,7 @@ instead of stopping start-up."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -34,6 +35,39 @@ def test_save_creates_the_directory_and_leaves_nothing_else(tmp_path: Path) -> N
     store.save({"zones": [2]})
     assert saved_sections(directory) == {"zones": [2]}
     assert leftovers(directory) == []
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_directory_and_the_database_files_are_private(tmp_path: Path) -> None:
+    # Usage and activity name every client key: 0700 and 0600 whatever the umask.
+    old_umask = os.umask(0o022)
+    try:
+        directory = tmp_path / "var"
+        store = StateStore(directory)
+        store.update("zones", ZONES)
+        reader = sqlite3.connect(directory / "state.db")  # open: the -wal and -shm stay
+        try:
+            reader.execute("SELECT count(*) FROM sections").fetchone()
+            store.update("zones", [])
+            files = sorted(p.name for p in directory.iterdir())
+            modes = {p.name: mode(p) for p in directory.iterdir()}
+        finally:
+            reader.close()
+        assert mode(directory) == 0o700
+        assert files == ["state.db", "state.db-shm", "state.db-wal"]
+        assert modes == dict.fromkeys(files, 0o600)
+        # An earlier version's loose directory and file are tightened at the next open.
+        directory.chmod(0o755)
+        for path in directory.iterdir():
+            path.chmod(0o644)
+        StateStore(directory).load()
+        assert mode(directory) == 0o700
+        assert {p.name: mode(p) for p in directory.iterdir()} == {"state.db": 0o600}
+    finally:
+        os.umask(old_umask)
 
 
 def test_a_save_replaces_every_section_at_once(tmp_path: Path) -> None:
