@@ -7,6 +7,8 @@ use`, what answers there (another microscheduler?) and the ways to another port,
 before any backend is started or any VRAM is asked for. The address is `--host/--port`,
 else the settings' (`MICROSCHEDULER_HOST/_PORT`, else `host:/port:` of models.yaml, else
 127.0.0.1:8080). `--banner` (`make run`) prints the address bound and a request to try.
+It then locks its state directory (`app.store.dir_lock`): a second gateway on the same
+directory fails with exit 1, naming the holder's pid and address.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.common import FAILED, OK, Subparsers, add_config_option, error, guarded, load_config
 from app.cli.serve_address import banner, holder_of, in_use_message
+from app.store import dir_lock
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -76,8 +79,18 @@ def run_serve(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as bound:
         for sock in sockets:
             bound.enter_context(sock)
+        port = sockets[0].getsockname()[1]  # the one bound: port 0 picks one
+        try:
+            lock = dir_lock.take(settings.state_dir, host=settings.host, port=port)
+        except dir_lock.StateDirBusy as exc:
+            error("serve", str(exc))
+            return FAILED
+        except OSError as exc:  # read-only: the store says so too, and refuses holds
+            logger.warning("state directory not locked path=%s error=%s", settings.state_dir,
+                           exc.strerror or exc)  # fmt: skip
+        else:
+            bound.callback(lock.release)
         if args.banner:
-            port = sockets[0].getsockname()[1]  # the one bound: port 0 picks one
             print(banner(settings, args.config, settings.host, port), flush=True)
         logger.info("address bound host=%s port=%d: serving once the start-up completes",
                     settings.host, settings.port)  # fmt: skip

@@ -297,7 +297,7 @@ async def test_a_request_id_that_could_forge_log_fields_is_replaced(
     gw: Gateway, forged: str
 ) -> None:
     # Every log line of the request carries its id: a space or `=` in it would add fields.
-    answer = await gw.client.get("/v1/models", headers={"x-request-id": forged.encode()})
+    answer = await gw.client.get("/v1/models", headers={b"x-request-id": forged.encode()})
     made = answer.headers["x-request-id"]
     assert made != forged
     assert len(made) == 16

@@ -60,6 +60,34 @@ def test_a_second_gateway_on_a_taken_port_fails_before_starting_anything(
         assert httpx.get(first.url + "/ready", timeout=10).status_code == 200
 
 
+def test_a_second_gateway_on_the_same_state_directory_refuses_to_start(tmp_path: Path) -> None:
+    # Two gateways on one state directory stopped (or adopted and stopped) each other's
+    # backends: the second refuses, naming the first's pid and address.
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    models = sim_gpu_models(tmp_path / "ledger")
+    (config_dir / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
+    state_dir = tmp_path / "var"
+    with gateway_process(config_dir=config_dir, wait_ready=True, state_dir=state_dir) as first:
+        port = urlsplit(first.url).port
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
+        env["MICROSCHEDULER_STATE_DIR"] = str(state_dir)
+        second = subprocess.run(
+            [sys.executable, "-m", "app.cli", "serve", "--config", str(config_dir),
+             "--host", "127.0.0.1", "--port", str(free_port())],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        output = second.stdout + second.stderr
+        assert second.returncode == 1, output
+        assert f"error: serve: the state directory {state_dir} is in use by another gateway " in (
+            second.stderr
+        )
+        assert f"(pid {first.proc.pid}, listening on 127.0.0.1:{port}, since " in second.stderr
+        assert "backend state" not in output  # nothing was started, nothing stopped
+        assert "Traceback" not in output
+        assert httpx.get(first.url + "/ready", timeout=10).status_code == 200
+
+
 def _health(port: int) -> object:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()

@@ -126,12 +126,14 @@ async def test_observe_reads_a_real_process_start_time_and_command_line() -> Non
     try:
         # The spawn returns after the fork; until the child's exec, /proc shows an empty
         # (or the parent's) command line. Wait for the exec, bounded.
+        seen = observe(proc.pid)
         for _ in range(200):
-            seen = observe(proc.pid)
             assert seen is not None
             if seen.cmdline == ("sleep", "30"):
                 break
             await asyncio.sleep(0.025)
+            seen = observe(proc.pid)
+        assert seen is not None
         assert seen.cmdline == ("sleep", "30")
         assert not seen.zombie
         assert seen.start_time > 0
