@@ -244,7 +244,9 @@ def start_gateway(
         env["MICROSCHEDULER_ACCESS_LOG"] = "false"
     if keys:
         env.update(BENCH_SECRETS)
-    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")  # not the checkout's var/
+    # Not the checkout's var/, and one per gateway: two gateways never share a state
+    # directory (the second would refuse to start).
+    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / f"var-{len(procs)}")
     args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
     name = "gateway" if access_log else "gateway (access log off)"
     name += " with keys.yaml" if keys else ""
