@@ -159,7 +159,8 @@ def vllm_command(
     if planned.kv_dtype_flag is not None:
         argv += ["--kv-cache-dtype", planned.kv_dtype_flag]
     argv += ["--max-model-len", str(planned.max_model_len)]
-    argv += ["--max-num-seqs", str(planned.max_num_seqs)]
+    if planned.max_num_seqs is not None:  # only when configured; else vLLM's default
+        argv += ["--max-num-seqs", str(planned.max_num_seqs)]
     env: dict[str, str] = {}
     if graphs_outside_budget:
         env.update(GRAPHS_OUTSIDE_BUDGET_ENV)

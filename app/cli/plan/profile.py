@@ -137,10 +137,16 @@ def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
         lines.append(f"  {_command_text(item)}")
         lines.append(
             f"  weights {bytes_to_gib(item.spec.weight_bytes):.2f} GiB ({planned.weights_source}"
-            f"), KV budget {bytes_to_gib(item.spec.kv_bytes):.2f} GiB ({planned.max_model_len:,}"
-            f" tokens x {planned.max_num_seqs} seqs, {planned.kv_dtype.name}), CUDA graphs "
+            f"), KV at least {bytes_to_gib(item.spec.kv_bytes):.2f} GiB (one request of "
+            f"{planned.max_model_len:,} tokens, {planned.kv_dtype.name}), CUDA graphs "
             f"{bytes_to_gib(item.spec.graphs):.2f} GiB"
         )
+        if item.plan.max_concurrency is not None and item.plan.runs:
+            lines.append(
+                f"  KV cache {bytes_to_gib(item.plan.kv_bytes):.2f} GiB: maximum concurrency "
+                f"{item.plan.max_concurrency:.2f}x for {planned.max_model_len:,} tokens per "
+                "request"
+            )
         if item.sleep_mode:
             lines.append("  note: sleep mode needs VLLM_SERVER_DEV_MODE=1 in the server's env")
         if item.config.vram_mib is not None:

@@ -150,9 +150,14 @@ def test_the_active_profile_fits_and_each_instance_has_its_command(
         "--enable-sleep-mode"
     )
     assert reasoning["kv_dtype"] == "tq4"
-    # tq4: 48 x 8 x (68 + 68) = 52,224 bytes per token x 8192 x 4.
+    # tq4: 48 x 8 x (68 + 68) = 52,224 bytes per token x one request of 8192 tokens (512
+    # blocks of 16 + the null block); its max_num_seqs 4 does not multiply it.
     assert reasoning["kv_bytes_per_token"] == 52_224
-    assert reasoning["kv_budget_gib"] == round(52_224 * 8192 * 4 / 2**30, 3)
+    assert reasoning["kv_budget_gib"] == round(52_224 * 513 * 16 / 2**30, 3)
+    assert reasoning["max_num_seqs"] == 4
+    assert reasoning["max_concurrency"] == pytest.approx(
+        reasoning["kv_cache_gib"] * 2**30 / (16 * 52_224) / 512, abs=0.01
+    )
     (gpu,) = data["gpus"]
     assert gpu["fits"] is True
     assert gpu["held_by_undescribed_gib"] == round(3100 / 1024, 3)
