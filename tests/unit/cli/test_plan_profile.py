@@ -210,9 +210,54 @@ def test_above_the_target_utilization_does_not_fit(
     assert all(item["ok"] for item in data["instances"])
     (problem,) = data["problems"]
     assert problem.startswith("together they use ")
-    assert problem.endswith(
-        "of the 32.00 GiB GPU, more than the profile's target_utilization_pct 60%"
+    # It says what sits outside the vram_pct shares (here 3100 MiB of embeddings too).
+    assert "of the 32.00 GiB GPU, more than the profile's target_utilization_pct 60%: " in problem
+    assert "3.03 GiB held by backends without a model description" in problem
+
+
+ALONE = """profiles:
+  solo:
+    gpu_total_gb: 32
+    target_utilization_pct: 92
+    models:
+      orchestrator: {vram_pct: VRAM}
+      reasoning: {enabled: false}
+      embeddings: {enabled: false}
+      creative: {enabled: false}
+"""
+
+
+def test_vram_pct_equal_to_the_target_says_what_sits_outside_and_what_fits(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # vram_pct 92 = target 92: the instance holds 0.92 x 32 GiB plus its 0.5 GiB CUDA context,
+    # which vLLM creates before the snapshot its share is measured against: 29.94 GiB, 93.6%.
+    # 93.5625 - 92 = 1.5625 points too many: the largest vram_pct is 92 - 1.5625 -> 90.4.
+    (config_dir / "gpu_profiles.yaml").write_text(ALONE.replace("VRAM", "92"), encoding="utf-8")
+    argv = ["plan", "profile", "--config", str(config_dir)]
+    data = run_json(argv, capsys, code=1)
+    (problem,) = data["problems"]
+    assert problem == (
+        "together they use 29.94 GiB, 93.6% of the 32.00 GiB GPU, more than the profile's "
+        "target_utilization_pct 92%: their --gpu-memory-utilization shares add up to 92.0% "
+        "(29.44 GiB) and 0.50 GiB (1.6%) sits outside the shares: the CUDA context of each "
+        "instance (orchestrator 0.50 GiB), which vLLM creates before the start-up snapshot its "
+        "--gpu-memory-utilization share is measured against (vllm/v1/worker/gpu_worker.py). "
+        "The largest vram_pct for orchestrator within the target is 90.4 (its KV cache "
+        f"{data['instances'][0]['kv_cache_gib'] - 0.016 * 32:.2f} GiB); or raise "
+        "target_utilization_pct to at least 93.6"
     )
+    code, out, _ = run(argv, capsys)
+    assert code == 1
+    assert "fits: NO\n  why: together they use 29.94 GiB" in out
+    # The advice holds: 90.4 fits, and so does the target it names.
+    (config_dir / "gpu_profiles.yaml").write_text(ALONE.replace("VRAM", "90.4"), encoding="utf-8")
+    assert run_json(argv, capsys)["fits"] is True
+    raised = ALONE.replace("VRAM", "92").replace(
+        "target_utilization_pct: 92", "target_utilization_pct: 93.6"
+    )
+    (config_dir / "gpu_profiles.yaml").write_text(raised, encoding="utf-8")
+    assert run_json(argv, capsys)["fits"] is True
 
 
 def test_a_backend_without_description_or_size_is_listed_as_not_counted(
