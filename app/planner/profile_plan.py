@@ -20,17 +20,20 @@ prints the result.
   (the cautious side for the start-up checks); otherwise it is listed as not counted.
 - The plan fits when every instance passes vLLM's checks with its KV budget, and what they
   use together stays within the profile's `target_utilization_pct` of the GPU.
+- Without `gpu_profiles.yaml`, `plan_all_backends` plans every backend of `models.yaml` as
+  one implicit profile (`ImplicitProfile`: no shares, no target below the whole GPU).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from app.planner.description import PlannedModel, resolve
 from app.planner.footprint import Footprint, instance_spec, planned_footprint_mib
-from app.planner.inputs import PlannedBackend, PlannedSettings, Profile
+from app.planner.inputs import PlannedBackend, PlannedSettings, Profile, ProfileModel
 from app.planner.share import InstancePlan, InstanceSpec, SharePlan, ShareRequest, plan_share
 from app.planner.units import MIB, bytes_to_gib
 
@@ -94,6 +97,7 @@ class ProfilePlan:
     unplanned: tuple[Unplanned, ...]
     disabled: tuple[str, ...]
     gpus: tuple[GpuPlan, ...]
+    implicit: bool = False  # no gpu_profiles.yaml: every backend, `plan_all_backends`
 
     @property
     def fits(self) -> bool:
@@ -171,6 +175,19 @@ def vllm_command(
     return tuple(argv), env
 
 
+@dataclass(frozen=True)
+class ImplicitProfile:
+    """Every backend of `models.yaml` as configured: the profile `plan profile` plans when
+    there is no `gpu_profiles.yaml`. No shares (`vram_pct`), and no target below the GPU."""
+
+    models: Mapping[str, ProfileModel] = field(default_factory=dict)
+    target_utilization_pct: float = 100.0
+    gpu_total_gb: float | None = None
+
+    def enabled(self, backend: str) -> bool:
+        return True
+
+
 def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> ProfilePlan:
     """Plan profile `name` of `settings.gpu_profiles` on GPUs of `total_bytes` each."""
     if settings.gpu_profiles is None:
@@ -179,6 +196,19 @@ def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> P
     profile = profiles.profiles.get(name)
     if profile is None:
         raise ValueError(f"unknown profile {name!r} (profiles: {', '.join(profiles.profiles)})")
+    return _plan(settings, profile, name, total_bytes, active=name == profiles.default)
+
+
+def plan_all_backends(settings: PlannedSettings, *, total_bytes: int) -> ProfilePlan:
+    """Plan every backend of `settings` as one profile (pinned first) on GPUs of `total_bytes`
+    each: what runs without `gpu_profiles.yaml` (`ImplicitProfile`, `ProfilePlan.implicit`)."""
+    plan = _plan(settings, ImplicitProfile(), "", total_bytes, active=True)
+    return replace(plan, implicit=True)
+
+
+def _plan(
+    settings: PlannedSettings, profile: Profile, name: str, total_bytes: int, *, active: bool
+) -> ProfilePlan:
     total_mib = total_bytes // MIB
     order = start_order(settings, profile)
     described: list[tuple[str, PlannedModel]] = []
@@ -213,7 +243,7 @@ def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> P
         instances.extend(planned_here)
     return ProfilePlan(
         name=name,
-        active=name == profiles.default,
+        active=active,
         profile=profile,
         total_bytes=total_bytes,
         instances=tuple(instances),

@@ -173,14 +173,18 @@ def _add_profile(commands: Subparsers) -> argparse.ArgumentParser:
         description="For a profile of gpu_profiles.yaml (default: the active one) and the "
         "backends' model descriptions (model_info: / hf_config: in models.yaml): each enabled "
         "instance in start order (pinned first), its planned memory and vLLM command line, "
-        "and whether they fit on the GPU together.",
+        "and whether they fit on the GPU together. Without gpu_profiles.yaml every backend "
+        "of models.yaml is planned as one profile on the --gpu-gib GPU.",
     )
     profile.add_argument(
         "name", nargs="?", help="the profile (default: active: in gpu_profiles.yaml)"
     )
     add_config_option(profile)
     profile.add_argument(
-        "--gpu-gib", type=float, help="GPU memory in GiB (default: the profile's gpu_total_gb)"
+        "--gpu-gib",
+        type=float,
+        help="GPU memory in GiB (default: the profile's gpu_total_gb; required without "
+        "gpu_profiles.yaml)",
     )
     return profile
 

@@ -307,7 +307,8 @@ def test_bad_input_is_one_error_line(config_dir: Path, capsys: pytest.CaptureFix
     assert_bad_input([*base, "bare"], capsys, "has no gpu_total_gb; give the GPU's memory")
     assert_bad_input([*base, "--gpu-gib", "0"], capsys, "--gpu-gib must be a positive number")
     (config_dir / "gpu_profiles.yaml").unlink()
-    assert_bad_input(base, capsys, "gpu_profiles.yaml: not found")
+    # Without gpu_profiles.yaml every backend is planned, on the GPU --gpu-gib gives.
+    assert_bad_input(base, capsys, "gpu_profiles.yaml; give the GPU's memory with --gpu-gib")
 
 
 def test_an_invalid_configuration_lists_every_problem_and_exits_1(
@@ -334,3 +335,48 @@ def test_the_shipped_configuration_fits_as_its_comments_say(
     commands = [item["command"] for item in data["instances"]]
     assert len(commands) == 3
     assert all("vllm serve" in command for command in commands)
+
+
+@pytest.fixture
+def models_only(config_dir: Path) -> Path:
+    (config_dir / "gpu_profiles.yaml").unlink()
+    return config_dir
+
+
+def test_without_gpu_profiles_every_backend_is_one_profile(
+    models_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "profile", "--config", str(models_only), "--gpu-gib", "48"]
+    data = run_json(argv, capsys)
+    assert (data["implicit"], data["profile"], data["gpu_total_source"]) == (
+        True,
+        None,
+        "--gpu-gib",
+    )
+    assert data["gpu_total_gib"] == 48.0
+    assert data["disabled"] == []
+    # Pinned first (the orchestrator), then the lazy ones; no vram_pct: the planner chooses.
+    assert [item["backend"] for item in data["instances"]] == ["orchestrator", "reasoning"]
+    assert all(item["vram_pct"] is None for item in data["instances"])
+    assert [item["backend"] for item in data["not_planned"]] == ["embeddings", "creative"]
+    (gpu,) = data["gpus"]
+    assert gpu["held_by_undescribed_gib"] == round((3100 + 12000) / 1024, 3)
+    assert data["fits"] is True
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(
+        "no gpu_profiles.yaml: every backend of models.yaml planned as one profile, "
+        "48.00 GiB per GPU (--gpu-gib), no target below the whole GPU\n"
+    )
+
+
+def test_without_gpu_profiles_the_gpu_must_be_given(
+    models_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["plan", "profile", "--config", str(models_only)]
+    assert_bad_input(
+        base,
+        capsys,
+        f"there is no {models_only / 'gpu_profiles.yaml'}; give the GPU's memory with --gpu-gib",
+    )
+    assert_bad_input([*base, "dev", "--gpu-gib", "48"], capsys, "profile 'dev': there is no ")
