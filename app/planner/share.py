@@ -94,6 +94,7 @@ from app.planner.units import (
     require_positive,
     require_positive_int,
 )
+from app.planner.utilization_grid import ceil_to_grid, decimals, decimals_of, floor_to_grid
 
 KvMode = Literal["auto", "utilization", "kv-bytes"]
 KV_MODES: tuple[KvMode, ...] = ("auto", "utilization", "kv-bytes")
@@ -275,31 +276,6 @@ class _Outcome:
     problems: tuple[str, ...]
 
 
-def _decimals(step: float) -> int:
-    return max(0, -math.floor(math.log10(step) + 1e-9))
-
-
-def _grid(k: int, step: float) -> float:
-    return round(k * step, _decimals(step) + 2)
-
-
-def _ceil_to_grid(needed: float, total: float, step: float) -> float | None:
-    """Smallest grid value ``u`` with ``u x total >= needed``; None if it would exceed 1."""
-    k = max(1, math.ceil(needed / total / step - 1e-9))
-    while _grid(k, step) * total < needed:
-        k += 1
-    value = _grid(k, step)
-    return value if value <= 1 else None
-
-
-def _floor_to_grid(amount: float, total: float, step: float) -> float:
-    """Largest grid value ``u`` with ``u x total <= amount``, but at least one step."""
-    k = max(1, math.floor(amount / total / step + 1e-9))
-    while k > 1 and _grid(k, step) * total > amount:
-        k -= 1
-    return min(_grid(k, step), 1.0)
-
-
 def _evaluate(
     spec: InstanceSpec,
     req: ShareRequest,
@@ -373,7 +349,7 @@ def _utilization_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> 
     needed: float = spec.weight_bytes + spec.overhead_bytes + spec.kv_bytes + spec.graphs_charged
     if req.legacy_accounting:
         needed += (total - free) + spec.cuda_context_bytes
-    utilization = _ceil_to_grid(needed, total, req.utilization_step)
+    utilization = ceil_to_grid(needed, total, req.utilization_step)
     if utilization is None:
         return (
             f"no --gpu-memory-utilization <= 1 leaves its KV budget: it would need "
@@ -385,7 +361,7 @@ def _utilization_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> 
 def _kv_bytes_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> _Outcome:
     after_snapshot = spec.footprint_bytes - spec.cuda_context_bytes
     limit = min(after_snapshot, free - spec.cuda_context_bytes)
-    utilization = _floor_to_grid(max(limit, 0.0), req.total_bytes, req.utilization_step)
+    utilization = floor_to_grid(max(limit, 0.0), req.total_bytes, req.utilization_step)
     return _evaluate(spec, req, free, "kv-bytes", utilization)
 
 
@@ -535,7 +511,7 @@ def _unpinned(spec: InstanceSpec) -> InstanceSpec:
 
 
 def _flags(spec: InstanceSpec, outcome: _Outcome, step: float) -> tuple[str, ...]:
-    flags = ["--gpu-memory-utilization", f"{outcome.utilization:.{_decimals(step)}f}"]
+    flags = ["--gpu-memory-utilization", f"{outcome.utilization:.{decimals(step)}f}"]
     if outcome.mode == "kv-bytes":
         flags += ["--kv-cache-memory-bytes", str(spec.kv_bytes)]
     if spec.enforce_eager:
@@ -558,7 +534,7 @@ def plan_share(req: ShareRequest) -> SharePlan:
             )
         step = req.utilization_step
         if spec.gpu_memory_utilization is not None:
-            step = min(step, 10.0 ** -_decimals_of(spec.gpu_memory_utilization))
+            step = min(step, 10.0 ** -decimals_of(spec.gpu_memory_utilization))
         used = outcome.used if outcome.runs else 0.0
         advice = [] if outcome.ok else _advice(spec, req, free, earlier_graphs)
         problems = list(outcome.problems)
@@ -601,8 +577,3 @@ def plan_share(req: ShareRequest) -> SharePlan:
         fits=fits,
         problems=tuple(plan_problems),
     )
-
-
-def _decimals_of(value: float) -> int:
-    text = f"{value:.6f}".rstrip("0")
-    return len(text.split(".")[1]) if "." in text else 0
