@@ -42,7 +42,9 @@ How it is served (the vLLM flags the footprint depends on), with the defaults:
   `--gpu-memory-utilization` budget leaves and refuses to start only when that cannot hold
   one request of `max_model_len` tokens (`check_enough_kv_cache_memory`,
   `vllm/v1/core/kv_cache_planning.py`), so the planner needs that much and reports how many
-  full-length requests the cache holds (vLLM's "Maximum concurrency" figure);
+  full-length requests the cache holds (vLLM's "Maximum concurrency" figure). vLLM does
+  derive its CUDA-graph capture sizes from it (`max_num_seqs x 2`, at most 512:
+  `vllm/config/vllm.py`), but the planner takes the graphs' memory as `graphs_gib`;
 - `kv_dtype` (`--kv-cache-dtype`): `auto`, the model's dtype; any `plan kv` format (fp8,
   vLLM's `turboquant_4bit_nc`, ... sized with its full-precision boundary layers and slot
   layout, see `app/planner/kv.py`; the article's tq4, tq3k4v, ...), passed to vLLM as written;

@@ -234,6 +234,11 @@ def _share_table(plan: SharePlan) -> str:
     ]
     for item in plan.instances:
         lines.append(f"{item.name}: vllm serve ... {' '.join(item.flags)}")
+        if item.max_concurrency is not None and item.runs:
+            lines.append(
+                f"  KV cache {bytes_to_gib(item.kv_bytes):.2f} GiB: maximum concurrency "
+                f"{item.max_concurrency:.2f}x for full-context requests"
+            )
         lines.extend(f"  problem: {text}" for text in item.problems)
         lines.extend(f"  note: {text}" for text in item.notes)
         lines.extend(f"  advice: {text}" for text in item.advice)

@@ -605,3 +605,28 @@ def test_every_sub_command_sets_a_handler() -> None:
         args = parser.parse_args(argv)
         assert callable(args.func)
         assert args.func.__name__.startswith("run_")
+
+
+def test_share_with_a_context_applies_vllms_one_request_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # qwen3-8b bf16: 147,456 B/token; one request of 16,384 tokens (1,024 blocks + the null
+    # block) = 2.25 GiB. At 0.75 of 24 GiB the KV cache gets 18 - 15.27 - 1 = 1.73 GiB: vLLM
+    # refuses to start, so the instance does not come up.
+    spec = "name=a,model=qwen3-8b,context=16384,util=0.75"
+    data = run_json(["plan", "share", "--gpu-gib", "24", "--instance", spec], capsys, code=1)
+    (item,) = data["instances"]
+    assert (item["ok"], item["runs"]) == (False, False)
+    assert (
+        "less than the 2.25 GiB one request of max_model_len 16384 tokens needs"
+        in (item["problems"][0])
+    )
+    # Chosen by the planner, it holds one request; concurrency is vLLM's figure.
+    spec = "name=a,model=qwen3-8b,context=16384"
+    data = run_json(["plan", "share", "--gpu-gib", "24", "--instance", spec], capsys)
+    (item,) = data["instances"]
+    assert item["ok"] is True
+    assert item["max_concurrency"] >= 1.0
+    code, out, _ = run(["plan", "share", "--gpu-gib", "24", "--instance", spec], capsys)
+    assert code == 0
+    assert "maximum concurrency " in out
