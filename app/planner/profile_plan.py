@@ -344,7 +344,7 @@ def over_target(
                 f". The largest vram_pct for {item.backend} within the target is {largest:g} "
                 f"(its KV cache {bytes_to_gib(kv_after):.2f} GiB)"
             )
-        else:
+        elif largest > 0:
             text += (
                 f". Lowering {item.backend}'s vram_pct to {largest:g} would fit the target but "
                 "leave its KV cache short of one request of max_model_len tokens"

@@ -380,3 +380,23 @@ def test_without_gpu_profiles_the_gpu_must_be_given(
         f"there is no {models_only / 'gpu_profiles.yaml'}; give the GPU's memory with --gpu-gib",
     )
     assert_bad_input([*base, "dev", "--gpu-gib", "48"], capsys, "profile 'dev': there is no ")
+
+
+def test_a_lower_vram_pct_that_would_starve_the_kv_cache_is_not_offered(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Qwen3-8B AWQ: weights 5.80 + overhead 1 + graphs 0.8 GiB; one request of 16,384 fp8
+    # tokens is 1.15 GiB of KV. At 27.5% of 32 GiB (8.8 GiB) the KV cache gets ~1.2 GiB; the
+    # 0.5 GiB CUDA context puts it 1.5625 points over a 27.5% target, and 25.9% would leave
+    # the KV cache below one request: only a higher target fits.
+    profiles = ALONE.replace("VRAM", "27.5").replace(
+        "target_utilization_pct: 92", "target_utilization_pct: 27.5"
+    )
+    (config_dir / "gpu_profiles.yaml").write_text(profiles, encoding="utf-8")
+    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys, code=1)
+    (problem,) = data["problems"]
+    assert (
+        ". Lowering orchestrator's vram_pct to 25.9 would fit the target but leave its KV cache "
+        "short of one request of max_model_len tokens; or raise target_utilization_pct to at "
+        "least 29.1"
+    ) in problem
