@@ -371,6 +371,9 @@ def footprint_view(footprint: Footprint) -> Json:
             kv_cache_memory_bytes=parts.kv_cache_memory_bytes,
             fits_gpu=parts.fits_gpu,
             problems=list(parts.problems),
+            max_concurrency=(
+                None if parts.max_concurrency is None else round(parts.max_concurrency, 2)
+            ),
         )
     return data
 

@@ -11,14 +11,19 @@ from dataclasses import dataclass
 
 from app.planner.catalog import catalog_model
 from app.planner.inputs import DescribedFile, ModelDescription
-from app.planner.kv import AttentionShape, KvDtype, kv_bytes_per_token, parse_kv_dtype
+from app.planner.kv import (
+    AttentionShape,
+    KvDtype,
+    kv_bytes_per_token,
+    one_request_kv_bytes,
+    parse_kv_dtype,
+)
 from app.planner.model_info import ModelInfo
 from app.planner.share import DEFAULT_CUDA_CONTEXT_BYTES, DEFAULT_INSTANCE_OVERHEAD_BYTES
 from app.planner.units import bytes_to_gib, gib_to_bytes
 from app.planner.weights import params_from_billions, served_dtype
 
 DEFAULT_MAX_MODEL_LEN = 8192
-DEFAULT_MAX_NUM_SEQS = 4
 DEFAULT_GRAPHS_GIB = 0.8
 DEFAULT_OVERHEAD_GIB = bytes_to_gib(DEFAULT_INSTANCE_OVERHEAD_BYTES)
 DEFAULT_CUDA_CONTEXT_GIB = bytes_to_gib(DEFAULT_CUDA_CONTEXT_BYTES)
@@ -39,7 +44,7 @@ class PlannedModel:
     kv_dtype_flag: str | None  # `--kv-cache-dtype` as written; None for auto
     kv_bytes_per_token: int
     max_model_len: int
-    max_num_seqs: int
+    max_num_seqs: int | None  # `--max-num-seqs` as configured; None: vLLM's default
     cuda_graphs: bool
     graph_bytes: int
     graphs_in_budget: bool  # vLLM >= 0.21 takes the graphs from the budget (see share.py)
@@ -49,8 +54,10 @@ class PlannedModel:
 
     @property
     def kv_budget_bytes(self) -> int:
-        """KV cache for `max_num_seqs` sequences of `max_model_len` tokens (whole model)."""
-        return self.kv_bytes_per_token * self.max_model_len * self.max_num_seqs
+        """The least KV cache vLLM starts with: one request of `max_model_len` tokens (whole
+        model; `one_request_kv_bytes`). vLLM does not size the cache by `max_num_seqs`: it
+        takes what the budget leaves and reports how many full-length requests that holds."""
+        return one_request_kv_bytes(self.kv_bytes_per_token, self.max_model_len)
 
 
 _DESCRIBE = (

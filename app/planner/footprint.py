@@ -10,8 +10,10 @@ Precedence, first that applies (`Footprint.source`):
 Planner, per GPU, for a backend on N GPUs (tensor parallel N):
 
 - weights = checkpoint x 1.02 / N (vLLM's in-memory expansion, `app/planner/sizing.py`);
-- KV budget = bytes per token x `max_model_len` x `max_num_seqs` / min(N, KV heads) (an MLA
-  latent is not split);
+- KV budget = vLLM's least KV cache, one request of `max_model_len` tokens in whole 16-token
+  blocks plus the null block, at bytes per token / min(N, KV heads) (an MLA latent is not
+  split): vLLM refuses to start below it (`check_enough_kv_cache_memory`,
+  `vllm/v1/core/kv_cache_planning.py`) and never sizes the cache by `max_num_seqs`;
 - the instance as `app/planner/share.py` models it: CUDA context + `U x T` (vLLM's budget for
   weights, runtime overhead, CUDA graphs and KV cache: vLLM >= 0.21 takes the graphs' profiled
   estimate from the budget, `determine_available_memory` in `vllm/v1/worker/gpu_worker.py`),
@@ -45,6 +47,7 @@ from typing import Literal
 
 from app.planner.description import PlannedModel, resolve
 from app.planner.inputs import PlannedBackend
+from app.planner.kv import one_request_kv_bytes
 from app.planner.share import InstancePlan, InstanceSpec, ShareRequest, plan_share
 from app.planner.sizing import DEFAULT_WEIGHT_EXPANSION
 from app.planner.units import MIB
@@ -72,6 +75,8 @@ class PlannerParts:
     kv_cache_memory_bytes: int | None
     fits_gpu: bool | None  # runs alone on the GPU with its KV budget; None: GPU unknown
     problems: tuple[str, ...]
+    #: vLLM's "Maximum concurrency for max_model_len tokens per request"; None: unknown.
+    max_concurrency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,16 +106,19 @@ def instance_spec(
     utilization = gpu_memory_utilization
     if utilization is None:
         utilization = planned.gpu_memory_utilization
+    per_token = planned.kv_bytes_per_token / shards
     return InstanceSpec(
         name=name,
         weight_bytes=math.ceil(planned.weight_bytes * DEFAULT_WEIGHT_EXPANSION / gpus),
-        kv_bytes=math.ceil(planned.kv_budget_bytes / shards),
+        kv_bytes=one_request_kv_bytes(per_token, planned.max_model_len),
         graph_bytes=planned.graph_bytes,
         overhead_bytes=planned.overhead_bytes,
         cuda_context_bytes=planned.cuda_context_bytes,
         enforce_eager=not graphs,
         gpu_memory_utilization=utilization,
         graphs_in_budget=planned.graphs_in_budget,
+        max_model_len=planned.max_model_len,
+        kv_bytes_per_token=per_token,
     )
 
 
@@ -143,6 +151,7 @@ def footprint_of(spec: InstanceSpec, plan: InstancePlan | None) -> Footprint:
         kv_cache_memory_bytes=None if plan is None else plan.kv_cache_memory_bytes,
         fits_gpu=None if plan is None else plan.ok,
         problems=() if plan is None else plan.problems,
+        max_concurrency=spec.concurrency(kv),
     )
     return Footprint(ceil_mib(used), "planner", parts)
 

@@ -56,6 +56,7 @@ names instead).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -283,6 +284,52 @@ def kv_cache_bytes(bytes_per_token: int, context_tokens: int, sequences: int = 1
     require_positive_int(context_tokens, "context tokens")
     require_positive_int(sequences, "sequences")
     return bytes_per_token * context_tokens * sequences
+
+
+#: vLLM's KV-cache block in tokens (`CacheConfig.DEFAULT_BLOCK_SIZE`, vllm/config/cache.py:185);
+#: some attention backends (FlashMLA, ...) force a larger one.
+VLLM_BLOCK_SIZE = 16
+
+
+def _blocks_per_request(max_model_len: int, block_size: int) -> int:
+    """Blocks one request of `max_model_len` tokens takes: `cdiv(max_model_len, block_size)`
+    pages (`FullAttentionSpec.max_memory_usage_bytes`, vllm/v1/kv_cache_interface.py:643-648).
+    """
+    require_positive_int(max_model_len, "max_model_len")
+    require_positive_int(block_size, "block size")
+    return -(-max_model_len // block_size)
+
+
+def one_request_kv_bytes(
+    bytes_per_token: float, max_model_len: int, block_size: int = VLLM_BLOCK_SIZE
+) -> int:
+    """The least KV cache vLLM starts with: one request of `max_model_len` tokens.
+
+    vLLM gives the KV cache what its memory budget leaves (it does not reserve
+    `max_model_len x max_num_seqs`) and refuses to start only when that cannot hold one
+    request of `max_model_len` tokens, in whole blocks, after the null block its block pool
+    holds back: `check_enough_kv_cache_memory` (vllm/v1/core/kv_cache_planning.py:151-184,
+    "To serve at least one request with the model's max seq len (...)" at :75). So: (blocks of
+    one request + 1) x block_size x bytes per token. `bytes_per_token` is one GPU's share.
+    """
+    blocks = _blocks_per_request(max_model_len, block_size) + 1
+    return math.ceil(blocks * block_size * bytes_per_token)
+
+
+def max_concurrency(
+    kv_bytes: float, bytes_per_token: float, max_model_len: int, block_size: int = VLLM_BLOCK_SIZE
+) -> float:
+    """Requests of `max_model_len` tokens a KV cache of `kv_bytes` holds at once.
+
+    vLLM's "Maximum concurrency for N tokens per request: X" (`update_kv_cache_capacity`,
+    vllm/v1/core/kv_cache_utils.py:1136-1154): whole blocks in the cache
+    (`available_memory // bytes_per_block`, vllm/v1/core/kv_cache_planning.py:1571) over the
+    blocks one request takes (`get_max_concurrency_for_kv_cache_config`, :1061).
+    """
+    if kv_bytes <= 0:
+        return 0.0
+    blocks = math.floor(kv_bytes / (block_size * bytes_per_token))
+    return blocks / _blocks_per_request(max_model_len, block_size)
 
 
 def compression_vs_fp16(shape: AttentionShape, kv_dtype: KvDtype | str) -> float:

@@ -10,6 +10,8 @@ multimodal checkpoints such as Gemma 3 do, then from the top level):
   must divide evenly). Qwen3 is why the explicit ``head_dim`` wins: Qwen3-30B-A3B has
   ``hidden_size`` 2048 and 32 heads (2048 / 32 = 64) but ``head_dim`` 128;
 - ``max_position_embeddings`` (optional: the context limit);
+- ``num_attention_heads`` (optional: tensor parallelism must divide it, vLLM's
+  ``ModelConfig.verify_with_parallel_config`` in ``vllm/config/model.py``);
 - ``torch_dtype`` or its newer name ``dtype`` (optional);
 - ``vocab_size``, ``hidden_size`` and ``tie_word_embeddings`` (optional: the parameters of the
   embedding and LM head, which quantised checkpoints keep in 16 bits). A missing
@@ -41,8 +43,11 @@ class ModelInfo:
     params: int | None = None
     embedding_params: int = 0
     source: str = ""
+    attention_heads: int | None = None  # num_attention_heads (query heads); None: unknown
 
     def __post_init__(self) -> None:
+        if self.attention_heads is not None:
+            require_positive_int(self.attention_heads, "num_attention_heads")
         if self.max_context is not None:
             require_positive_int(self.max_context, "max_position_embeddings")
         if self.params is not None:
@@ -152,4 +157,5 @@ def model_from_hf_config(
         params=params,
         embedding_params=_embedding_params(look),
         source="config.json",
+        attention_heads=look.int_or_none("num_attention_heads"),
     )

@@ -20,16 +20,20 @@ prints the result.
   (the cautious side for the start-up checks); otherwise it is listed as not counted.
 - The plan fits when every instance passes vLLM's checks with its KV budget, and what they
   use together stays within the profile's `target_utilization_pct` of the GPU.
+- Without `gpu_profiles.yaml`, `plan_all_backends` plans every backend of `models.yaml` as
+  one implicit profile (`ImplicitProfile`: no shares, no target below the whole GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from app.planner.description import PlannedModel, resolve
 from app.planner.footprint import Footprint, instance_spec, planned_footprint_mib
-from app.planner.inputs import PlannedBackend, PlannedSettings, Profile
+from app.planner.inputs import PlannedBackend, PlannedSettings, Profile, ProfileModel
 from app.planner.share import InstancePlan, InstanceSpec, SharePlan, ShareRequest, plan_share
 from app.planner.units import MIB, bytes_to_gib
 
@@ -93,6 +97,7 @@ class ProfilePlan:
     unplanned: tuple[Unplanned, ...]
     disabled: tuple[str, ...]
     gpus: tuple[GpuPlan, ...]
+    implicit: bool = False  # no gpu_profiles.yaml: every backend, `plan_all_backends`
 
     @property
     def fits(self) -> bool:
@@ -159,7 +164,8 @@ def vllm_command(
     if planned.kv_dtype_flag is not None:
         argv += ["--kv-cache-dtype", planned.kv_dtype_flag]
     argv += ["--max-model-len", str(planned.max_model_len)]
-    argv += ["--max-num-seqs", str(planned.max_num_seqs)]
+    if planned.max_num_seqs is not None:  # only when configured; else vLLM's default
+        argv += ["--max-num-seqs", str(planned.max_num_seqs)]
     env: dict[str, str] = {}
     if graphs_outside_budget:
         env.update(GRAPHS_OUTSIDE_BUDGET_ENV)
@@ -167,6 +173,19 @@ def vllm_command(
         argv.append("--enable-sleep-mode")
         env.update(SLEEP_MODE_ENV)
     return tuple(argv), env
+
+
+@dataclass(frozen=True)
+class ImplicitProfile:
+    """Every backend of `models.yaml` as configured: the profile `plan profile` plans when
+    there is no `gpu_profiles.yaml`. No shares (`vram_pct`), and no target below the GPU."""
+
+    models: Mapping[str, ProfileModel] = field(default_factory=dict)
+    target_utilization_pct: float = 100.0
+    gpu_total_gb: float | None = None
+
+    def enabled(self, backend: str) -> bool:
+        return True
 
 
 def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> ProfilePlan:
@@ -177,6 +196,19 @@ def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> P
     profile = profiles.profiles.get(name)
     if profile is None:
         raise ValueError(f"unknown profile {name!r} (profiles: {', '.join(profiles.profiles)})")
+    return _plan(settings, profile, name, total_bytes, active=name == profiles.default)
+
+
+def plan_all_backends(settings: PlannedSettings, *, total_bytes: int) -> ProfilePlan:
+    """Plan every backend of `settings` as one profile (pinned first) on GPUs of `total_bytes`
+    each: what runs without `gpu_profiles.yaml` (`ImplicitProfile`, `ProfilePlan.implicit`)."""
+    plan = _plan(settings, ImplicitProfile(), "", total_bytes, active=True)
+    return replace(plan, implicit=True)
+
+
+def _plan(
+    settings: PlannedSettings, profile: Profile, name: str, total_bytes: int, *, active: bool
+) -> ProfilePlan:
     total_mib = total_bytes // MIB
     order = start_order(settings, profile)
     described: list[tuple[str, PlannedModel]] = []
@@ -211,7 +243,7 @@ def plan_profile(settings: PlannedSettings, name: str, *, total_bytes: int) -> P
         instances.extend(planned_here)
     return ProfilePlan(
         name=name,
-        active=name == profiles.default,
+        active=active,
         profile=profile,
         total_bytes=total_bytes,
         instances=tuple(instances),
@@ -255,9 +287,76 @@ def _plan_gpu(
         problems.append(
             f"together they use {bytes_to_gib(used):.2f} GiB, {100 * used / total_bytes:.1f}% "
             f"of the {bytes_to_gib(total_bytes):.2f} GiB GPU, more than the profile's "
-            f"target_utilization_pct {target:g}%"
+            f"target_utilization_pct {target:g}%: "
+            + over_target(instances, held=held, used=used, total=total_bytes, target_pct=target)
         )
     return GpuPlan(gpu, held, share, used, tuple(problems)), instances
+
+
+def over_target(
+    instances: list[PlannedInstance], *, held: int, used: float, total: int, target_pct: float
+) -> str:
+    """Why the instances use more than `target_pct` of the GPU, and what would fit.
+
+    vLLM's `--gpu-memory-utilization` share does not include the CUDA context: the worker
+    creates it (with NCCL and cuBLAS handles) before the start-up memory snapshot, and the
+    share is `U x total` checked against what that snapshot finds free
+    (`Worker.init_device`, vllm/v1/worker/gpu_worker.py:500-543; `request_memory`,
+    vllm/v1/worker/utils.py:716-726). So an instance holds its context on top of its
+    `vram_pct`, and `vram_pct` equal to `target_utilization_pct` cannot stay within it.
+    """
+    running = [item for item in instances if item.plan.runs]
+    shares = sum(item.plan.requested_bytes for item in running)
+    contexts = [(item.backend, item.spec.cuda_context_bytes) for item in running]
+    graphs = [
+        (item.backend, item.spec.graphs)
+        for item in running
+        if item.spec.graphs and not item.spec.graphs_in_budget and item.plan.mode == "utilization"
+    ]
+    outside = used - shares - held
+    parts = []
+    if contexts:
+        listing = ", ".join(f"{name} {bytes_to_gib(size):.2f} GiB" for name, size in contexts)
+        parts.append(
+            f"the CUDA context of each instance ({listing}), which vLLM creates before the "
+            "start-up snapshot its --gpu-memory-utilization share is measured against "
+            "(vllm/v1/worker/gpu_worker.py)"
+        )
+    if graphs:
+        listing = ", ".join(f"{name} {bytes_to_gib(size):.2f} GiB" for name, size in graphs)
+        parts.append(f"CUDA graphs captured outside the budget ({listing})")
+    if held:
+        parts.append(f"{bytes_to_gib(held):.2f} GiB held by backends without a model description")
+    text = (
+        f"their --gpu-memory-utilization shares add up to {100 * shares / total:.1f}% "
+        f"({bytes_to_gib(shares):.2f} GiB) and {bytes_to_gib(outside + held):.2f} GiB "
+        f"({100 * (outside + held) / total:.1f}%) sits outside the shares: " + "; ".join(parts)
+    )
+    excess_pct = 100 * used / total - target_pct
+    pinned = [item for item in running if item.vram_pct is not None]
+    if len(pinned) == 1:
+        item = pinned[0]
+        assert item.vram_pct is not None
+        largest = math.floor((item.vram_pct - excess_pct) * 10) / 10
+        kv_after = item.plan.kv_bytes - (item.vram_pct - largest) / 100 * total
+        if largest > 0 and item.plan.mode == "utilization" and kv_after >= item.spec.kv_bytes:
+            text += (
+                f". The largest vram_pct for {item.backend} within the target is {largest:g} "
+                f"(its KV cache {bytes_to_gib(kv_after):.2f} GiB)"
+            )
+        elif largest > 0:
+            text += (
+                f". Lowering {item.backend}'s vram_pct to {largest:g} would fit the target but "
+                "leave its KV cache short of one request of max_model_len tokens"
+            )
+    elif len(pinned) > 1:
+        total_pct = sum(item.vram_pct or 0.0 for item in pinned)
+        text += (
+            f". Their vram_pct add up to {total_pct:g}%: at most "
+            f"{math.floor((total_pct - excess_pct) * 10) / 10:g}% stays within the target"
+        )
+    needed_pct = math.ceil(100 * used / total * 10) / 10
+    return text + f"; or raise target_utilization_pct to at least {needed_pct:g}"
 
 
 def _spec(

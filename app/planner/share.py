@@ -86,7 +86,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from app.planner.units import GIB, bytes_to_gib, require_non_negative, require_positive
+from app.planner.kv import VLLM_BLOCK_SIZE, max_concurrency, one_request_kv_bytes
+from app.planner.units import (
+    GIB,
+    bytes_to_gib,
+    require_non_negative,
+    require_positive,
+    require_positive_int,
+)
+from app.planner.utilization_grid import ceil_to_grid, decimals, decimals_of, floor_to_grid
 
 KvMode = Literal["auto", "utilization", "kv-bytes"]
 KV_MODES: tuple[KvMode, ...] = ("auto", "utilization", "kv-bytes")
@@ -115,6 +123,11 @@ class InstanceSpec:
     ``Worker.determine_available_memory`` in ``vllm/v1/worker/gpu_worker.py``); False for
     vLLM < 0.21 or a server started with ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``, whose
     graphs come on top of the budget.
+
+    ``max_model_len`` and ``kv_bytes_per_token`` (one GPU's share), when known, add vLLM's own
+    KV check: it refuses to start when its KV cache cannot hold one request of
+    ``max_model_len`` tokens (``min_kv_bytes``), and the plan reports how many such requests
+    the cache holds (``InstancePlan.max_concurrency``).
     """
 
     name: str
@@ -127,6 +140,8 @@ class InstanceSpec:
     gpu_memory_utilization: float | None = None
     kv_mode: KvMode = "auto"
     graphs_in_budget: bool = True
+    max_model_len: int | None = None
+    kv_bytes_per_token: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -145,6 +160,25 @@ class InstanceSpec:
                 )
         if self.kv_mode not in KV_MODES:
             raise ValueError(f"{self.name}: kv_mode must be one of {', '.join(KV_MODES)}")
+        if (self.max_model_len is None) != (self.kv_bytes_per_token is None):
+            raise ValueError(f"{self.name}: give max_model_len and kv_bytes_per_token together")
+        if self.max_model_len is not None:
+            require_positive_int(self.max_model_len, f"{self.name}: max_model_len")
+        if self.kv_bytes_per_token is not None:
+            require_positive(self.kv_bytes_per_token, f"{self.name}: KV bytes per token")
+
+    @property
+    def min_kv_bytes(self) -> int | None:
+        """vLLM's least KV cache: one request of ``max_model_len`` tokens (None: unknown)."""
+        if self.max_model_len is None or self.kv_bytes_per_token is None:
+            return None
+        return one_request_kv_bytes(self.kv_bytes_per_token, self.max_model_len)
+
+    def concurrency(self, kv_bytes: float) -> float | None:
+        """Requests of ``max_model_len`` tokens ``kv_bytes`` of KV cache hold (vLLM's figure)."""
+        if self.max_model_len is None or self.kv_bytes_per_token is None:
+            return None
+        return max_concurrency(kv_bytes, self.kv_bytes_per_token, self.max_model_len)
 
     @property
     def graphs(self) -> int:
@@ -214,6 +248,8 @@ class InstancePlan:
     problems: tuple[str, ...]
     notes: tuple[str, ...]
     advice: tuple[str, ...]
+    #: vLLM's "Maximum concurrency for N tokens per request"; None without max_model_len.
+    max_concurrency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -240,31 +276,6 @@ class _Outcome:
     problems: tuple[str, ...]
 
 
-def _decimals(step: float) -> int:
-    return max(0, -math.floor(math.log10(step) + 1e-9))
-
-
-def _grid(k: int, step: float) -> float:
-    return round(k * step, _decimals(step) + 2)
-
-
-def _ceil_to_grid(needed: float, total: float, step: float) -> float | None:
-    """Smallest grid value ``u`` with ``u x total >= needed``; None if it would exceed 1."""
-    k = max(1, math.ceil(needed / total / step - 1e-9))
-    while _grid(k, step) * total < needed:
-        k += 1
-    value = _grid(k, step)
-    return value if value <= 1 else None
-
-
-def _floor_to_grid(amount: float, total: float, step: float) -> float:
-    """Largest grid value ``u`` with ``u x total <= amount``, but at least one step."""
-    k = max(1, math.floor(amount / total / step + 1e-9))
-    while k > 1 and _grid(k, step) * total > amount:
-        k -= 1
-    return min(_grid(k, step), 1.0)
-
-
 def _evaluate(
     spec: InstanceSpec,
     req: ShareRequest,
@@ -278,6 +289,7 @@ def _evaluate(
     graphs_in = spec.graphs_charged if mode == "utilization" else 0
     requested = utilization * total
     snapshot_free = free - ctx
+    minimum = spec.min_kv_bytes
     problems: list[str] = []
     startup_ok = snapshot_free >= requested
     if not startup_ok:
@@ -299,6 +311,13 @@ def _evaluate(
                 f"KV check fails: {_gib(requested)} budget - {terms} = {_gib(kv)} "
                 "for the KV cache (vLLM: 'No available memory for the cache blocks')"
             )
+        elif minimum is not None and kv < minimum:
+            problems.append(
+                f"KV check fails: {_gib(requested)} budget - {terms} = {_gib(kv)} for the KV "
+                f"cache, less than the {_gib(minimum)} one request of max_model_len "
+                f"{spec.max_model_len} tokens needs (vLLM refuses to start: 'To serve at least "
+                "one request with the model's max seq len ...')"
+            )
         elif kv < spec.kv_bytes:
             problems.append(
                 f"KV cache gets only {_gib(kv)} ({_gib(requested)} budget - {terms}), "
@@ -308,7 +327,8 @@ def _evaluate(
         kv = float(spec.kv_bytes)
     used = ctx + spec.weight_bytes + spec.overhead_bytes + spec.graphs + max(kv, 0.0)
     fits = used <= free
-    if startup_ok and kv > 0 and not fits:
+    kv_ok = kv > 0 and (minimum is None or kv >= minimum)
+    if startup_ok and kv_ok and not fits:
         detail = ""
         if spec.graphs and not graphs_in and used - spec.graphs <= free:
             detail = (
@@ -319,7 +339,7 @@ def _evaluate(
             f"out of memory: it needs {_gib(used)} but only {_gib(free)} is free when it "
             f"starts{detail}"
         )
-    runs = startup_ok and kv > 0 and fits
+    runs = startup_ok and kv_ok and fits
     ok = runs and kv >= spec.kv_bytes
     return _Outcome(mode, utilization, requested, kv, used, runs, ok, tuple(problems))
 
@@ -329,7 +349,7 @@ def _utilization_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> 
     needed: float = spec.weight_bytes + spec.overhead_bytes + spec.kv_bytes + spec.graphs_charged
     if req.legacy_accounting:
         needed += (total - free) + spec.cuda_context_bytes
-    utilization = _ceil_to_grid(needed, total, req.utilization_step)
+    utilization = ceil_to_grid(needed, total, req.utilization_step)
     if utilization is None:
         return (
             f"no --gpu-memory-utilization <= 1 leaves its KV budget: it would need "
@@ -341,7 +361,7 @@ def _utilization_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> 
 def _kv_bytes_outcome(spec: InstanceSpec, req: ShareRequest, free: float) -> _Outcome:
     after_snapshot = spec.footprint_bytes - spec.cuda_context_bytes
     limit = min(after_snapshot, free - spec.cuda_context_bytes)
-    utilization = _floor_to_grid(max(limit, 0.0), req.total_bytes, req.utilization_step)
+    utilization = floor_to_grid(max(limit, 0.0), req.total_bytes, req.utilization_step)
     return _evaluate(spec, req, free, "kv-bytes", utilization)
 
 
@@ -460,7 +480,15 @@ def _advice(
             f"--enforce-eager or fewer captured batch sizes there frees up to {_gib(held)}"
             f"{enough}"
         )
-    if spec.kv_bytes > shortfall:
+    minimum = spec.min_kv_bytes
+    if spec.kv_bytes > shortfall and minimum is not None and spec.kv_bytes <= minimum:
+        tokens = _longest_context(spec, spec.kv_bytes - shortfall)
+        if tokens > 0:
+            advice.append(
+                f"or a shorter --max-model-len: one request of at most {tokens} tokens fits in "
+                f"{_gib(spec.kv_bytes - shortfall)} of KV cache"
+            )
+    elif spec.kv_bytes > shortfall:
         advice.append(f"or lower its KV budget to at most {_gib(spec.kv_bytes - shortfall)}")
     fixed = spec.cuda_context_bytes + spec.weight_bytes + spec.overhead_bytes
     if fixed > free:
@@ -471,12 +499,19 @@ def _advice(
     return advice
 
 
+def _longest_context(spec: InstanceSpec, kv_bytes: float) -> int:
+    """Most tokens one request may have for vLLM to start with ``kv_bytes`` of KV cache."""
+    assert spec.kv_bytes_per_token is not None
+    blocks = math.floor(kv_bytes / (VLLM_BLOCK_SIZE * spec.kv_bytes_per_token)) - 1  # null block
+    return max(blocks, 0) * VLLM_BLOCK_SIZE
+
+
 def _unpinned(spec: InstanceSpec) -> InstanceSpec:
     return replace(spec, gpu_memory_utilization=None, kv_mode="auto")
 
 
 def _flags(spec: InstanceSpec, outcome: _Outcome, step: float) -> tuple[str, ...]:
-    flags = ["--gpu-memory-utilization", f"{outcome.utilization:.{_decimals(step)}f}"]
+    flags = ["--gpu-memory-utilization", f"{outcome.utilization:.{decimals(step)}f}"]
     if outcome.mode == "kv-bytes":
         flags += ["--kv-cache-memory-bytes", str(spec.kv_bytes)]
     if spec.enforce_eager:
@@ -499,7 +534,7 @@ def plan_share(req: ShareRequest) -> SharePlan:
             )
         step = req.utilization_step
         if spec.gpu_memory_utilization is not None:
-            step = min(step, 10.0 ** -_decimals_of(spec.gpu_memory_utilization))
+            step = min(step, 10.0 ** -decimals_of(spec.gpu_memory_utilization))
         used = outcome.used if outcome.runs else 0.0
         advice = [] if outcome.ok else _advice(spec, req, free, earlier_graphs)
         problems = list(outcome.problems)
@@ -522,6 +557,7 @@ def plan_share(req: ShareRequest) -> SharePlan:
                 problems=tuple(problems),
                 notes=tuple(notes),
                 advice=tuple(advice),
+                max_concurrency=spec.concurrency(outcome.kv),
             )
         )
         free -= used
@@ -541,8 +577,3 @@ def plan_share(req: ShareRequest) -> SharePlan:
         fits=fits,
         problems=tuple(plan_problems),
     )
-
-
-def _decimals_of(value: float) -> int:
-    text = f"{value:.6f}".rstrip("0")
-    return len(text.split(".")[1]) if "." in text else 0

@@ -14,7 +14,6 @@ backends:
       weights_dtype: awq
       kv_dtype: fp8
       max_model_len: 8192
-      max_num_seqs: 4
       cuda_graphs: false      # --enforce-eager
   orchestrator:
     model_info: {catalog: qwen3-8b, weights_dtype: awq, max_model_len: 16384}
@@ -38,8 +37,14 @@ How it is served (the vLLM flags the footprint depends on), with the defaults:
 
 - `max_model_len` (`--max-model-len`): 8192, or the model's own limit when that is smaller;
   more than the model's limit is refused, as vLLM does;
-- `max_num_seqs` (`--max-num-seqs`): 4. The KV budget is `max_model_len x max_num_seqs`
-  tokens: that many full-length sequences at once;
+- `max_num_seqs` (`--max-num-seqs`): none, vLLM's default; a value is passed to vLLM as
+  written. It does not size the KV cache: vLLM gives the cache what its
+  `--gpu-memory-utilization` budget leaves and refuses to start only when that cannot hold
+  one request of `max_model_len` tokens (`check_enough_kv_cache_memory`,
+  `vllm/v1/core/kv_cache_planning.py`), so the planner needs that much and reports how many
+  full-length requests the cache holds (vLLM's "Maximum concurrency" figure). vLLM does
+  derive its CUDA-graph capture sizes from it (`max_num_seqs x 2`, at most 512:
+  `vllm/config/vllm.py`), but the planner takes the graphs' memory as `graphs_gib`;
 - `kv_dtype` (`--kv-cache-dtype`): `auto`, the model's dtype; any `plan kv` format (fp8,
   vLLM's `turboquant_4bit_nc`, ... sized with its full-precision boundary layers and slot
   layout, see `app/planner/kv.py`; the article's tq4, tq3k4v, ...), passed to vLLM as written;
@@ -82,7 +87,6 @@ from app.planner.catalog import catalog_model
 from app.planner.description import (
     DEFAULT_CUDA_CONTEXT_GIB,
     DEFAULT_GRAPHS_GIB,
-    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_OVERHEAD_GIB,
     SHAPE_KEYS,
 )
@@ -127,9 +131,12 @@ class ModelInfoConfig(StrictConfig):
     max_model_len: PositiveInt | None = Field(
         None, description="--max-model-len; null: 8192, or the model's own limit when smaller."
     )
-    max_num_seqs: PositiveInt = Field(
-        DEFAULT_MAX_NUM_SEQS,
-        description="--max-num-seqs: full-length sequences the KV cache holds at once.",
+    max_num_seqs: PositiveInt | None = Field(
+        None,
+        description=(
+            "--max-num-seqs (most requests running at once), passed to vLLM as written; "
+            "null: vLLM's default. It does not size the KV cache."
+        ),
     )
     kv_dtype: str = Field(
         "auto", description="--kv-cache-dtype: auto (the model's dtype), fp8, ..."

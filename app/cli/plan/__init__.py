@@ -83,7 +83,10 @@ def _add_gpus(commands: Subparsers) -> argparse.ArgumentParser:
         "gpus",
         help="fewest GPUs and nodes that hold a model and its KV cache",
         description="smallest N with weights x 1.02 / N + overhead + context x bytes per "
-        "token / N <= usable; nodes = ceil(N / GPUs per node).",
+        "token / N <= usable, and N a divisor of the model's attention heads (vLLM: the "
+        "tensor-parallel size must divide them). Tensor parallelism stays within a node: "
+        "with --gpus-per-node and no tensor-parallel size up to it enough, tensor parallel "
+        "within each node x pipeline parallel across nodes.",
     )
     _add_sizing_args(gpus)
     gpus.add_argument(
@@ -92,7 +95,13 @@ def _add_gpus(commands: Subparsers) -> argparse.ArgumentParser:
         default=DEFAULT_SIZING_CONTEXT,
         help=f"context to size for (default {DEFAULT_SIZING_CONTEXT})",
     )
-    gpus.add_argument("--gpus-per-node", type=int, default=1, help="default 1")
+    gpus.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="GPUs in one node: tensor parallel within it, pipeline parallel across nodes "
+        "(default: one node holds them all)",
+    )
+
     gpus.add_argument(
         "--max-gpus",
         type=int,
@@ -164,14 +173,18 @@ def _add_profile(commands: Subparsers) -> argparse.ArgumentParser:
         description="For a profile of gpu_profiles.yaml (default: the active one) and the "
         "backends' model descriptions (model_info: / hf_config: in models.yaml): each enabled "
         "instance in start order (pinned first), its planned memory and vLLM command line, "
-        "and whether they fit on the GPU together.",
+        "and whether they fit on the GPU together. Without gpu_profiles.yaml every backend "
+        "of models.yaml is planned as one profile on the --gpu-gib GPU.",
     )
     profile.add_argument(
         "name", nargs="?", help="the profile (default: active: in gpu_profiles.yaml)"
     )
     add_config_option(profile)
     profile.add_argument(
-        "--gpu-gib", type=float, help="GPU memory in GiB (default: the profile's gpu_total_gb)"
+        "--gpu-gib",
+        type=float,
+        help="GPU memory in GiB (default: the profile's gpu_total_gb; required without "
+        "gpu_profiles.yaml)",
     )
     return profile
 
@@ -215,6 +228,12 @@ def _add_sizing_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bytes-per-token", type=int, help="KV bytes per token (instead of model flags)"
+    )
+    parser.add_argument(
+        "--attention-heads",
+        type=int,
+        help="num_attention_heads, which the tensor-parallel size must divide (default: the "
+        "model's; --bytes-per-token and shape flags leave it unknown)",
     )
     _add_model_args(parser)
     tunables = parser.add_argument_group("KAITO constants")

@@ -11,9 +11,14 @@ from app.cli.common import JsonDict, UsageError, emit_plan, load_config
 from app.cli.plan.render import gib3, table
 from app.cli.plan.share import instance_json
 from app.planner.footprint import ceil_mib
-from app.planner.profile_plan import PlannedInstance, ProfilePlan, plan_profile
+from app.planner.profile_plan import (
+    PlannedInstance,
+    ProfilePlan,
+    plan_all_backends,
+    plan_profile,
+)
 from app.planner.units import bytes_to_gib, gib_to_bytes
-from app.settings import PROFILES_FILE
+from app.settings import PROFILES_FILE, Settings
 
 
 def _profile_gpu_bytes(args: argparse.Namespace, plan_name: str, gb: float | None) -> int:
@@ -67,7 +72,8 @@ def _profile_instance_json(item: PlannedInstance) -> JsonDict:
 
 def _profile_json(plan: ProfilePlan, gpu_source: str) -> JsonDict:
     return {
-        "profile": plan.name,
+        "profile": None if plan.implicit else plan.name,
+        "implicit": plan.implicit,  # no gpu_profiles.yaml: every backend as one profile
         "active": plan.active,
         "gpu_total_gib": gib3(plan.total_bytes),
         "gpu_total_source": gpu_source,
@@ -103,10 +109,20 @@ def _profile_json(plan: ProfilePlan, gpu_source: str) -> JsonDict:
 def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
     profile = plan.profile
     many = len(plan.gpus) > 1
+    if plan.implicit:
+        head = (
+            f"no {PROFILES_FILE}: every backend of models.yaml planned as one profile, "
+            f"{bytes_to_gib(plan.total_bytes):.2f} GiB per GPU ({gpu_source}), no target "
+            "below the whole GPU"
+        )
+    else:
+        head = (
+            f"profile {plan.name}{' (active)' if plan.active else ''}: "
+            f"{bytes_to_gib(plan.total_bytes):.2f} GiB per GPU ({gpu_source}), "
+            f"target {profile.target_utilization_pct:g}%"
+        )
     lines = [
-        f"profile {plan.name}{' (active)' if plan.active else ''}: "
-        f"{bytes_to_gib(plan.total_bytes):.2f} GiB per GPU ({gpu_source}), "
-        f"target {profile.target_utilization_pct:g}%",
+        head,
         "instances in start order (pinned first; lazy ones as if all were running):",
         "",
     ]
@@ -137,10 +153,16 @@ def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
         lines.append(f"  {_command_text(item)}")
         lines.append(
             f"  weights {bytes_to_gib(item.spec.weight_bytes):.2f} GiB ({planned.weights_source}"
-            f"), KV budget {bytes_to_gib(item.spec.kv_bytes):.2f} GiB ({planned.max_model_len:,}"
-            f" tokens x {planned.max_num_seqs} seqs, {planned.kv_dtype.name}), CUDA graphs "
+            f"), KV at least {bytes_to_gib(item.spec.kv_bytes):.2f} GiB (one request of "
+            f"{planned.max_model_len:,} tokens, {planned.kv_dtype.name}), CUDA graphs "
             f"{bytes_to_gib(item.spec.graphs):.2f} GiB"
         )
+        if item.plan.max_concurrency is not None and item.plan.runs:
+            lines.append(
+                f"  KV cache {bytes_to_gib(item.plan.kv_bytes):.2f} GiB: maximum concurrency "
+                f"{item.plan.max_concurrency:.2f}x for {planned.max_model_len:,} tokens per "
+                "request"
+            )
         if item.sleep_mode:
             lines.append("  note: sleep mode needs VLLM_SERVER_DEV_MODE=1 in the server's env")
         if item.config.vram_mib is not None:
@@ -175,12 +197,29 @@ def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
     return "\n".join(lines)
 
 
+def _all_backends(args: argparse.Namespace, settings: Settings) -> int:
+    """No gpu_profiles.yaml: every backend as one profile on the --gpu-gib GPU."""
+    missing = settings.config_dir / PROFILES_FILE
+    if args.name is not None:
+        raise UsageError(f"profile {args.name!r}: there is no {missing}")
+    if args.gpu_gib is None:
+        raise UsageError(
+            f"there is no {missing}; give the GPU's memory with --gpu-gib to plan every "
+            "backend of models.yaml as one profile"
+        )
+    total = _profile_gpu_bytes(args, "", None)
+    plan = plan_all_backends(settings, total_bytes=total)
+    text = _profile_table(plan, "--gpu-gib")
+    data = _profile_json(plan, "--gpu-gib")
+    return emit_plan(args, data, text, fits=plan.fits)
+
+
 def run_profile(args: argparse.Namespace) -> int:
     """``plan profile``: a GPU profile's instances, their vLLM flags, and whether they fit."""
     settings = load_config(args.config)
     profiles = settings.gpu_profiles
     if profiles is None:
-        raise UsageError(f"{settings.config_dir / PROFILES_FILE}: not found")
+        return _all_backends(args, settings)
     name = args.name if args.name is not None else profiles.default
     profile = profiles.profiles.get(name)
     if profile is None:

@@ -17,6 +17,7 @@ from app.planner.catalog import catalog_model
 from app.planner.kv import (
     kv_bytes_per_token,
     kv_cache_bytes,
+    one_request_kv_bytes,
     parse_kv_dtype,
 )
 from app.planner.share import (
@@ -132,6 +133,7 @@ def parse_instance_spec(
         raise UsageError(f"{where}: give weights-gib or params-b, not both")
     kv = _gib_value(values, "kv-gib", where)
     context = _integer(values, "context", where)
+    vllm_check: dict[str, int] = {}
     if kv is None:
         if context is None:
             raise UsageError(f"{where}: give kv-gib, or context (+ seqs) to derive it")
@@ -143,7 +145,10 @@ def parse_instance_spec(
             per_token = kv_bytes_per_token(
                 model.shape, parse_kv_dtype(dtype_name, model_dtype=model.torch_dtype or "bf16")
             )
-        kv = kv_cache_bytes(per_token, context, _integer(values, "seqs", where) or 1)
+        seqs = _integer(values, "seqs", where) or 1
+        # vLLM needs at least one request of `context` tokens in whole blocks (kv.py).
+        kv = max(kv_cache_bytes(per_token, context, seqs), one_request_kv_bytes(per_token, context))
+        vllm_check = {"max_model_len": context, "kv_bytes_per_token": per_token}
     elif context is not None:
         raise UsageError(f"{where}: give kv-gib or context, not both")
     util = _number(values, "util", where)
@@ -167,6 +172,7 @@ def parse_instance_spec(
             gpu_memory_utilization=util if util is not None else pinned,
             kv_mode=mode,
             graphs_in_budget=not (graphs_outside_budget or "graphs-outside-budget" in flags),
+            **vllm_check,
         )
     except ValueError as exc:
         raise UsageError(f"{where}: {exc}") from exc
@@ -194,6 +200,7 @@ def instance_json(plan: InstancePlan) -> JsonDict:
         free_at_start_gib=gib3(plan.free_at_start_bytes),
         requested_gib=gib3(plan.requested_bytes),
         kv_cache_gib=gib3(plan.kv_bytes),
+        max_concurrency=(None if plan.max_concurrency is None else round(plan.max_concurrency, 2)),
         expected_used_gib=gib3(plan.expected_used_bytes),
         free_after_gib=gib3(plan.free_after_bytes),
         problems=list(plan.problems),
@@ -227,6 +234,11 @@ def _share_table(plan: SharePlan) -> str:
     ]
     for item in plan.instances:
         lines.append(f"{item.name}: vllm serve ... {' '.join(item.flags)}")
+        if item.max_concurrency is not None and item.runs:
+            lines.append(
+                f"  KV cache {bytes_to_gib(item.kv_bytes):.2f} GiB: maximum concurrency "
+                f"{item.max_concurrency:.2f}x for full-context requests"
+            )
         lines.extend(f"  problem: {text}" for text in item.problems)
         lines.extend(f"  note: {text}" for text in item.notes)
         lines.extend(f"  advice: {text}" for text in item.advice)

@@ -19,6 +19,7 @@ from app.planner.kv import (
     kv_bytes_per_token,
     kv_cache_bytes,
 )
+from app.planner.model_info import ModelInfo
 from app.planner.sizing import (
     plan_max_context,
     plan_min_gpus,
@@ -67,6 +68,8 @@ def run_context(args: argparse.Namespace) -> int:
         limit = model.max_context
     plan = plan_max_context(**inputs, gpus=args.gpus, model_limit=limit)
     budget = plan.budget
+    heads = _attention_heads(args, model)
+    refused = heads is not None and heads % args.gpus != 0
     data: JsonDict = {
         "max_context_tokens": plan.max_context_tokens,
         "raw_tokens": plan.raw_tokens,
@@ -80,6 +83,8 @@ def run_context(args: argparse.Namespace) -> int:
         "overhead_gib_per_gpu": gib3(budget.overhead_bytes),
         "remaining_gib_per_gpu": gib3(budget.remaining_bytes),
         "reason": plan.reason,
+        "attention_heads": heads,
+        "tensor_parallel_ok": None if heads is None else not refused,
     }
     rows = [
         ("max_context_tokens", f"{plan.max_context_tokens:,}"),
@@ -99,23 +104,46 @@ def run_context(args: argparse.Namespace) -> int:
         ("left for KV per GPU", f"{bytes_to_gib(budget.remaining_bytes):.2f} GiB"),
         ("model limit", f"{plan.model_limit:,}" if plan.model_limit else "none"),
     ]
+    if refused:
+        rows.append(
+            (
+                "warning",
+                f"vLLM refuses --tensor-parallel-size {args.gpus}: it does not divide the "
+                f"model's {heads} attention heads (vllm/config/model.py)",
+            )
+        )
     return emit(args, data, key_values(rows))
+
+
+def _attention_heads(args: argparse.Namespace, model: ModelInfo | None) -> int | None:
+    heads: int | None = args.attention_heads
+    if heads is not None:
+        if heads <= 0:
+            raise UsageError(f"--attention-heads must be a positive integer, got {heads}")
+        return heads
+    return None if model is None else model.attention_heads
 
 
 def run_gpus(args: argparse.Namespace) -> int:
     """``plan gpus``: the fewest GPUs and nodes for ``--context`` tokens."""
-    _, inputs, facts = sizing_inputs(args)
+    model, inputs, facts = sizing_inputs(args)
+    heads = _attention_heads(args, model)
     plan = plan_min_gpus(
         **inputs,
         context_tokens=args.context,
         gpus_per_node=args.gpus_per_node,
         max_gpus=args.max_gpus,
+        attention_heads=heads,
     )
     needed = plan.needed_bytes_per_gpu
     data: JsonDict = {
         "min_gpus": plan.min_gpus,
         "min_nodes": plan.min_nodes,
         "fits": plan.fits,
+        "tensor_parallel_size": plan.tensor_parallel,
+        "pipeline_parallel_size": plan.pipeline_parallel,
+        "memory_gpus": plan.memory_gpus,
+        "attention_heads": heads,
         "gpus_per_node": plan.gpus_per_node,
         "context_tokens": plan.context_tokens,
         **facts,
@@ -123,9 +151,15 @@ def run_gpus(args: argparse.Namespace) -> int:
         "usable_gib_per_gpu": gib3(plan.usable_bytes_per_gpu),
         "reason": plan.reason,
     }
+    layout = "-"
+    if plan.tensor_parallel is not None:
+        layout = f"--tensor-parallel-size {plan.tensor_parallel}"
+        if plan.pipeline_parallel != 1:
+            layout += f" --pipeline-parallel-size {plan.pipeline_parallel}"
     rows = [
         ("min_gpus", str(plan.min_gpus) if plan.min_gpus is not None else "none fits"),
         ("min_nodes", str(plan.min_nodes) if plan.min_nodes is not None else "-"),
+        ("vllm flags", layout),
         ("why", plan.reason),
         ("context", f"{plan.context_tokens:,} tokens"),
         ("weights", f"{bytes_to_gib(inputs['weight_bytes']):.2f} GiB ({facts['weights_source']})"),

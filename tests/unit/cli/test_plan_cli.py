@@ -312,7 +312,9 @@ def test_context_bad_input(
 
 def test_gpus_for_llama_70b_at_full_context(capsys: pytest.CaptureFixture[str]) -> None:
     # 70.6e9 x 2 = 131.5 GiB x 1.02; KV 131,072 x 327,680 = 40 GiB split over min(N, 8) GPUs.
-    # N=2: 67.06 + 2.3 + 20 > 67.2; N=3: 44.71 + 2.3 + 13.33 = 60.34 <= 67.2.
+    # N=2: 67.06 + 2.3 + 20 > 67.2; N=3: 44.71 + 2.3 + 13.33 = 60.34 <= 67.2, but 3 does not
+    # divide the 64 attention heads (vLLM refuses it). Two GPUs per node: tensor parallel 2 in
+    # each x 2 pipeline stages: 134.1 / 4 = 33.53 + 2.3 + 40 / (2 x 2) = 45.83 GiB per GPU.
     data = run_json(
         [
             "plan",
@@ -328,8 +330,40 @@ def test_gpus_for_llama_70b_at_full_context(capsys: pytest.CaptureFixture[str]) 
         ],
         capsys,
     )
-    assert (data["min_gpus"], data["min_nodes"], data["fits"]) == (3, 2, True)
-    assert data["needed_gib_per_gpu"] == pytest.approx(60.34, abs=0.01)
+    assert (data["min_gpus"], data["min_nodes"], data["fits"]) == (4, 2, True)
+    assert (data["tensor_parallel_size"], data["pipeline_parallel_size"]) == (2, 2)
+    assert data["needed_gib_per_gpu"] == pytest.approx(45.83, abs=0.01)
+
+
+def test_gpus_for_llama_70b_is_a_divisor_of_its_heads(capsys: pytest.CaptureFixture[str]) -> None:
+    # The case: 3 GPUs hold 131.5 GiB (x 1.02) on 80 GiB GPUs, but tensor parallelism
+    # must divide the 64 attention heads: 4 (ModelConfig.verify_with_parallel_config).
+    argv = ["plan", "gpus", "--gpu-gib", "80", "--model", "llama-3.1-70b", "--context", "8192"]
+    data = run_json(argv, capsys)
+    assert data["min_gpus"] == 4  # the old planner said 3
+    assert (data["min_nodes"], data["memory_gpus"]) == (1, 3)
+    assert (data["tensor_parallel_size"], data["attention_heads"]) == (4, 64)
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert "vllm flags  --tensor-parallel-size 4\n" in out
+    assert (
+        "why         3 GPU(s) hold it; tensor parallelism needs a divisor of 64 heads: 4 (" in out
+    )
+    # --attention-heads overrides the model's (48 heads: 3 divides them).
+    data = run_json([*argv, "--attention-heads", "48"], capsys)
+    assert data["min_gpus"] == 3
+
+
+def test_context_warns_of_a_tensor_parallel_size_vllm_refuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["plan", "context", "--gpu-gib", "80", "--model", "llama-3.1-70b", "--gpus", "3"]
+    data = run_json(argv, capsys)
+    assert (data["attention_heads"], data["tensor_parallel_ok"]) == (64, False)
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    assert "vLLM refuses --tensor-parallel-size 3: it does not divide the model's 64" in out
+    assert run_json([*argv[:-1], "4"], capsys)["tensor_parallel_ok"] is True
 
 
 def test_gpus_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
@@ -571,3 +605,28 @@ def test_every_sub_command_sets_a_handler() -> None:
         args = parser.parse_args(argv)
         assert callable(args.func)
         assert args.func.__name__.startswith("run_")
+
+
+def test_share_with_a_context_applies_vllms_one_request_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # qwen3-8b bf16: 147,456 B/token; one request of 16,384 tokens (1,024 blocks + the null
+    # block) = 2.25 GiB. At 0.75 of 24 GiB the KV cache gets 18 - 15.27 - 1 = 1.73 GiB: vLLM
+    # refuses to start, so the instance does not come up.
+    spec = "name=a,model=qwen3-8b,context=16384,util=0.75"
+    data = run_json(["plan", "share", "--gpu-gib", "24", "--instance", spec], capsys, code=1)
+    (item,) = data["instances"]
+    assert (item["ok"], item["runs"]) == (False, False)
+    assert (
+        "less than the 2.25 GiB one request of max_model_len 16384 tokens needs"
+        in (item["problems"][0])
+    )
+    # Chosen by the planner, it holds one request; concurrency is vLLM's figure.
+    spec = "name=a,model=qwen3-8b,context=16384"
+    data = run_json(["plan", "share", "--gpu-gib", "24", "--instance", spec], capsys)
+    (item,) = data["instances"]
+    assert item["ok"] is True
+    assert item["max_concurrency"] >= 1.0
+    code, out, _ = run(["plan", "share", "--gpu-gib", "24", "--instance", spec], capsys)
+    assert code == 0
+    assert "maximum concurrency " in out

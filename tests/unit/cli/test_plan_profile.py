@@ -150,9 +150,14 @@ def test_the_active_profile_fits_and_each_instance_has_its_command(
         "--enable-sleep-mode"
     )
     assert reasoning["kv_dtype"] == "tq4"
-    # tq4: 48 x 8 x (68 + 68) = 52,224 bytes per token x 8192 x 4.
+    # tq4: 48 x 8 x (68 + 68) = 52,224 bytes per token x one request of 8192 tokens (512
+    # blocks of 16 + the null block); its max_num_seqs 4 does not multiply it.
     assert reasoning["kv_bytes_per_token"] == 52_224
-    assert reasoning["kv_budget_gib"] == round(52_224 * 8192 * 4 / 2**30, 3)
+    assert reasoning["kv_budget_gib"] == round(52_224 * 513 * 16 / 2**30, 3)
+    assert reasoning["max_num_seqs"] == 4
+    assert reasoning["max_concurrency"] == pytest.approx(
+        reasoning["kv_cache_gib"] * 2**30 / (16 * 52_224) / 512, abs=0.01
+    )
     (gpu,) = data["gpus"]
     assert gpu["fits"] is True
     assert gpu["held_by_undescribed_gib"] == round(3100 / 1024, 3)
@@ -205,9 +210,54 @@ def test_above_the_target_utilization_does_not_fit(
     assert all(item["ok"] for item in data["instances"])
     (problem,) = data["problems"]
     assert problem.startswith("together they use ")
-    assert problem.endswith(
-        "of the 32.00 GiB GPU, more than the profile's target_utilization_pct 60%"
+    # It says what sits outside the vram_pct shares (here 3100 MiB of embeddings too).
+    assert "of the 32.00 GiB GPU, more than the profile's target_utilization_pct 60%: " in problem
+    assert "3.03 GiB held by backends without a model description" in problem
+
+
+ALONE = """profiles:
+  solo:
+    gpu_total_gb: 32
+    target_utilization_pct: 92
+    models:
+      orchestrator: {vram_pct: VRAM}
+      reasoning: {enabled: false}
+      embeddings: {enabled: false}
+      creative: {enabled: false}
+"""
+
+
+def test_vram_pct_equal_to_the_target_says_what_sits_outside_and_what_fits(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # vram_pct 92 = target 92: the instance holds 0.92 x 32 GiB plus its 0.5 GiB CUDA context,
+    # which vLLM creates before the snapshot its share is measured against: 29.94 GiB, 93.6%.
+    # 93.5625 - 92 = 1.5625 points too many: the largest vram_pct is 92 - 1.5625 -> 90.4.
+    (config_dir / "gpu_profiles.yaml").write_text(ALONE.replace("VRAM", "92"), encoding="utf-8")
+    argv = ["plan", "profile", "--config", str(config_dir)]
+    data = run_json(argv, capsys, code=1)
+    (problem,) = data["problems"]
+    assert problem == (
+        "together they use 29.94 GiB, 93.6% of the 32.00 GiB GPU, more than the profile's "
+        "target_utilization_pct 92%: their --gpu-memory-utilization shares add up to 92.0% "
+        "(29.44 GiB) and 0.50 GiB (1.6%) sits outside the shares: the CUDA context of each "
+        "instance (orchestrator 0.50 GiB), which vLLM creates before the start-up snapshot its "
+        "--gpu-memory-utilization share is measured against (vllm/v1/worker/gpu_worker.py). "
+        "The largest vram_pct for orchestrator within the target is 90.4 (its KV cache "
+        f"{data['instances'][0]['kv_cache_gib'] - 0.016 * 32:.2f} GiB); or raise "
+        "target_utilization_pct to at least 93.6"
     )
+    code, out, _ = run(argv, capsys)
+    assert code == 1
+    assert "fits: NO\n  why: together they use 29.94 GiB" in out
+    # The advice holds: 90.4 fits, and so does the target it names.
+    (config_dir / "gpu_profiles.yaml").write_text(ALONE.replace("VRAM", "90.4"), encoding="utf-8")
+    assert run_json(argv, capsys)["fits"] is True
+    raised = ALONE.replace("VRAM", "92").replace(
+        "target_utilization_pct: 92", "target_utilization_pct: 93.6"
+    )
+    (config_dir / "gpu_profiles.yaml").write_text(raised, encoding="utf-8")
+    assert run_json(argv, capsys)["fits"] is True
 
 
 def test_a_backend_without_description_or_size_is_listed_as_not_counted(
@@ -257,7 +307,8 @@ def test_bad_input_is_one_error_line(config_dir: Path, capsys: pytest.CaptureFix
     assert_bad_input([*base, "bare"], capsys, "has no gpu_total_gb; give the GPU's memory")
     assert_bad_input([*base, "--gpu-gib", "0"], capsys, "--gpu-gib must be a positive number")
     (config_dir / "gpu_profiles.yaml").unlink()
-    assert_bad_input(base, capsys, "gpu_profiles.yaml: not found")
+    # Without gpu_profiles.yaml every backend is planned, on the GPU --gpu-gib gives.
+    assert_bad_input(base, capsys, "gpu_profiles.yaml; give the GPU's memory with --gpu-gib")
 
 
 def test_an_invalid_configuration_lists_every_problem_and_exits_1(
@@ -284,3 +335,68 @@ def test_the_shipped_configuration_fits_as_its_comments_say(
     commands = [item["command"] for item in data["instances"]]
     assert len(commands) == 3
     assert all("vllm serve" in command for command in commands)
+
+
+@pytest.fixture
+def models_only(config_dir: Path) -> Path:
+    (config_dir / "gpu_profiles.yaml").unlink()
+    return config_dir
+
+
+def test_without_gpu_profiles_every_backend_is_one_profile(
+    models_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "profile", "--config", str(models_only), "--gpu-gib", "48"]
+    data = run_json(argv, capsys)
+    assert (data["implicit"], data["profile"], data["gpu_total_source"]) == (
+        True,
+        None,
+        "--gpu-gib",
+    )
+    assert data["gpu_total_gib"] == 48.0
+    assert data["disabled"] == []
+    # Pinned first (the orchestrator), then the lazy ones; no vram_pct: the planner chooses.
+    assert [item["backend"] for item in data["instances"]] == ["orchestrator", "reasoning"]
+    assert all(item["vram_pct"] is None for item in data["instances"])
+    assert [item["backend"] for item in data["not_planned"]] == ["embeddings", "creative"]
+    (gpu,) = data["gpus"]
+    assert gpu["held_by_undescribed_gib"] == round((3100 + 12000) / 1024, 3)
+    assert data["fits"] is True
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(
+        "no gpu_profiles.yaml: every backend of models.yaml planned as one profile, "
+        "48.00 GiB per GPU (--gpu-gib), no target below the whole GPU\n"
+    )
+
+
+def test_without_gpu_profiles_the_gpu_must_be_given(
+    models_only: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["plan", "profile", "--config", str(models_only)]
+    assert_bad_input(
+        base,
+        capsys,
+        f"there is no {models_only / 'gpu_profiles.yaml'}; give the GPU's memory with --gpu-gib",
+    )
+    assert_bad_input([*base, "dev", "--gpu-gib", "48"], capsys, "profile 'dev': there is no ")
+
+
+def test_a_lower_vram_pct_that_would_starve_the_kv_cache_is_not_offered(
+    config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Qwen3-8B AWQ: weights 5.80 + overhead 1 + graphs 0.8 GiB; one request of 16,384 fp8
+    # tokens is 1.15 GiB of KV. At 27.5% of 32 GiB (8.8 GiB) the KV cache gets ~1.2 GiB; the
+    # 0.5 GiB CUDA context puts it 1.5625 points over a 27.5% target, and 25.9% would leave
+    # the KV cache below one request: only a higher target fits.
+    profiles = ALONE.replace("VRAM", "27.5").replace(
+        "target_utilization_pct: 92", "target_utilization_pct: 27.5"
+    )
+    (config_dir / "gpu_profiles.yaml").write_text(profiles, encoding="utf-8")
+    data = run_json(["plan", "profile", "--config", str(config_dir)], capsys, code=1)
+    (problem,) = data["problems"]
+    assert (
+        ". Lowering orchestrator's vram_pct to 25.9 would fit the target but leave its KV cache "
+        "short of one request of max_model_len tokens; or raise target_utilization_pct to at "
+        "least 29.1"
+    ) in problem

@@ -15,7 +15,8 @@ from app.planner.units import MIB
 from app.settings import BackendConfig, load_settings
 from tests.unit.planner.test_model_description import R1_CONFIG, clean_env  # noqa: F401 (autouse)
 
-# A 14B model in bf16: 48 layers, 8 KV heads, head_dim 128, 8192 tokens x 4 sequences.
+# A 14B model in bf16: 48 layers, 8 KV heads, head_dim 128, 8192 tokens; max_num_seqs 4 is
+# passed to vLLM but does not size the KV cache (vLLM never reserves context x max_num_seqs).
 FOURTEEN_B = {
     "layers": 48,
     "kv_heads": 8,
@@ -27,24 +28,27 @@ FOURTEEN_B = {
 }
 # By hand (MiB = 2**20 bytes):
 #   weights   14e9 x 2 bytes x 1.02           = 28,560,000,000 B = 27,236.938 MiB
-#   KV        2 x 48 x 8 x 128 x 2 = 196,608 B/token x 8192 x 4 = 6 GiB = 6,144 MiB
+#   KV        2 x 48 x 8 x 128 x 2 = 196,608 B/token; a 16-token block = 3 MiB. vLLM's least
+#             KV cache is one request of 8192 tokens (512 blocks) + the null block:
+#             513 x 3 = 1,539 MiB (check_enough_kv_cache_memory, kv_cache_planning.py)
 #   overhead  1 GiB = 1,024 MiB; CUDA context 0.5 GiB = 512 MiB; CUDA graphs 0.8 GiB = 819.2 MiB
 # No GPU total: the parts with exactly the KV budget:
-#   512 + 27,236.938 + 1,024 + 819.2 + 6,144 = 35,736.138 -> 35,737 MiB
+#   512 + 27,236.938 + 1,024 + 819.2 + 1,539 = 31,131.138 -> 31,132 MiB
 # On a 48 GiB GPU (49,152 MiB), vLLM 0.33 (graphs inside the budget: KV = U x T - W - O - G,
 # Worker.determine_available_memory in vllm/v1/worker/gpu_worker.py): the budget must hold
 # weights + overhead + CUDA graphs + KV:
-#   27,236.938 + 1,024 + 819.2 + 6,144 = 35,224.138 MiB = 0.71664 x 49,152 -> U = 0.72
-#   0.72 x 49,152 = 35,389.44 MiB, KV gets 35,389.44 - 27,236.938 - 1,024 - 819.2 = 6,309.30 MiB
-#   used = CUDA context 512 + 35,389.44 = 35,901.44 -> 35,902
+#   27,236.938 + 1,024 + 819.2 + 1,539 = 30,619.138 MiB = 0.62295 x 49,152 -> U = 0.63
+#   0.63 x 49,152 = 30,965.76 MiB, KV gets 30,965.76 - 27,236.938 - 1,024 - 819.2 = 1,885.62 MiB
+#   = 628 whole blocks / 512 per request: maximum concurrency 1.23 (vLLM's log figure)
+#   used = CUDA context 512 + 30,965.76 = 31,477.76 -> 31,478
 # With model_info.graphs_outside_budget (vLLM < 0.21, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0):
-#   27,236.938 + 1,024 + 6,144 = 34,404.938 MiB = 0.69997 x 49,152 -> U = 0.70 (0.01 steps)
-#   0.70 x 49,152 = 34,406.4 MiB, KV gets 34,406.4 - 27,236.938 - 1,024 = 6,145.46 MiB
-#   used = CUDA context 512 + 34,406.4 + graphs outside the budget 819.2 = 35,737.6 -> 35,738
+#   27,236.938 + 1,024 + 1,539 = 29,799.938 MiB = 0.60628 x 49,152 -> U = 0.61 (0.01 steps)
+#   0.61 x 49,152 = 29,982.72 MiB, KV gets 29,982.72 - 27,236.938 - 1,024 = 1,721.78 MiB
+#   used = CUDA context 512 + 29,982.72 + graphs outside the budget 819.2 = 31,313.92 -> 31,314
 WEIGHTS_MIB = 28_560_000_000 / MIB
-NO_GPU_MIB = 35_737
-ON_48_GIB_MIB = 35_902
-OLD_ON_48_GIB_MIB = 35_738
+NO_GPU_MIB = 31_132
+ON_48_GIB_MIB = 31_478
+OLD_ON_48_GIB_MIB = 31_314
 
 
 def backend(**fields: Any) -> BackendConfig:
@@ -59,7 +63,7 @@ def test_the_14b_example_by_hand_without_a_gpu_total() -> None:
     parts = footprint.parts
     assert parts is not None
     assert parts.weights_bytes == 28_560_000_000
-    assert parts.kv_budget_bytes == parts.kv_cache_bytes == 6 * 1024 * MIB
+    assert parts.kv_budget_bytes == parts.kv_cache_bytes == 1_539 * MIB
     assert parts.cuda_graphs_bytes == round(0.8 * 1024 * MIB)
     assert parts.overhead_bytes == 1024 * MIB
     assert parts.cuda_context_bytes == 512 * MIB
@@ -73,9 +77,10 @@ def test_the_14b_example_by_hand_on_a_48_gib_gpu() -> None:
     assert footprint.mib == ON_48_GIB_MIB
     parts = footprint.parts
     assert parts is not None
-    assert parts.gpu_memory_utilization == 0.72
+    assert parts.gpu_memory_utilization == 0.63
     assert parts.kv_cache_memory_bytes is None
-    assert parts.kv_cache_bytes / MIB == pytest.approx(35_389.44 - WEIGHTS_MIB - 1024 - 819.2)
+    assert parts.kv_cache_bytes / MIB == pytest.approx(30_965.76 - WEIGHTS_MIB - 1024 - 819.2)
+    assert parts.max_concurrency == pytest.approx(628 / 512)
     assert parts.graphs_in_budget is True
     assert parts.fits_gpu is True
     assert parts.problems == ()
@@ -83,15 +88,16 @@ def test_the_14b_example_by_hand_on_a_48_gib_gpu() -> None:
         "mib": ON_48_GIB_MIB,
         "source": "planner",
         "weights_mib": 27_237,
-        "kv_cache_mib": 6_309,
-        "kv_budget_mib": 6_144,
+        "kv_cache_mib": 1_886,
+        "kv_budget_mib": 1_539,
         "cuda_graphs_mib": 819,
         "overhead_mib": 1_024,
         "cuda_context_mib": 512,
-        "gpu_memory_utilization": 0.72,
+        "gpu_memory_utilization": 0.63,
         "kv_cache_memory_bytes": None,
         "fits_gpu": True,
         "problems": [],
+        "max_concurrency": 1.23,
     }
 
 
@@ -102,17 +108,17 @@ def test_graphs_outside_budget_restores_the_old_accounting() -> None:
     assert footprint.mib == OLD_ON_48_GIB_MIB
     parts = footprint.parts
     assert parts is not None
-    assert parts.gpu_memory_utilization == 0.70
-    assert parts.kv_cache_bytes / MIB == pytest.approx(34_406.4 - WEIGHTS_MIB - 1024)
+    assert parts.gpu_memory_utilization == 0.61
+    assert parts.kv_cache_bytes / MIB == pytest.approx(29_982.72 - WEIGHTS_MIB - 1024)
     assert parts.graphs_in_budget is False
 
 
 def test_enforce_eager_drops_the_graphs() -> None:
-    # As above without the 819.2 MiB of graphs: 512 + 34,406.4 = 34,918.4 -> 34,919.
+    # As above without the 819.2 MiB of graphs: 512 + 29,982.72 = 30,494.72 -> 30,495.
     eager = backend(model_info={**FOURTEEN_B, "cuda_graphs": False})
     footprint = planned_footprint_mib(eager, gpu_total_mib=49_152)
     assert footprint is not None
-    assert footprint.mib == 34_919
+    assert footprint.mib == 30_495
     # A profile's cuda_graphs wins over the description's.
     overridden = planned_footprint_mib(
         backend(model_info=FOURTEEN_B), gpu_total_mib=49_152, cuda_graphs=False
@@ -121,16 +127,17 @@ def test_enforce_eager_drops_the_graphs() -> None:
 
 
 def test_tensor_parallel_splits_weights_and_kv() -> None:
-    # 2 GPUs of 24 GiB: weights 27,236.938 / 2 = 13,618.47 MiB, KV 6,144 / 2 = 3,072 MiB.
-    # 13,618.47 + 1,024 + 819.2 (graphs) + 3,072 = 18,533.67 = 0.75414 x 24,576 -> U = 0.76
-    # = 18,677.76 MiB; used = 512 + 18,677.76 = 19,189.76 -> 19,190 MiB on each GPU.
+    # 2 GPUs of 24 GiB: weights 27,236.938 / 2 = 13,618.47 MiB, KV 1,539 / 2 = 769.5 MiB (4 of
+    # the 8 KV heads each: 1.5 MiB blocks). 13,618.47 + 1,024 + 819.2 (graphs) + 769.5
+    # = 16,231.17 = 0.66045 x 24,576 -> U = 0.67 = 16,465.92 MiB; used = 512 + 16,465.92
+    # = 16,977.92 -> 16,978 MiB on each GPU.
     footprint = planned_footprint_mib(
         backend(model_info=FOURTEEN_B, gpus=[0, 1]), gpu_total_mib=24_576
     )
     assert footprint is not None
-    assert footprint.mib == 19_190
+    assert footprint.mib == 16_978
     assert footprint.parts is not None
-    assert footprint.parts.gpu_memory_utilization == 0.76
+    assert footprint.parts.gpu_memory_utilization == 0.67
 
 
 def test_an_mla_latent_is_not_split_over_gpus() -> None:
@@ -143,7 +150,7 @@ def test_an_mla_latent_is_not_split_over_gpus() -> None:
 
 
 def test_an_instance_too_big_for_the_gpu_reports_its_need_and_why() -> None:
-    footprint = planned_footprint_mib(backend(model_info=FOURTEEN_B), gpu_total_mib=32_768)
+    footprint = planned_footprint_mib(backend(model_info=FOURTEEN_B), gpu_total_mib=30_720)
     assert footprint is not None
     assert footprint.mib == NO_GPU_MIB  # what it needs, whatever the GPU
     assert footprint.parts is not None

@@ -94,7 +94,7 @@ def test_lazy_with_hf_config_relative_to_the_config_dir(
     planned = resolve(backend.model_info, backend.hf_config)
     assert planned is not None
     assert planned.max_model_len == 8192  # the default
-    assert planned.max_num_seqs == 4
+    assert planned.max_num_seqs is None  # not configured: vLLM's default, not passed
     assert planned.kv_dtype.name == "bf16"  # auto: the model's torch_dtype
     assert planned.cuda_graphs is True
 
@@ -125,7 +125,10 @@ def test_shape_fields_describe_a_model(tmp_path: Path) -> None:
     assert planned is not None
     assert planned.model.shape.is_mla
     assert planned.kv_bytes_per_token == 61 * (512 + 64)  # fp8: one byte per element
-    assert planned.kv_budget_bytes == 61 * 576 * 32768 * 2
+    # max_num_seqs 2 does not multiply it: one request of 32,768 tokens (2,048 blocks) + the
+    # null block.
+    assert planned.max_num_seqs == 2
+    assert planned.kv_budget_bytes == 61 * 576 * (2048 + 1) * 16
     assert planned.weight_bytes == 20 * 2**30
 
 

@@ -117,6 +117,38 @@ def test_mha_without_kv_heads_uses_attention_heads() -> None:
     assert model.embedding_params == 2 * 32_000 * 5_120
 
 
+def test_attention_heads_are_read_for_tensor_parallel_checks() -> None:
+    assert model_from_hf_config(LLAMA2_13B_CONFIG).attention_heads == 40
+    no_heads = {k: v for k, v in LLAMA2_13B_CONFIG.items() if k != "num_attention_heads"}
+    assert (
+        model_from_hf_config(
+            {**no_heads, "num_key_value_heads": 40, "head_dim": 128}
+        ).attention_heads
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "heads"),
+    [
+        ("llama-3.1-8b", 32),
+        ("llama-3.1-70b", 64),
+        ("qwen3-8b", 32),
+        ("qwen3-30b-a3b", 32),
+        ("qwen3-32b", 64),
+        ("deepseek-r1-distill-qwen-14b", 40),
+        ("mistral-7b-v0.3", 32),
+        ("phi-4-mini", 24),
+        ("gemma-3-12b", 16),
+        ("deepseek-v3", 128),
+        ("deepseek-v2-lite", 16),
+    ],
+)
+def test_catalog_attention_heads(name: str, heads: int) -> None:
+    # num_attention_heads of each config.json (the catalog's comments name them).
+    assert catalog_model(name).attention_heads == heads
+
+
 def test_text_config_is_read_first_and_top_level_fills_gaps() -> None:
     model = model_from_hf_config(GEMMA3_12B_CONFIG)
     assert model.shape == AttentionShape(layers=48, kv_heads=8, head_dim=256)

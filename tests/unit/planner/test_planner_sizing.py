@@ -235,9 +235,73 @@ def test_min_gpus_for_a_70b_model() -> None:
         "weight_bytes": 130 * GIB,
         "kv_bytes_per_token": 327_680,
     }
-    assert plan_min_gpus(**common).min_gpus == 3
-    assert plan_min_gpus(**common, gpus_per_node=2).min_nodes == 2
+    assert plan_min_gpus(**common).min_gpus == 3  # heads unknown: memory alone
     assert plan_min_gpus(**common, gpus_per_node=8).min_nodes == 1
+
+
+def test_tensor_parallel_takes_a_divisor_of_the_attention_heads() -> None:
+    # As above, with Llama-3.1-70B's 64 attention heads: 3 GPUs hold it, but vLLM refuses a
+    # tensor-parallel size that does not divide the heads (vllm/config/model.py:1559): 4.
+    common: dict[str, Any] = {
+        "gpu_bytes": 80 * GIB,
+        "weight_bytes": 130 * GIB,
+        "kv_bytes_per_token": 327_680,
+        "attention_heads": 64,
+    }
+    plan = plan_min_gpus(**common)
+    assert (plan.min_gpus, plan.memory_gpus, plan.tensor_parallel) == (4, 3, 4)
+    assert (plan.pipeline_parallel, plan.min_nodes) == (1, 1)
+    assert plan.reason.startswith(
+        "3 GPU(s) hold it; tensor parallelism needs a divisor of 64 heads: 4 (4 GPU(s) need "
+    )
+    # 40 heads (Qwen2.5-14B style): 3 is no divisor either, 4 is.
+    assert plan_min_gpus(**{**common, "attention_heads": 40}).min_gpus == 4
+    # 48 heads: 3 divides them.
+    assert plan_min_gpus(**{**common, "attention_heads": 48}).min_gpus == 3
+
+
+def test_across_nodes_tensor_parallel_stays_in_a_node_and_pipeline_spans_them() -> None:
+    # Two GPUs per node: TP 2 alone needs 66.3 + 2.3 + 0.3125 = 68.9 > 67.2 GiB usable. So TP 2
+    # in each node x 2 pipeline stages over 2 nodes: 130 x 1.02 / 4 = 33.15 + 2.3 + 0.625 / 4.
+    plan = plan_min_gpus(
+        gpu_bytes=80 * GIB,
+        weight_bytes=130 * GIB,
+        kv_bytes_per_token=327_680,
+        attention_heads=64,
+        gpus_per_node=2,
+    )
+    assert (plan.min_gpus, plan.min_nodes) == (4, 2)
+    assert (plan.tensor_parallel, plan.pipeline_parallel) == (2, 2)
+    assert plan.needed_bytes_per_gpu == pytest.approx(
+        (130 * 1.02 / 4 + 2.3) * GIB + 0.625 / 4 * GIB
+    )
+    assert "tensor parallel 2 within each node x pipeline parallel 2 across nodes" in plan.reason
+    # Six GPUs per node and 64 heads: TP 4 (6 does not divide 64) and 2 stages, one per node.
+    six = plan_min_gpus(
+        gpu_bytes=40 * GIB,
+        weight_bytes=250 * GIB,
+        kv_bytes_per_token=327_680,
+        attention_heads=64,
+        gpus_per_node=6,
+    )
+    assert (six.tensor_parallel, six.min_nodes) == (4, six.pipeline_parallel)
+    assert six.pipeline_parallel is not None
+    assert six.pipeline_parallel >= 2
+
+
+def test_no_divisor_in_one_node_says_so() -> None:
+    plan = plan_min_gpus(
+        gpu_bytes=80 * GIB,
+        weight_bytes=130 * GIB,
+        kv_bytes_per_token=327_680,
+        attention_heads=64,
+        max_gpus=3,
+    )
+    assert not plan.fits
+    assert plan.reason.startswith(
+        "3 GPU(s) hold it, but no tensor-parallel size from 3 to 3 divides the model's 64 "
+        "attention heads"
+    )
 
 
 def test_min_gpus_takes_an_exact_fit_without_an_extra_gpu() -> None:
@@ -382,17 +446,17 @@ def test_alignment_and_clamping_always_hold(
     weights=st.floats(min_value=0.5, max_value=4096.0, allow_nan=False),
     per_token=bytes_per_token,
     context=st.integers(min_value=1, max_value=200_000),
-    per_node=st.integers(min_value=1, max_value=8),
+    heads=st.none() | st.sampled_from([8, 24, 32, 40, 64, 128]),
 )
 def test_min_gpus_is_the_smallest_count_that_fits(
-    gpu: float, weights: float, per_token: int, context: int, per_node: int
+    gpu: float, weights: float, per_token: int, context: int, heads: int | None
 ) -> None:
     common: dict[str, Any] = {
         "gpu_bytes": gpu * GIB,
         "weight_bytes": weights * GIB,
         "kv_bytes_per_token": per_token,
     }
-    plan = plan_min_gpus(**common, context_tokens=context, gpus_per_node=per_node, max_gpus=64)
+    plan = plan_min_gpus(**common, context_tokens=context, attention_heads=heads, max_gpus=64)
 
     def need(n: int) -> float:
         budget = per_gpu_budget(**common, gpus=n)
@@ -400,10 +464,45 @@ def test_min_gpus_is_the_smallest_count_that_fits(
 
     usable = gpu * GIB * 0.84
     if plan.min_gpus is None:
-        assert need(64) > usable
+        assert all(need(n) > usable for n in range(1, 65) if heads is None or heads % n == 0)
         return
     assert need(plan.min_gpus) <= usable
-    if plan.min_gpus > 1:
-        assert need(plan.min_gpus - 1) > usable
+    assert heads is None or heads % plan.min_gpus == 0
+    # No smaller valid tensor-parallel size fits.
+    assert all(need(n) > usable for n in range(1, plan.min_gpus) if heads is None or heads % n == 0)
+    assert (plan.min_nodes, plan.tensor_parallel, plan.pipeline_parallel) == (
+        1,
+        plan.min_gpus,
+        1,
+    )
+
+
+@given(
+    gpu=gib_amounts,
+    weights=st.floats(min_value=0.5, max_value=4096.0, allow_nan=False),
+    per_token=bytes_per_token,
+    per_node=st.integers(min_value=1, max_value=8),
+    heads=st.none() | st.sampled_from([8, 24, 32, 40, 64, 128]),
+)
+def test_tensor_parallel_never_spans_nodes(
+    gpu: float, weights: float, per_token: int, per_node: int, heads: int | None
+) -> None:
+    plan = plan_min_gpus(
+        gpu_bytes=gpu * GIB,
+        weight_bytes=weights * GIB,
+        kv_bytes_per_token=per_token,
+        gpus_per_node=per_node,
+        attention_heads=heads,
+        max_gpus=64,
+    )
+    if plan.min_gpus is None:
+        return
+    assert plan.tensor_parallel is not None
+    assert plan.pipeline_parallel is not None
     assert plan.min_nodes is not None
-    assert (plan.min_nodes - 1) * per_node < plan.min_gpus <= plan.min_nodes * per_node
+    assert plan.tensor_parallel <= per_node
+    assert heads is None or heads % plan.tensor_parallel == 0
+    assert plan.min_gpus == plan.tensor_parallel * plan.pipeline_parallel
+    assert plan.min_nodes * per_node >= plan.min_gpus
+    assert plan.needed_bytes_per_gpu is not None
+    assert plan.needed_bytes_per_gpu <= plan.usable_bytes_per_gpu

@@ -150,5 +150,6 @@ def test_a_described_backend_is_planned_and_started_with_vllms_name() -> None:
     )
     spec = backend_instance(config)
     assert spec is not None
-    # 46,592 B/token x 8,192 x 2.
-    assert spec.kv_bytes == 46_592 * 8192 * 2
+    # 46,592 B/token x one request of 8,192 tokens (512 blocks + the null block of 16):
+    # max_num_seqs 2 does not multiply it.
+    assert spec.kv_bytes == 46_592 * 513 * 16
