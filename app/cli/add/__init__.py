@@ -176,10 +176,10 @@ def run_add(args: argparse.Namespace, *, environ: Mapping[str, str] | None = Non
         print(f"\n--dry-run: nothing written; {models_path} would get under backends:\n")
         print(block, end="")
     else:
-        _write(directory, models_path, text, args.name)
+        settings = _write(directory, models_path, text, args.name)
         print(f"\nadded backend {args.name!r} to {models_path} (check-config accepts it)")
     _launch(args, request, planned, local, env)
-    _next_steps(args, request, directory)
+    _next_steps(args, request, directory, settings.port if settings is not None else 8080)
     return OK
 
 
@@ -281,7 +281,7 @@ def _does_not_fit(planned: Planned) -> None:
     )
 
 
-def _write(directory: Path, models_path: Path, text: str, name: str) -> None:
+def _write(directory: Path, models_path: Path, text: str, name: str) -> Settings:
     """Validate `text` as the directory's models.yaml, then put it in place (a rename)."""
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{MODELS_FILE}.", suffix=".tmp", dir=directory)
@@ -302,6 +302,7 @@ def _write(directory: Path, models_path: Path, text: str, name: str) -> None:
             raise CommandFailed(FAILED) from None
         assert name in settings.backends, "the backend did not land under backends:"
         tmp.replace(models_path)
+        return settings
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -336,12 +337,12 @@ def _launch(
     print(shell_text(lines))
 
 
-def _next_steps(args: argparse.Namespace, request: Request, directory: Path) -> None:
+def _next_steps(args: argparse.Namespace, request: Request, directory: Path, port: int) -> None:
     config = f" --config {directory}" if args.config is not None else ""
     print(
         f"\nThen: microscheduler check-config{config}\n"
         f"      microscheduler serve{config}\n"
-        "      curl -s localhost:8080/v1/chat/completions -H 'content-type: application/json' "
+        f"      curl -s localhost:{port}/v1/chat/completions -H 'content-type: application/json' "
         f'-d \'{{"model": "{request.name}", "messages": [{{"role": "user", '
         '"content": "hello"}]}\''
     )

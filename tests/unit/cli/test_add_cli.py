@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import yaml
 from app.cli import build_parser
 from app.cli.serve import run_check_config
 from app.settings import load_settings
+from tests.docs import page, section
 from tests.fakes.nvml import NoNvml
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -257,3 +260,36 @@ def test_the_port_is_the_first_no_backend_uses(
         "http://127.0.0.1:8001",
         "http://127.0.0.1:8002",
     )
+
+
+def test_the_first_model_page_shows_what_add_prints_and_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/first-model.md's output and models.yaml, as `add` prints and writes them for
+    a user whose home is /home/me (regenerate the page's blocks when the plan changes)."""
+    for name in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/home/me")
+    monkeypatch.chdir(tmp_path)
+    text = section(page("first-model"), "2. Add the model")
+    command, printed, written = re.findall(r"```(?:sh|text|yaml)\n(.*?)```", text, re.DOTALL)
+    argv = shlex.split(command)
+    assert argv[:2] == ["microscheduler", "add"]
+    code, out, err = run(argv[2:], capsys)
+    assert (code, err) == (0, "")
+    assert out == printed
+    assert (tmp_path / "my-config" / "models.yaml").read_text() == written
+
+
+def test_the_request_to_try_goes_to_the_gateways_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "c"
+    directory.mkdir()
+    (directory / "models.yaml").write_text(
+        "port: 9090\nbackends:\n  a:\n    url: http://127.0.0.1:8000\n    models: [a]\n"
+    )
+    argv = ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    assert "curl -s localhost:9090/v1/chat/completions" in out
