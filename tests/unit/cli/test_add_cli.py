@@ -293,3 +293,55 @@ def test_the_request_to_try_goes_to_the_gateways_port(
     code, out, _ = run(argv, capsys)
     assert code == 0
     assert "curl -s localhost:9090/v1/chat/completions" in out
+
+
+QWEN2_CONFIG = {
+    "model_type": "qwen2",
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "hidden_size": 3584,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_a_local_model_directory_is_mounted_into_the_container(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "My-Model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN2_CONFIG))
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    directory = tmp_path / "c"
+    argv = ["mine", "--model", str(model), "--gpu-gib", "24", "--config", str(directory)]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    info = load_settings(directory).backends["mine"].model_info
+    assert info is not None
+    assert info.repo == "/models/mine"  # the path vLLM sees in the container
+    assert f"-v {model}:/models/mine:ro" in out
+    assert "--model /models/mine" in out
+    code, out, err = run(["mine2", *argv[1:], "--runtime", "process"], capsys)
+    assert (code, err) == (0, "")
+    command = load_settings(directory).backends["mine2"].runtime.command  # type: ignore[union-attr]
+    assert command[:3] == ["vllm", "serve", str(model)]
+
+
+def test_hf_config_gives_the_shape_and_the_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "downloaded.json"
+    config.write_text(json.dumps(QWEN2_CONFIG))
+    directory = tmp_path / "c"
+    argv = ["m", "--model", "org/Some-7B", "--gpu-gib", "24", "--config", str(directory)]
+    code, _, err = run([*argv, "--hf-config", str(config)], capsys)
+    assert code == 2
+    assert "--params-b" in err  # a lone config.json has no size of the weights
+    code, out, err = run([*argv, "--hf-config", str(config), "--params-b", "7.6"], capsys)
+    assert (code, err) == (0, "")
+    info = load_settings(directory).backends["m"].model_info
+    assert info is not None
+    assert (info.layers, info.kv_heads, info.head_dim, info.params_b) == (28, 4, 128, 7.6)
+    assert info.weights_dtype == "bf16"
+    assert "--tool-call-parser hermes" in out
