@@ -22,6 +22,7 @@ append it as a backend to `DIR/models.yaml`, and print the command that creates 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -145,13 +146,15 @@ def free_port(settings: Settings | None, wanted: int | None) -> int:
     return port
 
 
-def run_add(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None) -> int:
-    env = os.environ if environ is None else environ
+def run_add(args: argparse.Namespace) -> int:
+    env = os.environ
     if not NAME.fullmatch(args.name):
         raise UsageError(
             f"{args.name!r} cannot name a backend and its container: use letters, digits, "
             "and . _ - (not first)"
         )
+    if args.gpu < 0:
+        raise UsageError(f"--gpu is a GPU's index (0, 1, ...), got {args.gpu}")
     if args.gpu_gib <= 0:
         raise UsageError(f"--gpu-gib must be a positive number, got {args.gpu_gib:g}")
     directory = config_dir(args, env)
@@ -171,15 +174,18 @@ def run_add(args: argparse.Namespace, *, environ: Mapping[str, str] | None = Non
     comment = f"added by `microscheduler add`: {args.model} on a {args.gpu_gib:g} GiB GPU"
     old = models_path.read_text(encoding="utf-8") if models_path.is_file() else ""
     text = insert_backend(old, args.name, planned.data, comment=comment)
+    settings = _write(directory, models_path, text, args.name, dry_run=args.dry_run)
     if args.dry_run:
         block = backend_block(args.name, planned.data, indent=2, comment=comment)
-        print(f"\n--dry-run: nothing written; {models_path} would get under backends:\n")
+        print(
+            f"\n--dry-run: nothing written; {models_path} would get under backends (and "
+            "check-config would accept it):\n"
+        )
         print(block, end="")
     else:
-        settings = _write(directory, models_path, text, args.name)
         print(f"\nadded backend {args.name!r} to {models_path} (check-config accepts it)")
     _launch(args, request, planned, local, env)
-    _next_steps(args, request, directory, settings.port if settings is not None else 8080)
+    _next_steps(args, request, directory, settings.port)
     return OK
 
 
@@ -281,18 +287,20 @@ def _does_not_fit(planned: Planned) -> None:
     )
 
 
-def _write(directory: Path, models_path: Path, text: str, name: str) -> Settings:
-    """Validate `text` as the directory's models.yaml, then put it in place (a rename)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{MODELS_FILE}.", suffix=".tmp", dir=directory)
-    tmp = Path(tmp_name)
-    try:
+def _write(directory: Path, models_path: Path, text: str, name: str, *, dry_run: bool) -> Settings:
+    """Validate `text` as the directory's models.yaml with check-config's loader, then put
+    it in place (a rename; `dry_run`: not). `CommandFailed(1)` with the loader's problems
+    when it is not valid: the file is left as it was."""
+    with contextlib.ExitStack() as stack:
+        if dry_run and not directory.is_dir():  # validated in a directory of its own
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{MODELS_FILE}.", suffix=".tmp", dir=directory)
+        tmp = Path(tmp_name)
+        stack.callback(tmp.unlink, missing_ok=True)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
-        if models_path.is_file():
-            tmp.chmod(models_path.stat().st_mode & 0o7777)
-        else:
-            tmp.chmod(0o644)
+        tmp.chmod(models_path.stat().st_mode & 0o7777 if models_path.is_file() else 0o644)
         try:
             settings = load_settings(directory, models_file=tmp)
         except ConfigError as exc:
@@ -301,10 +309,9 @@ def _write(directory: Path, models_path: Path, text: str, name: str) -> Settings
                 print(f"  {problem}", file=sys.stderr)
             raise CommandFailed(FAILED) from None
         assert name in settings.backends, "the backend did not land under backends:"
-        tmp.replace(models_path)
+        if not dry_run:
+            tmp.replace(models_path)
         return settings
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _launch(

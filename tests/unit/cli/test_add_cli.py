@@ -116,10 +116,9 @@ def test_a_result_check_config_would_refuse_is_not_written(
         "    aliases: [qwen3-8b]   # the name the new backend serves\n"
     )
     before = models.read_bytes()
-    code, _, err = run(
-        ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)],
-        capsys,
-    )
+    argv = ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    assert run([*argv, "--dry-run"], capsys)[0] == 1  # a dry run validates too
+    code, _, err = run(argv, capsys)
     assert code == 1
     assert "would not be valid with backend 'qwen3-8b'; left unchanged" in err
     assert "qwen3-8b" in err.splitlines()[1]  # the loader's own problem line follows
@@ -244,6 +243,7 @@ def test_dry_run_prints_the_block_and_writes_nothing(
     code, out, err = run([*argv, "--dry-run"], capsys)
     assert (code, err) == (0, "")
     assert "  qwen3-8b:\n    url: http://127.0.0.1:8001\n" in out
+    assert "check-config would accept it" in out
     assert "docker create --name vllm-qwen3-8b" in out
     assert not directory.exists()
 
