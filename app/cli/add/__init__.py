@@ -185,6 +185,13 @@ def run_add(args: argparse.Namespace) -> int:
     else:
         print(f"\nadded backend {args.name!r} to {models_path} (check-config accepts it)")
     _launch(args, request, planned, local, env)
+    if request.runtime == "docker" and not settings.docker.url.startswith("unix://"):
+        print(
+            f"\nnote: the gateway reaches Docker through {settings.docker.url}: when it runs in "
+            f"a container itself (docker-compose.yml), it cannot reach {request.url}; put "
+            f"{request.container} on its network (--network) and set the backend's url to "
+            f"http://{request.container}:{request.port}"
+        )
     _next_steps(args, request, directory, settings.port)
     return OK
 

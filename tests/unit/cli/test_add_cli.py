@@ -78,7 +78,7 @@ def test_an_existing_configuration_keeps_every_line_and_stays_valid(
     directory = tmp_path / "config"
     shutil.copytree(ROOT / "config", directory)
     before = (directory / "models.yaml").read_text()
-    code, _out, err = run(
+    code, out, err = run(
         ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)],
         capsys,
     )
@@ -89,6 +89,8 @@ def test_an_existing_configuration_keeps_every_line_and_stays_valid(
     settings = load_settings(directory)
     assert list(settings.backends) == ["orchestrator", "reasoning", "embeddings", "qwen3-8b"]
     assert settings.timeouts.connect_s == 5  # `timeouts:` after backends is untouched
+    # compose's gateway reaches Docker through the proxy, and containers by name:
+    assert "put vllm-qwen3-8b on its network" in out
     check_config(directory, capsys)
 
 
