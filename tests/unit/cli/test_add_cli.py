@@ -281,6 +281,13 @@ def test_the_first_model_page_shows_what_add_prints_and_writes(
     assert (code, err) == (0, "")
     assert out == printed
     assert (tmp_path / "my-config" / "models.yaml").read_text() == written
+    text = section(page("first-model"), "When it does not fit")
+    command, excerpt = re.findall(r"```(?:sh|text)\n(.*?)```", text, re.DOTALL)[:2]
+    code, out, err = run(shlex.split(command)[2:], capsys)
+    assert (code, err) == (1, "")
+    shown = [line for line in excerpt.splitlines() if line.strip() != "..."]
+    printed_lines = iter(out.splitlines())
+    assert all(line in printed_lines for line in shown), out  # in order, "..." elided
 
 
 def test_the_request_to_try_goes_to_the_gateways_port(
