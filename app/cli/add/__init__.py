@@ -103,6 +103,12 @@ def add_add_command(subparsers: Subparsers) -> None:
         action="store_false",
         help="leave vLLM's sleep mode out (idle and evicted, it is stopped instead)",
     )
+    add.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="pin vLLM's share of the GPU, e.g. 0.9 for more KV cache (default: the planner's, "
+        "the least that holds one request of the full context)",
+    )
     add.add_argument("--kv-dtype", help="--kv-cache-dtype: fp8 halves the KV cache (default: auto)")
     add.add_argument(
         "--image", default=DEFAULT_IMAGE, help=f"docker: the image (default {DEFAULT_IMAGE})"
@@ -239,6 +245,7 @@ def _request(
         sleep_mode=args.sleep_mode,
         tool_parser=tool_parser(description.config, repo_name),
         vllm=args.vllm,
+        utilization=args.gpu_memory_utilization,
     )
 
 

@@ -46,6 +46,7 @@ class Request:
     sleep_mode: bool
     tool_parser: ToolParser | None
     vllm: str = "vllm"  # the process runtime's executable
+    utilization: float | None = None  # pins --gpu-memory-utilization; None: the planner's
 
     @property
     def container(self) -> str:
@@ -75,6 +76,8 @@ def model_info(request: Request, description: Description) -> dict[str, object]:
         info["max_model_len"] = request.context
     if request.kv_dtype is not None:
         info["kv_dtype"] = request.kv_dtype
+    if request.utilization is not None:
+        info["gpu_memory_utilization"] = request.utilization
     return info
 
 

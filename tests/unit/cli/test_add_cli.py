@@ -354,3 +354,14 @@ def test_hf_config_gives_the_shape_and_the_family(
     assert (info.layers, info.kv_heads, info.head_dim, info.params_b) == (28, 4, 128, 7.6)
     assert info.weights_dtype == "bf16"
     assert "--tool-call-parser hermes" in out
+
+
+def test_the_gpu_share_can_be_pinned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "c"
+    argv = ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    code, out, err = run([*argv, "--gpu-memory-utilization", "0.95"], capsys)
+    assert (code, err) == (0, "")
+    assert "  --gpu-memory-utilization 0.95 \\\n" in out
+    info = load_settings(directory).backends["qwen3-8b"].model_info
+    assert info is not None
+    assert info.gpu_memory_utilization == 0.95
