@@ -88,8 +88,16 @@ async def test_the_pages_docker_create_line_is_accepted_and_found_by_the_gateway
     create = added.stdout.split("\n\n")
     [line] = [block for block in create if block.startswith("docker create")]
     assert DEFAULT_IMAGE in line
+    # The local image, and the test label (the session removes what carries it).
     line = line.replace(DEFAULT_IMAGE, fake_vllm_image)
-    docker_env.remove_container(docker_engine, CONTAINER)
+    line = line.replace(" \\\n", f" --label {docker_env.TEST_LABEL}=1 \\\n", 1)
+    with docker_engine.client() as client:
+        found = client.get(f"/containers/{CONTAINER}/json")
+    if found.status_code == 200:
+        labels = found.json()["Config"]["Labels"] or {}
+        if labels.get(docker_env.TEST_LABEL) != "1":
+            pytest.fail(f"a container {CONTAINER} this test did not make exists; not touching it")
+        docker_env.remove_container(docker_engine, CONTAINER)
     try:
         made = subprocess.run(
             ["bash", "-c", line.replace("docker create", shlex.quote(docker) + " create", 1)],
@@ -103,7 +111,10 @@ async def test_the_pages_docker_create_line_is_accepted_and_found_by_the_gateway
         info = docker_env.inspect_container(docker_engine, CONTAINER)
         config, host = info["Config"], info["HostConfig"]
         assert config["Image"] == fake_vllm_image
-        assert config["Labels"]["microscheduler.backend"] == "qwen3-8b"
+        assert config["Labels"] == {
+            "microscheduler.backend": "qwen3-8b",
+            docker_env.TEST_LABEL: "1",
+        }
         assert "VLLM_SERVER_DEV_MODE=1" in config["Env"]
         command = config["Cmd"]
         assert command[:2] == ["--model", "Qwen/Qwen3-8B"]
