@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from app.cli.add.backend import NAME, Planned, Request, plan_backend
 from app.cli.add.describe import Description, describe
@@ -137,15 +138,11 @@ def config_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
 
 
 def free_port(settings: Settings | None, wanted: int | None) -> int:
-    """`wanted`, else the first port from FIRST_PORT no backend's URL uses."""
-    from urllib.parse import urlsplit
-
-    used = set()
-    for backend in settings.backends.values() if settings is not None else ():
-        parts = urlsplit(backend.url)
-        used.add(parts.port or (443 if parts.scheme == "https" else 80))
+    """`wanted`, else the first port from FIRST_PORT that no backend's URL uses."""
     if wanted is not None:
         return wanted
+    backends = settings.backends.values() if settings is not None else ()
+    used = {urlsplit(backend.url).port for backend in backends}
     port = FIRST_PORT
     while port in used:
         port += 1
