@@ -1,4 +1,4 @@
-"""`microscheduler serve | check-config | plan ... | profile ... | yield | restore | status |
+"""`microscheduler serve | check-config | add | plan ... | profile ... | yield | restore | status |
 ps | start | stop | activity | usage | logs | reload | config schema`.
 
 Every subcommand takes its configuration from `--config` (default:
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from app.cli.activity import add_activity_command
+from app.cli.add import add_add_command
 from app.cli.admin_key import KeyFileError
 from app.cli.backends import add_backend_commands
 from app.cli.common import BROKEN_PIPE, EXIT_CODES_HELP, USAGE, error
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_commands(commands)
+    add_add_command(commands)
     add_plan_command(commands)
     add_profile_command(commands)
     add_gaming_commands(commands)

@@ -47,11 +47,16 @@ class ConfigError(Exception):
 UNKNOWN_KEY = "unknown key (check the spelling against config/reference/)"
 
 
-def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Settings:
+def load_settings(
+    config_dir: Path | str | None = None, *, models_file: Path | None = None, **overrides: Any
+) -> Settings:
     """Read the config directory and the environment; raise `ConfigError` on any problem.
 
     `overrides` (from CLI flags) win over everything. All three sources are validated
     together, by every validator of `Settings` (a flag is checked like the YAML).
+    `models_file` is read instead of the directory's `models.yaml` (the rest of the
+    directory as usual): `microscheduler add` validates its new file before it replaces
+    the old one.
     """
     environ = os.environ
     directory = Path(
@@ -60,7 +65,7 @@ def load_settings(config_dir: Path | str | None = None, **overrides: Any) -> Set
     if not directory.is_dir():
         raise ConfigError([f"{directory}: config directory does not exist"])
 
-    models_path = directory / MODELS_FILE
+    models_path = models_file if models_file is not None else directory / MODELS_FILE
     if not models_path.is_file():
         raise ConfigError([f"{models_path}: file not found (every config directory needs one)"])
     data = _read_yaml(models_path)
