@@ -465,7 +465,7 @@ async def test_an_idle_backend_is_put_to_sleep_and_woken_by_its_next_request(
     async with rig.gateway(embed=IDLE_SLEEP) as gw:
         await wake_all(gw)
         view = await until_backend(gw, "embed", state="sleeping")
-        assert view["idle"] == {"method": "sleep", "level": 1}
+        assert view["idle"] == {"method": "sleep", "level": 1, "action": "sleep"}
         assert view["eviction"] == {"method": "auto", "level": 2}
         assert view["asleep_mib"] == EMBED_ASLEEP  # measured: what the ledger kept showing
         assert view["holds_vram"] is True
