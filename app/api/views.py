@@ -506,7 +506,8 @@ def ram_parts(
     if total_mib is None or available_mib is None:
         return None, [None] * len(charges), None
     used = max(0, total_mib - min(available_mib, total_mib))
-    room, in_use = used, []
+    room = used
+    in_use: list[int | None] = []
     for charge in charges:
         part = max(0, min(charge, room))
         room -= part
