@@ -505,6 +505,8 @@ def not_met_message(host: str, report: YieldReport, holding: list[str]) -> str:
         f"put {', '.join(report.slept)} to sleep" if report.slept else "",
     ]
     did = " and ".join(t for t in took if t) or "took nothing"
+    if report.already_asleep:  # kept asleep: what they keep is in the count already
+        did += f", {', '.join(report.already_asleep)} already asleep"
     if report.freed_mib is not None and (report.stopped or report.slept):
         did += f" (freeing {report.freed_mib:,} MiB)"
     still = (
