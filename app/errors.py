@@ -18,6 +18,7 @@ and the OpenAI error `type`/`code` it renders as. Rendering happens only in
     │   └── ResponseNotFound (404)                a /v1/responses id the gateway did not route
     ├── MethodNotAllowed (405)
     ├── Conflict (409)                            an admin action the current state forbids
+    │   └── YieldNotMet (409)                     a yield's `min_free_mib` not reached: undone
     ├── TooManyConnections (503)                  `max_connections` open, none idle
     ├── GatewayStopping (503)                     the gateway is shutting down (SIGTERM)
     └── UpstreamError (server_error)              the upstream could not answer
@@ -70,6 +71,7 @@ class ErrorCode(StrEnum):
     PROFILE_NOT_FOUND = "profile_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     CONFLICT = "conflict"
+    YIELD_NOT_MET = "yield_not_met"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_BAD_STATUS = "upstream_bad_status"
@@ -251,6 +253,12 @@ class Conflict(GatewayError):
     status = 409
     type = "invalid_request_error"
     default_code = ErrorCode.CONFLICT
+
+
+class YieldNotMet(Conflict):
+    """A yield that could not free its `min_free_mib`: the gateway has undone it."""
+
+    default_code = ErrorCode.YIELD_NOT_MET
 
 
 class TooManyConnections(GatewayError):

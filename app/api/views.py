@@ -23,6 +23,7 @@ from app.routing.cloud import CloudStatus
 from app.routing.registry import ModelEntry, Registry
 from app.runtimes.output import OutputSource
 from app.services import Services
+from app.settings import ReleaseConfig
 from app.vram.host_ram import HostRamView
 from app.vram.hosts import Host
 from app.vram.residency import protected_for_s
@@ -88,7 +89,16 @@ def backend_view(backend: Backend) -> Json:
         "yield_method": backend.yield_method,
         # How an idle stop and an eviction free its memory (stop, or sleep at a level;
         # `auto`: the deepest level it may go, level 1 within the host RAM budget).
-        "idle": {"method": cfg.idle.method, "level": cfg.idle.sleep_level},
+        # `action`: what its idle stop will do, as far as its config says (the countdown
+        # is `idle_stop_in_s` either way): sleep, stop, or `sleep or stop` for `auto` at
+        # level 1 (level 1 when it fits the host RAM budget, else stop).
+        "idle": {
+            "method": cfg.idle.method,
+            "level": cfg.idle.sleep_level,
+            "action": idle_action(
+                cfg.idle, sleeps=backend.sleep_supported, managed=backend.runtime.managed
+            ),
+        },
         "eviction": {"method": cfg.eviction.method, "level": cfg.eviction.sleep_level},
         "sleep_mode": backend.sleep_supported,
         # Asleep: the MiB per GPU it still holds, as admission counts them (else None),
@@ -100,6 +110,16 @@ def backend_view(backend: Backend) -> Json:
         "host_ram_charge_mib": backend.ram_charge[0],
         "host_ram_charge_from": backend.ram_charge[1],
     }
+
+
+def idle_action(how: ReleaseConfig, *, sleeps: bool, managed: bool) -> str:
+    """What an idle stop does to a backend (`app.lifecycle.release.choose_release`'s
+    rules, before the host RAM is known): `sleep`, `stop` or `sleep or stop`."""
+    if not managed or how.method == "stop" or not sleeps:
+        return "stop"
+    if how.method == "auto" and how.sleep_level == 1:
+        return "sleep or stop"
+    return "sleep"
 
 
 def load_view(load: LoadStatus | None) -> Json | None:
@@ -442,7 +462,16 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
 def host_ram_view(view: HostRamView) -> Json:
     """A host's RAM in `/status` (MiB): what the probe read, the budget of level-1
     sleepers and what they are charged, each sleeper with its charge (for a bar:
-    `charged_mib` of `budget_mib`, within `total_mib`, `available_mib` free now)."""
+    `charged_mib` of `budget_mib`, within `total_mib`, `available_mib` free now).
+
+    The bar's parts come from the same reading and add up to `total_mib`: each sleeper's
+    `in_use_mib` (its charge, within what is used), `other_mib` (used, less those) and
+    `available_mib`. A charge is the budget's estimate of the weights a level-1 sleep
+    keeps; it can exceed what the probe sees used (a sleep under way, a fake server), and
+    is then cut, never drawn beyond the machine's RAM."""
+    used, in_use, other = ram_parts(
+        view.total_mib, view.available_mib, [s.charged_mib for s in view.sleepers]
+    )
     return {
         "probe": view.probe,
         "up": view.up,
@@ -450,6 +479,8 @@ def host_ram_view(view: HostRamView) -> Json:
         "age_s": view.age_s,
         "total_mib": view.total_mib,
         "available_mib": view.available_mib,
+        "used_mib": used,
+        "other_mib": other,
         "budget_mib": view.budget_mib,
         "budget_from": view.budget_from,
         "reserve_mib": view.reserve_mib,
@@ -461,12 +492,30 @@ def host_ram_view(view: HostRamView) -> Json:
             {
                 "backend": s.backend,
                 "charged_mib": s.charged_mib,
+                "in_use_mib": part,
                 "charged_from": s.charged_from,
                 "pending": s.pending,
             }
-            for s in view.sleepers
+            for s, part in zip(view.sleepers, in_use, strict=True)
         ],
     }
+
+
+def ram_parts(
+    total_mib: int | None, available_mib: int | None, charges: list[int]
+) -> tuple[int | None, list[int | None], int | None]:
+    """(used, each charge within used, other use): one reading's parts, which with
+    `available_mib` add up to `total_mib` (all None without a reading)."""
+    if total_mib is None or available_mib is None:
+        return None, [None] * len(charges), None
+    used = max(0, total_mib - min(available_mib, total_mib))
+    room = used
+    in_use: list[int | None] = []
+    for charge in charges:
+        part = max(0, min(charge, room))
+        room -= part
+        in_use.append(part)
+    return used, in_use, room
 
 
 def status_view(services: Services) -> Json:

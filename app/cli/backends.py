@@ -5,9 +5,9 @@
 `ps` columns: the backend, its state, its lifecycle, the VRAM it holds now (`held_mib`,
 MiB per GPU: measured at its last start, else what admission counts; asleep, what it
 keeps; `-` when it holds none; `status` shows the same), the requests in flight, those
-queued (held for its start or for a slot), and the idle countdown: the time until its
-idle stop (`idle_ttl_s`), `-` when none counts down (pinned, no idle_ttl_s, not ready,
-or busy).
+queued (held for its start or for a slot), and when idle: what its idle stop will do
+(`idle.action`: sleep, stop) and the time until it (`idle_ttl_s`), `-` when none counts
+down (pinned, no idle_ttl_s, not ready, or busy).
 
 `start` waits until the backend is ready (a start takes what a wake takes: admission may
 evict idle models to make room), `stop` until it is stopped (requests in flight drain
@@ -97,10 +97,19 @@ def countdown(value: Any) -> str:
 def render_ps(backends: list[JsonDict]) -> str:
     if not backends:
         return "no backends"
-    rows = [["backend", "state", "lifecycle", "VRAM MiB", "in flight", "queued", "idle stop in"]]
+    rows = [["backend", "state", "lifecycle", "VRAM MiB", "in flight", "queued", "when idle"]]
     for b in backends:
         mib = held_mib(b)
         rows.append([b["name"], b["state"], b["lifecycle"], "-" if mib is None else f"{mib:,}",
-                     str(b["in_flight"]), str(b["waiting"]),
-                     countdown(b.get("idle_stop_in_s"))])  # fmt: skip
+                     str(b["in_flight"]), str(b["waiting"]), when_idle(b)])  # fmt: skip
     return "\n".join(table(rows))
+
+
+def when_idle(backend: JsonDict) -> str:
+    """`sleep in 4m 12s` (or `stop in`, `sleep or stop in`: its `idle.action`, as the
+    control page says it); `-` when no idle countdown runs."""
+    left = backend.get("idle_stop_in_s")
+    if left is None:
+        return "-"
+    action = (backend.get("idle") or {}).get("action") or "stop"
+    return f"{action} in {countdown(left)}"

@@ -6,8 +6,10 @@
 
 `yield` asks the gateway (`POST /vram/yield`), which drains and stops (or puts to sleep)
 the yieldable backends and answers once the probe shows the memory free. With
-`--min-free-mib N`, not reaching N is a failure: what still holds the GPU is printed,
-the yield is undone and the exit code is 1 (no game starts on a GPU that is still full).
+`--min-free-mib N`, the gateway gives the verdict (the control page shows the same): N
+beyond the GPU's memory is refused before anything stops (HTTP 400), and N not reached
+is undone by the gateway and refused (HTTP 409, saying what still holds the GPU); the
+exit code is 1.
 
 With a command, it runs the command once the memory is free and restores when the
 command ends, whatever the end: its own exit, a crash, Ctrl-C (the command gets it too,
@@ -38,7 +40,7 @@ from types import FrameType
 from typing import Any
 
 from app.cli.admin_key import KeyFileError
-from app.cli.common import FAILED, OK, Subparsers, error, positive_int, seconds
+from app.cli.common import OK, Subparsers, error, positive_int, seconds
 from app.cli.gateway import (
     GatewayRefused,
     JsonDict,
@@ -151,25 +153,6 @@ def restore_summary(body: JsonDict) -> str:
     )  # fmt: skip
 
 
-def _holders(url: str, host: str | None, key_file: Path | None) -> str:
-    """What still uses the host's GPU, from /status: backends holding memory and other
-    processes."""
-    try:
-        status = call("GET", url, "/status", timeout=10, key_file=key_file)
-    except (Unreachable, GatewayRefused):
-        return "(the status could not be read)"
-    name = host or LOCAL_HOST
-    gpu = next((h["gpu"] for h in status.get("hosts", []) if h.get("name") == name), None)
-    lines = []
-    for g in (status.get("gpu", {}) if gpu is None else gpu).get("gpus", []):
-        lines.append(f"GPU {g['index']}: {g['used_mib']:,} of {g['total_mib']:,} MiB used")
-    for backend in status.get("backends", []):
-        if backend.get("holds_vram") and backend.get("host", LOCAL_HOST) == name:
-            why = "; ".join(backend.get("blocked_by") or []) or backend.get("state")
-            lines.append(f"  {backend['name']} still holds memory ({why})")
-    return "\n".join(lines)
-
-
 # -- commands ------------------------------------------------------------------------------
 
 
@@ -210,19 +193,6 @@ def run_yield(args: argparse.Namespace) -> int:
         return _run_then(command, _nothing)
     print(yield_summary(body))
     restore = partial(_restore_quietly, url, args.host, key_file)
-    if body.get("met") is False:
-        error(
-            "yield",
-            f"only {body.get('free_mib'):,} MiB free{_on(body.get('host'))}, not the "
-            f"{args.min_free_mib:,} MiB asked "
-            "for; what holds it:",
-        )
-        print(_holders(url, args.host, key_file), file=sys.stderr)
-        restore()
-        if not command:
-            return FAILED
-        _play_anyway(f"only {body.get('free_mib'):,} MiB could be freed; the yield is undone")
-        return _run_then(command, _nothing)
     if not command:
         print(f"restore with: {_restore_command(args.host)}")
         return OK

@@ -68,6 +68,8 @@ class Server:
         self.vllm = vllm
         self.healthy: bool | None = None  # last health check; None before the first
         self.health_error: str | None = None
+        # While a start waits: False once a health check found nobody listening yet.
+        self._listening: bool | None = None
         self.runtime_detail: str | None = None  # the runtime's last word on it
         # While wait_healthy polls: when it began and what the runtime last said.
         self._waiting: tuple[float, str] | None = None
@@ -87,10 +89,23 @@ class Server:
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
-    async def check_health(self) -> bool:
-        """One health check; records the outcome (and logs a change). Never raises."""
+    async def check_health(self, *, starting: bool = False) -> bool:
+        """One health check; records the outcome (and logs a change). Never raises.
+
+        `starting`: a start waits for its server, which opens its port late (vLLM, after
+        loading): a refused connection then is progress, "waiting for the server to
+        listen" in `start_progress`, not a `health_error` (nor a warning in the log)."""
         error = await self.vllm.health()
         ok = error is None
+        if starting and error is not None and not_listening(error):
+            self._listening = False
+            if self.healthy is not False:
+                logger.info("backend waiting for its server to listen backend=%s url=%s",
+                            self.name, self.vllm.health_url)  # fmt: skip
+            self.healthy, self.health_error = False, None
+            self._up_gauge.set(0)
+            return False
+        self._listening = None
         if ok != self.healthy:
             log = logger.info if ok else logger.warning
             log("backend health backend=%s healthy=%s error=%s", self.name, ok, error)
@@ -239,7 +254,7 @@ class Server:
                             if status.ready is not None or owner_stopped
                             else f"the {self._what_runs()} is running"
                         )
-                if await self.check_health() and runtime_ready is not False:
+                if await self.check_health(starting=True) and runtime_ready is not False:
                     if asked:
                         return
                     next_status = 0.0  # confirm, at once, that it is ours that runs
@@ -259,14 +274,16 @@ class Server:
                 await asyncio.sleep(READINESS_POLL_S)
         finally:
             self._waiting = None
+            self._listening = None
 
     def _what_runs(self) -> str:
         return "container" if self.runtime.kind == "docker" else "process"
 
     @property
     def start_progress(self) -> str | None:
-        """While a start waits for health: `health check to http://127.0.0.1:8189/health
-        refused for 40 s; the process is running` (for /status, the page, wake notices)."""
+        """While a start waits for health: `waiting for the server to listen on
+        http://127.0.0.1:8189/health (refused for 40 s); the process is running` (for
+        /status, the page, wake notices)."""
         if self._vram_wait is not None:
             return self._vram_wait()
         if self._learning_since is not None:  # healthy; vLLM builds its schema (0.6-3 s)
@@ -281,10 +298,13 @@ class Server:
         if self.healthy:  # the runtime says not ready yet (no ready endpoint)
             waited = int(time.monotonic() - began)
             return f"health check to {self.vllm.health_url} passes; waited {waited} s: {running}"
-        error = self.health_error or "failing"
-        if "refused" in error.lower() or "connecterror" in error.lower():
-            error = "refused"
         waited = int(time.monotonic() - began)
+        if self._listening is False:  # a refused connection: still loading, port closed
+            return (
+                f"waiting for the server to listen on {self.vllm.health_url} "
+                f"(refused for {waited} s); {running}"
+            )
+        error = self.health_error or "failing"
         return f"health check to {self.vllm.health_url} {error} for {waited} s; {running}"
 
     @property
@@ -370,3 +390,11 @@ def exit_text(status: RuntimeStatus) -> tuple[str, str]:
     if status.detail.startswith(prefix):
         return code, status.detail[len(prefix) :]
     return code, f" ({status.detail})" if status.detail else ""
+
+
+def not_listening(error: str) -> bool:
+    """Whether a failed health check (`VllmClient.health`'s words) found nothing listening:
+    httpx's `ConnectError` (`All connection attempts failed`, `[Errno 111] Connection
+    refused`)."""
+    lowered = error.lower()
+    return lowered.startswith("connecterror") or "connection refused" in lowered

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from app.errors import BackendUnavailable, InvalidRequest
+from app.errors import BackendUnavailable, ErrorCode, InvalidRequest, YieldNotMet
 from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.backend import Backend
@@ -45,6 +45,8 @@ SETTLE_QUIET_S: Final = 1.0
 # Restore waits this long for pinned backends to be back before it answers; the rest
 # are reported as still starting.
 RESTORE_WAIT_S: Final = 15.0
+# A restore's `why` when the yield undoes itself: its `min_free_mib` was not reached.
+NOT_MET: Final = "not met"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,10 @@ class VramYield:
     # -- yield -------------------------------------------------------------------------
 
     async def yield_vram(self, request: YieldRequest) -> YieldOutcome:
+        """Take the yield, or answer the one held. One verdict for every caller (the page,
+        the CLI, a script): an ask beyond the GPU's memory is refused before anything is
+        taken (`InvalidRequest`), and a `min_free_mib` the yield could not reach is undone
+        here, then refused (`YieldNotMet`, saying what was free and what still holds it)."""
         async with self._lock:
             current = self.current
             if current is not None:
@@ -122,21 +128,55 @@ class VramYield:
             except BaseException:
                 self._metrics.yields.labels(self.host, "failed").inc()
                 raise
+            if zone.report is not None and zone.report.met is False:
+                self._metrics.yields.labels(self.host, "failed").inc()
+                await self._restore(NOT_MET)
+                raise YieldNotMet(not_met_message(self.host, zone.report, self._holding(request)))
             self._metrics.yields.labels(self.host, "yielded").inc()
             self.sync_metrics()
             return YieldOutcome(zone, already=False)
+
+    def _holding(self, request: YieldRequest) -> list[str]:
+        """What still holds memory on the yield's GPU: the backends the yield did not take
+        (out of its scope, or failed to stop), in words."""
+        holding = []
+        for backend in self._backends.values():
+            if request.gpu not in backend.config.gpus or not _holds_memory(backend):
+                continue
+            if backend.state is BackendState.SLEEPING:
+                continue  # asleep: what it keeps is in the free memory's count
+            why = (
+                "pinned; include_pinned is false"
+                if not backend.lazy and not request.include_pinned
+                else "not managed by the gateway"
+                if not backend.runtime.managed
+                else str(backend.state)
+            )
+            holding.append(f"{backend.name} ({why})")
+        return holding
 
     async def _yield(self, request: YieldRequest) -> Zone:
         """Block what is in scope, take it (starts first, then in `_yield_order` until
         `min_free_mib` is free), measure, and hold the memory as the yield zone."""
         began = time.monotonic()
         reading = await self._arbiter.read_gpus()
-        if reading is not None and reading.usable(request.gpu) is None:
+        stats = None if reading is None else reading.usable(request.gpu)
+        if reading is not None and stats is None:
             raise InvalidRequest(
                 f"{gpu_name(self.host, request.gpu)} is not present (the probe sees "
                 f"{reading.usable_indices})",
                 param="gpu",
             )
+        if stats is not None and request.min_free_mib is not None:
+            total = stats.total_mib
+            if request.min_free_mib > total:
+                raise InvalidRequest(
+                    f"min_free_mib {request.min_free_mib:,} MiB is more than "
+                    f"{gpu_name(self.host, request.gpu)} has ({total:,} MiB in all): "
+                    "nothing was stopped",
+                    param="min_free_mib",
+                    code=ErrorCode.INVALID_VALUE,
+                )
         free_before = free_mib(reading, request.gpu)
         draft = self._draft(request)
         scope = self._scope(request)
@@ -307,39 +347,42 @@ class VramYield:
         """Give the memory back: unblock, wake or start pinned backends now (waiting up
         to `RESTORE_WAIT_S`), leave lazy ones for their next request. None: no yield."""
         async with self._lock:
-            zone = self._arbiter.drop_zone(YIELD_ZONE, why)
-            if zone is None:
-                return None
+            return await self._restore(why)
+
+    async def _restore(self, why: str) -> RestoreReport | None:
+        """`restore()` under the lock (a yield that is not met is undone by it too)."""
+        zone = self._arbiter.drop_zone(YIELD_ZONE, why)
+        if zone is None:
+            return None
+        if why != NOT_MET:  # an undone yield counts as failed, not as restored
             self._metrics.yields.labels(self.host, why if why == "expired" else "restored").inc()
-            self.sync_metrics()
-            pinned: list[Backend] = []
-            on_demand: list[Backend] = []
-            for name in zone.blocks:
-                backend = self._backends.get(name)
-                if backend is None:
-                    continue
-                (on_demand if backend.lazy else pinned).append(backend)
-            tasks = {
-                b.name: self._tasks.spawn(b.start_logged("restore"), f"restore:{b.name}")
-                for b in pinned
-            }
-            if tasks:
-                await asyncio.wait(tasks.values(), timeout=RESTORE_WAIT_S)
-            ready = {n for n, t in tasks.items() if t.done() and _ready(self._backends[n])}
-            back = [n for n in tasks if n in ready]
-            answer = RestoreReport(
-                reason=zone.holder,
-                why=why,
-                back=tuple(back),
-                starting=tuple(n for n, t in tasks.items() if not t.done()),
-                failed={
-                    n: self._backends[n].reason
-                    for n, t in tasks.items()
-                    if t.done() and n not in ready
-                },
-                on_demand=tuple(b.name for b in on_demand),
-                yielded_for_s=round(time.time() - zone.granted_at, 1),
-            )
+        self.sync_metrics()
+        pinned: list[Backend] = []
+        on_demand: list[Backend] = []
+        for name in zone.blocks:
+            backend = self._backends.get(name)
+            if backend is None:
+                continue
+            (on_demand if backend.lazy else pinned).append(backend)
+        tasks = {
+            b.name: self._tasks.spawn(b.start_logged("restore"), f"restore:{b.name}")
+            for b in pinned
+        }
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=RESTORE_WAIT_S)
+        ready = {n for n, t in tasks.items() if t.done() and _ready(self._backends[n])}
+        back = [n for n in tasks if n in ready]
+        answer = RestoreReport(
+            reason=zone.holder,
+            why=why,
+            back=tuple(back),
+            starting=tuple(n for n, t in tasks.items() if not t.done()),
+            failed={
+                n: self._backends[n].reason for n, t in tasks.items() if t.done() and n not in ready
+            },
+            on_demand=tuple(b.name for b in on_demand),
+            yielded_for_s=round(time.time() - zone.granted_at, 1),
+        )
         lazy = [b.name for b in on_demand]
         logger.info("vram restored host=%s why=%s back=%s on_demand=%s",
                     self.host, why, ",".join(back) or "-", ",".join(lazy) or "-")  # fmt: skip
@@ -450,4 +493,29 @@ def _report(
         failed=dict(taken.failed),
         drain_timeouts=tuple(taken.drain_timeouts),
         duration_s=round(duration_s, 3),
+    )
+
+
+def not_met_message(host: str, report: YieldReport, holding: list[str]) -> str:
+    """Why a yield was refused after it was tried: what was free against what was asked,
+    that it is undone, what it had taken and what still holds the memory."""
+    free = "unknown memory" if report.free_mib is None else f"{report.free_mib:,} MiB"
+    took = [
+        f"stopped {', '.join(report.stopped)}" if report.stopped else "",
+        f"put {', '.join(report.slept)} to sleep" if report.slept else "",
+    ]
+    did = " and ".join(t for t in took if t) or "took nothing"
+    if report.already_asleep:  # kept asleep: what they keep is in the count already
+        did += f", {', '.join(report.already_asleep)} already asleep"
+    if report.freed_mib is not None and (report.stopped or report.slept):
+        did += f" (freeing {report.freed_mib:,} MiB)"
+    still = (
+        f"still holding memory: {', '.join(holding)}"
+        if holding
+        else "the rest is held by processes the gateway does not run"
+    )
+    return (
+        f"only {free} free on {gpu_name(host, report.gpu)} after the yield, not the "
+        f"{report.min_free_mib or 0:,} MiB asked for (min_free_mib): the yield is undone and "
+        f"the models may use the GPU again. It {did}; {still}"
     )

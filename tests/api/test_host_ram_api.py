@@ -159,8 +159,11 @@ async def test_two_sleepers_over_the_budget_stop_the_least_recently_used(tmp_pat
         )
         assert (ram["charged_mib"], ram["free_budget_mib"]) == (1000, 500)
         assert ram["sleepers"] == [
-            {"backend": "b", "charged_mib": 1000, "charged_from": "vram_mib", "pending": False}
-        ]
+            {"backend": "b", "charged_mib": 1000, "in_use_mib": 1000, "charged_from": "vram_mib",
+             "pending": False}
+        ]  # fmt: skip
+        # The bar's parts, from the same reading: they add up to the machine's RAM.
+        assert (ram["used_mib"], ram["other_mib"]) == (65536 - 40960, 65536 - 40960 - 1000)
 
         metrics = (await gw.client.get("/metrics")).text
         local = {"host": "local"}

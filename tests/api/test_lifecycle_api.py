@@ -130,11 +130,14 @@ async def test_a_held_streaming_request_gets_wake_comments_then_the_stream(
     comments = [line for line in text.splitlines() if line.startswith(": waking")]
     assert len(comments) >= 2
     assert comments[0].startswith(": waking lazy ")
-    # A start that waits says why, in the comments and in /backends, not a silent wait.
-    why = f"health check to http://127.0.0.1:{port}/health refused for "
+    # A start that waits says why, in the comments and in /backends, not a silent wait:
+    # its server not listening yet is progress, not an error (every start goes through it).
+    assert views[0]["health_error"] is None, views[0]
+    assert views[0]["upstream_error"] is None, views[0]
+    why = f"waiting for the server to listen on http://127.0.0.1:{port}/health (refused for "
     refused = [comment for comment in comments if why in comment]
     assert refused, comments
-    assert refused[-1].endswith("s; the process is running)")
+    assert refused[-1].endswith("s); the process is running)")
     assert views[0]["starting"].startswith(why)
     assert text.index(": waking") < text.index("data: {")
     assert text.rstrip().endswith("data: [DONE]")

@@ -237,6 +237,55 @@ async def test_a_yield_stops_in_priority_order_only_until_min_free_is_met(
         assert status["holds"]["yield"]["state"] == "yielded"
 
 
+async def test_an_ask_beyond_the_gpu_is_refused_before_anything_is_taken(
+    tmp_path: Path,
+) -> None:
+    """40,000 MiB of a 32 GiB GPU: a 400 in the API's format, nothing stopped or slept."""
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        response = await gw.client.post("/vram/yield", json={"min_free_mib": 40000})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_value"
+        assert error["param"] == "min_free_mib"
+        assert "40,000 MiB is more than GPU 0 has (32,768 MiB in all)" in error["message"]
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}
+        assert rig.used() == ORCH + REASONING + EMBED
+        for name in ("reasoning", "embed"):
+            assert (await until_backend(gw, name, state="ready"))["blocked_by"] == []
+
+
+async def test_a_yield_that_cannot_free_its_ask_is_undone_and_refused(tmp_path: Path) -> None:
+    """One verdict for the page and the CLI: the gateway undoes a yield short of its
+    `min_free_mib` and answers 409 `yield_not_met`, saying what still holds the GPU."""
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        ask = TOTAL - ORCH + 1000  # the pinned orchestrator stays: out of reach
+        response = await gw.client.post("/vram/yield", json={"min_free_mib": ask})
+        assert response.status_code == 409, response.text
+        error = response.json()["error"]
+        assert error["code"] == "yield_not_met"
+        message = error["message"]
+        assert f"free on GPU 0 after the yield, not the {ask:,} MiB asked for" in message
+        assert "the yield is undone" in message
+        assert "stopped reasoning and put embed to sleep" in message
+        assert "still holding memory: orchestrator (pinned; include_pinned is false)" in message
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}
+        # What it took serves again on demand: nothing stays blocked.
+        for name in ("reasoning", "embed"):
+            view = next(
+                b for b in (await gw.client.get("/status")).json()["backends"] if b["name"] == name
+            )
+            assert view["blocked_by"] == [], view
+        await wake_all(gw)
+        metrics = (await gw.client.get("/metrics")).text
+        assert 'microscheduler_vram_yields_total{host="local",outcome="failed"} 1.0' in metrics
+        assert sample(metrics, "microscheduler_vram_yields_total",
+                      {"host": "local", "outcome": "restored"}) in (None, 0.0)  # fmt: skip
+
+
 async def test_include_pinned_takes_the_orchestrator_and_restore_starts_it_again(
     tmp_path: Path,
 ) -> None:
@@ -416,7 +465,7 @@ async def test_an_idle_backend_is_put_to_sleep_and_woken_by_its_next_request(
     async with rig.gateway(embed=IDLE_SLEEP) as gw:
         await wake_all(gw)
         view = await until_backend(gw, "embed", state="sleeping")
-        assert view["idle"] == {"method": "sleep", "level": 1}
+        assert view["idle"] == {"method": "sleep", "level": 1, "action": "sleep"}
         assert view["eviction"] == {"method": "auto", "level": 2}
         assert view["asleep_mib"] == EMBED_ASLEEP  # measured: what the ledger kept showing
         assert view["holds_vram"] is True

@@ -162,6 +162,11 @@ def test_with_an_admin_key_the_page_asks_once_and_keeps_it_for_the_tab(
         page.goto(gw.url + "/ui")
         expect(page.locator("#key-form")).to_be_visible()
         expect(page.locator('[data-testid="connection"]')).to_have_text("admin key needed")
+        # Nothing known without the key: the yield control says so, not "no yield".
+        yield_state = page.locator('[data-testid="yield-state"]')
+        expect(yield_state).to_have_text(
+            "unknown: the admin key is needed to see or change the yield"
+        )
         page.locator("#key-input").fill("wrong")
         page.locator("#key-form button").click()
         expect(page.locator("#key-form")).to_be_visible()  # refused: asked again
@@ -169,6 +174,7 @@ def test_with_an_admin_key_the_page_asks_once_and_keeps_it_for_the_tab(
         page.locator("#key-form button").click()
         expect(page.locator('[data-testid="connection"]')).to_have_text("live")
         expect(page.locator("#key-form")).to_be_hidden()
+        expect(yield_state).to_have_text("no yield: the models may use the GPU")
         pinned = page.locator('[data-testid="backend-pinned"] [data-field="state"]')
         expect(pinned).to_have_text("ready")
         page.reload()  # the key stays for the tab
@@ -404,7 +410,8 @@ def test_the_page_tells_the_truth_on_a_phone_and_a_desktop(tmp_path: Path) -> No
         activity = page.locator('[data-testid="activity"]')
         expect(activity.locator('tr[data-model="sleeper-model"]').first).to_contain_text("200")
         idle = sleeper.locator('[data-field="idle-stop"]')
-        expect(idle).to_contain_text("idle stop in 4 min")
+        # Its idle action is a sleep (idle: auto, and its fake offers sleep mode).
+        expect(idle).to_contain_text("idle sleep in 4 min")
         before = idle.text_content()
         expect(idle).not_to_have_text(before or "", timeout=5_000)  # counts down
 

@@ -1,13 +1,18 @@
 // The backends, one card each: state, load progress while starting, what it holds, its
-// queue and idle countdown, why it is as it is, and its actions. An action that cannot
-// apply is disabled, its reason in the button's title and, on small screens, in words.
+// queue and idle countdown (saying whether it sleeps or stops), why it is as it is, and its
+// actions. An action that cannot apply is disabled, its reason in the button's title and,
+// on small screens, in words when the state beside its name does not say it already. An
+// action's result shows in its card (common.js showResult).
 "use strict";
 
 function actions(b) {
   // [{action, text, why (null: it can apply), run}] for backend `b`.
   const path = `/backends/${encodeURIComponent(b.name)}`;
+  const place = { place: `backend:${b.name}` };
   const external = b.managed ? null : "not managed by the gateway (an external server, only checked)";
   const blocked = b.blocked_by.length ? `blocked by ${b.blocked_by.join("; ")}` : null;
+  // Reasons that only repeat the state shown beside the name (`obvious`): in the button's
+  // title, not in words under every card on a phone.
   const startWhy = external
     || (b.state === "ready" ? "already ready"
       : b.state === "starting" ? "starting already"
@@ -17,15 +22,18 @@ function actions(b) {
     || (b.state === "stopped" ? "already stopped" : b.state === "stopping" ? "stopping already" : null);
   const list = [
     { action: "start", text: b.state === "sleeping" ? "wake" : "start", why: startWhy,
-      run: () => act(`Start ${b.name}`, "POST", `${path}/start`) },
-    { action: "stop", text: "stop", why: stopWhy, run: () => act(`Stop ${b.name}`, "POST", `${path}/stop`) },
+      obvious: startWhy === "already ready" || startWhy === "starting already",
+      run: () => act(`Start ${b.name}`, "POST", `${path}/start`, undefined, place) },
+    { action: "stop", text: "stop", why: stopWhy,
+      obvious: stopWhy === "already stopped" || stopWhy === "stopping already",
+      run: () => act(`Stop ${b.name}`, "POST", `${path}/stop`, undefined, place) },
   ];
   if (b.sleep_mode || b.yield_method === "sleep") {
-    const sleepWhy = external
-      || (!b.sleep_mode ? "its server does not offer sleep mode" : null)
-      || (b.state === "sleeping" ? "already asleep" : b.state !== "ready" ? `only a ready backend sleeps (${b.state})` : null);
-    list.push({ action: "sleep", text: "sleep", why: sleepWhy,
-      run: () => act(`Sleep ${b.name}`, "POST", `${path}/sleep`) });
+    const stateWhy = b.state === "sleeping" ? "already asleep"
+      : b.state !== "ready" ? `only a ready backend sleeps (${b.state})` : null;
+    const sleepWhy = external || (!b.sleep_mode ? "its server does not offer sleep mode" : null) || stateWhy;
+    list.push({ action: "sleep", text: "sleep", why: sleepWhy, obvious: sleepWhy === stateWhy,
+      run: () => act(`Sleep ${b.name}`, "POST", `${path}/sleep`, undefined, place) });
   }
   list.push({ action: "logs", text: "logs",
     why: b.output ? null : "no output the gateway can read (it does not run this server)",
@@ -66,9 +74,11 @@ function backendCard(b, many) {
   const resident = b.protected_for_s ? `resident ${Math.ceil(b.protected_for_s)} s more (min_resident_s)` : null;
   const why = [b.reason, resident, ...b.blocked_by.map((x) => `blocked by ${x}`), b.health_error].filter(Boolean).join("; ");
   const list = actions(b);
-  const disabled = list.filter((a) => a.why);
+  const disabled = list.filter((a) => a.why && !a.obvious);
+  // What the idle timer will do: `idle.action` (sleep, stop, or "sleep or stop").
+  const idle = b.idle?.action || "stop";
   const timers = [
-    known(b.idle_stop_in_s) ? countdown("idle-stop", b.idle_stop_in_s, "idle stop in") : null,
+    known(b.idle_stop_in_s) ? countdown("idle-stop", b.idle_stop_in_s, `idle ${idle} in`) : null,
     known(b.restart_in_s) ? countdown("restart", b.restart_in_s, "restarts in") : null,
   ].filter(Boolean);
   return el("article", { class: "card", "data-testid": `backend-${b.name}` },
@@ -98,7 +108,8 @@ function backendCard(b, many) {
     el("div", { class: "actions" }, list.map((a) => el("button", {
       "data-action": a.action, text: a.text, disabled: Boolean(a.why), title: a.why, onclick: a.run }))),
     disabled.length ? el("p", { class: "disabled-why", "data-field": "disabled-why",
-      text: disabled.map((a) => `${a.text}: ${a.why}`).join(" · ") }) : null);
+      text: disabled.map((a) => `${a.text}: ${a.why}`).join(" · ") }) : null,
+    resultSlot(`backend:${b.name}`));
 }
 
 function waitingText(b) {

@@ -1,7 +1,8 @@
 // The GPU and host RAM bars. Each backend is drawn at what it holds now (asleep: what it
 // keeps asleep; starting: its footprint as admitted; stopped: nothing); every segment
 // carries the MiB it draws (`data-mib`), and a bar's segments never add up to more than
-// its total: other processes' use is what the probe sees minus the backends'.
+// its total: other processes' use is what the probe sees minus the backends'. The words
+// beside a bar (headline, legend) are the bar's own numbers, never a second reading.
 "use strict";
 
 function heldNow(b) {
@@ -42,6 +43,10 @@ const HOW = { asleep: "asleep", starting: "starting, as admitted", measured: "me
 
 function gpuBars(host, gpu, holds) {
   // A bar per GPU of `host`: its backends, other processes, zones and the yield, free memory.
+  // The headline, the bar and the legend are one sum: what is drawn taken (backends as they
+  // hold now, a start at what admission reserved for it, other processes) plus what the
+  // holds keep plus free is the GPU's total. A start reserves its memory before its server
+  // shows using it: that part is "reserved", not free, in the headline as in the bar.
   if (!gpu.gpus.length) {
     const why = gpu.source === "none" ? "no GPU telemetry (gpu.probe: none)" : (gpu.error || "no GPU sample yet");
     return [el("p", { class: "muted", text: why })];
@@ -60,36 +65,52 @@ function gpuBars(host, gpu, holds) {
       held.push({ label: `yield: ${y.reason}`, mib: y.held_mib, note: freed });
     }
     const bar = el("div", { class: "bar", "data-total-mib": total });
+    let taken = 0;
     for (const h of holders) {
       if (h.mib <= 0) continue;
+      h.drawn = draw(h.mib);
+      taken += h.drawn;
       bar.append(segment({ class: `seg ${h.how}`, "data-segment": h.name,
-        title: `${h.name}: ${mib(h.mib)} ${HOW[h.how]}`, style: `background:${colorOf(h.name)}` },
-      draw(h.mib), total, h.how === "asleep" ? `${h.name} (asleep)` : h.name));
+        title: `${h.name}: ${mib(h.drawn)} ${HOW[h.how]}`, style: `background:${colorOf(h.name)}` },
+      h.drawn, total, h.how === "asleep" ? `${h.name} (asleep)` : h.name));
     }
-    if (others > 0) {
-      bar.append(segment({ class: "seg other", "data-segment-kind": "other", title: `other processes: ${mib(others)}` },
-        draw(others), total, "other"));
+    const otherDrawn = draw(others);
+    taken += otherDrawn;
+    if (otherDrawn > 0) {
+      bar.append(segment({ class: "seg other", "data-segment-kind": "other", title: `other processes: ${mib(otherDrawn)}` },
+        otherDrawn, total, "other"));
     }
-    let free = Math.max(0, g.free_mib); // what no hold keeps yet
+    // Reserved: admitted to a start (or placed) but not yet seen used by the probe.
+    const reserved = Math.max(0, taken - g.used_mib);
+    let free = total - taken; // what nothing takes: the holds keep part of it from models
+    let kept = 0;
     for (const h of held) {
-      const kept = Math.min(h.mib, free);
-      free -= kept;
-      const drawn = draw(kept);
-      if (drawn <= 0) continue;
+      h.drawn = draw(Math.min(h.mib, free));
+      free -= h.drawn;
+      kept += h.drawn;
+      if (h.drawn <= 0) continue;
       bar.append(segment({ class: "seg hold", "data-segment-kind": "hold",
-        title: `${h.label}: keeps ${mib(h.mib)} free of models` }, drawn, total, h.label, 0.1));
+        title: `${h.label}: keeps ${mib(h.mib)} free of models` }, h.drawn, total, h.label, 0.1));
     }
+    bar.dataset.takenMib = taken;
+    bar.dataset.freeMib = free;
     const legend = el("div", { class: "legend" },
       holders.map((h) => legendItem(colorOf(h.name), h.how === "asleep"
-        ? `${h.name} ${mib(h.mib)} asleep (${mib(h.awake)} awake)`
-        : `${h.name} ${mib(h.mib)}${h.how === "measured" ? "" : ` (${HOW[h.how]})`}`)),
-      legendItem("var(--other)", `other ${mib(others)}`),
-      held.map((h) => legendItem(null, `${h.label} keeps ${mib(h.mib)} free${h.note || ""}`, "seg hold")),
-      legendItem("var(--free)", held.length ? `free, unheld ${mib(free)}` : `free ${mib(g.free_mib)}`));
+        ? `${h.name} ${mib(h.drawn ?? h.mib)} asleep (${mib(h.awake)} awake)`
+        : `${h.name} ${mib(h.drawn ?? h.mib)}${h.how === "measured" ? "" : ` (${HOW[h.how]})`}`)),
+      legendItem("var(--other)", `other ${mib(otherDrawn)}`),
+      held.map((h) => legendItem(null, `${h.label} keeps ${mib(h.drawn)} free${h.note || ""}`, "seg hold")),
+      el("span", { "data-field": "free", "data-mib": free }, el("i", { style: "background:var(--free)" }),
+        held.length ? `free, unheld ${mib(free)}` : `free ${mib(free)}`));
+    const starting = holders.some((h) => h.how === "starting");
+    const usedText = reserved <= 0 ? `${gib(taken)} used of ${gib(total)}`
+      : `${gib(taken)} used or reserved of ${gib(total)} (${mib(reserved)} ${starting
+        ? "reserved for a start, not in use yet" : "counted for backends, not seen used yet"})`;
     return el("div", { class: "gpu", "data-testid": `gpu-${g.index}` },
       el("div", { class: "bar-head" },
         el("b", { text: `GPU ${g.index}: ${g.name}` }),
-        el("span", { text: `${gib(g.used_mib)} used of ${gib(g.total_mib)}${gpu.stale ? " (stale)" : ""}` })),
+        el("span", { "data-field": "used", "data-mib": taken, "data-reserved-mib": reserved,
+          text: `${usedText}${gpu.stale ? " (stale)" : ""}` })),
       bar, legend);
   });
 }
@@ -109,13 +130,17 @@ function ramBar(host, ram) {
   const draw = filler(total);
   head.append(el("span", { text: `${gib(ram.available_mib)} available of ${gib(total)}` }));
   const bar = el("div", { class: "bar", "data-total-mib": total, "data-budget-mib": ram.budget_mib ?? "" });
+  // The parts /status gives from one reading (they add up to the total): each sleeper's
+  // charge within what is used, other use, available.
   for (const s of ram.sleepers) {
     const how = s.pending ? "pending" : s.charged_from;
+    const inUse = s.in_use_mib ?? 0;
+    const cut = inUse < s.charged_mib ? `, ${mib(inUse)} of it seen used` : "";
     bar.append(segment({ class: "seg", "data-sleeper": s.backend, style: `background:${colorOf(s.backend)}`,
-      title: `${s.backend} asleep at level 1: ${mib(s.charged_mib)} (${how})` },
-    draw(s.charged_mib), total, s.backend));
+      title: `${s.backend} asleep at level 1: charged ${mib(s.charged_mib)} (${how})${cut}` },
+    draw(inUse), total, s.backend));
   }
-  const others = Math.max(0, total - ram.available_mib - ram.charged_mib);
+  const others = ram.other_mib ?? 0;
   if (others > 0) {
     bar.append(segment({ class: "seg other", "data-segment-kind": "other",
       title: `used by others: ${mib(others)}` }, draw(others), total, "other"));
@@ -130,8 +155,8 @@ function ramBar(host, ram) {
     ? `sleep budget ${mib(ram.budget_mib)} (${ram.budget_from}): ${mib(ram.charged_mib)} charged, ${mib(ram.free_budget_mib)} left`
     : "no sleep budget";
   box.append(bar, el("div", { class: "legend" },
-    ram.sleepers.map((s) => legendItem(colorOf(s.backend),
-      `${s.backend} ${mib(s.charged_mib)}${s.pending ? " (pending)" : ""}`)),
+    ram.sleepers.map((s) => legendItem(colorOf(s.backend), `${s.backend} ${mib(s.in_use_mib ?? 0)}`
+      + `${(s.in_use_mib ?? 0) < s.charged_mib ? ` (charged ${mib(s.charged_mib)})` : ""}${s.pending ? " (pending)" : ""}`)),
     legendItem("var(--other)", `other ${mib(others)}`),
     legendItem("var(--ram-free)", `available ${mib(ram.available_mib)}`),
     el("span", { "data-field": "budget" }, el("i", { class: "mark" }), budget)));

@@ -7,7 +7,9 @@ const KEY = "microscheduler.adminKey";
 const PALETTE = ["#2563eb", "#7c3aed", "#0d9488", "#db2777", "#ca8a04", "#0891b2", "#65a30d", "#c2410c"];
 // `received`: when the backends section last came (performance.now()), for countdowns;
 // `skew`: the gateway's clock less this browser's (s), for times the gateway gives as dates.
-const state = { status: null, events: [], retry: null, controller: null, live: false, received: 0, skew: 0 };
+// `result`: the last action's result and its place (see showResult).
+const state = { status: null, events: [], retry: null, controller: null, live: false, received: 0, skew: 0,
+  result: null, resultTimer: null };
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -80,13 +82,55 @@ async function errorText(response) {
   return `HTTP ${response.status} ${response.statusText}`;
 }
 
+// -- action results -----------------------------------------------------------------------
+// An action's result shows where its button was (`place`: "backend:NAME", "yield",
+// "host:NAME", "zones", "profile"), in that place's slot, once: the next action's result
+// replaces it wherever it was, and a success fades. The slots are drawn with each render
+// (`resultSlot`), so a status update keeps the result where it is.
+
+const RESULT_FADE_MS = 8000;
+
+function resultNode(place) {
+  const r = state.result;
+  if (!r || r.place !== place) return null;
+  return el("p", { class: `result ${r.kind}`, role: r.kind === "error" ? "alert" : "status",
+    "data-field": "result", "data-kind": r.kind },
+  el("span", { text: r.text }),
+  el("button", { class: "dismiss", text: "dismiss", "aria-label": "dismiss this result",
+    onclick: () => showResult(null) }));
+}
+
+function resultSlot(place) {
+  return el("div", { class: "result-slot", "data-result-slot": place }, resultNode(place));
+}
+
+function showResult(place, text, kind = "info") {
+  clearTimeout(state.resultTimer);
+  state.result = place === null ? null : { place, text, kind };
+  let shown = false;
+  for (const node of document.querySelectorAll("[data-result-slot]")) {
+    const child = resultNode(node.dataset.resultSlot);
+    node.replaceChildren(...(child ? [child] : []));
+    shown = shown || Boolean(child);
+  }
+  if (place === null) return;
+  if (!shown) { // its place is gone (a card removed by a reload): say it at the top
+    state.result = null;
+    say(text, kind);
+    return;
+  }
+  if (kind === "info") state.resultTimer = setTimeout(() => showResult(null), RESULT_FADE_MS);
+}
+
 // -- actions ------------------------------------------------------------------------------
 
-async function act(label, method, path, body) {
+async function act(label, method, path, body, { place, done } = {}) {
   // While it runs, the page's other actions wait (those that could apply: a button
-  // disabled for a reason stays disabled).
+  // disabled for a reason stays disabled). Its result, or why it failed, shows in `place`
+  // (`done(answer)`: the words for a success; else "LABEL: done").
   const buttons = [...document.querySelectorAll("main button:not(:disabled)")];
   buttons.forEach((b) => { b.disabled = true; });
+  const tell = (text, kind) => (place ? showResult(place, text, kind) : say(text, kind));
   try {
     const response = await fetch(path, {
       method,
@@ -95,18 +139,18 @@ async function act(label, method, path, body) {
     });
     if (response.status === 401) {
       askForKey();
-      say(`${label}: ${await errorText(response)}`);
+      tell(`${label}: ${await errorText(response)}`, "error");
       return null;
     }
     if (!response.ok) {
-      say(`${label} failed: ${await errorText(response)}`);
+      tell(`${label} failed: ${await errorText(response)}`, "error");
       return null;
     }
     const answer = await response.json();
-    say(`${label}: done`, "info");
+    tell(done ? done(answer) : `${label}: done`, "info");
     return answer;
   } catch (err) {
-    say(`${label}: the gateway did not answer (${err.message})`);
+    tell(`${label}: the gateway did not answer (${err.message})`, "error");
     return null;
   } finally {
     buttons.forEach((b) => { b.disabled = false; });
@@ -116,4 +160,10 @@ async function act(label, method, path, body) {
 function askForKey() {
   $("#key-form").hidden = false;
   $("#key-input").focus();
+  if (state.live) return;
+  // Nothing the gateway holds is known without the key: say so where the yield's state
+  // shows (not "no yield", which would be a guess).
+  const label = $("#yield-state");
+  label.textContent = "unknown: the admin key is needed to see or change the yield";
+  label.className = "muted";
 }

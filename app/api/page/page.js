@@ -6,20 +6,48 @@
 
 function yieldNow(host) {
   // The local host's GPU unless `host` names another; the options are the yield section's.
+  // The gateway gives the verdict (an ask it could not meet is undone and refused, as
+  // `microscheduler yield` shows it); the page shows it where the button was.
   const body = {
     reason: "control page",
     include_pinned: $('[data-field="include-pinned"]').checked,
   };
-  const ttl = Number($('[data-field="ttl"]').value);
+  const ttl = ttlSeconds();
   if (ttl > 0) body.ttl_s = ttl;
   const minFree = $('[data-field="min-free"]').value;
   if (minFree !== "") body.min_free_mib = Number(minFree);
   if (host) body.host = host;
-  return act(host ? `Yield ${host}` : "Yield", "POST", "/vram/yield", body);
+  return act(host ? `Yield ${host}` : "Yield", "POST", "/vram/yield", body,
+    { place: host ? `host:${host}` : "yield", done: yielded });
+}
+
+function yielded(y) {
+  // The answer to a yield, in words: what it took and freed, and until when it holds.
+  const took = [...y.stopped.map((n) => `stopped ${n}`), ...y.slept.map((n) => `${n} asleep`)];
+  const freed = known(y.freed_mib) ? `freed ${mib(y.freed_mib)}, ` : "";
+  const until = y.expires_at ? `until ${clock(y.expires_at)}` : "no expiry: held until restored";
+  return `${y.already ? "Already yielded" : "Yielded"}: ${freed}${mib(y.free_mib)} free`
+    + `${took.length ? ` (${took.join(", ")})` : ""}; ${until}`;
+}
+
+function ttlSeconds() {
+  // The TTL field: empty or 0 means no expiry (the yield holds until restored).
+  const value = Number($('[data-field="ttl"]').value);
+  return Number.isFinite(value) && value > 0 ? value : 0;
+}
+
+function renderTtlNote() {
+  const ttl = ttlSeconds();
+  $('[data-field="ttl-note"]').textContent = ttl > 0
+    ? `restores by itself after ${duration(ttl)}` : "no expiry: held until you restore";
 }
 
 function restore(host) {
-  return host ? act(`Restore ${host}`, "POST", "/vram/restore", { host }) : act("Restore", "POST", "/vram/restore");
+  const place = { place: host ? `host:${host}` : "yield",
+    done: (r) => (r.restored ? `Restored${host ? ` ${host}` : ""}: the models may use the GPU`
+      : "No yield was held: nothing to restore") };
+  return host ? act(`Restore ${host}`, "POST", "/vram/restore", { host }, place)
+    : act("Restore", "POST", "/vram/restore", undefined, place);
 }
 
 // -- the stream ---------------------------------------------------------------------------
@@ -165,7 +193,8 @@ function hostHead(host) {
   const zones = host.holds.zones.map((z) => el("span", { class: "zone", "data-zone": z.zone },
     `zone ${z.zone}: ${mib(z.mib)} on GPU ${z.gpu} for ${z.holder} `,
     el("button", { "data-action": "release-zone", "data-zone": z.zone, text: "release",
-      onclick: () => act(`Release zone ${z.zone}`, "POST", `/vram/zones/${encodeURIComponent(z.zone)}/release`) })));
+      onclick: () => act(`Release zone ${z.zone}`, "POST", `/vram/zones/${encodeURIComponent(z.zone)}/release`,
+        undefined, { place: `host:${host.name}` }) })));
   return el("div", { class: "host-head" },
     el("b", { text: host.name }),
     el("span", { class: "muted", text: `probe ${host.probe}` }),
@@ -176,7 +205,8 @@ function hostHead(host) {
       ? el("button", { "data-action": "restore-host", "data-host": host.name, text: "restore",
         onclick: () => restore(host.name) })
       : el("button", { "data-action": "yield-host", "data-host": host.name, text: "yield",
-        title: "with the options of the VRAM yield section", onclick: () => yieldNow(host.name) }));
+        title: "with the options of the VRAM yield section", onclick: () => yieldNow(host.name) }),
+    resultSlot(`host:${host.name}`));
 }
 
 function yieldText(y) {
@@ -205,7 +235,8 @@ function renderHolds() {
       `${z.zone}: ${mib(z.mib)} on GPU ${z.gpu} for ${z.holder}`,
       z.expires_at ? ` until ${clock(z.expires_at)} ` : " ",
       el("button", { "data-action": "release-zone", "data-zone": z.zone, text: "release",
-        onclick: () => act(`Release zone ${z.zone}`, "POST", `/vram/zones/${encodeURIComponent(z.zone)}/release`) })));
+        onclick: () => act(`Release zone ${z.zone}`, "POST", `/vram/zones/${encodeURIComponent(z.zone)}/release`,
+          undefined, { place: "zones" }) })));
   }
 }
 
@@ -365,8 +396,11 @@ $('[data-action="yield"]').addEventListener("click", () => yieldNow());
 $('[data-action="restore"]').addEventListener("click", () => restore());
 $('[data-action="activate-profile"]').addEventListener("click", () => {
   const name = $("#profile-select").value;
-  if (name) act(`Activate profile ${name}`, "POST", `/profiles/${encodeURIComponent(name)}/activate`);
+  if (name) act(`Activate profile ${name}`, "POST", `/profiles/${encodeURIComponent(name)}/activate`,
+    undefined, { place: "profile" });
 });
+$('[data-field="ttl"]').addEventListener("input", renderTtlNote);
+renderTtlNote();
 $("#key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(KEY, $("#key-input").value.trim());

@@ -39,6 +39,7 @@ class StandIn:
 
     url: str = ""
     yield_answer: dict[str, Any] = field(default_factory=lambda: dict(YIELDED))
+    yield_status: int = 200
     calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, auth
 
 
@@ -53,7 +54,7 @@ def _handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
                 message = "This endpoint needs the admin key as a Bearer token."
                 self._answer(401, {"error": {"message": message, "code": "unauthorized"}})
             elif self.path == "/vram/yield":
-                self._answer(200, state.yield_answer)
+                self._answer(state.yield_status, state.yield_answer)
             elif self.path == "/vram/restore":
                 self._answer(200, RESTORED)
             else:
@@ -198,19 +199,42 @@ def test_the_key_file_of_the_user_config_directory_is_read(
     assert "warning" not in capfd.readouterr().err
 
 
-def test_too_little_freed_undoes_the_yield_and_still_starts_the_game(
+NOT_MET = {
+    "error": {
+        "message": "only 16,576 MiB free on GPU 0 after the yield, not the 20,000 MiB asked "
+        "for (min_free_mib): the yield is undone and the models may use the GPU again. It "
+        "took nothing; still holding memory: pinned (pinned; include_pinned is false)",
+        "type": "invalid_request_error", "param": None, "code": "yield_not_met",
+    }
+}  # fmt: skip
+
+
+def test_too_little_freed_is_the_gateways_verdict_and_the_game_still_starts(
     gateway: StandIn, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The gateway undid the yield and refused it (409): the CLI says so, restores
+    nothing (there is nothing to restore) and starts the game."""
     monkeypatch.setenv("MICROSCHEDULER_ADMIN_KEY", KEY)
-    gateway.yield_answer = {**YIELDED, "free_mib": 16576, "met": False}
+    gateway.yield_status, gateway.yield_answer = 409, NOT_MET
     argv = ("yield", "--url", gateway.url, "--min-free-mib", "20000", "--", *GAME)
     assert run(*argv) == 7
     out, err = capfd.readouterr()
-    assert "only 16,576 MiB free, not the 20,000 MiB asked for" in err
-    assert "warning: yield: the GPU was not freed (only 16,576 MiB could be freed; " in err
+    assert "warning: yield: the GPU was not freed (the gateway refused it: only 16,576 MiB " in err
+    assert "still holding memory: pinned" in err
     assert "game ran" in out
-    # Undone before the game; nothing restored after it.
-    assert [p for m, p, _ in gateway.calls if m == "POST"] == ["/vram/yield", "/vram/restore"]
+    assert [p for m, p, _ in gateway.calls if m == "POST"] == ["/vram/yield"]
+
+
+def test_too_little_freed_without_a_command_fails_with_the_gateways_words(
+    gateway: StandIn, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICROSCHEDULER_ADMIN_KEY", KEY)
+    gateway.yield_status, gateway.yield_answer = 409, NOT_MET
+    assert run("yield", "--url", gateway.url, "--min-free-mib", "20000") == 1
+    err = capfd.readouterr().err
+    assert "only 16,576 MiB free on GPU 0 after the yield, not the 20,000 MiB" in err
+    assert "(HTTP 409)" in err
+    assert [p for m, p, _ in gateway.calls if m == "POST"] == ["/vram/yield"]
 
 
 def test_the_help_shows_the_steam_launch_option_as_steam_wants_it(
