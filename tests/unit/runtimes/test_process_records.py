@@ -132,6 +132,7 @@ async def test_observe_reads_a_real_process_start_time_and_command_line() -> Non
             if seen.cmdline == ("sleep", "30"):
                 break
             await asyncio.sleep(0.025)
+        assert seen is not None
         assert seen.cmdline == ("sleep", "30")
         assert not seen.zombie
         assert seen.start_time > 0
