@@ -34,6 +34,9 @@ MAX_LINE: Final = 16 * 1024  # characters; a longer line is cut
 RING_LINES: Final = 5000
 RING_CHARS: Final = 8 * 1024 * 1024  # the ring's lines together, at most
 MAX_TAIL: Final = RING_LINES
+# A follower is handed this many lines, then the loop runs others (a 1 MiB read is ~5,000
+# lines; the load tracker's ~8 us each would hold the loop ~40 ms).
+FOLLOW_BATCH: Final = 256
 FILE_MAX_BYTES: Final = 16 * 1024 * 1024  # each of `NAME.log` and `NAME.log.1` (the relay's cap)
 SEED_BYTES: Final = 256 * 1024  # read back from the file when a server is adopted
 READ_BYTES: Final = 1024 * 1024  # read from the file at most at once
@@ -156,8 +159,10 @@ class OutputRing:
         while True:
             lines = self._since(seq)
             seq = self._next
-            for line in lines:
+            for index, line in enumerate(lines, 1):
                 yield line
+                if index % FOLLOW_BATCH == 0:
+                    await asyncio.sleep(0)  # a big read's lines: let the loop breathe
             if not self._running:
                 return
             changed = self._changed

@@ -4,11 +4,13 @@ rotation, counts the relay's notes; `LineSplitter` and `OutputRing` stay bounded
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 from app.runtimes.output import (
     BEHIND_BYTES,
+    FOLLOW_BATCH,
     MAX_LINE,
     READ_BYTES,
     LineSplitter,
@@ -136,3 +138,24 @@ def test_the_ring_holds_a_bounded_number_of_characters() -> None:
     ring.extend(["short\n"] * 5)
     assert ring.tail(100)[-5:] == ["short\n"] * 5
     assert sum(map(len, ring.tail(100))) <= 1000
+
+
+async def test_a_follower_of_a_big_read_lets_the_loop_run_others_meanwhile() -> None:
+    """A 1 MiB read is thousands of lines; the load tracker's work on each must not hold the
+    loop (and `/health`) for the whole batch."""
+    ring = OutputRing()
+    ring.begin_run()
+    ring.extend(["line\n"] * 5000)
+    other_ran = asyncio.Event()
+    other = asyncio.create_task(asyncio.sleep(0, result=None))
+    other.add_done_callback(lambda _: other_ran.set())
+    seen_at: int | None = None
+    count = 0
+    async for _ in ring.run_output():
+        count += 1
+        if seen_at is None and other_ran.is_set():
+            seen_at = count
+        if count == 5000:
+            break
+    assert seen_at is not None  # the old follower handed out all 5,000 first
+    assert seen_at <= 3 * FOLLOW_BATCH + 1  # the task's step, its end, its callback
