@@ -235,8 +235,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         gw.stop()
     # The start's answer: (status, body) and its time, or nothing yet when SIGTERM came.
     start_s = started[1] if len(started) == 2 and not isinstance(started[0], OSError) else None
-    if start_s is not None and started[0][0] != 200:
-        raise RuntimeError(f"the backend's start answered {started[0][0]}: {started[0][1]!r}")
+    start_status = started[0][0] if start_s is not None else None
     baseline = [latency for at, latency in sampler.health if at < began]
     health = [latency for at, latency in sampler.health if at >= began]
     written = chatty_written(tmp / STATS)
@@ -246,6 +245,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "seconds": a.seconds,
         "baseline_s": a.baseline,
         "start_s": None if start_s is None else round(start_s, 2),
+        "start_status": start_status,
         "written_mb": round(written / 1e6, 1),
         "baseline": {
             "n": len(baseline),
@@ -306,7 +306,7 @@ def render(res: dict[str, Any]) -> str:
          "exits", exit_s is not None),
     ]  # fmt: skip
     start = res["start_s"]
-    answered = "not before SIGTERM" if start is None else f"in {start} s"
+    answered = "not before SIGTERM" if start is None else f"{res['start_status']} in {start} s"
     rate = res["written_mb"] / res["seconds"]
     out = [
         f"chatty backend: {res['mb_per_s']:g} MB/s asked for {res['seconds']:g} s; it wrote "
