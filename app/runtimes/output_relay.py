@@ -19,7 +19,9 @@ bytes: at most two files of at most the cap each, enforced as bytes are written.
   `NICE` 10, so on a busy machine the gateway's loop gets the CPU first; a server that
   writes faster than the relay reads (a few hundred MB/s, less when the CPUs are busy)
   fills the pipe and waits in its write: back-pressure, at a rate no log has a use for.
-- A write that fails (disk full) is given up: the output is lost, the server goes on.
+- A write that fails (disk full) is given up: the output is lost, the server goes on. A
+  file it cannot open, or a fault of its own, leaves it reading the pipe to its end,
+  keeping nothing, rather than leave the server writing into a pipe nobody reads.
 
 It imports nothing but the standard library and `output_limits`, to start in tens of
 milliseconds and stay a few MB.
@@ -131,12 +133,32 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         fcntl.fcntl(source, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     limits = Limits(args.bytes_per_s, args.lines_per_s, args.burst_bytes, args.burst_lines)
-    out = CappedFile(args.path, max(1, args.cap))
+    try:
+        out = CappedFile(args.path, max(1, args.cap))
+    except OSError as exc:
+        print(f"output relay: cannot write {args.path}: {exc}", file=sys.stderr)
+        drain(source)
+        return 1
     try:
         relay(source, out, limits)
+    except Exception:
+        drain(source)  # whatever went wrong here, the server's writes must not fail
+        raise
     finally:
         out.close()
     return 0
+
+
+def drain(source: int) -> None:
+    """Read `source` to its end, keeping nothing."""
+    while True:
+        try:
+            if not os.read(source, READ_BYTES):
+                return
+        except InterruptedError:
+            continue
+        except OSError:
+            return
 
 
 if __name__ == "__main__":

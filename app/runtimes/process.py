@@ -176,7 +176,7 @@ class ProcessRuntime:
         ends of the pipe, for the caller to give the write end to the server and close."""
         path = self._output.path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            await asyncio.to_thread(_openable, path)
             read_end, write_end = os.pipe()
         except OSError as exc:
             raise RuntimeFailure(
@@ -349,6 +349,12 @@ class ProcessRuntime:
 
     def describe(self) -> str:
         return f"process {' '.join(self._config.command)!r}"
+
+
+def _openable(path: Path) -> None:
+    """Raise `OSError` when the relay could not write `path` (its directory made 0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
 
 
 def relay_command(path: Path, *, cap: int = FILE_MAX_BYTES) -> list[str]:

@@ -1,6 +1,7 @@
 """The relay as a real process (`python -m app.runtimes.output_relay`): a flood on its
 stdin leaves two files within the cap, mode 0600, the drops noted in them; it shrugs off
-SIGTERM and ends when its input does."""
+SIGTERM and ends when its input does; it reads its input to the end even when it cannot
+write. And a server whose output file cannot be written is not launched."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.runtimes.process import PACKAGE_ROOT, relay_command
+import pytest
+
+from app.runtimes.base import RuntimeFailure
+from app.runtimes.process import PACKAGE_ROOT, ProcessRuntime, relay_command
+from app.runtimes.process_record import MemoryBook
+from app.settings import ProcessRuntimeConfig
 from tests.fakes.waits import until_sync
 
 CAP = 30_000  # under the burst: it rotates at least once
@@ -72,3 +78,27 @@ def test_an_earlier_runs_output_stays_before_the_new(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert path.read_text() == "earlier run\nnew run\n"
     assert sys.executable == relay_command(path)[0]  # the gateway's own interpreter
+
+
+def test_a_relay_that_cannot_write_its_file_still_reads_the_server_to_the_end(
+    tmp_path: Path,
+) -> None:
+    relay = start(tmp_path / "missing" / "b.log")  # no such directory
+    assert relay.stdin is not None
+    for _ in range(2000):  # 2 MB: more than a pipe holds, so it must be read
+        relay.stdin.write(b"y" * 1023 + b"\n")  # would raise BrokenPipeError unread
+    relay.stdin.close()
+    assert relay.wait(10) == 1
+
+
+async def test_a_server_whose_output_cannot_be_written_is_not_launched(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    config = ProcessRuntimeConfig(kind="process", command=["{python}", "-c", "pass"])
+    book = MemoryBook()
+    runtime = ProcessRuntime(
+        "b", config, env={}, book=book, launch="h", output_dir=tmp_path / "file" / "logs"
+    )
+    with pytest.raises(RuntimeFailure, match="cannot open its output file"):
+        await runtime.start()
+    assert runtime.pid is None
+    assert book.records() == {}
