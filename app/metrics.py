@@ -116,6 +116,18 @@ class Metrics:
             "(only with max_connections set, and only those that waited).",
             ("backend",),
         )
+        self.output_dropped = new.counter(
+            "backend_output_dropped_lines",
+            "Lines of a process backend's output its relay dropped: the server wrote faster "
+            "than its budget (each drop is also noted in the output file itself).",
+            ("backend",),
+        )
+        self.output_skipped = new.counter(
+            "backend_output_skipped_bytes",
+            "Bytes of a process backend's output file the gateway did not read: it was too "
+            "far behind, or emptied a file no relay capped.",
+            ("backend",),
+        )
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._timing_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
@@ -171,3 +183,18 @@ class PoolMetrics:
 
     def waited(self, seconds: float) -> None:
         self._histogram.observe(seconds)
+
+
+class OutputMetrics:
+    """A process backend's lost output (`ProcessRuntime`'s `OutputCounts`); its series
+    exist from 0 once this is made."""
+
+    def __init__(self, metrics: Metrics, backend: str) -> None:
+        self._dropped = metrics.output_dropped.labels(backend)
+        self._skipped = metrics.output_skipped.labels(backend)
+
+    def dropped_lines(self, n: int) -> None:
+        self._dropped.inc(n)
+
+    def skipped_bytes(self, n: int) -> None:
+        self._skipped.inc(n)

@@ -47,7 +47,7 @@ from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import RETRY_FIRST_S, ProcessRecords, StateStore, earlier_shared_state
-from app.metrics import PoolMetrics
+from app.metrics import OutputMetrics, PoolMetrics
 from app.notify.notifier import Notifier
 from app.routing.cloud import Cloud, build_cloud
 from app.routing.dispatcher import Dispatcher
@@ -490,6 +490,7 @@ class Services:
                 output_dir=self.settings.state_dir / "logs",
                 port=urlsplit(config.url).port,
                 address=address_of(config.url),
+                counts=OutputMetrics(self.metrics, name),
             )
         if isinstance(config.runtime, DockerRuntimeConfig):
             return DockerRuntime(name, config.runtime, self._docker(config.host_name))

@@ -3,14 +3,17 @@
 Stop sends SIGTERM to the whole group, waits `stop_grace_s`, then SIGKILLs what is left,
 so a server that forks workers (vLLM does) leaves nothing behind.
 
-Its stdout and stderr go to one file in the state directory (`logs/NAME.log`, mode 0600:
-it may hold prompts), opened in append mode, not to a pipe: when the gateway crashes the
-server keeps writing (a pipe with no reader would kill a server that does not ignore
-SIGPIPE, and fill and block one that does), and the next gateway, adopting it, reads the
-same file on. The gateway reads it every `TAIL_POLL_S` into an in-memory ring
-(`app.runtimes.output`) that serves `GET /backends/NAME/logs` and the load progress; past
-`output.FILE_MAX_BYTES` it is copied to `NAME.log.1` and truncated (the server keeps its
-descriptor; with append mode its next write lands at the new end).
+Its stdout and stderr go to a pipe read by a relay (`app.runtimes.output_relay`, a small
+Python process in a session of its own, started beside it), which writes them to one file
+in the state directory (`logs/NAME.log`, mode 0600: it may hold prompts), capped as it
+writes (rotated to `NAME.log.1` before it passes `output.FILE_MAX_BYTES`), dropping lines
+above a rate and saying so in the file. The relay does not end with the gateway: when the
+gateway crashes the server keeps writing, and the next gateway, adopting it, reads the same
+file on; it ends when the server (and whatever holds its stdout) has exited. The gateway
+reads the file every `TAIL_POLL_S`, in a thread and at most `output.READ_BYTES` at a time,
+into an in-memory ring (`app.runtimes.output`) that serves `GET /backends/NAME/logs` and
+the load progress; what the relay dropped and the reader skipped is counted
+(`OutputCounts`: the backend's metrics).
 
 It starts with the environment it is given: the gateway's minus every secret the
 configuration names, plus its own `env:` (`app.runtimes.child_env`).
@@ -42,10 +45,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
-from app.runtimes.output import OutputFile, OutputRing
+from app.runtimes.output import FILE_MAX_BYTES, OutputFile, OutputRead, OutputRing
 from app.runtimes.port_check import PortInUse, port_in_use_message, taken
 from app.runtimes.process_record import (
     ProcessRecord,
@@ -64,6 +67,28 @@ PYTHON = "{python}"
 EXIT_POLL_S: Final = 0.1  # an adopted process (not our child): how often to look for its exit
 KILL_WAIT_S: Final = 10.0  # after SIGKILL, how long it may take to disappear
 TAIL_POLL_S: Final = 0.1  # how often its output file is read while it runs
+RELAY_END_S: Final = 1.0  # after the server's exit, for the relay to write its last output
+# The package's parent: `python -m app.runtimes.output_relay` finds `app` from there,
+# installed or not.
+PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
+
+
+class OutputCounts(Protocol):
+    """Where a backend's lost output is counted (its metrics)."""
+
+    def dropped_lines(self, n: int) -> None:
+        """Lines the relay dropped: the server wrote faster than its budget."""
+
+    def skipped_bytes(self, n: int) -> None:
+        """Bytes the gateway did not read: it was too far behind (or cut an uncapped file)."""
+
+
+class NoCounts:
+    def dropped_lines(self, n: int) -> None:
+        pass
+
+    def skipped_bytes(self, n: int) -> None:
+        pass
 
 
 class ProcessRuntime:
@@ -82,12 +107,14 @@ class ProcessRuntime:
         output_dir: Path,
         port: int | None = None,
         address: tuple[str, int] | None = None,
+        counts: OutputCounts | None = None,
     ) -> None:
         """`env`: the whole environment it starts with (`app.runtimes.child_env`);
         `book`: where started processes are recorded; `launch`: the hash of the backend's
         launch settings (`process_record.launch_hash`); `output_dir`: where its output
         file is (`STATE_DIR/logs`); `port`: its server's, recorded; `address`: (host,
-        port) of its URL, which must not answer before a launch (`port_check`)."""
+        port) of its URL, which must not answer before a launch (`port_check`); `counts`:
+        where its lost output is counted."""
         self._backend = backend
         self._config = config
         self._env = dict(env)
@@ -100,6 +127,8 @@ class ProcessRuntime:
         self._output = OutputFile(output_dir / f"{backend}.log")
         self._ring = OutputRing()
         self._tail_task: asyncio.Task[None] | None = None
+        self._relay: asyncio.subprocess.Process | None = None
+        self._counts: OutputCounts = counts if counts is not None else NoCounts()
 
     @property
     def pid(self) -> int | None:
@@ -113,26 +142,21 @@ class ProcessRuntime:
         if self._adopted is not None and same_process(self._adopted, observe(self._adopted.pid)):
             return
         self._adopted = None
-        if self._proc is None and self._adoptable() is not None:
+        if self._proc is None and await self._adopt() is not None:
             return  # the server an earlier gateway started runs on: adopted, not launched
         await self._check_port()
         command = [sys.executable if word == PYTHON else word for word in self._config.command]
         await self._end_tail()  # the last run's output, read to its end
-        try:
-            fd = self._output.open_for_child()
-        except OSError as exc:
-            raise RuntimeFailure(
-                f"backend {self._backend!r}: cannot open its output file "
-                f"{self._output.path} (state_dir): {exc.strerror or exc}"
-            ) from None
+        self._ring.extend(await asyncio.to_thread(self._output.earlier_lines))
+        read_end, write_end = await self._start_relay()
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *command,
                 env=self._env,
                 cwd=self._config.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
+                stdout=write_end,
+                stderr=write_end,
                 start_new_session=True,  # own process group, so stop reaches its children
             )
         except OSError as exc:
@@ -141,10 +165,41 @@ class ProcessRuntime:
                 f"{self._config.command[0]!r}: {exc.strerror or exc}"
             ) from None
         finally:
-            os.close(fd)
+            os.close(write_end)  # the server has it now (or nobody: the relay ends)
+            os.close(read_end)
         logger.info("process started backend=%s pid=%d", self._backend, self._proc.pid)
         self._record(self._proc.pid, tuple(command))
         self._begin_tail()
+
+    async def _start_relay(self) -> tuple[int, int]:
+        """The relay between the server's output and its file, reading a new pipe: both
+        ends of the pipe, for the caller to give the write end to the server and close."""
+        path = self._output.path
+        try:
+            await asyncio.to_thread(_openable, path)
+            read_end, write_end = os.pipe()
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"backend {self._backend!r}: cannot open its output file "
+                f"{path} (state_dir): {exc.strerror or exc}"
+            ) from None
+        try:
+            self._relay = await asyncio.create_subprocess_exec(
+                *relay_command(path),
+                stdin=read_end,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                cwd=PACKAGE_ROOT,
+                env={},
+                start_new_session=True,  # the server's group signals do not reach it
+            )
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            raise RuntimeFailure(
+                f"backend {self._backend!r}: cannot start its output relay: {exc.strerror or exc}"
+            ) from None
+        return read_end, write_end
 
     async def _check_port(self) -> None:
         """Raise `PortInUse` when something answers on its port already."""
@@ -177,22 +232,36 @@ class ProcessRuntime:
         )
 
     def _begin_tail(self) -> None:
-        self._ring.extend(self._output.read())  # an earlier run's last lines
         self._ring.begin_run()
-        proc, adopted = self._proc, self._adopted
-        self._tail_task = spawn(self._tail(proc, adopted), name=f"process-output:{self._backend}")
+        proc, adopted, relay = self._proc, self._adopted, self._relay
+        tail = self._tail(proc, adopted, relay)
+        self._tail_task = spawn(tail, name=f"process-output:{self._backend}")
 
     async def _tail(
-        self, proc: asyncio.subprocess.Process | None, adopted: ProcessRecord | None
+        self,
+        proc: asyncio.subprocess.Process | None,
+        adopted: ProcessRecord | None,
+        relay: asyncio.subprocess.Process | None,
     ) -> None:
-        """Read its output file into the ring until it exited, then to the file's end."""
+        """Read its output file into the ring (off the loop, bounded) until it exited,
+        then (once the relay wrote the last of it) to the file's end."""
         try:
             while _running(proc, adopted):
-                self._ring.extend(self._output.read())
+                self._take(await asyncio.to_thread(self._output.read))
                 await asyncio.sleep(TAIL_POLL_S)
-            self._ring.extend(self._output.read() + self._output.flush())
+            if relay is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(relay.wait(), RELAY_END_S)
+            self._take(await asyncio.to_thread(self._output.read_to_end))
         finally:
             self._ring.end_run()
+
+    def _take(self, got: OutputRead) -> None:
+        self._ring.extend(got.lines)
+        if got.dropped_lines:
+            self._counts.dropped_lines(got.dropped_lines)
+        if got.skipped_bytes:
+            self._counts.skipped_bytes(got.skipped_bytes)
 
     async def _end_tail(self) -> None:
         task, self._tail_task = self._tail_task, None
@@ -215,7 +284,7 @@ class ProcessRuntime:
 
     async def status(self) -> RuntimeStatus:
         if self._proc is None and self._adopted is None:
-            self._adopted = self._adoptable()
+            await self._adopt()
         if self._adopted is not None:
             return self._adopted_status(self._adopted)
         if self._proc is None:
@@ -226,18 +295,19 @@ class ProcessRuntime:
         self._book.drop(self._backend)
         return RuntimeStatus(running=False, exit_code=code, detail=f"exited ({code})")
 
-    def _adoptable(self) -> ProcessRecord | None:
+    async def _adopt(self) -> ProcessRecord | None:
         """This backend's server as an earlier gateway recorded it, if it still runs and
-        was started with the launch settings configured now."""
+        was started with the launch settings configured now: adopted (its output read on
+        from the file's last lines)."""
         record = self._book.records().get(self._backend)
         if record is None:
             return None
         if verdict(record, observe(record.pid), self._launch) is not Verdict.ADOPT:
             return None  # `sweep_orphans` deals with it
         logger.info("adopting process backend=%s pid=%d", self._backend, record.pid)
-        # Its output goes on into the same file: read on from its last lines.
-        self._ring.extend(self._output.skip_to_end())
-        self._adopted = record
+        self._adopted = record  # before the wait: a second caller sees it adopted
+        self._relay = None  # its relay is the earlier gateway's child (it ends by itself)
+        self._ring.extend(await asyncio.to_thread(self._output.skip_to_end))
         self._begin_tail()
         return record
 
@@ -279,6 +349,17 @@ class ProcessRuntime:
 
     def describe(self) -> str:
         return f"process {' '.join(self._config.command)!r}"
+
+
+def _openable(path: Path) -> None:
+    """Raise `OSError` when the relay could not write `path` (its directory made 0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+
+
+def relay_command(path: Path, *, cap: int = FILE_MAX_BYTES) -> list[str]:
+    """The relay writing a server's output to `path` (`app.runtimes.output_relay`)."""
+    return [sys.executable, "-m", "app.runtimes.output_relay", str(path), "--cap", str(cap)]
 
 
 def _running(proc: asyncio.subprocess.Process | None, adopted: ProcessRecord | None) -> bool:

@@ -1,6 +1,6 @@
 """Each benchmark's `--quick` run end to end (`bench/overhead.py`, `wake.py`, `soak.py`,
-`keys.py`, `switch.py`): its servers start, every response is valid, its JSON has the shape
-and the invariants it promises.
+`keys.py`, `switch.py`, `chatty.py`): its servers start, every response is valid, its JSON
+has the shape and the invariants it promises.
 
 Timing targets are never asserted here; the quick counts are far too small to mean anything,
 and CI machines are noisy. Without wrk the quick mode falls back to a Python load loop.
@@ -222,3 +222,21 @@ def test_quick_switch_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         "collation: fewer switches than max_hold_s 0",
         "no request waits past max_wait_s, none refused",
     ]
+
+
+@pytest.mark.e2e
+def test_quick_chatty_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "chatty.json"
+    done = run_quick("chatty.py", "--json", str(out), timeout=120)
+    assert "SIGTERM to exit" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["written_mb"] > 0
+    for part in ("baseline", "health"):
+        for key in ("p50_ms", "p99_ms", "max_ms"):
+            assert is_number(results[part][key]), (part, key)
+    assert results["health"]["n"] > 0
+    assert results["rss_mb"]["peak"] > 0
+    # What is not timing: the cap holds, and the gateway exits at SIGTERM.
+    files = results["files"]
+    assert max(files["log_max_bytes"], files["log1_max_bytes"]) <= files["cap_bytes"]
+    assert results["sigterm_exit_s"] is not None

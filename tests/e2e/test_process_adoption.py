@@ -56,6 +56,17 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] not in "ZX"
 
 
+def relays_of(output: Path) -> list[int]:
+    """The pids of the output relays writing `output`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            words = cmdline.read_bytes().split(b"\0")
+            if b"app.runtimes.output_relay" in words and str(output).encode() in words:
+                found.append(int(cmdline.parent.name))
+    return found
+
+
 @contextlib.contextmanager
 def killed_afterwards(pids: dict[str, int]) -> Iterator[None]:
     """Whatever happens in the test, no fake server outlives it (`pids`: filled in)."""
@@ -103,6 +114,12 @@ def test_a_restarted_gateway_adopts_the_servers_a_crash_left_running(tmp_path: P
         # Stopped with the gateway like servers it started (no waitpid: polled).
         until_sync(lambda: not any(alive(pid) for pid in pids.values()), what="both gone")
         assert "process stopped backend=lazy pid=" in log
+        # Its output relay outlived the crash: the server's last words, written after the
+        # second gateway stopped it, are in its file; then the relay ended with it.
+        output = state_dir / "logs" / "lazy.log"
+        until_sync(lambda: not relays_of(output), what="the relay gone")
+        assert output.read_text().count("] listening on ") == 1  # one run, never restarted
+        assert output.read_text().rstrip().endswith("shutting down")
 
 
 def test_the_orphan_of_a_backend_no_longer_configured_is_stopped(tmp_path: Path) -> None:
