@@ -158,9 +158,10 @@ def run_check_config(args: argparse.Namespace, *, nvml: object | None = None) ->
     """`nvml` replaces the `pynvml` module `gpu.probe: auto` asks (tests)."""
     settings = load_config(args.config)
     names = sum(len(b.names) for b in settings.backends.values())
+    backends = len(settings.backends)
     print(
-        f"{settings.config_dir}: configuration is valid "
-        f"({len(settings.backends)} backends, {names} model names)"
+        f"{settings.config_dir}: configuration is valid ({backends} backend"
+        f"{'' if backends == 1 else 's'}, {names} model name{'' if names == 1 else 's'})"
     )
     for name, backend in settings.backends.items():
         served = ", ".join(backend.names)

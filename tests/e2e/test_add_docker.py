@@ -81,7 +81,7 @@ async def test_the_pages_docker_create_line_is_accepted_and_found_by_the_gateway
     checked = microscheduler(check_command.strip(), tmp_path, env)
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.splitlines()[:2] == [
-        "my-config: configuration is valid (1 backends, 1 model names)",
+        "my-config: configuration is valid (1 backend, 1 model name)",
         "  qwen3-8b: http://127.0.0.1:8001 [docker] serves qwen3-8b",
     ]
 
