@@ -51,6 +51,7 @@ from app.metrics import OutputMetrics, PoolMetrics
 from app.notify.notifier import Notifier
 from app.routing.cloud import Cloud, build_cloud
 from app.routing.dispatcher import Dispatcher
+from app.routing.rebuilds import Rebuilds
 from app.routing.registry import Registry
 from app.routing.responses import ResponseIds
 from app.runtimes.base import Runtime
@@ -286,6 +287,7 @@ class Services:
     def _build_routing(self) -> None:
         """The cloud (providers, chains, circuits) and the dispatcher over the backends."""
         settings = self.settings
+        self.rebuilds = Rebuilds()  # the backends a reload is rebuilding: requests wait
         self.cloud = build_cloud(
             settings, self.registry, self.backends, self.metrics, on_event=self.events.record
         )
@@ -300,6 +302,7 @@ class Services:
                 max_ids_per_key=settings.responses_max_ids_per_key,
             ),
             load_of=self.vllm_load.load_of,
+            rebuilds=self.rebuilds,
         )
 
     def wire_hooks(self) -> None:

@@ -4,8 +4,11 @@ The new configuration is read and validated whole by `load_settings` (start-up's
 path); an invalid one is refused (400 listing every problem) and the running one stays.
 A valid one is applied as its plan (`app.reload.plan`) says, in this order:
 
-1. Backends that go (removed, or rebuilt for a restart) are blocked (their requests get
-   503 `backend_disabled`, or their fallback chain) so nothing starts them again.
+1. Backends that go (removed, or rebuilt for a restart) are blocked so nothing starts
+   them again: a removed one's requests get 503 `backend_disabled` (or their fallback
+   chain); a rebuilt one's are held (`app.routing.rebuilds`, up to the backend's
+   `max_wait_s`, counted as a wake) until its new object is registered with its holds,
+   then go to it: never to a paid provider, never a 503 for a rebuild.
 2. Backends updated in place get their new config object; added ones are built and
    registered (new names: nothing routes to them yet).
 3. The routing pieces are built anew and swapped at once, with no await between the
@@ -166,6 +169,26 @@ class Reloader:
             services.settings = old
             raise
         going = {name: services.backends[name] for name in (*plan.removed, *plan.restart)}
+        # A rebuilt backend's requests wait for the new object, as for a wake, instead of
+        # meeting the old one's block (503, or a paid provider): until it is registered.
+        services.rebuilds.begin(plan.restart)
+        try:
+            await self._replace(plan, settings, old, built, going)
+        finally:
+            services.rebuilds.end_all()
+
+    async def _replace(
+        self,
+        plan: ReloadPlan,
+        settings: Settings,
+        old: Settings,
+        built: dict[str, Backend],
+        going: dict[str, Backend],
+    ) -> None:
+        """`_apply` once every new object is built: block what goes, swap, take down,
+        register the rebuilt ones and give them their holds; the caller then lets their
+        held requests go (no await between the last step here and that)."""
+        services = self._services
         for backend in going.values():
             backend.block(BLOCK_KEY, "a configuration reload", BlockKind.DISABLED)
         for name in plan.in_place:
@@ -227,6 +250,7 @@ class Reloader:
             running.response_ids,
             load_of=services.vllm_load.load_of,
             replicas=running.replicas,
+            rebuilds=services.rebuilds,
         )
         dispatcher.adapters.update({n: a for n, a in running.adapters.items() if n in keep})
         auth = Authenticator(keys, settings.admin_key, OriginPolicy.from_settings(settings))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from app.errors import (
     EndpointNotServed,
@@ -50,6 +51,7 @@ from app.routing.chains import ChainCall
 from app.routing.cloud import Chain, Cloud
 from app.routing.exchange import Call, Exchange, Notice
 from app.routing.local import open_entry, served_target
+from app.routing.rebuilds import Rebuilds
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberAttempts, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
@@ -60,6 +62,8 @@ from app.upstreams.usage import TokenCounter
 from app.upstreams.vllm_load import BackendLoad
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_PATIENCE_S: Final = 60.0  # a rebuild's hold for a name with no backend of its own
 
 
 class Dispatcher:
@@ -72,10 +76,13 @@ class Dispatcher:
         response_ids: ResponseIds | None = None,
         load_of: Callable[[str], BackendLoad | None] | None = None,
         replicas: Replicas | None = None,
+        rebuilds: Rebuilds | None = None,
     ) -> None:
         """`load_of`: a backend's last scraped vLLM load (replica groups break ties on it).
-        `replicas`: the running one's, kept by a reload (its metric is registered once)."""
+        `replicas`: the running one's, kept by a reload (its metric is registered once).
+        `rebuilds`: the backends a reload is rebuilding (a request for one waits)."""
         self._registry = registry
+        self._rebuilds = rebuilds if rebuilds is not None else Rebuilds()
         self._backends = backends
         self._metrics = metrics
         self._cloud = cloud
@@ -106,8 +113,11 @@ class Dispatcher:
     async def open(self, call: Call, notice: Notice | None = None) -> Exchange:
         """Open `call` where it goes: its fallback chain when the name the client used has
         one, else its backend (woken if needed; `notice` is called every few seconds
-        while the request is held for a start)."""
+        while the request is held for a start). A backend it may use that a reload is
+        rebuilding is waited for first (`app.routing.rebuilds`), as a wake would be."""
         chain = self._chains.get(call.route.name)
+        if self._rebuilds.active:
+            await self._settled(call, chain)
         if chain is not None and self._cloud is not None:
             exchange = await ChainCall(self._cloud, chain, call, self.replicas).open(notice)
         elif call.route.group is not None:
@@ -119,6 +129,12 @@ class Dispatcher:
             self._hint_tool_parser(exchange)
         self._remember(call, exchange)
         return exchange
+
+    async def _settled(self, call: Call, chain: Chain | None) -> None:
+        names = (*call.route.members, *(chain.entries if chain is not None else ()))
+        backend = self._backends.get(call.route.backend)
+        patience = backend.config.max_wait_s if backend is not None else DEFAULT_PATIENCE_S
+        await self._rebuilds.settled(names, patience)
 
     def _hint_tool_parser(self, exchange: Exchange) -> None:
         """A local vLLM's refusal of tools for want of `--enable-auto-tool-choice

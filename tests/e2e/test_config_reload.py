@@ -253,3 +253,41 @@ def test_a_backend_rebuilt_by_a_reload_keeps_the_gpu_profiles_block(tmp_path: Pa
         assert "GPU profile 'quiet'" in str(off["blocked_by"])
         assert off["yield_method"] == "sleep"  # the profile's sleep_mode
         assert "Traceback" not in gw.log()
+
+
+def test_requests_during_a_rebuild_are_held_and_served_not_refused(tmp_path: Path) -> None:
+    """A reload that rebuilds a pinned backend (its command changed): the requests that
+    arrive meanwhile wait, as for a wake, and are answered by the new server; before, they
+    got 503 `backend_disabled` (or, with a chain, went to the paid provider)."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    models: dict[str, Any] = {"backends": {"m": process_backend("m-model")}}
+    write(config_dir, models)
+    chat = {"model": "m-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    statuses: list[int] = []
+    done = threading.Event()
+
+    def steady() -> None:
+        with httpx.Client(base_url=gw.url, timeout=60) as client:
+            while not done.is_set() and len(statuses) < 2000:
+                statuses.append(client.post("/v1/chat/completions", json=chat).status_code)
+                done.wait(0.02)
+
+    with gateway_process(config_dir=config_dir, wait_ready=True) as gw:
+        first = pid_of(gw, "m")
+        sender = threading.Thread(target=steady, daemon=True)
+        sender.start()
+        until_sync(lambda: len(statuses) >= 5, what="requests flowing")
+        models["backends"]["m"]["runtime"]["command"] += ["--max-model-len", "4096"]
+        write(config_dir, models)
+        response = reload(gw)
+        assert response.status_code == 200, gw.log()[-3000:]
+        assert response.json()["restarted"] == ["m"]
+        until_sync(lambda: pid_of(gw, "m") not in (None, first), what="the new server")
+        seen = len(statuses)
+        until_sync(lambda: len(statuses) >= seen + 5, what="requests to the new server")
+        done.set()
+        sender.join(60)
+        assert not sender.is_alive()
+        assert "Traceback" not in gw.log()
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
