@@ -209,7 +209,11 @@ def run_yield(args: argparse.Namespace) -> int:
     print(yield_summary(body))
     restore = partial(_restore_quietly, url, args.host, args.reason, key_file)
     if not command:
-        print(f"restore with: {_restore_command(args.host, args.reason)}")
+        if body.get("already"):  # others hold it too: let go of this hold, or of all
+            print(f"let go of this hold with: {_restore_command(args.host, args.reason)}; "
+                  f"end every hold: {_restore_command(args.host)}")  # fmt: skip
+        else:
+            print(f"restore with: {_restore_command(args.host)}")
         return OK
     try:
         return _run_then(command, restore)

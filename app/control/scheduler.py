@@ -150,6 +150,8 @@ class Scheduler:
             outcome = await self._yield.yield_vram(request)
             if outcome.already:
                 others = [h for h in outcome.zone.holders if h != reason]
+                if not others:  # its own, kept across a restart
+                    return "its hold renewed"
                 return f"a yield already holds ({', '.join(others)}); its hold added"
             return "yielded"
         if current is None:

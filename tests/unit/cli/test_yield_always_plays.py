@@ -208,6 +208,19 @@ def test_after_the_game_it_lets_go_of_its_own_hold_only(
     assert "warning" not in capfd.readouterr().err
 
 
+def test_a_hold_added_to_a_yield_held_says_how_to_let_go_of_it(
+    gateway: StandIn, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICROSCHEDULER_ADMIN_KEY", KEY)
+    gateway.yield_answer = {**YIELDED, "already": True, "holders": ["schedule evening", "game"]}
+    assert run("yield", "--url", gateway.url, "--reason", "game") == 0
+    out = capfd.readouterr().out
+    assert (
+        "let go of this hold with: microscheduler restore --reason game; "
+        "end every hold: microscheduler restore"
+    ) in out
+
+
 def test_the_key_file_of_the_user_config_directory_is_read(
     gateway: StandIn, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
