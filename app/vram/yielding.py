@@ -421,6 +421,9 @@ class VramYield:
 
     async def expire(self, now: float) -> RestoreReport | None:
         """End the holds whose `ttl_s` ran out; the yield ends when none remains."""
+        zone = self.current
+        if zone is None or not any(h.expired(now) for h in zone.holds):
+            return None  # checked first: the reaper must not wait for a yield under way
         async with self._lock:
             zone = self.current
             if zone is None:

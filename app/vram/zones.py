@@ -196,7 +196,8 @@ class Zone:
             "slept": list(self.slept),
             "report": None if self.report is None else self.report.to_json(),
             "host": self.host,
-            "holds": [h.to_json() for h in self.holds],
+            # A yield's holds (a plain zone has none: its entry stays as it was).
+            **({"holds": [h.to_json() for h in self.holds]} if self.holds else {}),
         }
 
     @classmethod
