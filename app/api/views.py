@@ -27,8 +27,8 @@ from app.settings import ReleaseConfig
 from app.vram.host_ram import HostRamView
 from app.vram.hosts import Host
 from app.vram.residency import protected_for_s
-from app.vram.yielding import RestoreReport, YieldOutcome
-from app.vram.zones import Zone
+from app.vram.yield_answers import HoldReleased, RestoreReport, YieldOutcome
+from app.vram.zones import Hold, Zone
 
 Json = dict[str, Any]
 
@@ -173,8 +173,19 @@ def zone_view(zone: Zone) -> Json:
     }
 
 
+def hold_view(hold: Hold) -> Json:
+    return {
+        "reason": hold.holder,
+        "granted_at": hold.granted_at,
+        "expires_at": hold.expires_at,
+        "expires_in_s": expires_in_s(hold.expires_at),
+    }
+
+
 def yield_view(zone: Zone | None) -> Json:
-    """`GET /vram/yield`: the yield that holds, as measured when it was taken."""
+    """`GET /vram/yield`: the yield that holds, as measured when it was taken (`reason`:
+    the first holder's), and its holds (`holds`; `holders`: their reasons). `expires_at`:
+    when the last hold ends by itself (None: one never does)."""
     if zone is None:
         return {"state": "none"}
     report = {} if zone.report is None else zone.report.to_json()
@@ -185,17 +196,38 @@ def yield_view(zone: Zone | None) -> Json:
         "held_mib": zone.mib,
         "granted_at": zone.granted_at,
         "expires_at": zone.expires_at,
+        "holders": list(zone.holders),
+        "holds": [hold_view(h) for h in zone.holds],
     }
 
 
 def yield_outcome_view(outcome: YieldOutcome) -> Json:
-    """`POST /vram/yield`: the yield, and whether it held already before this call."""
-    return {**yield_view(outcome.zone), "already": outcome.already}
+    """`POST /vram/yield`: the yield, and whether it held already before this call;
+    `reason` and `expires_at` are the caller's own hold's (`hold`)."""
+    hold = outcome.hold
+    return {
+        **yield_view(outcome.zone),
+        "already": outcome.already,
+        "reason": hold.holder,
+        "expires_at": hold.expires_at,
+        "hold": hold_view(hold),
+    }
 
 
-def restore_view(report: RestoreReport | None, host: str) -> Json:
+def restore_view(report: RestoreReport | HoldReleased | None, host: str) -> Json:
     if report is None:
         return {"state": "none", "restored": False, "host": host}
+    if isinstance(report, HoldReleased):  # others hold on: the yield holds still
+        zone = report.zone
+        return {
+            "state": "yielded",
+            "restored": False,
+            "host": host,
+            "reason": report.holder,
+            "released": report.released,
+            "holders": list(zone.holders),
+            "holds": [hold_view(h) for h in zone.holds],
+        }
     return {
         "state": "restored",
         "restored": True,
@@ -207,6 +239,7 @@ def restore_view(report: RestoreReport | None, host: str) -> Json:
         "failed": dict(report.failed),
         "on_demand": list(report.on_demand),
         "yielded_for_s": report.yielded_for_s,
+        "ended": list(report.ended),
     }
 
 

@@ -5,7 +5,8 @@ POST /vram/zones/{zone}/acquire     make room for an outside workload, then hold
 POST /vram/zones/{zone}/release     give it back; blocked backends wake on demand
 GET  /vram/yield                    the VRAM yield held, as measured when it was taken
 POST /vram/yield                    free the GPU for a game (drain, stop or sleep)
-POST /vram/restore                  give it back: pinned backends now, lazy on demand
+POST /vram/restore                  end a hold (or all); the last one's end gives it
+                                    back: pinned backends now, lazy on demand
 
 Each works on one host's GPUs: the local one unless the request names another of
 `hosts:` (`"host"` in a body, `?host=` on a GET, `{"host": ...}` on the restore). A
@@ -23,7 +24,7 @@ from app.api.deps import AdminDep, ServicesDep, json_body
 from app.api.views import expires_in_s, restore_view, yield_outcome_view, yield_view, zone_view
 from app.errors import Conflict, InvalidRequest
 from app.gpu.telemetry import free_mib
-from app.vram.yielding import YieldRequest
+from app.vram.yield_answers import YieldRequest
 from app.vram.zones import YIELD_ZONE
 
 router = APIRouter(tags=["admin"], dependencies=[AdminDep])
@@ -62,6 +63,8 @@ class RestoreBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: HostName = None  # none: the local host
+    # End this holder's hold only (its yield's `reason`); none: every hold.
+    reason: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 HostQuery = Annotated[str | None, Query(min_length=1, max_length=64)]
@@ -162,8 +165,10 @@ async def take_yield(
     request: Annotated[YieldBody | None, Depends(json_body(YieldBody))],
 ) -> dict[str, Any]:
     """Drains, then stops or puts to sleep the yieldable backends (lowest priority first)
-    until `min_free_mib` is free, and holds the memory. `freed_mib` is measured. A second
-    call answers the yield already held (`"already": true`)."""
+    until `min_free_mib` is free, and holds the memory. `freed_mib` is measured. A call
+    while a yield holds adds (or renews) the caller's own hold, keyed by its `reason`, and
+    takes nothing more: it answers the yield held (`"already": true`), naming the caller's
+    hold (`reason`, `expires_at`) and every holder (`holds`)."""
     body = request or YieldBody()
     host = services.hosts.named(body.host)
     ask = YieldRequest(**body.model_dump(exclude={"host"}))
@@ -175,8 +180,12 @@ async def restore_yield(
     services: ServicesDep,
     request: Annotated[RestoreBody | None, Depends(json_body(RestoreBody))],
 ) -> dict[str, Any]:
-    """Ends the yield of the local host (or the body's `host`): pinned backends are woken
-    or started now, lazy ones on demand. Without a yield it answers `{"state": "none",
-    "restored": false}`."""
-    host = services.hosts.named(None if request is None else request.host)
-    return restore_view(await host.vram_yield.restore(), host.name)
+    """With a `reason`: ends that holder's hold of the yield of the local host (or the
+    body's `host`); without: every hold. When no hold remains the yield ends: pinned
+    backends are woken or started now, lazy ones on demand (`ended`: the holds it
+    ended). While others hold on it answers `{"state": "yielded", "restored": false}`
+    with the `holds` that remain. Without a yield: `{"state": "none", "restored":
+    false}`."""
+    body = request or RestoreBody()
+    host = services.hosts.named(body.host)
+    return restore_view(await host.vram_yield.restore(holder=body.reason), host.name)

@@ -11,8 +11,11 @@ beyond the GPU's memory is refused before anything stops (HTTP 400), and N not r
 is undone by the gateway and refused (HTTP 409, saying what still holds the GPU); the
 exit code is 1.
 
-With a command, it runs the command once the memory is free and restores when the
-command ends, whatever the end: its own exit, a crash, Ctrl-C (the command gets it too,
+Each caller holds the yield on its own, by its `--reason` (default `gaming`): a yield
+taken while one holds (a schedule's window, another person's) adds this hold to it. With
+a command, it runs the command once the memory is free and lets go of its own hold when
+the command ends (`POST /vram/restore` with its reason; the models come back when no other
+hold remains), whatever the end: its own exit, a crash, Ctrl-C (the command gets it too,
 as the terminal sends it to both), or SIGTERM to this process (passed on to the command).
 The exit code is the command's (128 + N for a signal N), 127 when it cannot be started.
 
@@ -23,6 +26,8 @@ line on stderr says why and that the command starts anyway; it runs on the GPU a
 is, nothing is restored after it, and the exit code is still the command's. Without a
 command those are failures (exit 1, 2 or 3, as every command).
 
+`restore` ends every hold ("give it all back"); `restore --reason R` only R's.
+
 `--host NAME` (both commands) acts on the GPU of that machine of models.yaml `hosts:`
 instead of the gateway's own (`local`); the output names it.
 """
@@ -30,6 +35,7 @@ instead of the gateway's own (`local`); the output names it.
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,6 +103,10 @@ def add_gaming_commands(subparsers: Subparsers) -> None:
     restore = subparsers.add_parser("restore", help="end the yield: bring the models back")
     add_url_option(restore)
     _add_host_option(restore)
+    restore.add_argument(
+        "--reason", default=None, metavar="R",
+        help="let go of R's hold only (the yield ends when no hold remains); default: every hold",
+    )  # fmt: skip
     restore.set_defaults(func=run_restore)
 
 
@@ -142,6 +152,11 @@ def yield_summary(body: JsonDict) -> str:
 
 def restore_summary(body: JsonDict) -> str:
     where = _on(body.get("host"))
+    if not body.get("restored") and body.get("state") == "yielded":  # others hold on
+        holders = _names(body.get("holders"))
+        if not body.get("released"):
+            return f"{body.get('reason')!r} held no yield{where}; it holds for {holders}"
+        return f"let go of {body.get('reason')!r}'s hold{where}; the yield holds on for {holders}"
     if not body.get("restored"):
         return f"no yield was held{where}: nothing to restore"
     return (
@@ -160,8 +175,8 @@ def run_restore(args: argparse.Namespace) -> int:
     url = url_of(args)
     try:
         body = call(
-            "POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(args.host),
-            key_file=args.admin_key_file,
+            "POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S,
+            body=_restore_body(args.host, args.reason), key_file=args.admin_key_file,
         )  # fmt: skip
     except (Unreachable, GatewayRefused) as exc:
         return reported("restore", exc)
@@ -192,9 +207,13 @@ def run_yield(args: argparse.Namespace) -> int:
         _play_anyway(_why_not(exc))
         return _run_then(command, _nothing)
     print(yield_summary(body))
-    restore = partial(_restore_quietly, url, args.host, key_file)
+    restore = partial(_restore_quietly, url, args.host, args.reason, key_file)
     if not command:
-        print(f"restore with: {_restore_command(args.host)}")
+        if body.get("already"):  # others hold it too: let go of this hold, or of all
+            print(f"let go of this hold with: {_restore_command(args.host, args.reason)}; "
+                  f"end every hold: {_restore_command(args.host)}")  # fmt: skip
+        else:
+            print(f"restore with: {_restore_command(args.host)}")
         return OK
     try:
         return _run_then(command, restore)
@@ -228,8 +247,18 @@ def _host(host: str | None) -> JsonDict | None:
     return None if host is None else {"host": host}
 
 
-def _restore_command(host: str | None) -> str:
-    return "microscheduler restore" + ("" if host is None else f" --host {host}")
+def _restore_body(host: str | None, reason: str | None) -> JsonDict | None:
+    """The restore's body: the host (none: the local one), the hold to end (none: all)."""
+    body = {**(_host(host) or {}), **({} if reason is None else {"reason": reason})}
+    return body or None
+
+
+def _restore_command(host: str | None, reason: str | None = None) -> str:
+    return (
+        "microscheduler restore"
+        + ("" if host is None else f" --host {host}")
+        + ("" if reason is None else f" --reason {shlex.quote(reason)}")
+    )
 
 
 def _run_then(command: Sequence[str], restore: Callable[[], None]) -> int:
@@ -259,14 +288,15 @@ def _run_then(command: Sequence[str], restore: Callable[[], None]) -> int:
     return 128 - code if code < 0 else code
 
 
-def _restore_quietly(url: str, host: str | None, key_file: Path | None) -> None:
-    """Restore, saying what happened; a failure is printed, never raised (the command's
-    exit code is what the caller returns)."""
+def _restore_quietly(url: str, host: str | None, reason: str, key_file: Path | None) -> None:
+    """Let go of this yield's own hold (`reason`; another's, a schedule's, stays), saying
+    what happened; a failure is printed, never raised (the command's exit code is what the
+    caller returns)."""
     try:
         body = call(
-            "POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S, body=_host(host),
-            key_file=key_file,
+            "POST", url, "/vram/restore", timeout=RESTORE_TIMEOUT_S,
+            body=_restore_body(host, reason), key_file=key_file,
         )  # fmt: skip
         print(restore_summary(body))
     except (Unreachable, GatewayRefused, KeyFileError) as exc:
-        error("yield", f"the restore failed: {exc}; run: {_restore_command(host)}")
+        error("yield", f"the restore failed: {exc}; run: {_restore_command(host, reason)}")

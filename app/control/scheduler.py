@@ -7,9 +7,11 @@ GPU profile switch, a backend's start), at each window's edges.
   and when it ends. Between them nothing is re-applied, so a manual yield or restore (API,
   CLI) or a profile switch wins until the next edge of a window of that action.
 - `yield`: at the start, the yield (`POST /vram/yield` with the window's reason,
-  `min_free_mib`, `include_pinned`, `gpu`) unless one holds already; at the end, the
-  restore of whatever yield holds. A yield of the window's reason found at start-up
-  outside its window (the gateway was down at its end) is restored.
+  `min_free_mib`, `include_pinned`, `gpu`); when one holds already (a person's), the
+  window adds its own hold to it. At the end, the window lets go of its own hold only
+  (`POST /vram/restore` with its reason): the yield ends unless another holder (a
+  person's game) holds on. A hold of the window's reason found at start-up outside its
+  window (the gateway was down at its end) is let go of.
 - `profile`: at the start, the switch to the window's profile (the one active before is
   remembered); at the end, back to it (after a restart inside the window: the file's
   default profile), unless that is the one active.
@@ -39,7 +41,8 @@ from app.lifecycle.profile_switch import ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.settings.schedules import ScheduleWindow
 from app.tasks import OwnedTasks, cancel_and_wait, spawn
-from app.vram.yielding import VramYield, YieldRequest
+from app.vram.yield_answers import HoldReleased, YieldRequest
+from app.vram.yielding import VramYield
 
 logger = logging.getLogger(__name__)
 
@@ -136,22 +139,29 @@ class Scheduler:
 
     async def _yield_edge(self, window: ScheduleWindow, active: bool, *, first: bool) -> str | None:
         current = self._yield.current
+        reason = window.yield_reason
         if active:
-            if current is not None:
-                return f"a yield already holds ({current.holder})"
             request = YieldRequest(
-                reason=window.yield_reason,
+                reason=reason,
                 min_free_mib=window.min_free_mib,
                 include_pinned=window.include_pinned,
                 gpu=window.gpu,
             )
-            await self._yield.yield_vram(request)
+            outcome = await self._yield.yield_vram(request)
+            if outcome.already:
+                others = [h for h in outcome.zone.holders if h != reason]
+                if not others:  # its own, kept across a restart
+                    return "its hold renewed"
+                return f"a yield already holds ({', '.join(others)}); its hold added"
             return "yielded"
         if current is None:
             return None if first else "nothing to restore (restored meanwhile)"
-        if first and current.holder != window.yield_reason:
-            return None  # not this window's: a person's or another's
-        await self._yield.restore("schedule")
+        if current.hold_of(reason) is None:
+            # Not this window's (a person's, another's), or let go of meanwhile.
+            return None if first else "its hold was let go of meanwhile"
+        answer = await self._yield.restore("schedule", holder=reason)
+        if isinstance(answer, HoldReleased):
+            return f"its hold let go of; the yield holds on for {', '.join(answer.zone.holders)}"
         return "restored"
 
     async def _profile_edge(
@@ -192,7 +202,8 @@ class Scheduler:
         if not state.active:
             return False
         if window.action == "yield":
-            return self._yield.current is None
+            current = self._yield.current  # the yield ended, or the window's hold
+            return current is None or current.hold_of(window.yield_reason) is None
         if window.action == "profile":
             return self._profiles.active != window.profile
         backend = self._backends[window.backend or ""]

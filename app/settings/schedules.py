@@ -5,7 +5,7 @@ default the system's local zone). The schema and its checks only; pure.
 timezone: Europe/Berlin
 schedules:
   - {name: evenings, days: [mon, tue, wed, thu, fri], from: "19:00", to: "23:30",
-     action: yield, min_free_mib: 20000, reason: gaming}
+     action: yield, min_free_mib: 20000}    # its hold: "schedule evenings"
   - {name: nights, days: [sat, sun], from: "22:00", to: "06:00", action: profile,
      profile: batch}                      # across midnight: ends the next day at 06:00
   - {name: office, days: [mon, tue, wed, thu, fri], from: "08:30", to: "18:00",
@@ -16,7 +16,7 @@ schedules:
   next day when `to` is not after `from`; `to: "24:00"` is the end of the day. `from`
   and `to` may not be equal.
 - `yield`: the VRAM yield (as `POST /vram/yield` with `reason`, `min_free_mib`,
-  `include_pinned`, `gpu`) for the window, restored at its end; `profile`: the GPU
+  `include_pinned`, `gpu`) for the window, its hold let go of at its end; `profile`: the GPU
   profile switched to for the window, and back at its end; `keep_warm`: the backend is
   started at the window's start and not idle-stopped during it.
 - Overlaps: two windows of the same action may not overlap (one yield and one profile
@@ -69,7 +69,7 @@ class ScheduleWindow(StrictConfig):
         default=None,
         min_length=1,
         max_length=200,
-        description="yield: the holder of the yield; null: `schedule NAME`.",
+        description="yield: the holder of the window's hold of the yield; null: `schedule NAME`.",
     )
     min_free_mib: PositiveInt | None = Field(
         None, description="yield: the MiB to free; null: everything."

@@ -8,7 +8,8 @@ Foreign memory on a GPU = used (as the probe measures it) minus what the gateway
 backends hold there (their measured memory, else what admission placed). It must stay
 above `foreign_mib` for `settle_s` before a yield (a brief spike does not stop models),
 and below it for `restore_after_s` before a restore. A yield a person asked for is never
-undone here; one that a person restored is forgotten.
+undone here; one that a person restored is forgotten; its restore ends its own hold
+only, so a person who joined the automatic yield (`POST /vram/yield`) holds it on.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot
 from app.settings import AutoYieldConfig
 from app.vram.arbiter import VramArbiter
-from app.vram.yielding import VramYield, YieldRequest
+from app.vram.yield_answers import YieldRequest
+from app.vram.yielding import VramYield
 from app.vram.zones import Zone
 
 logger = logging.getLogger(__name__)
@@ -61,8 +63,10 @@ class AutoYieldPolicy:
 
     def decide(self, now: float, foreign: Mapping[int, int], held: Zone | None) -> Decision | None:
         cfg = self.config
-        if held is not None and self.ours != held.granted_at:
-            self.ours = None  # a person's yield, or ours restored and another taken
+        if held is not None and (self.ours != held.granted_at or held.hold_of(REASON) is None):
+            # A person's yield, ours restored and another taken, or ours let go of (a
+            # person holds it on).
+            self.ours = None
         if held is None:
             self.ours = None
             self._below_since = None
@@ -125,7 +129,8 @@ class AutoYield:
                 if not outcome.already:
                     self.policy.took(outcome.zone)
             else:
-                await self._yield.restore("auto")
+                # Its own hold only: a person who joined the yield holds it on.
+                await self._yield.restore("auto", holder=REASON)
         except GatewayError as exc:
             logger.error("auto %s failed gpu=%d error=%s", decision.action, decision.gpu, exc)
         return decision

@@ -11,10 +11,15 @@ is saved, survives restarts and blocks what it took like any zone.
 - While it holds, requests for the backends it took get 503 `backend_yielded` (or their
   fallback chain) and never wake them; the zone keeps other starts out of the memory it
   freed.
-- `restore()` (or the yield's `ttl_s` running out) unblocks them: pinned ones are woken
-  or started at once, lazy ones on their next request.
+- Each caller holds the yield on its own (a `Hold`, keyed by its `reason`, with its own
+  `ttl_s`): a call while a yield holds adds (or renews) the caller's hold and takes
+  nothing more. `restore(reason=R)` ends R's hold; the yield ends only when no hold
+  remains (`restore()` without a reason ends every hold: "give it all back"); an expired
+  hold ends likewise.
+- The yield's end unblocks them: pinned ones are woken or started at once, lazy ones on
+  their next request.
 
-Answers are typed (`YieldOutcome`, `RestoreReport`); `app.api.views` renders them.
+Answers are typed (`app.vram.yield_answers`); `app.api.views` renders them.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.tasks import OwnedTasks
 from app.vram.arbiter import VramArbiter
-from app.vram.zones import YIELD_ZONE, YieldReport, Zone, gpu_name
+from app.vram.yield_answers import HoldReleased, RestoreReport, YieldOutcome, YieldRequest
+from app.vram.zones import YIELD_ZONE, Hold, YieldReport, Zone, gpu_name
 
 logger = logging.getLogger(__name__)
 
@@ -47,37 +53,6 @@ SETTLE_QUIET_S: Final = 1.0
 RESTORE_WAIT_S: Final = 15.0
 # A restore's `why` when the yield undoes itself: its `min_free_mib` was not reached.
 NOT_MET: Final = "not met"
-
-
-@dataclass(frozen=True, slots=True)
-class YieldRequest:
-    reason: str = "gaming"
-    min_free_mib: int | None = None  # None: take everything yieldable
-    ttl_s: float | None = None  # None: until restored
-    include_pinned: bool = False
-    gpu: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class YieldOutcome:
-    """The yield that holds (its zone and report); `already`: it held before this call."""
-
-    zone: Zone
-    already: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreReport:
-    """What a restore gave back: pinned backends `back` (or still `starting`, or `failed`
-    with why), lazy ones `on_demand`."""
-
-    reason: str  # the yield's reason (its holder)
-    why: str  # restored | expired
-    back: tuple[str, ...]
-    starting: tuple[str, ...]
-    failed: dict[str, str | None]
-    on_demand: tuple[str, ...]
-    yielded_for_s: float
 
 
 class VramYield:
@@ -122,7 +97,7 @@ class VramYield:
             current = self.current
             if current is not None:
                 self._metrics.yields.labels(self.host, "already").inc()
-                return YieldOutcome(current, already=True)
+                return self._join(current, request)
             try:
                 zone = await self._yield(request)
             except BaseException:
@@ -134,7 +109,35 @@ class VramYield:
                 raise YieldNotMet(not_met_message(self.host, zone.report, self._holding(request)))
             self._metrics.yields.labels(self.host, "yielded").inc()
             self.sync_metrics()
-            return YieldOutcome(zone, already=False)
+            return YieldOutcome(zone, already=False, hold=zone.holds[0])
+
+    def _join(self, current: Zone, request: YieldRequest) -> YieldOutcome:
+        """Add (or renew) the caller's hold of the yield that holds; nothing more is taken
+        (its `min_free_mib`, `include_pinned` and `gpu` are not acted on). Saved first:
+        when that fails (`StateWriteError`), nothing changes."""
+        now = time.time()
+        mine = current.hold_of(request.reason)
+        hold = Hold(
+            request.reason,
+            now if mine is None else mine.granted_at,
+            None if request.ttl_s is None else now + request.ttl_s,
+        )
+        others = tuple(h for h in current.holds if h.holder != request.reason)
+        zone = current.with_holds((*others, hold))
+        self._arbiter.set_zone(zone)
+        self._block(zone)
+        logger.info("vram yield hold host=%s holder=%s holders=%s renewed=%s", self.host,
+                    request.reason, ",".join(zone.holders), mine is not None)  # fmt: skip
+        self._events.record("vram_yield_hold", host=self.host, holder=request.reason,
+                            holders=list(zone.holders), renewed=mine is not None)  # fmt: skip
+        return YieldOutcome(zone, already=True, hold=hold)
+
+    def _block(self, zone: Zone) -> None:
+        """Re-place the yield's blocks: their words name its holders, their end is its."""
+        for name in zone.blocks:
+            backend = self._backends.get(name)
+            if backend is not None:
+                backend.block(zone.block_key, zone.describe(), zone.block_kind, zone.expires_at)
 
     def _holding(self, request: YieldRequest) -> list[str]:
         """What still holds memory on the yield's GPU: the backends the yield did not take
@@ -220,16 +223,18 @@ class VramYield:
     def _draft(self, request: YieldRequest) -> Zone:
         """The zone before anything is taken: its block key, words and expiry."""
         now = time.time()
+        expires = None if request.ttl_s is None else now + request.ttl_s
         return Zone(
             YIELD_ZONE,
             holder=request.reason,
             gpu=request.gpu,
             mib=0,
             granted_at=now,
-            expires_at=None if request.ttl_s is None else now + request.ttl_s,
+            expires_at=expires,
             stopped=(),
             kind="yield",
             host=self.host,
+            holds=(Hold(request.reason, now, expires),),
         )
 
     def _scope(self, request: YieldRequest) -> list[Backend]:
@@ -343,11 +348,35 @@ class VramYield:
 
     # -- restore -----------------------------------------------------------------------
 
-    async def restore(self, why: str = "restored") -> RestoreReport | None:
-        """Give the memory back: unblock, wake or start pinned backends now (waiting up
-        to `RESTORE_WAIT_S`), leave lazy ones for their next request. None: no yield."""
+    async def restore(
+        self, why: str = "restored", *, holder: str | None = None
+    ) -> RestoreReport | HoldReleased | None:
+        """End `holder`'s hold; without one, every hold. When no hold remains, give the
+        memory back: unblock, wake or start pinned backends now (waiting up to
+        `RESTORE_WAIT_S`), leave lazy ones for their next request. `HoldReleased`: others
+        hold on (or `holder` held nothing while they do). None: no yield."""
         async with self._lock:
-            return await self._restore(why)
+            current = self.current
+            if current is None or holder is None:
+                return await self._restore(why)
+            others = tuple(h for h in current.holds if h.holder != holder)
+            if len(others) == len(current.holds):
+                return HoldReleased(holder, released=False, zone=current)
+            if not others:
+                return await self._restore(why)
+            return HoldReleased(holder, released=True, zone=self._let_go(current, others, why))
+
+    def _let_go(self, current: Zone, remaining: tuple[Hold, ...], why: str) -> Zone:
+        """End the holds not in `remaining` (some remain): the yield holds on for them."""
+        ended = [h.holder for h in current.holds if h not in remaining]
+        zone = current.with_holds(remaining)
+        self._arbiter.keep_zone(zone)
+        self._block(zone)
+        logger.info("vram yield hold ended host=%s why=%s ended=%s holders=%s", self.host, why,
+                    ",".join(ended), ",".join(zone.holders))  # fmt: skip
+        self._events.record("vram_yield_hold_ended", host=self.host, why=why, ended=ended,
+                            holders=list(zone.holders))  # fmt: skip
+        return zone
 
     async def _restore(self, why: str) -> RestoreReport | None:
         """`restore()` under the lock (a yield that is not met is undone by it too)."""
@@ -382,6 +411,7 @@ class VramYield:
             },
             on_demand=tuple(b.name for b in on_demand),
             yielded_for_s=round(time.time() - zone.granted_at, 1),
+            ended=zone.holders,
         )
         lazy = [b.name for b in on_demand]
         logger.info("vram restored host=%s why=%s back=%s on_demand=%s",
@@ -390,10 +420,21 @@ class VramYield:
         return answer
 
     async def expire(self, now: float) -> RestoreReport | None:
+        """End the holds whose `ttl_s` ran out; the yield ends when none remains."""
         zone = self.current
-        if zone is None or not zone.expired(now):
-            return None
-        return await self.restore("expired")
+        if zone is None or not any(h.expired(now) for h in zone.holds):
+            return None  # checked first: the reaper must not wait for a yield under way
+        async with self._lock:
+            zone = self.current
+            if zone is None:
+                return None
+            remaining = tuple(h for h in zone.holds if not h.expired(now))
+            if len(remaining) == len(zone.holds):
+                return None
+            if remaining:
+                self._let_go(zone, remaining, "expired")
+                return None
+            return await self._restore("expired")
 
     async def close(self) -> None:
         await self._tasks.close()
@@ -444,6 +485,7 @@ def _held_zone(
         slept=tuple(taken.slept + taken.already_asleep),  # both blocked while it holds
         report=report,
         host=draft.host,
+        holds=draft.holds,
     )
 
 

@@ -123,6 +123,15 @@ class ZoneBook:
         self._save({**self.zones, zone.name: zone})
         self.zones[zone.name] = zone
 
+    def keep_zone(self, zone: Zone) -> None:
+        """Hold `zone` in place of the one of its name, less than before (a hold of the
+        yield ended): takes effect even when the state file cannot be written (the save
+        is retried, like `_drop`'s)."""
+        self._persist({**self.zones, zone.name: zone})
+        self.zones[zone.name] = zone
+        if self._events is not None:
+            self._events.changed()
+
     def check_state_writable(self) -> None:
         """Raises `StateWriteError` when a zone could not be saved now."""
         self.store.check_writable()

@@ -3,13 +3,15 @@
 A zone reserves `mib` on one GPU for a named holder until it is released or expires.
 The lazy backends stopped to make room are *blocked* while it is held: their requests
 fall back or get 503 naming the zone, and never wake them. A VRAM yield is a zone too
-(named `yield`); it keeps the `YieldReport` of what it measured when it was taken.
+(named `yield`); it keeps the `YieldReport` of what it measured when it was taken, and
+its holds: each caller of the yield (a person's `reason`, a schedule's window) holds it on
+its own, with its own expiry; the yield ends when the last hold ends (`app.vram.yielding`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from app.lifecycle.blocks import BlockKind
@@ -93,6 +95,40 @@ class YieldReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """One holder's hold of the yield: its `reason`, when it was taken, when it ends by
+    itself (None: when released)."""
+
+    holder: str
+    granted_at: float  # wall clock
+    expires_at: float | None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def to_json(self) -> dict[str, Any]:
+        return {"holder": self.holder, "granted_at": self.granted_at, "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Hold:
+        """Raises KeyError/TypeError/ValueError on a malformed hold."""
+        expires = data.get("expires_at")
+        return cls(
+            holder=str(data["holder"]),
+            granted_at=float(data["granted_at"]),
+            expires_at=None if expires is None else float(expires),
+        )
+
+
+def holds_end(holds: tuple[Hold, ...]) -> float | None:
+    """When the last of `holds` ends by itself; None when one never does (or none)."""
+    ends = [h.expires_at for h in holds]
+    if not ends or None in ends:
+        return None
+    return max(e for e in ends if e is not None)
+
+
+@dataclass(frozen=True, slots=True)
 class Zone:
     name: str
     holder: str
@@ -106,6 +142,22 @@ class Zone:
     slept: tuple[str, ...] = ()  # backends put to sleep for it (yield), blocked too
     report: YieldReport | None = None  # a yield's measurements
     host: str = LOCAL_HOST  # the machine whose GPU it holds
+    # A yield's holds, oldest first; `holder` is the first's, `expires_at` the last end
+    # (`with_holds`). A plain zone has none: its `holder` is its one holder.
+    holds: tuple[Hold, ...] = ()
+
+    def with_holds(self, holds: tuple[Hold, ...]) -> Zone:
+        """The yield held by `holds` (at least one): its `holder` is the oldest's, it
+        expires when the last one does."""
+        ordered = tuple(sorted(holds, key=lambda h: h.granted_at))
+        return replace(self, holds=ordered, holder=ordered[0].holder, expires_at=holds_end(ordered))
+
+    def hold_of(self, holder: str) -> Hold | None:
+        return next((h for h in self.holds if h.holder == holder), None)
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        return tuple(h.holder for h in self.holds)
 
     @property
     def blocks(self) -> tuple[str, ...]:
@@ -124,7 +176,8 @@ class Zone:
 
     def describe(self) -> str:
         if self.kind == "yield":
-            return f"the VRAM yield for {self.holder!r} on {gpu_name(self.host, self.gpu)}"
+            held = ", ".join(repr(h) for h in self.holders) or repr(self.holder)
+            return f"the VRAM yield for {held} on {gpu_name(self.host, self.gpu)}"
         return (
             f"VRAM zone {self.name!r} (held by {self.holder!r}, {self.mib} MiB on "
             f"{gpu_name(self.host, self.gpu)})"
@@ -143,13 +196,15 @@ class Zone:
             "slept": list(self.slept),
             "report": None if self.report is None else self.report.to_json(),
             "host": self.host,
+            # A yield's holds (a plain zone has none: its entry stays as it was).
+            **({"holds": [h.to_json() for h in self.holds]} if self.holds else {}),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Zone:
         """Raises KeyError/TypeError/ValueError on a malformed entry."""
         expires = data["expires_at"]
-        return cls(
+        zone = cls(
             name=str(data["name"]),
             holder=str(data["holder"]),
             gpu=int(data["gpu"]),
@@ -162,3 +217,8 @@ class Zone:
             report=None if not data.get("report") else YieldReport.from_json(data["report"]),
             host=str(data.get("host", LOCAL_HOST)),
         )
+        if zone.kind != "yield":
+            return zone
+        holds = tuple(Hold.from_json(h) for h in data.get("holds") or ())
+        # A yield saved before holds (one holder, one expiry) is one hold.
+        return zone.with_holds(holds or (Hold(zone.holder, zone.granted_at, zone.expires_at),))

@@ -159,3 +159,54 @@ async def test_keep_warm_holds_a_lazy_backend_against_its_idle_stop(tmp_path: Pa
         await until_backend(gw, "reasoning", state="stopped")
         assert runtime.stops == 1
         assert (await schedule(gw, "office"))["active"] is False
+
+
+async def holders(gw: Gateway) -> list[str]:
+    found: list[str] = (await status(gw))["holds"]["yield"].get("holders", [])
+    return found
+
+
+# No `reason`: its holds are "schedule evening"'s.
+WINDOW = {"name": "evening", "days": EVERY_DAY, "from": "19:00", "to": "23:00",
+          "action": "yield"}  # fmt: skip
+
+
+async def test_a_windows_end_leaves_a_game_held_before_it_yielded(tmp_path: Path) -> None:
+    """Issue 33: a person's yield taken before the window is not ended by the window's end."""
+    clock = FakeClock(at(f"{MONDAY}T18:00"))
+    async with scheduled(tmp_path, [WINDOW], clock) as (gw, _runtime):
+        taken = await gw.client.post("/vram/yield", json={"reason": "game"})
+        assert taken.status_code == 200, taken.text
+        await clock.advance_to(at(f"{MONDAY}T19:00"))  # the window adds its own hold
+        assert (await schedule(gw, "evening"))["overridden"] is False
+
+        await clock.advance_to(at(f"{MONDAY}T23:00"))  # it lets go of its own hold only
+        assert await yield_state(gw) == "yielded"
+        refused = await gw.client.post("/v1/chat/completions", json=chat("m"))
+        assert refused.status_code == 503  # the game still has the GPU
+        assert await holders(gw) == ["game"]
+        dids = [e.get("did") for e in (await status(gw))["events"] if e["kind"] == "schedule"]
+        assert dids[-1] == "its hold let go of; the yield holds on for game"
+
+
+async def test_a_game_taken_during_the_window_outlasts_it(tmp_path: Path) -> None:
+    """Issue 33: a POST during the window answers the caller's own hold, and the window's
+    end leaves it."""
+    clock = FakeClock(at(f"{MONDAY}T18:00"))
+    async with scheduled(tmp_path, [WINDOW], clock) as (gw, _runtime):
+        await clock.advance_to(at(f"{MONDAY}T19:00"))
+        taken = await gw.client.post("/vram/yield", json={"reason": "game", "ttl_s": 3600})
+        assert taken.status_code == 200, taken.text
+        body = taken.json()
+        assert (body["already"], body["reason"]) == (True, "game")  # was "schedule evening"
+        assert body["hold"]["reason"] == "game"
+        assert body["expires_at"] == body["hold"]["expires_at"] is not None
+        assert [h["reason"] for h in body["holds"]] == ["schedule evening", "game"]
+
+        await clock.advance_to(at(f"{MONDAY}T23:00"))
+        assert await yield_state(gw) == "yielded"
+        assert await holders(gw) == ["game"]
+        restored = await gw.client.post("/vram/restore", json={"reason": "game"})
+        assert restored.json()["restored"] is True
+        assert await yield_state(gw) == "none"
+        assert (await gw.client.post("/v1/chat/completions", json=chat("m"))).status_code == 200

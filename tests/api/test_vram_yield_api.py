@@ -668,3 +668,89 @@ async def test_a_sleeper_is_not_blamed_for_a_game_that_filled_the_gpu(tmp_path: 
             assert view["held_mib"] == asleep
         finally:
             game.remove()
+
+
+# -- each holder of a yield holds it on its own (issue 33) ---------------------------------
+
+
+async def test_each_holder_holds_the_yield_until_it_lets_go(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        first = (await gw.client.post("/vram/yield", json={"reason": "schedule evening"})).json()
+        assert (first["already"], first["reason"]) == (False, "schedule evening")
+        joined = (await gw.client.post("/vram/yield", json={"reason": "game"})).json()
+        assert (joined["already"], joined["reason"]) == (True, "game")  # the caller's own
+        assert first["holders"] == ["schedule evening"]
+        assert joined["holders"] == ["schedule evening", "game"]
+        assert joined["stopped"] == first["stopped"]  # nothing more was taken
+
+        # A restore of one hold leaves the other: the yield holds, nothing comes back.
+        released = await gw.client.post("/vram/restore", json={"reason": "game"})
+        assert released.status_code == 200, released.text
+        assert released.json() == {
+            "state": "yielded", "restored": False, "host": "local", "reason": "game",
+            "released": True, "holders": ["schedule evening"],
+            "holds": [{"reason": "schedule evening", "granted_at": first["granted_at"],
+                       "expires_at": None, "expires_in_s": None}],
+        }  # fmt: skip
+        refused = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert refused.json()["error"]["code"] == "backend_yielded"
+        # A holder that holds nothing ends nothing.
+        stranger = (await gw.client.post("/vram/restore", json={"reason": "game"})).json()
+        assert (stranger["restored"], stranger["released"]) == (False, False)
+
+        # Without a reason: every hold ends, and the answer lists them.
+        await gw.client.post("/vram/yield", json={"reason": "game"})
+        restored = (await gw.client.post("/vram/restore")).json()
+        assert restored["restored"] is True
+        assert restored["ended"] == ["schedule evening", "game"]
+        assert (await gw.client.get("/vram/yield")).json() == {"state": "none", "host": "local"}
+        served = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert served.status_code == 200
+
+
+async def test_the_last_holds_end_restores_and_each_hold_expires_on_its_own(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await gw.client.post("/vram/yield", json={"reason": "short", "include_pinned": True,
+                                                  "ttl_s": 0.3})  # fmt: skip
+        await gw.client.post("/vram/yield", json={"reason": "game"})  # no ttl: never expires
+        ended = await until(lambda: hold_or_yield_ended(gw), timeout_s=10, what="the expiry")
+        assert (ended["kind"], ended.get("ended")) == ("vram_yield_hold_ended", ["short"])
+        assert await holders_are(gw, ["game"])  # the yield holds on for game's hold
+        assert rig.runtimes["orchestrator"].starts == 1  # still stopped: game holds it
+
+        ended = (await gw.client.post("/vram/restore", json={"reason": "game"})).json()
+        assert (ended["restored"], ended["ended"]) == (True, ["game"])
+        await until_backend(gw, "orchestrator", state="ready")  # the last hold's end
+
+
+async def test_every_hold_survives_a_gateway_restart(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    async with rig.gateway() as gw:
+        await wake_all(gw)
+        await gw.client.post("/vram/yield", json={"reason": "schedule evening"})
+        await gw.client.post("/vram/yield", json={"reason": "game", "ttl_s": 3600})
+    rig.new_runtimes()
+    async with rig.gateway() as gw:
+        state = (await gw.client.get("/vram/yield")).json()
+        assert state["holders"] == ["schedule evening", "game"]
+        assert [h["expires_at"] is None for h in state["holds"]] == [True, False]
+        after = await gw.client.post("/vram/restore", json={"reason": "schedule evening"})
+        assert after.json()["holders"] == ["game"]
+        refused = await gw.client.post("/v1/chat/completions", json=chat("reasoning-model"))
+        assert refused.json()["error"]["code"] == "backend_yielded"
+
+
+async def holders_are(gw: Gateway, expected: list[str]) -> bool:
+    return bool((await gw.client.get("/vram/yield")).json().get("holders") == expected)
+
+
+async def hold_or_yield_ended(gw: Gateway) -> dict[str, Any] | None:
+    """The first event of a hold's or the yield's end, if one happened."""
+    events = (await gw.client.get("/status")).json()["events"]
+    kinds = ("vram_yield_hold_ended", "vram_restore")
+    return next((e for e in events if e["kind"] in kinds), None)

@@ -135,6 +135,13 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
         start = pinned.locator('[data-action="start"]')
         expect(start).to_be_disabled()
         expect(start).to_have_attribute("title", re.compile("blocked by the VRAM yield"))
+        # A second holder (a game, by the API): the page names every holder, and its
+        # Restore button ends every hold.
+        joined = httpx.post(gateway.url + "/vram/yield", json={"reason": "game"}, timeout=30)
+        assert joined.json()["holders"] == ["control page", "game"], joined.text
+        expect(page.locator('[data-testid="yield-state"]')).to_contain_text(
+            "yielded (control page, game)"
+        )
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "control-page-yielded.png"), full_page=True)
         page.locator('[data-action="restore"]').click()

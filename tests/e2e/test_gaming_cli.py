@@ -82,6 +82,30 @@ def test_yield_runs_the_game_then_restores_and_exits_with_its_code(
     until_sync(lambda: backend_state(gateway, "pinned") == "ready", what="pinned back")
 
 
+def test_after_the_game_a_yield_another_holds_holds_on(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    """Issue 33: `yield -- CMD` lets go of its own hold only; another's (a schedule's
+    window, here taken by hand first) keeps the GPU free until it lets go too."""
+    admin = {"reason": "schedule evening", "include_pinned": True}
+    assert httpx.post(gateway.url + "/vram/yield", json=admin).status_code == 200
+    seen = tmp_path / "seen.json"
+    done = cli(
+        "yield", "--reason", "test game", "--",
+        sys.executable, "-c", GAME, gateway.url, str(seen), url=gateway.url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert yield_state(gateway) == "yielded"  # the other hold holds on after the game
+    assert json.loads(seen.read_text())["holders"] == ["schedule evening", "test game"]
+    assert "yielded (already held) for 'test game' on GPU 0" in done.stdout
+    assert "let go of 'test game''s hold; the yield holds on for schedule evening" in done.stdout
+    assert httpx.get(gateway.url + "/vram/yield").json()["holders"] == ["schedule evening"]
+    assert backend_state(gateway, "pinned") == "stopped"
+    ended = cli("restore", url=gateway.url)  # every hold: the models come back
+    assert (ended.returncode, yield_state(gateway)) == (0, "none"), ended.stderr
+    until_sync(lambda: backend_state(gateway, "pinned") == "ready", what="pinned back")
+
+
 def test_sigterm_reaches_the_game_and_the_gpu_is_restored(
     gateway: GatewayProcess, tmp_path: Path
 ) -> None:

@@ -26,7 +26,9 @@ function yielded(y) {
   const took = [...y.stopped.map((n) => `stopped ${n}`), ...y.slept.map((n) => `${n} asleep`)];
   const freed = known(y.freed_mib) ? `freed ${mib(y.freed_mib)}, ` : "";
   const until = y.expires_at ? `until ${clock(y.expires_at)}` : "no expiry: held until restored";
-  return `${y.already ? "Already yielded" : "Yielded"}: ${freed}${mib(y.free_mib)} free`
+  // Already held: this call added its own hold (each holder holds the yield on its own).
+  const held = y.already ? `Already yielded (held by ${(y.holders || [y.reason]).join(", ")})` : "Yielded";
+  return `${held}: ${freed}${mib(y.free_mib)} free`
     + `${took.length ? ` (${took.join(", ")})` : ""}; ${until}`;
 }
 
@@ -212,7 +214,8 @@ function hostHead(host) {
 function yieldText(y) {
   const until = y.expires_at ? ` until ${clock(y.expires_at)}` : "";
   const freed = y.freed_mib === null || y.freed_mib === undefined ? "" : `, freed ${mib(y.freed_mib)}`;
-  return `yielded (${y.reason})${freed}, ${mib(y.free_mib)} free${until}`;
+  // Every holder: the yield ends when the last one lets go (the Restore button: all).
+  return `yielded (${(y.holders || [y.reason]).join(", ")})${freed}, ${mib(y.free_mib)} free${until}`;
 }
 
 function renderHolds() {

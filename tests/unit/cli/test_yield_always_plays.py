@@ -41,13 +41,15 @@ class StandIn:
     yield_answer: dict[str, Any] = field(default_factory=lambda: dict(YIELDED))
     yield_status: int = 200
     calls: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, auth
+    bodies: list[tuple[str, Any]] = field(default_factory=list)  # path, JSON body (None: none)
 
 
 def _handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
     class Admin(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
-            self.rfile.read(length)
+            raw = self.rfile.read(length)
+            state.bodies.append((self.path, json.loads(raw) if raw else None))
             auth = self.headers.get("authorization")
             state.calls.append(("POST", self.path, auth))
             if auth != f"Bearer {KEY}":
@@ -185,6 +187,38 @@ def test_the_key_from_admin_key_file_yields_and_restores_after_the_game(
         ("POST", "/vram/restore", f"Bearer {KEY}"),
     ]
     assert KEY not in out + err
+
+
+def last_body(gateway: StandIn) -> tuple[str, Any]:
+    return gateway.bodies[-1]
+
+
+def test_after_the_game_it_lets_go_of_its_own_hold_only(
+    gateway: StandIn, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: the restore after the game names its reason, so a yield held by someone
+    else too (a schedule's window) holds on; `restore` by hand ends every hold."""
+    monkeypatch.setenv("MICROSCHEDULER_ADMIN_KEY", KEY)
+    assert run("yield", "--url", gateway.url, "--reason", "elden ring", "--", *GAME) == 7
+    assert gateway.bodies[-1] == ("/vram/restore", {"reason": "elden ring"})
+    assert run("restore", "--url", gateway.url) == 0
+    assert last_body(gateway) == ("/vram/restore", None)
+    assert run("restore", "--url", gateway.url, "--reason", "game", "--host", "node-c") == 0
+    assert last_body(gateway) == ("/vram/restore", {"host": "node-c", "reason": "game"})
+    assert "warning" not in capfd.readouterr().err
+
+
+def test_a_hold_added_to_a_yield_held_says_how_to_let_go_of_it(
+    gateway: StandIn, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICROSCHEDULER_ADMIN_KEY", KEY)
+    gateway.yield_answer = {**YIELDED, "already": True, "holders": ["schedule evening", "game"]}
+    assert run("yield", "--url", gateway.url, "--reason", "game") == 0
+    out = capfd.readouterr().out
+    assert (
+        "let go of this hold with: microscheduler restore --reason game; "
+        "end every hold: microscheduler restore"
+    ) in out
 
 
 def test_the_key_file_of_the_user_config_directory_is_read(

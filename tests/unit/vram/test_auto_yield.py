@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from app.settings import AutoYieldConfig
-from app.vram.auto_yield import AutoYieldPolicy, Decision
-from app.vram.zones import Zone
+from app.vram.auto_yield import REASON, AutoYieldPolicy, Decision
+from app.vram.zones import Hold, Zone
 
 CONFIG = AutoYieldConfig(enabled=True, foreign_mib=2000, settle_s=10, restore_after_s=30)
 
 
-def held(granted_at: float, gpu: int = 0) -> Zone:
-    return Zone("yield", "gaming", gpu, 20000, granted_at, None, ("a",), kind="yield")
+def held(granted_at: float, gpu: int = 0, holders: tuple[str, ...] = (REASON,)) -> Zone:
+    zone = Zone("yield", holders[0], gpu, 20000, granted_at, None, ("a",), kind="yield")
+    return zone.with_holds(tuple(Hold(h, granted_at + i, None) for i, h in enumerate(holders)))
 
 
 def test_foreign_memory_must_stay_above_the_threshold_for_settle_s() -> None:
@@ -53,3 +54,17 @@ def test_each_gpu_is_watched_on_its_own() -> None:
     policy = AutoYieldPolicy(CONFIG)
     assert policy.decide(0.0, {0: 100, 1: 8000}, None) is None
     assert policy.decide(10.0, {0: 100, 1: 8000}, None) == Decision("yield", 1, 8000)
+
+
+def test_its_yield_a_person_holds_on_to_is_theirs_once_it_let_go() -> None:
+    """Issue 33: its restore ends its own hold; a person's hold keeps the yield, which
+    is then never undone here."""
+    policy = AutoYieldPolicy(CONFIG)
+    both = held(granted_at=100.0, holders=(REASON, "game"))
+    policy.took(both)
+    assert policy.decide(0.0, {0: 0}, both) is None
+    assert policy.decide(30.0, {0: 0}, both) == Decision("restore", 0, 0)
+    theirs = both.with_holds(tuple(h for h in both.holds if h.holder == "game"))
+    assert theirs.granted_at == both.granted_at  # the same yield, held on by the person
+    for now in (31.0, 100.0, 1000.0):
+        assert policy.decide(now, {0: 0}, theirs) is None

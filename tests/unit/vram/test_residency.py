@@ -16,7 +16,8 @@ from app.errors import BackendUnavailable
 from app.events import EventLog
 from app.lifecycle.state import BackendState
 from app.vram.residency import protected_for_s
-from app.vram.yielding import VramYield, YieldRequest
+from app.vram.yield_answers import YieldRequest
+from app.vram.yielding import VramYield
 from tests.fakes.waits import until
 from tests.unit.vram.test_arbiter import Rig, rig, rigs, settle, state_of, within
 
