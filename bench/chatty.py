@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.overhead import HOST, Proc, free_port, log, ms, pct
+from bench.overhead import HOST, Proc, free_port, log, ms, pct, serve_quiet
 
 MODEL = "chatty-model"
 BACKEND = "chatty"
@@ -107,13 +106,7 @@ def start_gateway(tmp: Path, port: int, mb_per_s: float, seconds: float) -> Proc
         "runtime": {"kind": "process", "command": command, "stop_grace_s": 5},
     }
     (config / "models.yaml").write_text(json.dumps({"backends": {BACKEND: backend}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
-    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")
-    env["MICROSCHEDULER_ACCESS_LOG"] = "false"
-    args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
-    proc = Proc("gateway", args, env, "", tmp / "gateway.log")
-    proc.wait_ready(["/health", "/ready"])
-    return proc
+    return serve_quiet(tmp, config)
 
 
 class Sampler:

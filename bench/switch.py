@@ -41,7 +41,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.overhead import HOST, Proc, free_port, log, ms, pct
+from bench.overhead import HOST, Proc, free_port, log, ms, pct, serve_quiet
 
 MODELS = ("alpha", "beta")
 GPU_MIB, MODEL_MIB, ASLEEP_MIB = 16000, 11000, 1000
@@ -125,13 +125,7 @@ def start_gateway(
     models = {"gpu": {"probe": "sim", "sim": {"total_mib": GPU_MIB, "ledger_dir": str(ledger)}},
               "backends": backends}  # fmt: skip
     (config / "models.yaml").write_text(json.dumps(models))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
-    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")
-    env["MICROSCHEDULER_ACCESS_LOG"] = "false"
-    args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
-    proc = Proc("gateway", args, env, "", tmp / "gateway.log")
-    proc.wait_ready(["/health", "/ready"])
-    return proc
+    return serve_quiet(tmp, config)
 
 
 def swaps(port: int) -> float:

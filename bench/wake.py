@@ -27,7 +27,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.overhead import HOST, Proc, free_port, log, ms, pct
+from bench.overhead import HOST, Proc, free_port, log, ms, pct, serve_quiet
 
 MODEL = "wake-model"
 TARGET_MS = 100.0
@@ -67,13 +67,7 @@ def start_gateway(tmp: Path, backend_port: int, startup_delay: float) -> Proc:
             }
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
-    env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")
-    env["MICROSCHEDULER_ACCESS_LOG"] = "false"
-    args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
-    proc = Proc("gateway", args, env, "", tmp / "gateway.log")
-    proc.wait_ready(["/health", "/ready"])
-    return proc
+    return serve_quiet(tmp, config)
 
 
 def one_round(gw: Proc, backend_port: int) -> dict[str, float]:

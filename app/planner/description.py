@@ -104,6 +104,19 @@ def _weights(info: ModelDescription, model: ModelInfo) -> tuple[int, str]:
     return model.weight_bytes(dtype, params), f"{params / 1e9:g}B params as {dtype}"
 
 
+def planned_context(requested: int | None, limit: int | None) -> int:
+    """The context (`--max-model-len`) to plan: `requested`, else `DEFAULT_MAX_MODEL_LEN`
+    within the model's own limit; `ValueError` for a request beyond that limit."""
+    if requested is None:
+        return DEFAULT_MAX_MODEL_LEN if limit is None else min(limit, DEFAULT_MAX_MODEL_LEN)
+    if limit is not None and requested > limit:
+        raise ValueError(
+            f"{requested} is more than the model's limit of {limit} tokens "
+            "(max_position_embeddings)"
+        )
+    return requested
+
+
 def resolve(info: ModelDescription | None, hf: DescribedFile | None) -> PlannedModel | None:
     """Combine `model_info:` and `hf_config:`; None without either, `ValueError` if unusable.
 
@@ -122,15 +135,10 @@ def resolve(info: ModelDescription | None, hf: DescribedFile | None) -> PlannedM
         per_token = kv_bytes_per_token(model.shape, kv_dtype)
     except ValueError as exc:
         raise ValueError(f"model_info.kv_dtype: {exc}") from None
-    limit = model.max_context
-    context = info.max_model_len
-    if context is None:
-        context = DEFAULT_MAX_MODEL_LEN if limit is None else min(limit, DEFAULT_MAX_MODEL_LEN)
-    elif limit is not None and context > limit:
-        raise ValueError(
-            f"model_info.max_model_len: {context} is more than the model's limit of {limit} "
-            "tokens (max_position_embeddings)"
-        )
+    try:
+        context = planned_context(info.max_model_len, model.max_context)
+    except ValueError as exc:
+        raise ValueError(f"model_info.max_model_len: {exc}") from None
     repo = info.repo
     if repo is None and info.catalog is not None:
         repo = model.source or None

@@ -56,7 +56,8 @@ from app.cli.common import (
     load_config,
     positive_int,
 )
-from app.planner.description import DEFAULT_MAX_MODEL_LEN
+from app.cli.plan.model_args import add_shape_args
+from app.planner.description import DEFAULT_MAX_MODEL_LEN, planned_context
 from app.planner.units import bytes_to_gib, gib_to_bytes
 from app.settings import MODELS_FILE, ConfigError, Settings, load_settings
 from app.settings.root import ENV_PREFIX
@@ -119,12 +120,7 @@ def add_add_command(subparsers: Subparsers) -> None:
     sizes = add.add_argument_group(
         "sizes, when no config.json is at hand (as `plan context` takes them)"
     )
-    sizes.add_argument("--hf-config", help="a Hugging Face config.json (or its folder)")
-    sizes.add_argument("--layers", type=int, help="num_hidden_layers")
-    sizes.add_argument("--kv-heads", type=int, help="num_key_value_heads")
-    sizes.add_argument("--head-dim", type=int, help="head_dim")
-    sizes.add_argument("--kv-lora-rank", type=int, help="MLA: kv_lora_rank")
-    sizes.add_argument("--rope-head-dim", type=int, help="MLA: qk_rope_head_dim")
+    add_shape_args(sizes)
     sizes.add_argument("--params-b", type=float, help="parameters in billions")
     sizes.add_argument("--weights-gib", type=float, help="the checkpoint's size in GiB")
     sizes.add_argument("--weight-dtype", help="with --params-b: bf16, fp8, awq, gptq, ...")
@@ -214,15 +210,10 @@ def _request(
     description: Description,
     local: Path | None,
 ) -> Request:
-    limit = description.model.max_context
-    context = args.context
-    if context is None:
-        context = DEFAULT_MAX_MODEL_LEN if limit is None else min(limit, DEFAULT_MAX_MODEL_LEN)
-    elif limit is not None and context > limit:
-        raise UsageError(
-            f"--context {context} is more than the model's limit of {limit} tokens "
-            "(max_position_embeddings)"
-        )
+    try:
+        context = planned_context(args.context, description.model.max_context)
+    except ValueError as exc:
+        raise UsageError(f"--context {exc}") from None
     if local is None:
         model_ref = args.model
     elif args.runtime == "docker":

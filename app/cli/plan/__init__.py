@@ -15,6 +15,7 @@ import argparse
 from collections.abc import Callable
 
 from app.cli.common import Handler, Subparsers, add_config_option, add_json_option, guarded
+from app.cli.plan.model_args import add_shape_args
 from app.cli.plan.profile import run_profile
 from app.cli.plan.share import run_share
 from app.cli.plan.sizing import run_context, run_gpus, run_kv
@@ -202,12 +203,7 @@ _SUBCOMMANDS: tuple[tuple[Callable[[Subparsers], argparse.ArgumentParser], Handl
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model (one of --model, --hf-config or shape flags)")
     group.add_argument("--model", help=f"catalog model: {', '.join(catalog_names())}")
-    group.add_argument("--hf-config", help="path to a Hugging Face config.json (or its folder)")
-    group.add_argument("--layers", type=int, help="num_hidden_layers")
-    group.add_argument("--kv-heads", type=int, help="num_key_value_heads")
-    group.add_argument("--head-dim", type=int, help="head_dim")
-    group.add_argument("--kv-lora-rank", type=int, help="MLA: kv_lora_rank")
-    group.add_argument("--rope-head-dim", type=int, help="MLA: qk_rope_head_dim")
+    add_shape_args(group)
     group.add_argument(
         "--kv-dtype",
         default="auto",

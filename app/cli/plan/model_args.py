@@ -27,6 +27,17 @@ from app.planner.weights import estimate_weight_bytes, params_from_billions, ser
 from app.settings.hf_config import read_hf_config
 
 
+def add_shape_args(group: argparse._ArgumentGroup) -> None:
+    """`--hf-config` and the attention shape's flags, which `shape_from_flags` reads (the
+    `plan` commands and `add` take the same)."""
+    group.add_argument("--hf-config", help="path to a Hugging Face config.json (or its folder)")
+    group.add_argument("--layers", type=int, help="num_hidden_layers")
+    group.add_argument("--kv-heads", type=int, help="num_key_value_heads")
+    group.add_argument("--head-dim", type=int, help="head_dim")
+    group.add_argument("--kv-lora-rank", type=int, help="MLA: kv_lora_rank")
+    group.add_argument("--rope-head-dim", type=int, help="MLA: qk_rope_head_dim")
+
+
 def shape_flags_given(args: argparse.Namespace) -> bool:
     flags = (args.layers, args.kv_heads, args.head_dim, args.kv_lora_rank, args.rope_head_dim)
     return any(value is not None for value in flags)
