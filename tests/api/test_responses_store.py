@@ -183,9 +183,10 @@ async def test_a_cloud_providers_delete_and_input_items_are_relayed(
             assert gone.json()["error"]["code"] == "response_not_found"
 
 
-async def test_another_keys_previous_response_id_is_not_relayed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@asynccontextmanager
+async def two_keys(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Gateway, FakeServer]]:
+    """A gateway with client keys `a` (sk-a-...) and `b` (sk-b-...) before one fake vLLM
+    that keeps responses."""
     monkeypatch.setenv("A_KEY", "sk-a-0123456789")
     monkeypatch.setenv("B_KEY", "sk-b-0123456789")
     keys = {"a": {"key_env": "A_KEY"}, "b": {"key_env": "B_KEY"}}
@@ -194,21 +195,28 @@ async def test_another_keys_previous_response_id_is_not_relayed(
             {"b": {"url": fake.url, "models": ["m"]}}, client_keys={"keys": keys}
         )
         async with gateway(settings) as gw:
-            made = await gw.client.post(
-                "/v1/responses",
-                json={"model": "m", "input": "secret"},
-                headers={"authorization": "Bearer sk-a-0123456789"},
-            )
-            rid = made.json()["id"]
-            before = len(await paths(fake))
-            other = await gw.client.post(
-                "/v1/responses",
-                json={"model": "m", "input": "tell me", "previous_response_id": rid},
-                headers={"authorization": "Bearer sk-b-0123456789"},
-            )
-            assert other.status_code == 404
-            assert other.json()["error"]["code"] == "response_not_found"
-            assert len(await paths(fake)) == before
+            yield gw, fake
+
+
+async def test_another_keys_previous_response_id_is_not_relayed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with two_keys(monkeypatch) as (gw, fake):
+        made = await gw.client.post(
+            "/v1/responses",
+            json={"model": "m", "input": "secret"},
+            headers={"authorization": "Bearer sk-a-0123456789"},
+        )
+        rid = made.json()["id"]
+        before = len(await paths(fake))
+        other = await gw.client.post(
+            "/v1/responses",
+            json={"model": "m", "input": "tell me", "previous_response_id": rid},
+            headers={"authorization": "Bearer sk-b-0123456789"},
+        )
+        assert other.status_code == 404
+        assert other.json()["error"]["code"] == "response_not_found"
+        assert len(await paths(fake)) == before
 
 
 async def test_a_client_cannot_choose_a_stored_response_id(
@@ -216,30 +224,23 @@ async def test_a_client_cannot_choose_a_stored_response_id(
 ) -> None:
     # vLLM names a response after the body's `request_id`, and takes a request's id from
     # `x-request-id`: key b naming key a's response id in either must not take it over.
-    monkeypatch.setenv("A_KEY", "sk-a-0123456789")
-    monkeypatch.setenv("B_KEY", "sk-b-0123456789")
-    keys = {"a": {"key_env": "A_KEY"}, "b": {"key_env": "B_KEY"}}
-    async with fake_vllm(models=["m"], max_tokens=2, responses_store=True) as fake:
-        settings = gateway_settings(
-            {"b": {"url": fake.url, "models": ["m"]}}, client_keys={"keys": keys}
+    async with two_keys(monkeypatch) as (gw, fake):
+        a_auth = {"authorization": "Bearer sk-a-0123456789"}
+        made = await gw.client.post(
+            "/v1/responses", json={"model": "m", "input": "secret"}, headers=a_auth
         )
-        async with gateway(settings) as gw:
-            a_auth = {"authorization": "Bearer sk-a-0123456789"}
-            made = await gw.client.post(
-                "/v1/responses", json={"model": "m", "input": "secret"}, headers=a_auth
-            )
-            rid = made.json()["id"]
-            taken = await gw.client.post(
-                "/v1/responses",
-                json={"model": "m", "input": "mine now", "request_id": rid},
-                headers={"authorization": "Bearer sk-b-0123456789", "x-request-id": rid},
-            )
-            assert taken.status_code == 200, taken.text
-            assert taken.json()["id"] != rid
-            sent = (await fake.stats())["requests"][-1]
-            assert "request_id" not in sent["body"]
-            assert "x-request-id" not in sent["headers"]
-            # a's response is still a's, where it was
-            got = await gw.client.get(f"/v1/responses/{rid}", headers=a_auth)
-            assert got.status_code == 200, got.text
-            assert got.json()["output"] == made.json()["output"]
+        rid = made.json()["id"]
+        taken = await gw.client.post(
+            "/v1/responses",
+            json={"model": "m", "input": "mine now", "request_id": rid},
+            headers={"authorization": "Bearer sk-b-0123456789", "x-request-id": rid},
+        )
+        assert taken.status_code == 200, taken.text
+        assert taken.json()["id"] != rid
+        sent = (await fake.stats())["requests"][-1]
+        assert "request_id" not in sent["body"]
+        assert "x-request-id" not in sent["headers"]
+        # a's response is still a's, where it was
+        got = await gw.client.get(f"/v1/responses/{rid}", headers=a_auth)
+        assert got.status_code == 200, got.text
+        assert got.json()["output"] == made.json()["output"]
