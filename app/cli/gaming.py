@@ -156,7 +156,8 @@ def restore_summary(body: JsonDict) -> str:
         holders = _names(body.get("holders"))
         if not body.get("released"):
             return f"{body.get('reason')!r} held no yield{where}; it holds for {holders}"
-        return f"let go of {body.get('reason')!r}'s hold{where}; the yield holds on for {holders}"
+        mine = f"{body.get('reason')!r}{where}"
+        return f"let go of the hold of {mine}; the yield holds on for {holders}"
     if not body.get("restored"):
         return f"no yield was held{where}: nothing to restore"
     return (
