@@ -59,9 +59,11 @@ def create_app(
     seams: Seams | None = None,
     registry: CollectorRegistry | None = None,
     reload: ReloadOptions | None = None,
+    connections: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """`reload`: how `serve` reloads its configuration (SIGHUP, `--watch-config`, the
-    command line's values to apply at every load); `POST /config/reload` always works."""
+    command line's values to apply at every load); `POST /config/reload` always works.
+    `connections`: the server's connection cap and its use (`GET /status`), from `serve`."""
     reload = reload or ReloadOptions()
     metrics = LifecycleMetrics(registry)
     requests = Activity(settings.activity_size)  # recorded by the access middleware
@@ -116,6 +118,7 @@ def create_app(
         redoc_url=None,
         default_response_class=handlers.JSONBody,
     )
+    app.state.connections = connections
     _install_routes(app)
     return app
 

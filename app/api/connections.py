@@ -10,18 +10,25 @@ default).
   limit). The head is measured from the first byte after the previous request's body to
   the blank line that ends it. A chunked body's trailer fields count against the same
   limit (httptools hands them to `on_header` like headers, and buffers a field whole).
-- At most `max_connections` open. A new connection over the cap closes one to make room:
+- At most `cap` connections with a request (`app.api.capacity`: sized from the file
+  limit, or `max_connections`). A new connection over the cap closes one to make room:
   the one whose head began longest ago and is still incomplete (slowloris), else the one
   idle longest (kept alive, or opened and silent). When every connection has a request in
-  flight, the newcomer is held in one of `RESERVE` reserve slots for at most
-  `RESERVE_HEAD_S`: a `GET /health` or `/ready` is served there (probes must not restart a
-  busy gateway), anything else is answered 503. A full reserve gives the slot of its oldest
-  connection whose head is not complete (503) to the newcomer, so an attacker cannot hold
-  it; a probe with its whole head is answered at once and closed.
+  flight, the newcomer waits in a reserve slot (`RESERVE`) for its request line, at most
+  `RESERVE_HEAD_S`: a `GET /health` or `/ready` is served there (probes must not restart
+  a busy gateway); any other request joins the queue (`QUEUE`, first come first served),
+  and is let in as soon as a connection closes or goes idle, or answered 503 after
+  `queue_timeout_s`. A full reserve gives the slot of its oldest connection still without
+  its head to the newcomer (503) once that one had `FRESH_S`, so slow sockets
+  cannot hold it.
+- While the queue is full, or the reserve full of young connections, the gateway stops
+  accepting (`Slots.acceptor`, `app.api.accept`): newcomers wait in the kernel's backlog,
+  connected, as HAProxy's `maxconn` leaves them; a burst waits instead of being cut.
 - A refusal (408, 431, 503) is written, the connection half-closed, and what the client
-  still sends read and dropped for up to `LINGER_S` before closing (at most `MAX_LINGERING`
-  such sockets): closing with its request unread would send a TCP reset that destroys
-  the answer before the client reads it.
+  still sends read and dropped for up to `LINGER_S` before closing: closing with its
+  request unread would send a TCP reset that destroys the answer before the client reads
+  it. At most `MAX_LINGERING` linger; a new refusal closes the oldest, whose answer left
+  long ago.
 
 - A response's status line and headers wait for its first body bytes (`_OneWrite`, at
   most until the loop's next turn): uvicorn writes them apart, so an answer ready at once
@@ -37,34 +44,133 @@ from __future__ import annotations
 import asyncio
 import json
 from http import HTTPStatus
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.api.capacity import ConnectionCap, current_file_limit, sized
 from app.errors import GatewayError, RequestHeadersTooLarge, RequestTimeout, TooManyConnections
 from app.settings.root import ServerConfig
 
 _HEAD_END = b"\r\n\r\n"
-RESERVE = 8  # connections over the cap waiting to show they are a health probe
+RESERVE = 64  # connections over the cap waiting to show they are a health probe
 RESERVE_HEAD_S = 2.0  # (at most header_timeout_s) for the request line to arrive there
+# A connection this new and silent keeps its place (in a burst every client connects
+# before any request is read); older, it is closed to make room, or its reserve slot
+# handed over.
+FRESH_S = 0.25
+QUEUE = 256  # requests over the cap waiting for a connection; more wait in the backlog
+_QUEUED_BYTES = 64 * 1024  # a queued request's bytes read ahead; the rest waits unread
 PROBE_PATHS = (b"/health", b"/ready")
 _PROBE_LINE_MAX = 2048  # a reserve connection's request line longer than this is refused
 LINGER_S = 2.0  # a refused connection's unread request is read and dropped this long
-MAX_LINGERING = 256  # beyond this many lingering sockets, a refusal just closes
+MAX_LINGERING = 256  # beyond this many lingering sockets, the oldest is closed
 
 Slot = dict["GatewayProtocol", None]
 
 
-class Slots:
-    """One server's connections that can make room at the cap, oldest first (a dict keeps
-    insertion order, so finding the oldest and moving one is O(1))."""
+class Acceptor(Protocol):
+    """What the connection cap needs of the listener (`app.api.accept.Acceptor`)."""
 
-    def __init__(self) -> None:
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class Slots:
+    """One server's connections: the cap, and those that can make room at it, oldest first
+    (a dict keeps insertion order, so finding the oldest and moving one is O(1))."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.connections: set[Any] = set()  # uvicorn's (the server's): every one open
+        self.fresh: Slot = {}  # silent since opening: oldest first
         self.partial: Slot = {}  # a head begun but not complete: oldest head first
-        self.idle: Slot = {}  # silent since opening, or kept alive between requests
+        self.idle: Slot = {}  # kept alive between requests
         # Over the cap: each waiting for its request line (its gate), or serving a probe (None).
         self.reserve: dict[GatewayProtocol, _Gate | None] = {}
-        self.lingering = 0
+        self.queue: dict[GatewayProtocol, _Gate] = {}  # a request each, oldest first
+        self.lingering: dict[_Linger, asyncio.Transport] = {}  # oldest first
+        self.acceptor: Acceptor | None = None  # set by the server that accepts
+        self.accepting = True
+        self._reserve_timer: asyncio.TimerHandle | None = None
+        self._fresh_timer: asyncio.TimerHandle | None = None
+
+    def within(self) -> int:
+        """Connections counted against the cap (all but those waiting over it)."""
+        return len(self.connections) - len(self.reserve) - len(self.queue)
+
+    def view(self, sizing: ConnectionCap | None = None) -> dict[str, Any]:
+        """`GET /status`'s `connections`: the cap, how it was sized, and its use now."""
+        files = None if sizing is None else sizing.files
+        return {
+            "max": self.cap,
+            "sized_by": None if sizing is None else sizing.source,
+            "summary": None if sizing is None else sizing.describe(),
+            "warning": None if sizing is None else sizing.warning(),
+            "file_limit": None if files is None else {"soft": files.soft, "hard": files.hard},
+            "open": self.within(),
+            "queued": len(self.queue),  # requests over the cap waiting for one
+            "reserve": len(self.reserve),  # over the cap, showing their request line
+            "lingering": len(self.lingering),  # refused, their answer read by the client
+            "accepting": self.accepting,  # False: newcomers wait in the kernel's backlog
+        }
+
+    def make_room(self, newcomer: GatewayProtocol | None) -> bool:
+        """Close the incomplete head begun longest ago, else the connection idle longest,
+        else the one silent longest since it opened (once it had `FRESH_S`: in a burst,
+        every client connects before any request is read); False when there is none."""
+        victim = next(iter(self.partial), None)
+        if victim is None:
+            victim = next(iter(self.idle), None)
+        if victim is None:
+            victim = next((c for c in self.fresh if c is not newcomer), None)
+            if victim is None or victim.loop.time() - victim.opened < FRESH_S:
+                return False
+        victim._leave_slots()
+        self.connections.discard(victim)
+        victim._disarm_head_timer()
+        victim.transport.close()
+        return True
+
+    def let_in(self) -> None:
+        """Queued requests take the room there is (or can be made), oldest first; while
+        some wait, again when the oldest silent connection is no longer fresh."""
+        while self.queue and (self.within() < self.cap or self.make_room(None)):
+            waiting = next(iter(self.queue))
+            waiting._from_queue(self.queue.pop(waiting))
+        if self.queue and self.fresh and self._fresh_timer is None:
+            oldest = next(iter(self.fresh))
+            self._fresh_timer = oldest.loop.call_at(oldest.opened + FRESH_S, self._fresh_aged)
+        self.steer()
+
+    def _fresh_aged(self) -> None:
+        self._fresh_timer = None
+        self.let_in()
+
+    def steer(self) -> None:
+        """Accept newcomers, or leave them in the kernel's backlog: while the queue is
+        full, or every reserve slot is waiting for a request line (until the oldest of
+        them had `FRESH_S`, and a newcomer may take its slot)."""
+        want = len(self.queue) < QUEUE
+        if want and len(self.reserve) >= RESERVE:
+            want = False
+            if self._reserve_timer is None:
+                loop = asyncio.get_running_loop()
+                self._reserve_timer = loop.call_later(FRESH_S, self._reserve_aged)
+        if want == self.accepting or self.acceptor is None:
+            return
+        self.accepting = want
+        if want:
+            self.acceptor.resume()
+        else:
+            self.acceptor.pause()
+
+    def _reserve_aged(self) -> None:
+        self._reserve_timer = None
+        if len(self.queue) < QUEUE and self.acceptor is not None:  # one newcomer may come in
+            self.accepting = True
+            self.acceptor.resume()
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -84,25 +190,34 @@ class GatewayProtocol(HttpToolsProtocol):
         # Bytes after a chunk header not followed by data (the last chunk's trailer section):
         # None outside one; -1 in the read it began in (its trailer part is not counted).
         self.trailer_bytes: int | None = None
-        self.slot: Slot | None = None  # which of `slots.partial` / `slots.idle` holds this
+        self.slot: Slot | None = None  # which of `slots.fresh`/`.partial`/`.idle` holds this
+        self.opened = 0.0  # the loop's time when it connected
         self.reserved = False  # admitted over the cap (a reserve slot)
 
     @classmethod
-    def configured(cls, limits: ServerConfig) -> type[GatewayProtocol]:
-        """The protocol class to give uvicorn (`http=`) for these limits (one per server)."""
-        return type("ConfiguredGatewayProtocol", (cls,), {"limits": limits, "slots": Slots()})
+    def configured(cls, limits: ServerConfig, cap: int | None = None) -> type[GatewayProtocol]:
+        """The protocol class to give uvicorn (`http=`) for these limits (one per server):
+        at most `cap` connections (`app.api.capacity`), else `limits.max_connections`,
+        else what this process's file limit holds."""
+        if cap is None:
+            cap = limits.max_connections or sized(current_file_limit().soft)
+        return type("ConfiguredGatewayProtocol", (cls,), {"limits": limits, "slots": Slots(cap)})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        slots = self.slots
+        slots.connections = self.connections
+        self.opened = self.loop.time()
         self._arm_head_timer()
-        self._enter(self.slots.idle)
-        over = len(self.connections) - len(self.slots.reserve) > self.limits.max_connections
-        if over and not self._make_room():
+        self._enter(slots.fresh)
+        if slots.within() > slots.cap and not slots.make_room(self):
             self._admit_over_cap()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._leave_slots()
         super().connection_lost(exc)
+        if not self.reserved and self.slots.queue:  # its room goes to a queued request
+            self.slots.let_in()
 
     def data_received(self, data: bytes) -> None:
         if self.head_bytes is not None:
@@ -151,6 +266,8 @@ class GatewayProtocol(HttpToolsProtocol):
         done = self.cycle is None or self.cycle.response_complete
         if done and self.slot is None and not self.pipeline and not self.transport.is_closing():
             self._enter(self.slots.idle)
+            if self.slots.queue:  # a request waits: this idle connection makes room
+                self.slots.let_in()
 
     def _head_too_large(self, data: bytes) -> bool:
         assert self.head_bytes is not None
@@ -222,43 +339,52 @@ class GatewayProtocol(HttpToolsProtocol):
     def _leave_slots(self) -> None:
         self._enter(None)
         if self.reserved:
-            gate = self.slots.reserve.pop(self, None)
+            slots = self.slots
+            gate = slots.reserve.pop(self, None) or slots.queue.pop(self, None)
             if gate is not None:
                 gate.stop()
-
-    def _make_room(self) -> bool:
-        """Close the incomplete head begun longest ago, else the connection idle longest;
-        False when every other connection has a request in flight."""
-        for slot in (self.slots.partial, self.slots.idle):
-            for victim in slot:  # oldest first
-                if victim is not self:
-                    victim._leave_slots()
-                    self.connections.discard(victim)
-                    victim._disarm_head_timer()
-                    victim.transport.close()
-                    return True
-        return False
+            slots.steer()
 
     def _admit_over_cap(self) -> None:
-        """Every connection has a request in flight: wait in a reserve slot for a probe's
-        request line (the oldest waiting one makes room when all are taken), or 503."""
+        """Every connection has a request in flight: wait in a reserve slot for the request
+        line (`_Gate`). A full reserve hands the slot of its oldest connection still
+        waiting for its head over, once that one had `FRESH_S` (503); until then
+        the newcomer comes in beside it, and the listener pauses (`Slots.steer`)."""
         self._enter(None)
         self._disarm_head_timer()
         reserve = self.slots.reserve
         if len(reserve) >= RESERVE:
             # Waiting: for its request line (a gate), or for the rest of a probe's head.
-            waiting = next(
+            oldest = next(
                 (c for c, gate in reserve.items() if gate is not None or c.head_bytes is not None),
                 None,
             )
-            if waiting is None:  # every reserve slot is answering a probe
-                self._refuse(self._too_many())
-                return
-            waiting._refuse(waiting._too_many())
+            gate = reserve.get(oldest) if oldest is not None else None
+            if oldest is not None and (gate is None or gate.age() >= FRESH_S):
+                oldest._refuse(oldest._too_many())
         self.reserved = True
         gate = _Gate(self, min(RESERVE_HEAD_S, self.limits.header_timeout_s))
         reserve[self] = gate
         self.transport.set_protocol(gate)
+        self.slots.steer()
+
+    def _asks(self, gate: _Gate) -> None:
+        """A reserve connection's request line is not a probe: in at once if there is room
+        now, else into the queue for at most `queue_timeout_s`."""
+        slots = self.slots
+        del slots.reserve[self]
+        slots.queue[self] = gate
+        gate.queued(self.limits.queue_timeout_s)
+        slots.let_in()
+
+    def _from_queue(self, gate: _Gate) -> None:
+        """In: a connection like any other from here, its bytes read so far parsed now."""
+        gate.stop()
+        self.reserved = False
+        self.transport.set_protocol(self)
+        self.transport.resume_reading()
+        self._arm_head_timer()
+        self.data_received(gate.head)
 
     def _pass_probe(self, head: bytes) -> None:
         """A reserve connection asked for a probe path: parse and serve it here."""
@@ -267,19 +393,23 @@ class GatewayProtocol(HttpToolsProtocol):
         self._arm_head_timer(min(RESERVE_HEAD_S, self.limits.header_timeout_s))
         self.data_received(head)
 
-    def _too_many(self) -> TooManyConnections:
+    def _too_many(self, waited_s: float | None = None) -> TooManyConnections:
+        waited = "" if waited_s is None else f" (this one waited {waited_s:g} s for one)"
         return TooManyConnections(
-            f"The gateway has {self.limits.max_connections} connections open, each with a "
-            "request in flight; retry shortly (see MICROSCHEDULER_SERVER__MAX_CONNECTIONS).",
+            f"The gateway has {self.slots.cap} connections open, each with a request in "
+            f"flight{waited}; retry shortly (see MICROSCHEDULER_SERVER__MAX_CONNECTIONS).",
         )
 
     def _refuse(self, err: GatewayError) -> None:
         """Answer outside the parser (unless a response has started), drop the connection
         from the server's books, and close it gracefully (`_linger`)."""
+        within = not self.reserved  # its room goes to a queued request
         self._leave_slots()
         self._disarm_head_timer()
         self._unset_keepalive_if_required()
         self.connections.discard(self)
+        if within and self.slots.queue:
+            self.slots.let_in()
         cycle = self.cycle
         started = cycle is not None and cycle.response_started
         if cycle is not None:
@@ -339,21 +469,36 @@ class _OneWrite:
 
 
 class _Gate(asyncio.Protocol):
-    """A reserve connection's protocol until its request line shows what it asks: a
-    `GET /health` or `/ready` goes back to its `GatewayProtocol`, anything else gets 503."""
+    """A connection's protocol while it waits over the cap: in a reserve slot until its
+    request line shows what it asks (a `GET /health` or `/ready` goes back to its
+    `GatewayProtocol`, anything else to the queue), then queued until there is room,
+    reading ahead at most `_QUEUED_BYTES`. Times out with 503."""
 
     def __init__(self, owner: GatewayProtocol, timeout_s: float) -> None:
         self.owner = owner
         self.head = b""
+        self.since = owner.loop.time()
+        self.asked = False  # its request line came (and was not a probe's)
         self.timer: asyncio.TimerHandle | None = owner.loop.call_later(timeout_s, self._refuse)
+
+    def age(self) -> float:
+        return self.owner.loop.time() - self.since
 
     def stop(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
+    def queued(self, timeout_s: float) -> None:
+        self.stop()
+        self.timer = self.owner.loop.call_later(timeout_s, self._refuse, timeout_s)
+        self._bound()
+
     def data_received(self, data: bytes) -> None:
         self.head += data
+        if self.asked:
+            self._bound()
+            return
         end = self.head.find(b"\r\n")
         if end < 0:
             if len(self.head) > _PROBE_LINE_MAX:
@@ -365,7 +510,12 @@ class _Gate(asyncio.Protocol):
         if method == b"GET" and path in PROBE_PATHS:
             self.owner._pass_probe(self.head)
         else:
-            self._refuse()
+            self.asked = True
+            self.owner._asks(self)
+
+    def _bound(self) -> None:
+        if len(self.head) >= _QUEUED_BYTES:  # the rest stays in the kernel's buffers
+            self.owner.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes
@@ -374,18 +524,20 @@ class _Gate(asyncio.Protocol):
         self.stop()
         self.owner.connection_lost(exc)
 
-    def _refuse(self) -> None:
+    def _refuse(self, waited_s: float | None = None) -> None:
         self.timer = None
-        self.owner._refuse(self.owner._too_many())
+        self.owner._refuse(self.owner._too_many(waited_s))
 
 
 class _Linger(asyncio.Protocol):
     """A refused connection after its answer: reads and drops what the client still sends
     until it closes or `LINGER_S` passes."""
 
-    def __init__(self, slots: Slots, timer: asyncio.TimerHandle) -> None:
+    def __init__(
+        self, slots: Slots, transport: asyncio.Transport, timer: asyncio.TimerHandle
+    ) -> None:
         self.slots, self.timer = slots, timer
-        slots.lingering += 1
+        slots.lingering[self] = transport
 
     def data_received(self, data: bytes) -> None:
         pass
@@ -395,7 +547,7 @@ class _Linger(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.timer.cancel()
-        self.slots.lingering -= 1
+        self.slots.lingering.pop(self, None)
 
 
 def _linger(
@@ -405,13 +557,17 @@ def _linger(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     """Write `answer`, half-close, and drop the client's unread bytes for a bounded time:
-    a close with bytes unread sends a reset, which can destroy the answer unread."""
+    a close with bytes unread sends a reset, which can destroy the answer unread. With
+    `MAX_LINGERING` lingering, the oldest is closed to make room (its answer left first)."""
     if answer is not None:
         transport.write(answer)
-    if slots.lingering >= MAX_LINGERING or not transport.can_write_eof():
+    if not transport.can_write_eof():
         transport.close()
         return
-    transport.set_protocol(_Linger(slots, loop.call_later(LINGER_S, transport.close)))
+    while len(slots.lingering) >= MAX_LINGERING:
+        oldest = next(iter(slots.lingering))
+        slots.lingering.pop(oldest).close()
+    transport.set_protocol(_Linger(slots, transport, loop.call_later(LINGER_S, transport.close)))
     transport.write_eof()
     transport.resume_reading()
 

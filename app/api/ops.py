@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.deps import AdminDep, MetricsDep, ServicesDep
@@ -45,9 +45,12 @@ async def metrics(services: ServicesDep) -> Response:
 
 
 @router.get("/status", dependencies=[AdminDep])
-async def status(services: ServicesDep) -> dict[str, Any]:
+async def status(services: ServicesDep, request: Request) -> dict[str, Any]:
     """GPUs (last snapshot and its age), backends (state, VRAM planned and measured, in
     flight, waiting, what blocks them), holds (zones, the yield), the active profile,
-    the fallback chains, and the last 100 events. Reads state only: it never calls NVML
-    or a backend."""
-    return status_view(services)
+    the fallback chains, the last 100 events, and the client connections (the cap, how
+    it was sized, its use). Reads state only: it never calls NVML or a backend."""
+    view = status_view(services)
+    connections = request.app.state.connections  # None: not run by `serve` (tests)
+    view["gateway"]["connections"] = None if connections is None else connections()
+    return view

@@ -8,7 +8,9 @@ before any backend is started or any VRAM is asked for. The address is `--host/-
 else the settings' (`MICROSCHEDULER_HOST/_PORT`, else `host:/port:` of models.yaml, else
 127.0.0.1:8080). `--banner` (`make run`) prints the address bound and a request to try.
 It then locks its state directory (`app.store.dir_lock`): a second gateway on the same
-directory fails with exit 1, naming the holder's pid and address.
+directory fails with exit 1, naming the holder's pid and address. It raises its soft file
+limit to the hard one and sizes the connection cap from it (`app.api.capacity`), logged
+with a warning when it is low; `check-config` gives the same warning.
 """
 
 from __future__ import annotations
@@ -62,11 +64,17 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app import logs
+    from app.api.accept import GatewayServer
+    from app.api.capacity import connection_cap, raise_file_limit
     from app.main import ReloadOptions, create_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_config(args.config, **overrides)
     logs.configure(settings.log_level)
+    cap = connection_cap(settings.server.max_connections, raise_file_limit())
+    logger.info("connections: %s", cap.describe())
+    if (low := cap.warning()) is not None:
+        logger.warning("connections: %s", low)
     try:
         sockets = bind_sockets(settings.host, settings.port)
     except OSError as exc:
@@ -95,10 +103,12 @@ def run_serve(args: argparse.Namespace) -> int:
         logger.info("address bound host=%s port=%d: serving once the start-up completes",
                     settings.host, settings.port)  # fmt: skip
         reload = ReloadOptions(sighup=True, watch=args.watch_config, overrides=overrides)
-        config = uvicorn.Config(create_app(settings, reload=reload), **server_options(settings))
-        server = uvicorn.Server(config)
+        options = server_options(settings, cap.limit)
+        slots = options["http"].slots
+        app = create_app(settings, reload=reload, connections=lambda: slots.view(cap))
+        server = GatewayServer(uvicorn.Config(app, **options), sockets, slots)
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises Ctrl-C again at the end
-            server.run(sockets=sockets)
+            server.run()
     return OK if server.started else FAILED
 
 
@@ -126,9 +136,10 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def server_options(settings: Settings) -> dict[str, Any]:
+def server_options(settings: Settings, cap: int | None = None) -> dict[str, Any]:
     """How the gateway runs uvicorn (`uvicorn.run`'s, `uvicorn.Config`'s arguments): for
-    `serve`, and for tests that need the real server."""
+    `serve`, and for tests that need the real server. `cap`: the connection cap
+    (`app.api.capacity`; None: `max_connections`, else this process's file limit)."""
     from app.api.connections import GatewayProtocol
 
     server = settings.server
@@ -141,8 +152,8 @@ def server_options(settings: Settings) -> dict[str, Any]:
         # A timeout for asyncio.wait_for: a float works (0.5 s must not become 0).
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
         # The server's limits (`ServerConfig` says why): httptools with a header timeout,
-        # a 431 for a head over `max_header_bytes` and `max_connections` evicting idle ones.
-        "http": GatewayProtocol.configured(server),
+        # a 431 for a head over `max_header_bytes`, a connection cap evicting idle ones.
+        "http": GatewayProtocol.configured(server, cap),
         # The gateway serves no WebSocket: an upgrade is an ordinary HTTP request (a 404).
         # With a WebSocket library loaded, its handshake logged every request header, the
         # client's Authorization included, at DEBUG.
@@ -170,8 +181,12 @@ def run_check_config(args: argparse.Namespace, *, nvml: object | None = None) ->
     for name, backend in settings.backends.items():
         for warning in backend.warnings():
             print(f"warning: backends.{name}.{warning}")
+    from app.api.capacity import connection_cap, current_file_limit
     from app.gpu.auto import probe_warnings
 
     for warning in probe_warnings(settings, nvml=nvml):
         print(f"warning: {warning}")
+    cap = connection_cap(settings.server.max_connections, current_file_limit())
+    if (low := cap.warning()) is not None:
+        print(f"warning: connections: {low}")
     return OK

@@ -93,20 +93,31 @@ class ServerConfig(StrictConfig):
     """What one client may hold of the gateway's HTTP server, so that slow or abusive
     clients get a 4xx or a closed connection while everyone else is still answered.
 
-    - `max_connections` (1000): open connections at once. When a new one would exceed
-      it, one is closed to make room: first the one whose request head began longest ago
-      and is still incomplete (a slowloris client dribbling headers), else the one idle
-      longest (kept alive, or opened and silent), as nginx reuses keep-alive connections.
-      Only when every connection has a request in flight does the newcomer wait in one of
-      a few reserve slots (`app.api.connections.RESERVE`, 8) for its request line, at most
-      2 s: `GET /health` and `GET /ready` are served (a liveness probe must not restart a
-      busy gateway), anything else is answered 503; a full reserve gives the slot whose
-      head is incomplete longest (503) to the newcomer, so slow sockets cannot hold it.
-      A refusal is written, the connection half-closed and the client's unread request
-      drained for up to 2 s (256 such sockets at most), so the client reads the 503
-      instead of a TCP reset. Uvicorn's own
-      `limit_concurrency` is not used: it counts idle connections too and answers the *new
-      request* 503, so a few hundred idle sockets would lock every real client out.
+    - `max_connections` (default: sized from the file limit): client connections at once.
+      `serve` raises its soft file limit (RLIMIT_NOFILE) to the hard one and takes what
+      that holds at two files a stream (the client's socket and the upstream's) after
+      1,024 kept for the gateway's own (`app.api.capacity`): 9,488 connections at a limit
+      of 20,000. It says the cap at start and in `/status`, and warns (at start and in
+      `check-config`) when the limit allows fewer than 4,096, or a configured cap more
+      than the limit holds. When a new connection would exceed it, one is closed to make
+      room: first the one whose request head began longest ago and is still incomplete (a
+      slowloris client dribbling headers), else the one idle longest (kept alive, or
+      opened and silent), as nginx reuses keep-alive connections. Only when every
+      connection has a request in flight does the newcomer wait in one of a few reserve
+      slots (`app.api.connections.RESERVE`, 8) for its request line, at most 2 s:
+      `GET /health` and `GET /ready` are served there (a liveness probe must not restart a
+      busy gateway); any other request is queued (256 at most, first come first served)
+      and let in when a connection closes or goes idle. While the queue is full the
+      gateway stops accepting: newcomers wait, connected, in the kernel's backlog
+      (`backlog`), as behind HAProxy's `maxconn`. A burst waits; it is not cut.
+      A refusal (a request queued longer than `queue_timeout_s`, a socket silent in a
+      reserve slot) is a 503 with `Retry-After`, written, the connection half-closed and
+      the client's unread request drained for up to 2 s, so the client reads the 503
+      instead of a TCP reset. Uvicorn's own `limit_concurrency` is not used: it counts
+      idle connections too and answers the *new request* 503, so a few hundred idle
+      sockets would lock every real client out.
+    - `queue_timeout_s` (60): how long a request over the cap waits for a connection
+      before its 503 (HAProxy's `timeout queue`).
     - `header_timeout_s` (10): the request line and headers must arrive within this of
       the connection opening (or the previous response ending); slowloris is closed (408
       when part of a request came). Uvicorn has no such timeout; a real client sends its
@@ -126,11 +137,16 @@ class ServerConfig(StrictConfig):
       default; the kernel caps it at `net.core.somaxconn`).
     """
 
-    max_connections: PositiveInt = Field(
-        1000,
+    max_connections: PositiveInt | None = Field(
+        None,
         description=(
-            "Open connections at once; beyond it an incomplete or idle one is closed to make room."
+            "Client connections at once (default: what the file limit holds, two files a "
+            "stream); beyond it an incomplete or idle one is closed to make room, else the "
+            "request waits."
         ),
+    )
+    queue_timeout_s: PositiveFloat = Field(
+        60.0, description="A request over the connection cap waits this long, then 503."
     )
     header_timeout_s: PositiveFloat = Field(
         10.0, description="The request line and headers must arrive within this (408)."

@@ -35,6 +35,7 @@ DRIBBLERS = 2 * MAX_CONNECTIONS
 DRIBBLE_S = 2.0  # a dribbler sends one more header line this often (the probe's pace)
 HEADER_TIMEOUT_S = 30.0  # longer than a test: no dribbler is cut by the header timeout
 BODY_TIMEOUT_S = 10.0  # the busy connections' bodies never come; the tests end before this
+QUEUE_TIMEOUT_S = 2.0  # a request over a busy cap waits this long for a connection, then 503
 MAX_HEADER_BYTES = 64 * 1024
 QUICK_S = 2.0  # every normal request during an attack answers within this
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -55,6 +56,7 @@ def gateway() -> Iterator[Gateway]:
         "MICROSCHEDULER_SERVER__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "MICROSCHEDULER_SERVER__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
         "MICROSCHEDULER_SERVER__MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        "MICROSCHEDULER_SERVER__QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S),
         "MICROSCHEDULER_ACCESS_LOG": "false",
     }
     with ExitStack() as stack:

@@ -9,8 +9,8 @@ import socket
 from pathlib import Path
 
 import pytest
-import uvicorn
 
+from app.api.accept import GatewayServer
 from app.api.connections import GatewayProtocol, raw_response
 from app.api.protocol import json_object
 from app.cli.serve import run_serve
@@ -37,7 +37,8 @@ def config(tmp_path: Path, extra: str = "") -> Path:
 
 def test_defaults(tmp_path: Path) -> None:
     server = load_settings(config(tmp_path)).server
-    assert server.max_connections == 1000
+    assert server.max_connections is None  # sized from the file limit by `serve`
+    assert server.queue_timeout_s == 60.0
     assert server.header_timeout_s == 10.0
     assert server.body_timeout_s == 60.0
     assert server.keep_alive_s == 30
@@ -62,21 +63,24 @@ def test_out_of_range_is_refused(tmp_path: Path) -> None:
 def test_serve_hands_every_limit_to_uvicorn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[uvicorn.Config] = []
+    seen: list[GatewayServer] = []
 
-    def run(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
-        assert sockets  # bound before the app starts
-        seen.append(server.config)
+    def run(server: GatewayServer, sockets: list[socket.socket] | None = None) -> None:
+        assert server._listening
+        assert sockets is None
+        seen.append(server)
 
-    monkeypatch.setattr(uvicorn.Server, "run", run)
+    monkeypatch.setattr(GatewayServer, "run", run)
     monkeypatch.setenv("MICROSCHEDULER_SERVER__MAX_HEADER_BYTES", "32768")
     monkeypatch.setenv("MICROSCHEDULER_SERVER__KEEP_ALIVE_S", "7")
+    monkeypatch.setenv("MICROSCHEDULER_SERVER__MAX_CONNECTIONS", "123")
     monkeypatch.setenv("MICROSCHEDULER_STATE_DIR", str(tmp_path / "var"))
     args = argparse.Namespace(
         config=config(tmp_path), host=None, port=0, watch_config=False, banner=False
     )
     run_serve(args)
-    (options,) = seen
+    (server,) = seen
+    options = server.config
     assert options.timeout_keep_alive == 7
     assert options.backlog == 2048
     assert options.limit_concurrency is None  # the protocol's eviction replaces it
@@ -84,6 +88,8 @@ def test_serve_hands_every_limit_to_uvicorn(
     assert isinstance(protocol, type)
     assert issubclass(protocol, GatewayProtocol)
     assert protocol.limits.max_header_bytes == 32768
+    assert protocol.slots.cap == 123
+    assert server._slots is protocol.slots  # the listener pauses for this cap
 
 
 def test_raw_response_is_a_closing_openai_error() -> None:

@@ -1,0 +1,162 @@
+"""The gateway's listener: uvicorn's server with an accept loop of our own, so that the
+connection cap can stop accepting (`pause`) and leave newcomers in the kernel's backlog.
+
+Neither asyncio's nor uvloop's `Server` can pause accepting (only close, which closes the
+socket), so the listening sockets are watched here with the loop's public `add_reader`
+and each accepted socket is handed to `loop.connect_accepted_socket`, both in asyncio and
+uvloop. Everything else (the lifespan, signals, the graceful shutdown) stays uvicorn's.
+
+While paused, the kernel completes handshakes into the listen queue (`server.backlog`,
+capped by `net.core.somaxconn`): the client is connected and its request waits unread;
+past a full queue the kernel drops SYNs, which the client resends (1 s, 3 s, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from app.api.connections import Slots
+from app.tasks import OwnedTasks
+
+logger = logging.getLogger(__name__)
+
+BATCH = 16  # accepted per wake-up: the cap's pause is seen within this many
+FULL_BACKOFF_S = 1.0  # out of files (EMFILE): stop accepting this long, as asyncio does
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class Acceptor:
+    """Accepts on listening sockets and hands each connection to `protocol` until
+    `pause()`; `resume()` takes the backlog up again. Owns the sockets and the tasks that
+    set each connection up."""
+
+    def __init__(
+        self,
+        sockets: list[socket.socket],
+        protocol: Callable[[], asyncio.Protocol],
+        *,
+        backlog: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._sockets = sockets
+        self._protocol = protocol
+        self._backlog = backlog
+        self._loop = loop
+        self._tasks = OwnedTasks()
+        self._paused = False
+        self._closed = False
+        self._backoff: asyncio.TimerHandle | None = None
+        self._watched = False
+
+    def start(self) -> None:
+        for sock in self._sockets:
+            sock.listen(self._backlog)
+            sock.setblocking(False)
+        self._sync()
+
+    def pause(self) -> None:
+        self._paused = True
+        self._sync()
+
+    def resume(self) -> None:
+        self._paused = False
+        self._sync()
+
+    async def close(self) -> None:
+        """Stop accepting and close the listening sockets; what is connected stays."""
+        self._closed = True
+        self._sync()
+        if self._backoff is not None:
+            self._backoff.cancel()
+        for sock in self._sockets:
+            sock.close()
+        await self._tasks.close()
+
+    def _sync(self) -> None:
+        want = not (self._paused or self._closed or self._backoff is not None)
+        if want == self._watched:
+            return
+        self._watched = want
+        for sock in self._sockets:
+            if want:
+                self._loop.add_reader(sock.fileno(), self._ready, sock)
+            else:
+                self._loop.remove_reader(sock.fileno())
+
+    def _ready(self, sock: socket.socket) -> None:
+        for _ in range(BATCH):
+            if not self._watched:  # paused by the connection just set up, or closed
+                return
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:  # reset by the client before the accept
+                continue
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_FILES:
+                    raise
+                logger.error(
+                    "cannot accept connections: %s; retrying in %g s (see the connection cap "
+                    "in GET /status and the file limit, ulimit -n)",
+                    exc.strerror, FULL_BACKOFF_S,
+                )  # fmt: skip
+                self._backoff = self._loop.call_later(FULL_BACKOFF_S, self._backed_off)
+                self._sync()
+                return
+            conn.setblocking(False)
+            if conn.family in (socket.AF_INET, socket.AF_INET6):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._tasks.spawn(self._connect(conn), name="accept")
+
+    def _backed_off(self) -> None:
+        self._backoff = None
+        self._sync()
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._protocol, conn)
+        except OSError:  # gone before its transport was made
+            conn.close()
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server on sockets bound beforehand (`serve`), accepted by an `Acceptor`
+    the connection cap (`slots`) can pause."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], slots: Slots) -> None:
+        super().__init__(config)
+        self._listening = sockets
+        self._slots = slots
+        self.acceptor: Acceptor | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])  # the lifespan; no listener of uvicorn's
+        if not self.started:
+            return
+        loop = asyncio.get_running_loop()
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=loop,
+            )
+
+        self.acceptor = Acceptor(self._listening, protocol, backlog=config.backlog, loop=loop)
+        self._slots.acceptor = self.acceptor
+        self.acceptor.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.acceptor is not None:
+            self._slots.acceptor = None
+            await self.acceptor.close()
+        await super().shutdown()
