@@ -5,6 +5,9 @@ Neither asyncio's nor uvloop's `Server` can pause accepting (only close, which c
 socket), so the listening sockets are watched here with the loop's public `add_reader`
 and each accepted socket is handed to `loop.connect_accepted_socket`, both in asyncio and
 uvloop. Everything else (the lifespan, signals, the graceful shutdown) stays uvicorn's.
+vLLM's API server does the same to balance its workers (`super().startup(sockets=[])`,
+then `sock.accept()` and `connect_accepted_socket` with uvicorn's protocol:
+`vllm/entrypoints/launchers/launcher.py:84-140`, vLLM 0.33.0).
 
 While paused, the kernel completes handshakes into the listen queue (`server.backlog`,
 capped by `net.core.somaxconn`): the client is connected and its request waits unread;
@@ -122,7 +125,11 @@ class Acceptor:
     async def _connect(self, conn: socket.socket) -> None:
         try:
             await self._loop.connect_accepted_socket(self._protocol, conn)
-        except OSError:  # gone before its transport was made
+        except asyncio.CancelledError:  # the server is closing
+            conn.close()
+            raise
+        except Exception:  # gone before its transport was made
+            logger.debug("an accepted connection failed to start", exc_info=True)
             conn.close()
 
 

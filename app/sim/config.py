@@ -16,6 +16,7 @@ class FakeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    backlog: int = 2048  # the listen queue (uvicorn's default, which vLLM runs with)
     models: list[str] = field(default_factory=lambda: ["fake-model"])
     startup_delay: float = 0.0
     # Print vLLM 0.33's start-up lines over startup_delay (app.sim.startup_log).

@@ -350,7 +350,11 @@ class FakeVllmServer:
         """Load (report the GPU footprint, no delay here) and listen."""
         self.fake.vram.start(self.config.port or None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        # vLLM listens with uvicorn's backlog (2048; `vllm/entrypoints/launchers/launcher.py`
+        # passes `config.backlog` to `listen`), not aiohttp's 128.
+        site = web.TCPSite(
+            self._runner, self.config.host, self.config.port, backlog=self.config.backlog
+        )
         await site.start()
         self.fake.listening_since = time.time()  # wall clock: compared across processes
         host, port = self._runner.addresses[0][:2]
@@ -442,6 +446,10 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     nn_int, nn_float = _non_negative(int), _non_negative(float)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=nn_int, default=8000)
+    p.add_argument(
+        "--backlog", type=nn_int, default=2048,
+        help="connections the kernel queues before accept (uvicorn's default, as vLLM's)",
+    )  # fmt: skip
     p.add_argument(
         "--model", "--served-model-name", dest="models", nargs="+", action="extend",
         metavar="NAME", help="served model name(s); repeatable (default: fake-model)",

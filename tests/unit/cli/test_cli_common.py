@@ -91,3 +91,19 @@ def test_check_config_says_the_host_of_a_backend_on_another_machine(
     out = capsys.readouterr().out
     assert "  here: http://127.0.0.1:9001 [external] serves a\n" in out
     assert "  there: http://127.0.0.1:9002 [external on node-c] serves b\n" in out
+
+
+def test_check_config_warns_of_a_connection_cap_the_file_limit_cannot_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    models = "backends:\n  here: {url: 'http://127.0.0.1:9001', models: [a]}\n"
+    (tmp_path / "models.yaml").write_text(models + "server: {max_connections: 100}\n")
+    args = build_parser().parse_args(["check-config", "--config", str(tmp_path)])
+    assert args.func(args) == OK
+    assert "connections" not in capsys.readouterr().out  # 100 fit in any file limit
+    # Two million files: more than any kernel lets a process open (fs.nr_open).
+    (tmp_path / "models.yaml").write_text(models + "server: {max_connections: 1000000}\n")
+    assert args.func(args) == OK  # a warning, not a refusal
+    out = capsys.readouterr().out
+    assert "warning: connections: server.max_connections 1,000,000 needs about 2,001,024" in out
+    assert "Lower max_connections to" in out
