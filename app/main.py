@@ -39,6 +39,7 @@ from app.api import (
 from app.api.fastpath import GatewayApp
 from app.gpu.auto import auto_probes
 from app.lifecycle.metrics import LifecycleMetrics
+from app.metrics import Declare
 from app.reload.apply import Reloader
 from app.services import Seams, Services
 from app.settings import Settings
@@ -119,8 +120,33 @@ def create_app(
         default_response_class=handlers.JSONBody,
     )
     app.state.connections = connections
+    if connections is not None:
+        _connection_series(metrics, connections)
     _install_routes(app)
     return app
+
+
+def _connection_series(metrics: LifecycleMetrics, view: Callable[[], dict[str, Any]]) -> None:
+    """The client connections' series, read from the server at each scrape."""
+    new = Declare(metrics.registry)
+    gauge = new.gauge(
+        "client_connections",
+        "Client connections: open (counted against the cap), queued (a request each, "
+        "waiting over the cap), max (the cap).",
+        ["state"],
+    )
+
+    def reads(state: str) -> Callable[[], float]:
+        return lambda: float(view()[state])
+
+    for state in ("open", "queued", "max"):
+        gauge.labels(state).set_function(reads(state))
+    accepting = new.gauge(
+        "client_connections_accepting",
+        "1 while the gateway accepts connections; 0 while its queue over the connection "
+        "cap is full and newcomers wait in the kernel's backlog.",
+    )
+    accepting.set_function(lambda: float(view()["accepting"]))
 
 
 def _install_routes(app: FastAPI) -> None:

@@ -58,7 +58,7 @@ TARGETS = {  # at the default 9,000 streams (issue 38's); a smaller run is judge
     "stream_peak_rss_mb": 500.0,
     "rss_after_vs_start": 1.20,
 }
-FAKE_BACKLOG = 4096  # the fakes' listen queue (the kernel caps it at net.core.somaxconn)
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # the kernel's cap on a listen queue
 
 
 # --- the gateway's memory and descriptors ---------------------------------------------------
@@ -239,7 +239,9 @@ def start_fake(
 ) -> Proc:
     args = ["app.sim.vllm", "--model", model, "--ttft", "0", "--tokens-per-second", f"{tps:g}"]
     args += ["--max-tokens", str(tokens), "--max-num-seqs", str(seqs)]
-    args += ["--backlog", str(FAKE_BACKLOG)]  # a fair direct baseline: no SYN dropped
+    # A listen queue for every stream at once: a fair direct baseline drops no SYN (the
+    # kernel caps it at net.core.somaxconn; `somaxconn` says whether it did).
+    args += ["--backlog", str(max(seqs, 4096))]
     proc = Proc(name, args, dict(os.environ), "", tmp / f"{model}.log")
     procs.append(proc)
     proc.wait_ready(["/health"])
@@ -489,6 +491,18 @@ def judge(res: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
     ]
 
 
+def somaxconn_note(res: dict[str, Any]) -> str:
+    """What a listen queue capped below the streams means for the direct baseline."""
+    cap, streams = res["somaxconn"], res["streams"]["streams"]
+    if cap is None or cap >= streams:
+        return ""
+    return (
+        f": below the {streams} streams, so the direct run's connects may wait for resent "
+        f"SYNs, and the gateway's upstream connects time out after its connect_s (5 s); "
+        f"`sysctl -w net.core.somaxconn={streams + 1024}` for a fair baseline"
+    )
+
+
 def render(res: dict[str, Any]) -> str:
     st, sh, rp, m = res["streams"], res["short"], res["repeat"], res["machine"]
     idle = res["idle"]
@@ -588,10 +602,11 @@ def render(res: dict[str, Any]) -> str:
         "streams through the gateway once more, after the short requests: a peak that "
         "climbs again would be a leak, the same peak a high-water mark (information). "
         "Listen overflows and SYN retransmits are the machine's TcpExt "
-        f"counters over each run: a full accept queue (the fakes listen with a backlog of "
-        f"{FAKE_BACKLOG}, the gateway with its default, 2048; the kernel caps both at "
-        "net.core.somaxconn) drops SYNs, which the client resends after 1 s, 3 s, "
-        "... The gateway's connection cap is its default, sized from the file limit "
+        "counters over each run: a full accept queue drops SYNs, which the client resends "
+        "after 1 s, 3 s, ... (the fakes listen with a backlog of one per stream, the "
+        f"gateway with its default, 2048; the kernel caps both at net.core.somaxconn, "
+        f"{res['somaxconn']}{somaxconn_note(res)}). "
+        "The gateway's connection cap is its default, sized from the file limit "
         f"({res['connections']['summary']}). RLIMIT_NOFILE: soft "
         f"{lim['soft_before']} raised to {lim['soft']} (hard {lim['hard']}; the servers inherit "
         f"it), about {lim['needed']} needed.",
@@ -656,6 +671,7 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
     # The gateway holds a client and an upstream socket per stream, plus its own few.
     most = max(2 * max(a.streams, a.concurrency), a.idle_connections, *a.dribblers)
     res["nofile"] = raise_nofile(most + 256)
+    res["somaxconn"] = int(SOMAXCONN.read_text()) if SOMAXCONN.exists() else None
     # The first token comes at once (--ttft 0), the others 1/tps apart: the last at S seconds.
     tps = round((a.stream_tokens - 1) / a.stream_seconds, 6)
     slow_seqs, fast_seqs = max(a.streams, 256), max(a.concurrency, WARMUP_STREAMS, 256)

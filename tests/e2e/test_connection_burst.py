@@ -101,3 +101,7 @@ async def test_the_cap_and_its_sizing_are_in_status(gateway: str) -> None:
     assert view["file_limit"]["soft"] == view["file_limit"]["hard"]  # serve raised it
     assert view["warning"] is None  # 10 connections fit any file limit
     assert view["open"] >= 1  # this request's own
+    metrics = httpx.get(f"{gateway}/metrics").text
+    assert f'microscheduler_client_connections{{state="max"}} {float(CAP)}' in metrics
+    assert 'microscheduler_client_connections{state="queued"} 0.0' in metrics
+    assert "microscheduler_client_connections_accepting 1.0" in metrics
