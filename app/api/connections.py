@@ -24,13 +24,10 @@ default).
 - While the queue is full, or the reserve full of young connections, the gateway stops
   accepting (`Slots.acceptor`, `app.api.accept`): newcomers wait in the kernel's backlog,
   connected, as HAProxy's `maxconn` leaves them; a burst waits instead of being cut.
-- A refusal (408, 431, 503) is written, the connection half-closed, and what the client
-  still sends read and dropped for up to `LINGER_S` before closing: closing with its
-  request unread would send a TCP reset that destroys the answer before the client reads
-  it. At most `MAX_LINGERING` linger; a new refusal closes the oldest, whose answer left
-  long ago.
+- A refusal (408, 431, 503) is answered outside the parser and lingers
+  (`app.api.refusals`), so the client reads it instead of a TCP reset.
 
-- A response's status line and headers wait for its first body bytes (`_OneWrite`, at
+- A response's status line and headers wait for its first body bytes (`OneWrite`, at
   most until the loop's next turn): uvicorn writes them apart, so an answer ready at once
   cost two writes, two segments and two wake-ups of the client; now one.
 
@@ -42,13 +39,14 @@ about a quarter of the gateway's throughput: measured with `bench/overhead.py`.)
 from __future__ import annotations
 
 import asyncio
-import json
-from http import HTTPStatus
 from typing import Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.capacity import ConnectionCap, current_file_limit, sized
+from app.api.intake import Intake
+from app.api.one_write import OneWrite
+from app.api.refusals import Lingering, linger, raw_response
 from app.errors import GatewayError, RequestHeadersTooLarge, RequestTimeout, TooManyConnections
 from app.settings.root import ServerConfig
 
@@ -63,8 +61,6 @@ QUEUE = 256  # requests over the cap waiting for a connection; more wait in the 
 _QUEUED_BYTES = 64 * 1024  # a queued request's bytes read ahead; the rest waits unread
 PROBE_PATHS = (b"/health", b"/ready")
 _PROBE_LINE_MAX = 2048  # a reserve connection's request line longer than this is refused
-LINGER_S = 2.0  # a refused connection's unread request is read and dropped this long
-MAX_LINGERING = 256  # beyond this many lingering sockets, the oldest is closed
 
 Slot = dict["GatewayProtocol", None]
 
@@ -90,7 +86,8 @@ class Slots:
         # Over the cap: each waiting for its request line (its gate), or serving a probe (None).
         self.reserve: dict[GatewayProtocol, _Gate | None] = {}
         self.queue: dict[GatewayProtocol, _Gate] = {}  # a request each, oldest first
-        self.lingering: dict[_Linger, asyncio.Transport] = {}  # oldest first
+        self.lingering = Lingering()  # refused, their answer on its way (`app.api.refusals`)
+        self.intake = Intake()  # new requests a turn of the loop takes in
         self.acceptor: Acceptor | None = None  # set by the server that accepts
         self.accepting = True
         self._reserve_timer: asyncio.TimerHandle | None = None
@@ -111,6 +108,7 @@ class Slots:
             "file_limit": None if files is None else {"soft": files.soft, "hard": files.hard},
             "open": self.within(),
             "queued": len(self.queue),  # requests over the cap waiting for one
+            "held": len(self.intake.waiting),  # new requests waiting for the loop's next turns
             "reserve": len(self.reserve),  # over the cap, showing their request line
             "lingering": len(self.lingering),  # refused, their answer read by the client
             "accepting": self.accepting,  # False: newcomers wait in the kernel's backlog
@@ -193,6 +191,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self.slot: Slot | None = None  # which of `slots.fresh`/`.partial`/`.idle` holds this
         self.opened = 0.0  # the loop's time when it connected
         self.reserved = False  # admitted over the cap (a reserve slot)
+        self.held: bytes | None = None  # a new request's bytes, waiting for its turn (`Intake`)
 
     @classmethod
     def configured(cls, limits: ServerConfig, cap: int | None = None) -> type[GatewayProtocol]:
@@ -220,6 +219,32 @@ class GatewayProtocol(HttpToolsProtocol):
             self.slots.let_in()
 
     def data_received(self, data: bytes) -> None:
+        if self.held is not None:  # read before its pause took effect
+            self.held += data
+            return
+        new = self.head_bytes == 0 and not self._head_tail  # a new request: in its turn
+        if new and not self.slots.intake.admit(self, self.loop):
+            self._hold(data)
+            return
+        self._received(data)
+
+    def _hold(self, data: bytes) -> None:
+        """Wait for the turn (`take_in`): reading paused, no header timeout meanwhile (the
+        request came whole or in part; the loop's pace is not the client's), and not to
+        be closed to make room (it has a request)."""
+        self.held = data
+        self.transport.pause_reading()
+        self._disarm_head_timer()
+        self._enter(None)
+
+    def take_in(self) -> None:
+        data, self.held = self.held, None
+        if data is None or self.transport.is_closing():
+            return
+        self.transport.resume_reading()
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
         if self.head_bytes is not None:
             if self.head_timer is None:  # the first byte of the next request on a kept-alive one
                 self._arm_head_timer()
@@ -244,7 +269,7 @@ class GatewayProtocol(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         if self.cycle is not None and self.cycle is not before:
-            self.cycle.transport = _OneWrite(self.transport, self.cycle, self.loop)  # type: ignore[assignment]
+            self.cycle.transport = OneWrite(self.transport, self.cycle, self.loop)  # type: ignore[assignment]
         if self.reserved and self.cycle is not None:
             self.cycle.keep_alive = False  # a probe over the cap: one request, then close
 
@@ -338,6 +363,9 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def _leave_slots(self) -> None:
         self._enter(None)
+        if self.held is not None:
+            self.held = None
+            self.slots.intake.forget(self)
         if self.reserved:
             slots = self.slots
             gate = slots.reserve.pop(self, None) or slots.queue.pop(self, None)
@@ -391,7 +419,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self.slots.reserve[self] = None
         self.transport.set_protocol(self)
         self._arm_head_timer(min(RESERVE_HEAD_S, self.limits.header_timeout_s))
-        self.data_received(head)
+        self._received(head)  # a probe does not wait for the loop's intake
 
     def _too_many(self, waited_s: float | None = None) -> TooManyConnections:
         waited = "" if waited_s is None else f" (this one waited {waited_s:g} s for one)"
@@ -402,7 +430,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def _refuse(self, err: GatewayError) -> None:
         """Answer outside the parser (unless a response has started), drop the connection
-        from the server's books, and close it gracefully (`_linger`)."""
+        from the server's books, and close it gracefully (`linger`)."""
         within = not self.reserved  # its room goes to a queued request
         self._leave_slots()
         self._disarm_head_timer()
@@ -418,54 +446,8 @@ class GatewayProtocol(HttpToolsProtocol):
             cycle.message_event.set()
         if self.flow is not None:
             self.flow.resume_writing()
-        _linger(self.transport, None if started else raw_response(err), self.slots, self.loop)
-
-
-class _OneWrite:
-    """The transport a request's cycle writes its response to: the status line and
-    headers are held until the first body bytes follow them, or at the latest until the
-    loop's next turn (a response that starts and then waits), and leave with them in one
-    write. Everything else passes straight through (`100 Continue`, later chunks)."""
-
-    __slots__ = ("_cycle", "_head", "_held", "_loop", "_transport")
-
-    def __init__(
-        self, transport: asyncio.Transport, cycle: Any, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        self._transport = transport
-        self._cycle = cycle
-        self._loop = loop
-        self._head: bytes | None = None
-        self._held: asyncio.Handle | None = None  # the next turn's flush; None once passed
-
-    def write(self, data: bytes) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            assert self._held is not None
-            self._held.cancel()
-            self._transport.write(head + data)
-        elif self._held is None and self._cycle.response_started:
-            self._head = data  # uvicorn marks the response started, then writes its head
-            self._held = self._loop.call_soon(self._flush)
-        else:
-            self._transport.write(data)
-
-    def _flush(self) -> None:
-        head, self._head = self._head, None
-        # A client gone (or refused) meanwhile: nothing is written, as uvicorn would not.
-        if head is not None and not self._cycle.disconnected and not self._transport.is_closing():
-            self._transport.write(head)
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def close(self) -> None:
-        if self._head is not None:
-            assert self._held is not None
-            self._held.cancel()
-            self._flush()
-        self._transport.close()
+        answer = None if started else raw_response(err)
+        linger(self.transport, answer, self.slots.lingering, self.loop)
 
 
 class _Gate(asyncio.Protocol):
@@ -527,62 +509,3 @@ class _Gate(asyncio.Protocol):
     def _refuse(self, waited_s: float | None = None) -> None:
         self.timer = None
         self.owner._refuse(self.owner._too_many(waited_s))
-
-
-class _Linger(asyncio.Protocol):
-    """A refused connection after its answer: reads and drops what the client still sends
-    until it closes or `LINGER_S` passes."""
-
-    def __init__(
-        self, slots: Slots, transport: asyncio.Transport, timer: asyncio.TimerHandle
-    ) -> None:
-        self.slots, self.timer = slots, timer
-        slots.lingering[self] = transport
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self) -> bool | None:
-        return None  # the client read the answer and closed: the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.timer.cancel()
-        self.slots.lingering.pop(self, None)
-
-
-def _linger(
-    transport: asyncio.Transport,
-    answer: bytes | None,
-    slots: Slots,
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    """Write `answer`, half-close, and drop the client's unread bytes for a bounded time:
-    a close with bytes unread sends a reset, which can destroy the answer unread. With
-    `MAX_LINGERING` lingering, the oldest is closed to make room (its answer left first)."""
-    if answer is not None:
-        transport.write(answer)
-    if not transport.can_write_eof():
-        transport.close()
-        return
-    while len(slots.lingering) >= MAX_LINGERING:
-        oldest = next(iter(slots.lingering))
-        slots.lingering.pop(oldest).close()
-    transport.set_protocol(_Linger(slots, transport, loop.call_later(LINGER_S, transport.close)))
-    transport.write_eof()
-    transport.resume_reading()
-
-
-def raw_response(err: GatewayError) -> bytes:
-    """A whole HTTP/1.1 response carrying `err`'s envelope, closing the connection."""
-    body = json.dumps(err.body()).encode()
-    phrase = HTTPStatus(err.status).phrase
-    headers = {
-        "content-type": "application/json",
-        "content-length": str(len(body)),
-        **err.headers,
-        "connection": "close",
-    }
-    head = f"HTTP/1.1 {err.status} {phrase}\r\n" + "".join(
-        f"{k}: {v}\r\n" for k, v in headers.items()
-    )
-    return head.encode("latin-1") + b"\r\n" + body

@@ -1,6 +1,5 @@
 """The listener's own accept loop: paused, newcomers wait connected in the kernel's
-backlog and are taken up on resume; out of files, it backs off instead of spinning; and
-a refusal always lingers, the oldest lingering socket closed to make room."""
+backlog and are taken up on resume; out of files, it backs off instead of spinning."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 
 from app.api.accept import FULL_BACKOFF_S, Acceptor
-from app.api.connections import MAX_LINGERING, Slots, _linger
 
 HOST = "127.0.0.1"
 
@@ -79,49 +77,3 @@ async def test_out_of_files_backs_off_instead_of_spinning(
         writer.close()
     finally:
         await acceptor.close()
-
-
-class Transport(asyncio.Transport):
-    """What `_linger` writes to: the answer, the half-close, and the close."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.eof = self.closed = False
-        self.protocol: asyncio.BaseProtocol | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += bytes(data)
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if not self.closed and self.protocol is not None:
-            self.closed = True
-            self.protocol.connection_lost(None)
-
-
-async def test_a_refusal_lingers_even_when_many_do_and_the_oldest_closes() -> None:
-    loop = asyncio.get_running_loop()
-    slots = Slots(cap=1)
-    transports = [Transport() for _ in range(MAX_LINGERING + 3)]
-    for transport in transports:
-        _linger(transport, b"HTTP/1.1 503 Service Unavailable\r\n\r\n", slots, loop)
-    # Every client got its answer and a half-close (no reset for an unread request).
-    assert all(t.written.startswith(b"HTTP/1.1 503") and t.eof for t in transports)
-    assert len(slots.lingering) == MAX_LINGERING
-    assert [t.closed for t in transports[:3]] == [True, True, True]  # the oldest three
-    assert not any(t.closed for t in transports[3:])
-    for transport in transports:
-        transport.close()
-    assert slots.lingering == {}

@@ -1,5 +1,5 @@
 """A response's status line and headers leave with its first body bytes, in one write to
-the connection (`app.api.connections._OneWrite`); a response that starts and then waits
+the connection (`app.api.one_write.OneWrite`); a response that starts and then waits
 still sends its head at the loop's next turn."""
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from app.api.accept import GatewayServer
-from app.api.connections import GatewayProtocol, raw_response
+from app.api.connections import GatewayProtocol
 from app.api.protocol import json_object
+from app.api.refusals import raw_response
 from app.cli.serve import run_serve
 from app.errors import ErrorCode, InvalidRequest, RequestHeadersTooLarge
 from app.settings import ConfigError, load_settings
