@@ -103,7 +103,7 @@ class Supervisor:
             stats = None if snapshot is None else snapshot.gpu(backend.config.gpus[0])
             total = None if stats is None else stats.total_mib
             chosen = None if profile is None else profile.models.get(name)
-            backend.plan(
+            backend.memory.plan(
                 planned_footprint_mib(
                     backend.config,
                     gpu_total_mib=total,
@@ -115,7 +115,7 @@ class Supervisor:
             )
             # A lazy one, or one that names its host only to be counted there.
             named = backend.lazy or backend.config.host is not None
-            if backend.footprint is None and named and backend.config.gpus_accounted:
+            if backend.memory.footprint is None and named and backend.config.gpus_accounted:
                 logger.warning("no VRAM footprint known, admission will not check it "
                                "backend=%s host=%s", name, backend.config.host_name)  # fmt: skip
 
@@ -247,7 +247,9 @@ class Supervisor:
             round_s = self._settings.health_interval_s
             await asyncio.gather(
                 *(
-                    b.watch(health=self._due("health", b, round_s, failing=b.healthy is not True))
+                    b.watcher.watch(
+                        health=self._due("health", b, round_s, failing=b.server.healthy is not True)
+                    )
                     for b in self._backends.values()
                 )
             )

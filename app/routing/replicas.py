@@ -143,7 +143,7 @@ class Replicas:
             in_flight=backend.in_flight + backend.waiting,
             vllm_waiting=load.requests_waiting if load is not None and ready else None,
             kv_usage=load.kv_cache_usage_ratio if load is not None and ready else None,
-            footprint_mib=backend.vram_mib,
+            footprint_mib=backend.memory.vram_mib,
             fits=backend.admission.fits_now(backend) if room and not ready else None,
         )
 

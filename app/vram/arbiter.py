@@ -129,8 +129,8 @@ class VramArbiter(ZoneBook):
         measured nothing); asleep, what they still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            mib = backend.held_mib if measured else backend.counted_mib
-            if backend.holds_vram and mib:
+            mib = backend.memory.held_mib if measured else backend.memory.counted_mib
+            if backend.memory.holds_vram and mib:
                 for gpu in backend.config.gpus:
                     held[gpu] += mib
         return dict(held)
@@ -183,7 +183,8 @@ class VramArbiter(ZoneBook):
         short_since: float | None = None  # when it first found its memory held by others
         while True:
             async with self._locked(gpus, whose, waiter=backend):
-                need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
+                memory = backend.memory
+                need = wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
                 before = await self.read_gpus()
                 wait: _Protected | None = None
                 if need is not None and before is not None:
@@ -214,7 +215,7 @@ class VramArbiter(ZoneBook):
                     first_after = None if after is None else after.usable(gpus[0])
                     if first_before is not None and first_after is not None:
                         used = first_after.used_mib - first_before.used_mib
-                        backend.record_measured(max(0, used))
+                        backend.memory.record_measured(max(0, used))
                     return
             # Out of the GPUs' locks: nothing is launched meanwhile, so other starts that
             # fit, zones and the yield need not wait for this one.
@@ -242,7 +243,7 @@ class VramArbiter(ZoneBook):
         """Whether its start would fit without evicting, by the monitor's last snapshot
         (no sample taken); None: no telemetry, no snapshot yet or no footprint."""
         snapshot = None if self.monitor is None else self.monitor.snapshot
-        need = backend.vram_mib
+        need = backend.memory.vram_mib
         if snapshot is None or need is None:
             return None
         return self._fits(dict.fromkeys(backend.config.gpus, need), snapshot)
@@ -394,7 +395,7 @@ class VramArbiter(ZoneBook):
             b
             for b in self._backends.values()
             if b.state is BackendState.STOPPING
-            and b.holds_vram
+            and b.memory.holds_vram
             and b.name != requester
             and any(g in need for g in b.config.gpus)
         ]

@@ -28,7 +28,7 @@ def residents(
         Resident(
             name=b.name,
             gpus=tuple(b.config.gpus),
-            vram_mib=b.counted_mib,
+            vram_mib=b.memory.counted_mib,
             priority=b.config.priority,
             lazy=b.lazy,
             in_flight=b.in_flight,
@@ -39,7 +39,7 @@ def residents(
             hold_s=hold_for_s(b, now),
         )
         for b in backends
-        if b.holds_vram and b.counted_mib and b.name != exclude
+        if b.memory.holds_vram and b.memory.counted_mib and b.name != exclude
     ]
 
 

@@ -144,9 +144,9 @@ class HostRamBook:
     def _charged(self) -> Iterator[tuple[Backend, bool]]:
         """(backend, pending) for each backend charged to the budget."""
         for backend in self._backends.values():
-            if backend.state is BackendState.SLEEPING and backend.asleep_level in (1, None):
+            if backend.state is BackendState.SLEEPING and backend.memory.asleep_level in (1, None):
                 yield backend, False
-            elif backend.releasing_level == 1:
+            elif backend.memory.releasing_level == 1:
                 yield backend, True
 
     def _budget(self) -> tuple[int | None, str]:
@@ -160,7 +160,7 @@ class HostRamBook:
     def state(self) -> RamState:
         reading = None if self.monitor is None else self.monitor.reading
         sleepers = tuple(
-            Sleeper(b.name, b.ram_charge_mib or 0, b.last_used, pending)
+            Sleeper(b.name, b.memory.ram_charge_mib or 0, b.last_used, pending)
             for b, pending in self._charged()
         )
         return RamState(
@@ -174,7 +174,7 @@ class HostRamBook:
         monitor = self.monitor
         reading = None if monitor is None else monitor.reading
         sleepers = tuple(
-            SleeperView(b.name, b.ram_charge_mib or 0, b.ram_charge[1], pending)
+            SleeperView(b.name, b.memory.ram_charge_mib or 0, b.memory.ram_charge[1], pending)
             for b, pending in self._charged()
         )
         age = None if monitor is None else monitor.age_s()

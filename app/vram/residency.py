@@ -25,12 +25,13 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from app.lifecycle.admission import AdmissionRefused, Claimant
 from app.lifecycle.backend import Backend
 from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.state import BackendState
+from app.settings import BackendConfig
 from app.vram.placement import Placement
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,20 @@ logger = logging.getLogger(__name__)
 RESIDENCY_POLL_S: Final = 1.0
 
 
-def protected_for_s(backend: Backend, now: float | None = None) -> float:
+class Resident(Protocol):
+    """What the residency rules read of a backend (a `Backend`, or the API's view of one)."""
+
+    @property
+    def config(self) -> BackendConfig: ...
+    @property
+    def state(self) -> BackendState: ...
+    @property
+    def lazy(self) -> bool: ...
+    @property
+    def ready_since(self) -> float | None: ...
+
+
+def protected_for_s(backend: Resident, now: float | None = None) -> float:
     """Seconds of its min_resident_s left (0: not ready, not lazy, or the time is up)."""
     since = backend.ready_since
     if backend.state is not BackendState.READY or since is None or not backend.lazy:

@@ -259,7 +259,7 @@ class VramYield:
             if backend.name in taken.stopped or not _holds_memory(backend):
                 continue
             if await self._take([backend], taken, sleep=True):
-                expected = backend.vram_mib if backend.name in taken.stopped else None
+                expected = backend.memory.vram_mib if backend.name in taken.stopped else None
                 settled = await self._settle(request, free, expected)
                 if settled is not None:
                     free = free_mib(settled, request.gpu)
@@ -290,7 +290,7 @@ class VramYield:
             if (
                 sleep
                 and backend.state is BackendState.SLEEPING
-                and backend.yield_how.method != "stop"
+                and backend.memory.yield_how.method != "stop"
             ):
                 # Asleep already (blocked, so no wake begins): taken as it is, freeing
                 # nothing now; None: the answer's `already_asleep`.
@@ -298,7 +298,7 @@ class VramYield:
             if sleep and backend.state in (BackendState.READY, BackendState.SLEEPING):
                 # `yield:` (or a GPU profile's method), the sleep level chosen against
                 # the host RAM budget like an idle stop's or an eviction's.
-                return await backend.give_back(StopReason.YIELD, backend.yield_how)
+                return await backend.give_back(StopReason.YIELD, backend.memory.yield_how)
             await backend.stop(StopReason.YIELD)
             return SleepOutcome.STOPPED
 
@@ -500,7 +500,7 @@ def _ready(backend: Backend) -> bool:
 
 
 def _holds_memory(backend: Backend) -> bool:
-    return backend.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
+    return backend.memory.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
 
 
 def _report(

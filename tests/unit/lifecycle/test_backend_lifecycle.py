@@ -208,9 +208,9 @@ async def test_a_server_that_dies_while_ready_is_failed_by_the_watch() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, **LAZY)
     runtime.code = 137
-    await backend.watch()
+    await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
-    assert backend.holds_vram is False
+    assert backend.memory.holds_vram is False
     # Within the restart backoff, requests get the failure instead of a new start.
     with pytest.raises(BackendUnavailable) as info:
         await backend.acquire()
@@ -264,9 +264,9 @@ async def test_health_checks_record_failures_without_raising() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     backend = make_backend(GatedRuntime(), refuse)
-    assert await backend.check_health() is False
-    assert backend.healthy is False
-    assert backend.health_error == "ConnectError: refused"
+    assert await backend.watcher.check_health() is False
+    assert backend.server.healthy is False
+    assert backend.server.health_error == "ConnectError: refused"
 
 
 async def test_stop_during_start_ends_stopped_and_fails_the_waiters() -> None:
@@ -366,7 +366,7 @@ async def test_adopting_a_running_server_skips_admission() -> None:
     backend = make_backend(runtime, admission=RefusingAdmission(), **LAZY)
     await backend.adopt()
     assert backend.state is BackendState.READY
-    assert backend.holds_vram is True
+    assert backend.memory.holds_vram is True
 
 
 async def test_adopting_leaves_a_server_that_does_not_run_stopped() -> None:
@@ -381,13 +381,13 @@ async def test_the_watch_restarts_a_failed_pinned_backend_after_its_backoff() ->
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, restart_backoff_s=0.05)
     runtime.code = 1
-    await backend.watch()
+    await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
-    await backend.watch()  # within the backoff: nothing
+    await backend.watcher.watch()  # within the backoff: nothing
     assert runtime.starts == 1
     await asyncio.sleep(0.06)  # the thing under test: the 0.05 s backoff passes
     runtime.code = None
-    await backend.watch()
+    await backend.watcher.watch()
     # The restart runs as the backend's own task.
     await until(lambda: runtime.starts == 2, what="the restart")
     assert state_of(backend) is BackendState.READY
@@ -399,7 +399,7 @@ async def test_the_restart_backoff_doubles_with_each_failure_in_a_row() -> None:
     retry_afters = []
     for _ in range(3):
         runtime.code = 1
-        await backend.watch()
+        await backend.watcher.watch()
         with pytest.raises(BackendUnavailable) as info:
             await backend.acquire()
         retry_afters.append(int(info.value.headers["retry-after"]))
@@ -422,9 +422,9 @@ async def test_lazy_backends_are_not_restarted_by_the_watch() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, restart_backoff_s=0.01, **LAZY)
     runtime.code = 1
-    await backend.watch()
+    await backend.watcher.watch()
     await asyncio.sleep(0.02)  # past the 0.01 s backoff: a pinned backend would restart now
-    await backend.watch()
+    await backend.watcher.watch()
     assert runtime.starts == 1
     assert backend.state is BackendState.FAILED
 
@@ -443,7 +443,7 @@ async def test_a_stop_the_runtime_cannot_do_raises_and_keeps_counting_the_memory
     assert info.value.kind == "runtime"
     assert "could not be stopped: stop failed: cannot reach the Docker API" in info.value.message
     assert backend.state is BackendState.FAILED
-    assert backend.holds_vram is True
+    assert backend.memory.holds_vram is True
 
 
 class UnaskableRuntime(GatedRuntime):
@@ -497,13 +497,13 @@ async def test_a_rebuilt_backend_takes_over_the_holds_of_the_object_it_replaces(
     old.block("yield", "VRAM yield for 'gaming'", BlockKind.YIELDED)
     old.block("reload", "a configuration reload", BlockKind.DISABLED)
     old.keep_warm("schedule:evening", on=True)
-    old.set_yield_method("sleep")
+    old.memory.set_yield_method("sleep")
     rebuilt = make_backend(GatedRuntime(), **LAZY)
-    assert rebuilt.yield_method != "sleep"
+    assert rebuilt.memory.yield_method != "sleep"
     rebuilt.take_over(old, leaving="reload")
     assert dict(rebuilt.blocks) == {"yield": "VRAM yield for 'gaming'"}
     assert rebuilt.kept_warm == frozenset({"schedule:evening"})
-    assert rebuilt.yield_method == "sleep"
+    assert rebuilt.memory.yield_method == "sleep"
     with pytest.raises(BackendUnavailable, match="gaming"):
         await rebuilt.acquire()
 

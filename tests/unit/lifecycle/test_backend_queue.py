@@ -259,7 +259,7 @@ async def test_a_slot_waiter_hears_at_once_that_its_backend_failed() -> None:
     waiter = acquire(backend)
     await until(lambda: backend.queued == 1, what="the request queued")
     runtime.code = 137
-    await backend.watch()
+    await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
     with pytest.raises(BackendUnavailable) as info:
         await asyncio.wait_for(waiter, 5)  # not after max_wait_s (120 s)

@@ -213,8 +213,8 @@ async def test_a_backend_that_fits_starts_without_eviction(rig: Rig) -> None:
     high = await rig.ready("high", vram_mib=8000, priority=90)
     assert state_of(low) is BackendState.READY
     assert rig.runtimes["low"].stops == 0
-    assert high.holds_vram
-    assert low.holds_vram
+    assert high.memory.holds_vram
+    assert low.memory.holds_vram
     assert rig.placed() == {0: 16000}
 
 
