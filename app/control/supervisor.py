@@ -195,7 +195,7 @@ class Supervisor:
                                "backend=%s", backend.name)  # fmt: skip
                 return
             await backend.start_logged("standby")
-        if backend.state is not BackendState.READY or backend.in_flight:
+        if backend.state is not BackendState.READY or backend.requests.in_flight:
             return  # failed, refused, or a request got to it first: it stays as it is
         try:  # level 1 as the host RAM budget allows (`Backend.give_back`)
             await backend.give_back(StopReason.STANDBY, rules.STANDBY_RELEASE)
@@ -236,7 +236,7 @@ class Supervisor:
         now = self._clock()
         key = (loop, backend.name)
         last = self._polled.get(key)
-        interval = poll_interval_s(round_s, backend.idle_s(now), failing=failing)
+        interval = poll_interval_s(round_s, backend.requests.idle_s(now), failing=failing)
         if not poll_due(None if last is None else now - last, interval, round_s):
             return False
         self._polled[key] = now

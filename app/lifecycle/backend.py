@@ -9,9 +9,10 @@
 - Its parts: `server` (the I/O with its server: runtime, health, sleep mode,
   `app.lifecycle.server`), `watcher` (the periodic check and the restart backoff,
   `app.lifecycle.watched`), `memory` (what it holds on its GPUs and asleep,
-  `app.lifecycle.memory`). Each reads the backend through a small protocol and changes
-  it only through the transitions it is given. The requests that hold it are still a
-  mixin (`app.lifecycle.request_holds`). The API reads it through `BackendView`.
+  `app.lifecycle.memory`), `requests` (the queue, the leases and `acquire()`, the data
+  plane's only way in, `app.lifecycle.request_holds`). Each reads the backend through a
+  small protocol and changes it only through the transitions it is given; the API reads
+  it through `app.lifecycle.view.BackendView`.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
 """
 
@@ -27,13 +28,11 @@ from app.events import EventLog
 from app.lifecycle import admission as rules
 from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
-from app.lifecycle.lease import Leases
 from app.lifecycle.load import LoadStatus, StartClock, StartDurations
 from app.lifecycle.memory import Memory
 from app.lifecycle.metrics import LifecycleMetrics
-from app.lifecycle.queue import TicketQueue
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
-from app.lifecycle.request_holds import Holding
+from app.lifecycle.request_holds import RequestHolds
 from app.lifecycle.served import LearnedRecords, Served
 from app.lifecycle.server import Server, StartFailed
 from app.lifecycle.state import (
@@ -55,7 +54,7 @@ from app.upstreams.vllm import VllmClient
 logger = logging.getLogger(__name__)
 
 
-class Backend(Holding):
+class Backend:
     def __init__(
         self,
         name: str,
@@ -89,17 +88,24 @@ class Backend(Holding):
         # app.lifecycle.adapters): stopped, failed, or asleep at any level but 1.
         self.adapters_epoch = 0
         self._metrics = metrics
-        self._wake_notice_s = wake_notice_s
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
-        self.memory = Memory(config, self)  # what it holds, on its GPUs and asleep
-        self._queue = TicketQueue(name, metrics, changed)
-        self._leases = Leases(name, metrics, changed, on_release=self._released)
+        self.memory = Memory(self)  # what it holds, on its GPUs and asleep
         self.last_start_s: float | None = None
         self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
         self._blocks = Blocks()
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # guards its transitions, never held across I/O
+        self.requests = RequestHolds(
+            self,
+            metrics,
+            changed,
+            lock=self._lock,
+            next_step=self._next_step,
+            unavailable=self._unavailable,
+            went_idle=self.admission.went_idle,
+            wake_notice_s=wake_notice_s,
+        )
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._served = Served(config, name=name, records=learned)
@@ -131,7 +137,7 @@ class Backend(Holding):
     @property
     def last_used(self) -> float:
         """Monotonic time a request of it last began or ended."""
-        return self._leases.last_used
+        return self.requests.leases.last_used
 
     @property
     def blocks(self) -> Blocks:
@@ -147,13 +153,6 @@ class Backend(Holding):
     @property
     def standby(self) -> bool:
         return self.config.lifecycle == "standby"
-
-    def _released(self) -> None:
-        """A lease was given back: its slot to a queued ticket; when none is left in
-        flight, admission hears it (a start may be waiting for this equal's turn)."""
-        self._grant()
-        if not self._leases.in_flight:
-            self.admission.went_idle()
 
     def start_progress(self) -> str | None:
         """While starting: what the start waits for, in words (None otherwise)."""
@@ -197,12 +196,12 @@ class Backend(Holding):
 
         Raises `BackendUnavailable` when it did not become ready.
         """
-        await self._until_ready(None, backoff=False, max_wait_s=None)
+        await self.requests.until_ready(None, backoff=False, max_wait_s=None)
 
-    def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
+    def _next_step(self, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
         a start (a stop in progress is waited for, then the caller decides again)."""
-        self._check_blocked()
+        self._blocks.check(self.name)
         if self.state is BackendState.READY:
             return None
         if self.state is BackendState.STOPPING:
@@ -260,7 +259,7 @@ class Backend(Holding):
                 if self.server.loaded_weights_gib is not None:  # the host RAM a sleep holds
                     per_gpu = self.server.loaded_weights_gib * 2**30
                     self.memory.record_loaded_weights(round(per_gpu * len(self.config.gpus)))
-                self._leases.touch()
+                self.requests.leases.touch()
                 self.watcher.backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
@@ -346,8 +345,8 @@ class Backend(Holding):
             self.lazy
             and ttl > 0
             and self.state is BackendState.READY
-            and self._leases.idle_s(now) >= ttl
-            and not self.kept_warm  # a schedule's keep_warm window
+            and self.requests.leases.idle_s(now) >= ttl
+            and not self.requests.kept_warm  # a schedule's keep_warm window
         )
 
     async def sleep(
@@ -419,7 +418,7 @@ class Backend(Holding):
         self.memory.releasing(sleep_level)
         what = "stop" if sleep_level is None else f"sleep (level {sleep_level})"
         if self.state is BackendState.READY:
-            self._queue.collate()  # served before the stop: their drain waits for them
+            self.requests.queue.collate()  # served before the stop: their drain waits for them
         self._set_state(BackendState.STOPPING, f"{what} requested ({reason})")
         drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop_task = spawn(
@@ -438,26 +437,26 @@ class Backend(Holding):
             start_task.cancel()
             await asyncio.wait({start_task})
         self.last_drain_timed_out = False
-        self._grant()  # the collated tickets (none when it was not ready)
-        if self.in_flight:
+        self.requests.grant()  # the collated tickets (none when it was not ready)
+        if self.requests.in_flight:
             logger.info(
                 "backend draining backend=%s in_flight=%d queued=%d drain_timeout_s=%g",
                 self.name,
-                self.in_flight,
-                self.queued,
+                self.requests.in_flight,
+                self.requests.queued,
                 drain_s,
             )
-            if not await self._leases.drained(drain_s):
+            if not await self.requests.leases.drained(drain_s):
                 self.last_drain_timed_out = True
                 self._metrics.drain_timeouts.labels(self.name).inc()
                 logger.warning(
                     "drain timed out, stopping with requests in flight backend=%s in_flight=%d",
                     self.name,
-                    self.in_flight,
+                    self.requests.in_flight,
                 )
         # Collated tickets still queued wait for the stop now, like the later ones.
-        self._queue.uncollate()
-        self._queue.wake_all()
+        self.requests.queue.uncollate()
+        self.requests.queue.wake_all()
         if release is not None and sleep_level is not None:
             if release.make_room:  # the least recently used level-1 sleepers go first
                 await self.release_policy.make_room(release, self.name)
@@ -555,7 +554,7 @@ class Backend(Holding):
         GPU profile; all but `leaving`, the reload's own), keep-warm holds and the
         profile's yield method."""
         self._blocks.take(old._blocks, leaving=leaving)
-        self.kept_warm = old.kept_warm
+        self.requests.take_over(old.requests)
         self.memory.take_over(old.memory)
 
     def _set_state(self, target: BackendState, reason: str | None) -> None:
@@ -571,8 +570,8 @@ class Backend(Holding):
             self.memory.released()
         elif target is BackendState.READY:
             self.ready_since = time.monotonic()
-            self._grant()
-        self._queue.wake_all()  # the holders of tickets decide again
+            self.requests.grant()
+        self.requests.queue.wake_all()  # the holders of tickets decide again
         self._metrics.set_backend_state(self.name, target)
         if self._events is not None:
             self._events.record(

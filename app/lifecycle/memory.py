@@ -10,7 +10,7 @@
   them, else as the planner or `vram_mib` estimates.
 
 Its backend is the one writer (`admitted`, `slept`, `found_asleep`, `released`,
-`releasing`: its start, sleep and stop); it reads the backend's state (`Stated`).
+`releasing`: its start, sleep and stop); it reads the backend's state and config (`Owner`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,20 @@ from app.planner.footprint import Footprint
 from app.settings import BackendConfig, ReleaseConfig
 
 
-class Stated(Protocol):
+class Owner(Protocol):
+    """What the memory reads of its backend: its state, and its config (which a reload
+    may replace in place, so it is read there, never kept)."""
+
     @property
     def state(self) -> BackendState: ...
+    @property
+    def config(self) -> BackendConfig: ...
 
 
 class Memory:
-    def __init__(self, config: BackendConfig, backend: Stated) -> None:
-        self.config = config
+    def __init__(self, backend: Owner) -> None:
         self._backend = backend
+        config = backend.config
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
         # What admission counts for it: `vram_mib`, else the active profile's share, else
         # the planner's estimate from its model description (the supervisor keeps it current).
@@ -70,7 +75,7 @@ class Memory:
     def found_asleep(self, level: int | None) -> None:
         """At gateway start: its server was found asleep (at `level`: None, not known)."""
         self.holds_vram = True
-        self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self.config.asleep_mib)
+        self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self._backend.config.asleep_mib)
         self._asleep_level = level
 
     def released(self, *, holds_vram: bool = False) -> None:
@@ -111,7 +116,7 @@ class Memory:
         measured), by `app.lifecycle.admission.asleep_mib`; a measured sleep's is
         remembered for a later one that cannot be measured (its GPU was full)."""
         kept = rules.asleep_mib(
-            self.vram_mib, freed_mib, self.config.asleep_mib, self._measured_kept_mib
+            self.vram_mib, freed_mib, self._backend.config.asleep_mib, self._measured_kept_mib
         )
         if freed_mib is not None and freed_mib > 0:
             self._measured_kept_mib = kept
@@ -144,12 +149,12 @@ class Memory:
     @property
     def yield_method(self) -> str:
         """How a yield frees its memory: `auto`, `stop` or `sleep`."""
-        return self._yield_method_override or self.config.yield_.method
+        return self._yield_method_override or self._backend.config.yield_.method
 
     @property
     def yield_how(self) -> ReleaseConfig:
         """`yield:` with a GPU profile's method, if any."""
-        how = self.config.yield_
+        how = self._backend.config.yield_
         override = self._yield_method_override
         if override is None or override == how.method:
             return how
@@ -160,7 +165,7 @@ class Memory:
         """Whether its server offers sleep mode (a GPU profile's `sleep_mode` wins)."""
         if self._yield_method_override is not None:
             return self._yield_method_override == "sleep"
-        return self.config.sleep_supported
+        return self._backend.config.sleep_supported
 
     def record_loaded_weights(self, weights_bytes: int) -> None:
         """What vLLM said its weights took when it loaded ("Model loading took X GiB",
@@ -171,7 +176,7 @@ class Memory:
     def ram_charge(self) -> tuple[int | None, str | None]:
         """(MiB of host RAM its weights hold asleep at level 1, where from), by
         `app.lifecycle.release.ram_charge`."""
-        return ram_charge(self._loaded_weights_bytes, self.config)
+        return ram_charge(self._loaded_weights_bytes, self._backend.config)
 
     @property
     def ram_charge_mib(self) -> int | None:
@@ -194,4 +199,4 @@ class Memory:
     def may_have_slept(self) -> bool:
         """Whether a server found running at gateway start may be asleep."""
         override = self._yield_method_override
-        return self.sleep_supported or rules.may_have_slept(self.config, override)
+        return self.sleep_supported or rules.may_have_slept(self._backend.config, override)

@@ -99,21 +99,21 @@ class BackendView:
 
     @property
     def in_flight(self) -> int:
-        return self._backend.in_flight
+        return self._backend.requests.in_flight
 
     @property
     def waiting(self) -> int:
-        return self._backend.waiting
+        return self._backend.requests.waiting
 
     @property
     def queued(self) -> int:
-        return self._backend.queued
+        return self._backend.requests.queued
 
     def idle_s(self) -> float:
-        return self._backend.idle_s()
+        return self._backend.requests.idle_s()
 
     def idle_stop_in_s(self) -> float | None:
-        return self._backend.idle_stop_in_s()
+        return self._backend.requests.idle_stop_in_s()
 
     # -- its memory ---------------------------------------------------------------------
 

@@ -140,7 +140,7 @@ class Replicas:
             name,
             backend.state,
             blocked=bool(backend.blocks),
-            in_flight=backend.in_flight + backend.waiting,
+            in_flight=backend.requests.in_flight + backend.requests.waiting,
             vllm_waiting=load.requests_waiting if load is not None and ready else None,
             kv_usage=load.kv_cache_usage_ratio if load is not None and ready else None,
             footprint_mib=backend.memory.vram_mib,

@@ -71,7 +71,7 @@ def hold_for_s(backend: Backend, now: float | None = None) -> float:
         backend.state is not BackendState.READY
         or since is None
         or not backend.lazy
-        or not backend.in_flight
+        or not backend.requests.in_flight
     ):
         return 0.0
     now = time.monotonic() if now is None else now

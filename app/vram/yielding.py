@@ -492,7 +492,7 @@ def _held_zone(
 def _yield_order(scope: list[Backend]) -> list[Backend]:
     """Lowest priority first; at equal priority lazy before pinned, longest idle first."""
     now = time.monotonic()
-    return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.idle_s(now)))
+    return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.requests.idle_s(now)))
 
 
 def _ready(backend: Backend) -> bool:

@@ -274,7 +274,7 @@ async def test_a_wake_that_does_not_fit_is_refused_and_stays_asleep(rig: Rig) ->
     assert state_of(low) is BackendState.SLEEPING
     # Waking takes back 14000 MiB; 12000 are free and `high` is not below its priority.
     with pytest.raises(BackendUnavailable) as info:
-        await within(low.acquire())
+        await within(low.requests.acquire())
     assert info.value.kind is UnavailableKind.NO_VRAM
     assert "not enough VRAM to wake" in info.value.message
     assert state_of(low) is BackendState.SLEEPING
@@ -288,7 +288,7 @@ async def test_a_wake_evicts_like_a_start(rig: Rig) -> None:
     await within(sleeper.sleep(StopReason.ADMIN, level=1))
     assert sleeper.memory.asleep_mib == 2000
     low = await rig.ready("low", vram_mib=10000, priority=30)  # fits beside the residue
-    lease = await within(sleeper.acquire())  # takes back 14000 of 12000 free: `low` goes
+    lease = await within(sleeper.requests.acquire())  # takes back 14000 of 12000 free: `low` goes
     lease.release()
     assert state_of(sleeper) is BackendState.READY
     assert rig.servers["sleeper"].wakes == 1
@@ -313,7 +313,7 @@ async def test_two_sleepers_waking_at_once_do_not_wait_for_each_other(rig: Rig) 
             "comfy", holder="comfyui", mib=12000, gpu=0, ttl_s=60, below_priority=None
         )
     )
-    wakes = [asyncio.create_task(b.acquire()) for b in (first, second)]
+    wakes = [asyncio.create_task(b.requests.acquire()) for b in (first, second)]
     await within(asyncio.wait(wakes))
     outcomes = [w.exception() or w.result() for w in wakes]
     refused = [o for o in outcomes if isinstance(o, BackendUnavailable)]
@@ -341,7 +341,7 @@ async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) ->
     assert rig.runtimes["b"].stops == 0
     # Asleep it is not idle-stopped again: a second TTL does nothing.
     assert await within(backend.stop_if_idle(backend.last_used + 3600)) is False
-    lease = await within(backend.acquire())
+    lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
     assert rig.servers["b"].wakes == 1
@@ -386,7 +386,7 @@ async def test_a_server_found_asleep_at_gateway_start_is_woken_with_the_reload(
     await within(backend.adopt())
     assert state_of(backend) is BackendState.SLEEPING
     assert backend.memory.asleep_level is None
-    lease = await within(backend.acquire())
+    lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
     assert rig.servers["b"].calls == LEVEL_2_SLEEP_AND_WAKE[1:]
@@ -423,7 +423,7 @@ async def test_a_server_found_asleep_is_woken_as_its_metrics_say_it_slept(
     assert state_of(backend) is BackendState.SLEEPING
     assert backend.reason == f"found asleep at gateway start (level {level})"
     assert level_of(backend) == level
-    lease = await within(backend.acquire())
+    lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
     wake = ["POST /wake_up"] if level == 1 else LEVEL_2_SLEEP_AND_WAKE[1:]
