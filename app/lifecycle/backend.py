@@ -135,11 +135,6 @@ class Backend:
         return self.runtime.managed
 
     @property
-    def last_used(self) -> float:
-        """Monotonic time a request of it last began or ended."""
-        return self.requests.leases.last_used
-
-    @property
     def blocks(self) -> Blocks:
         """What keeps it from starting, key -> description (read-only; see `block`)."""
         return self._blocks

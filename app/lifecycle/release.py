@@ -180,17 +180,24 @@ class ReleasedMemory(Protocol):
     def ram_charge_mib(self) -> int | None: ...
 
 
+class Used(Protocol):
+    """What a release decision reads of a backend's requests (`RequestHolds`)."""
+
+    @property
+    def last_used(self) -> float: ...
+
+
 class ReleaseSubject(Protocol):
     """What a release decision reads of a backend (`app.lifecycle.backend.Backend`)."""
 
     @property
     def name(self) -> str: ...
     @property
-    def last_used(self) -> float: ...
-    @property
     def managed(self) -> bool: ...
     @property
     def memory(self) -> ReleasedMemory: ...
+    @property
+    def requests(self) -> Used: ...
 
 
 def candidate_of(backend: ReleaseSubject) -> Candidate:
@@ -198,7 +205,7 @@ def candidate_of(backend: ReleaseSubject) -> Candidate:
     return Candidate(
         name=backend.name,
         charge_mib=memory.ram_charge_mib,
-        last_used=backend.last_used,
+        last_used=backend.requests.last_used,
         sleep_supported=memory.sleep_supported,
         managed=backend.managed,
     )

@@ -50,7 +50,6 @@ from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
-from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.metrics import LifecycleMetrics
@@ -60,6 +59,7 @@ from app.settings.base import LOCAL_HOST
 from app.vram.holders import holders, residents
 from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.vram.residency import IdleSignal, may_evict, turn_text, wait_for_starts, wait_out
+from app.vram.tenant import Tenant
 from app.vram.zone_book import ZoneBook
 from app.vram.zones import Zone, gpu_name
 
@@ -109,7 +109,7 @@ class VramArbiter(ZoneBook):
     def _gpu(self, gpu: int) -> str:
         return gpu_name(self.host, gpu)
 
-    def attach(self, backends: Mapping[str, Backend]) -> None:
+    def attach(self, backends: Mapping[str, Tenant]) -> None:
         self._backends = backends
         if self._metrics is not None:  # every swap the configuration allows, at zero
             for starter in backends.values():
@@ -226,7 +226,7 @@ class VramArbiter(ZoneBook):
             else:
                 await wait_out(backend, wait.plan, str(wait), deadline, self._idle)
 
-    def _turn_text(self, gpus: list[int], starting: list[Backend]) -> str:
+    def _turn_text(self, gpus: list[int], starting: list[Tenant]) -> str:
         """`waiting for b's start on GPU 0`: the starts under way on `gpus`."""
         return turn_text(
             [
@@ -390,7 +390,7 @@ class VramArbiter(ZoneBook):
             force=force,
         )
 
-    def _stopping_on(self, need: dict[int, int], requester: str) -> list[Backend]:
+    def _stopping_on(self, need: dict[int, int], requester: str) -> list[Tenant]:
         return [
             b
             for b in self._backends.values()
@@ -429,11 +429,11 @@ class VramArbiter(ZoneBook):
                     victim.unblock(block[0])
             raise
 
-    async def _release(self, victims: list[Backend], reason: StopReason) -> list[Backend]:
+    async def _release(self, victims: list[Tenant], reason: StopReason) -> list[Tenant]:
         """Stop the victims, or put to sleep those an eviction may (`eviction.method:
         auto` or `sleep`, ready); return those asleep now."""
 
-        async def one(victim: Backend) -> bool:
+        async def one(victim: Tenant) -> bool:
             # Zones and yields always stop; an eviction gives back as `eviction:` says,
             # the sleep level chosen against the host RAM budget (`Backend.give_back`).
             if reason is StopReason.EVICTION and victim.state is BackendState.READY:
@@ -449,7 +449,7 @@ class VramArbiter(ZoneBook):
         return [v for v, slept in zip(victims, results, strict=True) if slept is True]
 
     async def _stop_what_slept_too_little(
-        self, need: dict[int, int], slept: list[Backend], requester: str, reason: StopReason
+        self, need: dict[int, int], slept: list[Tenant], requester: str, reason: StopReason
     ) -> None:
         """The plan counted each victim's whole footprint; asleep they keep a residue.
         When the need is not met now, stop as many of them as it takes after all."""

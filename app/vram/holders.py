@@ -8,15 +8,15 @@ import math
 import time
 from collections.abc import Collection, Iterable, Mapping
 
-from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
 from app.vram.placement import Holder, Resident
 from app.vram.residency import hold_for_s, protected_for_s
+from app.vram.tenant import Tenant
 from app.vram.zones import Zone
 
 
 def residents(
-    backends: Iterable[Backend], exclude: str | None = None, admitting: Collection[str] = ()
+    backends: Iterable[Tenant], exclude: str | None = None, admitting: Collection[str] = ()
 ) -> list[Resident]:
     """The backends holding memory (a sleeping one: what it still holds), but `exclude`.
     A start under way is `starting` (waited for by a start that needs its memory) once
@@ -44,7 +44,7 @@ def residents(
 
 
 def holders(
-    backends: Mapping[str, Backend],
+    backends: Mapping[str, Tenant],
     zones: Iterable[Zone],
     gpu: int,
     below_priority: int | None,

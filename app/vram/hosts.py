@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
 from app.gpu.poller import GpuMonitor
-from app.lifecycle.backend import Backend
 from app.settings import LOCAL_HOST, GpuConfig
 from app.vram.arbiter import VramArbiter
 from app.vram.auto_yield import AutoYield
 from app.vram.host_ram import HostRamBook
+from app.vram.tenant import Tenant
 from app.vram.yielding import VramYield
 
 
@@ -35,7 +35,7 @@ class Host:
     arbiter: VramArbiter
     vram_yield: VramYield
     auto_yield: AutoYield | None
-    backends: Mapping[str, Backend]  # those whose GPUs it accounts
+    backends: Mapping[str, Tenant]  # those whose GPUs it accounts
     ram: HostRamBook  # its RAM, and how its backends give their memory back
     # Why it has no probe although none was asked for (`gpu.probe: auto`, `app.gpu.auto`).
     probe_warning: str | None = None

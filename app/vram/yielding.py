@@ -34,11 +34,11 @@ from typing import Final
 from app.errors import BackendUnavailable, ErrorCode, InvalidRequest, YieldNotMet
 from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
-from app.lifecycle.backend import Backend
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.tasks import OwnedTasks
 from app.vram.arbiter import VramArbiter
+from app.vram.tenant import Tenant
 from app.vram.yield_answers import HoldReleased, RestoreReport, YieldOutcome, YieldRequest
 from app.vram.zones import YIELD_ZONE, Hold, YieldReport, Zone, gpu_name
 
@@ -59,7 +59,7 @@ class VramYield:
     def __init__(
         self,
         arbiter: VramArbiter,
-        backends: Mapping[str, Backend],
+        backends: Mapping[str, Tenant],
         metrics: LifecycleMetrics,
         events: EventLog,
         *,
@@ -237,7 +237,7 @@ class VramYield:
             holds=(Hold(request.reason, now, expires),),
         )
 
-    def _scope(self, request: YieldRequest) -> list[Backend]:
+    def _scope(self, request: YieldRequest) -> list[Tenant]:
         """The backends a yield may take: managed ones on its GPU, lazy ones only unless
         it includes pinned ones."""
         return [
@@ -249,7 +249,7 @@ class VramYield:
         ]
 
     async def _take_in_order(
-        self, request: YieldRequest, scope: list[Backend], taken: _Taken, free: int
+        self, request: YieldRequest, scope: list[Tenant], taken: _Taken, free: int
     ) -> None:
         """Take one backend at a time in `_yield_order`, waiting for what each freed to
         show, until `min_free_mib` is free (or all of them are taken)."""
@@ -282,11 +282,11 @@ class VramYield:
             duration_s=report.duration_s,
         )
 
-    async def _take(self, backends: list[Backend], taken: _Taken, *, sleep: bool) -> bool:
+    async def _take(self, backends: list[Tenant], taken: _Taken, *, sleep: bool) -> bool:
         """Stop (or put to sleep) `backends` together; True when any was (one asleep
         already is taken as it is, `already_asleep`: it frees nothing now)."""
 
-        async def one(backend: Backend) -> SleepOutcome | None:
+        async def one(backend: Tenant) -> SleepOutcome | None:
             if (
                 sleep
                 and backend.state is BackendState.SLEEPING
@@ -386,8 +386,8 @@ class VramYield:
         if why != NOT_MET:  # an undone yield counts as failed, not as restored
             self._metrics.yields.labels(self.host, why if why == "expired" else "restored").inc()
         self.sync_metrics()
-        pinned: list[Backend] = []
-        on_demand: list[Backend] = []
+        pinned: list[Tenant] = []
+        on_demand: list[Tenant] = []
         for name in zone.blocks:
             backend = self._backends.get(name)
             if backend is None:
@@ -451,7 +451,7 @@ class _Taken:
     drain_timeouts: list[str] = field(default_factory=list)
 
 
-def _keep_blocked(scope: list[Backend], taken: _Taken, block_key: str) -> list[str]:
+def _keep_blocked(scope: list[Tenant], taken: _Taken, block_key: str) -> list[str]:
     """Of what the yield did not take, the stopped ones stay blocked (their names); the
     others are unblocked and keep serving."""
     blocked = []
@@ -489,17 +489,17 @@ def _held_zone(
     )
 
 
-def _yield_order(scope: list[Backend]) -> list[Backend]:
+def _yield_order(scope: list[Tenant]) -> list[Tenant]:
     """Lowest priority first; at equal priority lazy before pinned, longest idle first."""
     now = time.monotonic()
     return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.requests.idle_s(now)))
 
 
-def _ready(backend: Backend) -> bool:
+def _ready(backend: Tenant) -> bool:
     return backend.state is BackendState.READY
 
 
-def _holds_memory(backend: Backend) -> bool:
+def _holds_memory(backend: Tenant) -> bool:
     return backend.memory.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
 
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from app.errors import ErrorCode, NotFound
 from app.events import EventLog
-from app.lifecycle.backend import Backend
 from app.lifecycle.store import StateStore
 from app.settings.base import LOCAL_HOST
+from app.vram.tenant import Tenant
 from app.vram.zones import Zone
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class ZoneBook:
         self._section = zone_section(host)
         self.store = store  # the state file (shared by every host's arbiter)
         self._events = events
-        self._backends: Mapping[str, Backend] = {}  # this host's (the arbiter attaches them)
+        self._backends: Mapping[str, Tenant] = {}  # this host's (the arbiter attaches them)
         self.zones: dict[str, Zone] = {}
 
     def release_zone(self, name: str) -> Zone:

@@ -347,19 +347,19 @@ async def test_a_request_arriving_during_a_stop_waits_for_it_then_starts_again()
 async def test_idle_stop_only_after_the_ttl_and_never_with_requests_in_flight() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, idle_ttl_s=10, **LAZY)
-    now = backend.last_used
+    now = backend.requests.last_used
     assert await backend.stop_if_idle(now + 5) is False
     lease = await backend.requests.acquire()
     assert await backend.stop_if_idle(now + 60) is False
     lease.release()
-    assert await backend.stop_if_idle(backend.last_used + 10) is True
+    assert await backend.stop_if_idle(backend.requests.last_used + 10) is True
     assert backend.state is BackendState.STOPPED
     assert runtime.stops == 1
 
 
 async def test_pinned_backends_are_never_idle_stopped() -> None:
     backend = await ready_backend(GatedRuntime(), idle_ttl_s=10)
-    assert await backend.stop_if_idle(backend.last_used + 3600) is False
+    assert await backend.stop_if_idle(backend.requests.last_used + 3600) is False
     assert backend.state is BackendState.READY
 
 

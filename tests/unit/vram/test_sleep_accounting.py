@@ -331,8 +331,8 @@ SLEEPS_WHEN_IDLE: dict[str, Any] = {"idle_ttl_s": 10, "idle": {"method": "sleep"
 
 async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) -> None:
     backend = await rig.ready("b", vram_mib=16000, asleep=2000, **SLEEPS_WHEN_IDLE)
-    assert await within(backend.stop_if_idle(backend.last_used + 5)) is False
-    assert await within(backend.stop_if_idle(backend.last_used + 10)) is True
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 5)) is False
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 10)) is True
     assert state_of(backend) is BackendState.SLEEPING
     assert backend.reason is not None
     assert backend.reason.startswith("asleep (level 2, idle")
@@ -340,7 +340,7 @@ async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) ->
     assert rig.sleeps("b", "idle") == 1.0
     assert rig.runtimes["b"].stops == 0
     # Asleep it is not idle-stopped again: a second TTL does nothing.
-    assert await within(backend.stop_if_idle(backend.last_used + 3600)) is False
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 3600)) is False
     lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
@@ -433,7 +433,7 @@ async def test_a_server_found_asleep_is_woken_as_its_metrics_say_it_slept(
 
 async def test_an_idle_backend_without_sleep_mode_is_stopped_instead(rig: Rig) -> None:
     backend = await rig.ready("b", vram_mib=16000, dev_mode=False, **SLEEPS_WHEN_IDLE)
-    assert await within(backend.stop_if_idle(backend.last_used + 10)) is True
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 10)) is True
     assert state_of(backend) is BackendState.STOPPED
     assert rig.sleeps("b", "idle", "stopped") == 1.0
     stops = rig.metrics.registry.get_sample_value(
