@@ -485,7 +485,7 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
         "gpu": gpu_status_view(status, probe=host.arbiter.probe_name, warning=host.probe_warning),
         "holds": {
             "yield": yield_view(host.vram_yield.current),
-            "zones": [zone_view(z) for z in host.arbiter.zones.values() if z.kind == "zone"],
+            "zones": [zone_view(z) for z in host.arbiter.book.zones.values() if z.kind == "zone"],
             "placed_mib": host.arbiter.placed_mib(),
         },
         "backends": list(host.backends),

@@ -126,7 +126,7 @@ class Supervisor:
         gateway serves while they load) and start the loops."""
         self._forgotten_hosts()
         for host in self._hosts.values():
-            for zone in host.arbiter.restore():
+            for zone in host.arbiter.book.restore():
                 logger.info("zone restored host=%s zone=%s holder=%s blocks=%s", host.name,
                             zone.name, zone.holder, ",".join(zone.blocks) or "-")  # fmt: skip
         self._profiles.restore()
@@ -160,7 +160,7 @@ class Supervisor:
     def _forgotten_hosts(self) -> None:
         """Zones saved for a host no longer configured are left in the state file (they
         come back if the host does), and said at start rather than dropped silently."""
-        store = self._hosts.local.arbiter.store
+        store = self._hosts.local.arbiter.book.store
         for section in store.names():
             host = section_host(section)
             if host is not None and host not in self._hosts and store.section(section):
@@ -285,7 +285,7 @@ class Supervisor:
         `idle_ttl_s`, releases expired zones and ends an expired yield."""
         while await self._pause(self._settings.reaper_interval_s):
             for host in self._hosts.values():
-                host.arbiter.expire_zones(time.time())
+                host.arbiter.book.expire_zones(time.time())
                 await host.vram_yield.expire(time.time())
             now = time.monotonic()
             idle = [b for b in self._backends.values() if b.lazy and b.config.idle_ttl_s > 0]

@@ -77,7 +77,7 @@ class ZoneGrant:
     renewed: bool
 
 
-class VramArbiter(ZoneBook):
+class VramArbiter:
     def __init__(
         self,
         gpus: GpuMonitor | None,
@@ -91,7 +91,10 @@ class VramArbiter(ZoneBook):
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed).
         `host`: the machine whose GPUs these are (its zones are saved in their own section
         of the state file, and refusals name it)."""
-        super().__init__(store, host=host, events=events)
+        self.host = host
+        self._events = events
+        self.book = ZoneBook(store, host=host, events=events)  # its zones, kept and saved
+        self._backends: Mapping[str, Tenant] = {}  # this host's (`attach`)
         self.monitor = gpus
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
@@ -111,6 +114,7 @@ class VramArbiter(ZoneBook):
 
     def attach(self, backends: Mapping[str, Tenant]) -> None:
         self._backends = backends
+        self.book.attach(backends)
         if self._metrics is not None:  # every swap the configuration allows, at zero
             for starter in backends.values():
                 for victim in backends.values():
@@ -138,7 +142,7 @@ class VramArbiter(ZoneBook):
     def placed_mib(self) -> dict[int, int]:
         """MiB per GPU the gateway placed: admitted backends and zone holds."""
         placed = defaultdict(int, self.held_mib())
-        for zone in self.zones.values():
+        for zone in self.book.zones.values():
             placed[zone.gpu] += zone.mib
         return dict(placed)
 
@@ -154,7 +158,7 @@ class VramArbiter(ZoneBook):
         return residents(self._backends.values(), exclude, self._admitting)
 
     def _holders(self, gpu: int, below_priority: int | None, force: bool) -> list[Holder]:
-        return holders(self._backends, self.zones.values(), gpu, below_priority, force)
+        return holders(self._backends, self.book.zones.values(), gpu, below_priority, force)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -529,7 +533,7 @@ class VramArbiter(ZoneBook):
         async with self._locked([gpu], f"zone {name}"):
             now = time.time()
             expires = now + ttl_s if ttl_s is not None else None
-            current = self.zones.get(name)
+            current = self.book.zones.get(name)
             if current is not None:
                 if current.holder != holder or current.gpu != gpu or current.mib != mib:
                     raise Conflict(
@@ -537,7 +541,7 @@ class VramArbiter(ZoneBook):
                         f"(asked: {mib} MiB on {self._gpu(gpu)} for {holder!r})"
                     )
                 renewed = replace(current, expires_at=expires)
-                self.set_zone(renewed)
+                self.book.set_zone(renewed)
                 return ZoneGrant(renewed, 0, renewed=True)
             reading = await self.read_gpus()
             if reading is not None and reading.usable(gpu) is None:
@@ -548,7 +552,7 @@ class VramArbiter(ZoneBook):
             before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, (), host=self.host)
             # A zone that cannot be saved is refused before anything is stopped for it.
-            self.store.check_writable()
+            self.book.store.check_writable()
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
@@ -563,7 +567,7 @@ class VramArbiter(ZoneBook):
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
             try:
-                self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+                self.book.set_zone(zone)  # no await since the eviction: its blocks belong to it now
             except BaseException:
                 for backend in self._backends.values():
                     backend.unblock(draft.block_key)  # what it stopped wakes on demand

@@ -77,7 +77,7 @@ class VramYield:
 
     @property
     def current(self) -> Zone | None:
-        return self._arbiter.zones.get(YIELD_ZONE)
+        return self._arbiter.book.zones.get(YIELD_ZONE)
 
     def sync_metrics(self) -> None:
         zone = self.current
@@ -124,7 +124,7 @@ class VramYield:
         )
         others = tuple(h for h in current.holds if h.holder != request.reason)
         zone = current.with_holds((*others, hold))
-        self._arbiter.set_zone(zone)
+        self._arbiter.book.set_zone(zone)
         self._block(zone)
         logger.info("vram yield hold host=%s holder=%s holders=%s renewed=%s", self.host,
                     request.reason, ",".join(zone.holders), mine is not None)  # fmt: skip
@@ -184,7 +184,7 @@ class VramYield:
         draft = self._draft(request)
         scope = self._scope(request)
         # A yield that could not be saved is refused before anything is blocked or stopped.
-        self._arbiter.check_state_writable()
+        self._arbiter.book.check_state_writable()
         # Block first: from here on, nothing in scope starts or wakes.
         for backend in scope:
             backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
@@ -212,7 +212,7 @@ class VramYield:
                     duration_s=time.monotonic() - began,
                 )
                 zone = _held_zone(draft, request, taken, blocked, report)
-                self._arbiter.set_zone(zone)
+                self._arbiter.book.set_zone(zone)
         except BaseException:
             for backend in scope:
                 backend.unblock(draft.block_key)
@@ -370,7 +370,7 @@ class VramYield:
         """End the holds not in `remaining` (some remain): the yield holds on for them."""
         ended = [h.holder for h in current.holds if h not in remaining]
         zone = current.with_holds(remaining)
-        self._arbiter.keep_zone(zone)
+        self._arbiter.book.keep_zone(zone)
         self._block(zone)
         logger.info("vram yield hold ended host=%s why=%s ended=%s holders=%s", self.host, why,
                     ",".join(ended), ",".join(zone.holders))  # fmt: skip
@@ -380,7 +380,7 @@ class VramYield:
 
     async def _restore(self, why: str) -> RestoreReport | None:
         """`restore()` under the lock (a yield that is not met is undone by it too)."""
-        zone = self._arbiter.drop_zone(YIELD_ZONE, why)
+        zone = self._arbiter.book.drop_zone(YIELD_ZONE, why)
         if zone is None:
             return None
         if why != NOT_MET:  # an undone yield counts as failed, not as restored

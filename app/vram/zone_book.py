@@ -1,6 +1,7 @@
 """The zones one host's arbiter holds, as data kept in the state file: holding, releasing,
 expiring and re-applying them at start, and what they block. `VramArbiter` (which grants
-zones after making room) builds on it; the yield is a zone too (`app.vram.yielding`).
+zones after making room) has one (`VramArbiter.book`); the yield is a zone too
+(`app.vram.yielding`).
 
 Every host saves its zones in its own section of the one state file: `zones` for the
 gateway's own machine, `zones@NAME` for another host.
@@ -46,6 +47,9 @@ class ZoneBook:
         self._events = events
         self._backends: Mapping[str, Tenant] = {}  # this host's (the arbiter attaches them)
         self.zones: dict[str, Zone] = {}
+
+    def attach(self, backends: Mapping[str, Tenant]) -> None:
+        self._backends = backends
 
     def release_zone(self, name: str) -> Zone:
         zone = self.zones.get(name)

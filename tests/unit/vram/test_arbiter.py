@@ -401,7 +401,7 @@ async def test_a_zone_evicts_lazy_backends_and_blocks_them(rig: Rig) -> None:
     assert grant.freed_mib == 16000
     assert grant.zone.stopped == ("a", "b")
     assert (grant.zone.holder, grant.zone.gpu, grant.zone.mib) == ("comfyui", 0, 18000)
-    assert rig.arbiter.zones == {"comfy": grant.zone}
+    assert rig.arbiter.book.zones == {"comfy": grant.zone}
     assert rig.placed() == {0: 4000 + 18000}
     for backend in (a, b):
         assert state_of(backend) is BackendState.STOPPED
@@ -455,7 +455,7 @@ async def test_a_zone_held_by_another_holder_is_a_conflict(rig: Rig) -> None:
     with pytest.raises(Conflict) as info:
         await rig.zone(18000, holder="someone-else")
     assert "VRAM zone 'comfy' (held by 'comfyui'" in info.value.message
-    assert rig.arbiter.zones == {"comfy": grant.zone}
+    assert rig.arbiter.book.zones == {"comfy": grant.zone}
     assert state_of(rig.backends["c"]) is BackendState.READY
 
 
@@ -465,11 +465,11 @@ async def test_releasing_a_zone_unblocks_and_the_next_request_starts_the_backend
     a, b, _ = await three_ready(rig)
     grant = await rig.zone(18000)
 
-    assert rig.arbiter.release_zone("comfy") == grant.zone
+    assert rig.arbiter.book.release_zone("comfy") == grant.zone
 
     assert a.blocks == {}
     assert b.blocks == {}
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.zones == {}
     assert rig.store.load()["zones"] == []
     assert rig.placed() == {0: 4000}
     lease = await within(a.requests.acquire())
@@ -484,11 +484,11 @@ async def test_an_expired_zone_unblocks_like_a_release(rig: Rig) -> None:
     expires_at = grant.zone.expires_at
     assert expires_at is not None
 
-    assert rig.arbiter.expire_zones(expires_at - 1) == []
+    assert rig.arbiter.book.expire_zones(expires_at - 1) == []
     assert (await unavailable(a)).kind == "blocked"
 
-    assert rig.arbiter.expire_zones(expires_at) == [grant.zone]
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.expire_zones(expires_at) == [grant.zone]
+    assert rig.arbiter.book.zones == {}
     assert rig.store.load()["zones"] == []
     lease = await within(a.requests.acquire())
     lease.release()
@@ -505,7 +505,7 @@ async def test_a_zone_that_cannot_be_granted_leaves_everything_running(rig: Rig)
 
     assert "cannot grant VRAM zone 'comfy'" in info.value.message
     assert "backend orchestrator 16000 MiB (pinned)" in info.value.message
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.zones == {}
     assert state_of(small) is BackendState.READY
     assert small.blocks == {}
     assert rig.runtimes["small"].stops == 0
@@ -560,7 +560,7 @@ async def test_a_cancelled_zone_request_leaves_nothing_blocked(rig: Rig) -> None
     lease.release()
     await until(lambda: a.state is BackendState.STOPPED)
 
-    held = {f"zone:{name}" for name in rig.arbiter.zones}
+    held = {f"zone:{name}" for name in rig.arbiter.book.zones}
     assert set(a.blocks) <= held, f"blocked by zones nobody holds: {a.blocks}"
 
 
@@ -571,7 +571,7 @@ async def test_a_zone_on_a_gpu_that_is_not_there_is_invalid(rig: Rig) -> None:
             "comfy", holder="comfyui", mib=1000, gpu=3, ttl_s=None, below_priority=None
         )
     assert info.value.message == "GPU 3 is not present (the probe sees [0])"
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.zones == {}
 
 
 async def test_a_backend_on_a_gpu_that_is_not_there_is_refused(rig: Rig) -> None:
@@ -591,9 +591,9 @@ async def test_zones_survive_a_restart(rigs: Rigs) -> None:
     for name, mib in (("a", 8000), ("b", 8000), ("c", 4000)):
         after.add(name, vram_mib=mib, priority=50)
 
-    assert after.arbiter.restore() == [grant.zone]
+    assert after.arbiter.book.restore() == [grant.zone]
 
-    assert after.arbiter.zones == {"comfy": grant.zone}
+    assert after.arbiter.book.zones == {"comfy": grant.zone}
     assert after.placed() == {0: 18000}
     for name in ("a", "b"):
         assert (await unavailable(after.backends[name])).kind == "blocked"
@@ -610,7 +610,7 @@ async def test_expired_saved_zones_are_dropped_at_restore(rig: Rig) -> None:
     a = rig.add("a", vram_mib=8000)
     b = rig.add("b", vram_mib=8000)
 
-    assert rig.arbiter.restore() == [live]
+    assert rig.arbiter.book.restore() == [live]
 
     assert a.blocks == {}
     assert list(b.blocks) == ["zone:live"]
