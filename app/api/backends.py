@@ -35,7 +35,7 @@ def _backend(services: Services, name: str) -> Backend:
 
 @router.get("/backends")
 async def list_backends(services: ServicesDep) -> dict[str, Any]:
-    return {"backends": [backend_view(BackendView(b)) for b in services.backends.values()]}
+    return {"backends": [backend_view(BackendView.of(b)) for b in services.backends.values()]}
 
 
 @router.post("/backends/{name}/start")
@@ -48,7 +48,7 @@ async def start_backend(name: str, services: ServicesDep) -> dict[str, Any]:
             "release that first"
         )
     await backend.start()
-    return backend_view(BackendView(backend))
+    return backend_view(BackendView.of(backend))
 
 
 @router.post("/backends/{name}/stop")
@@ -61,7 +61,7 @@ async def stop_backend(name: str, services: ServicesDep) -> dict[str, Any]:
             f"backend {name!r} is not managed by the gateway ({backend.runtime.describe()})"
         )
     await backend.stop(StopReason.ADMIN)
-    return backend_view(BackendView(backend))
+    return backend_view(BackendView.of(backend))
 
 
 @router.post("/backends/{name}/sleep")
@@ -86,4 +86,4 @@ async def sleep_backend(name: str, services: ServicesDep) -> dict[str, Any]:
     await backend.give_back(
         StopReason.ADMIN, ReleaseConfig.model_validate({"method": method, "level": how.level})
     )
-    return backend_view(BackendView(backend))
+    return backend_view(BackendView.of(backend))

@@ -32,7 +32,7 @@ async def ready(services: ServicesDep) -> JSONBody:
     backends: dict[str, Any] = {}
     all_ready = True
     for name, backend in services.backends.items():
-        view = ready_view(BackendView(backend))
+        view = ready_view(BackendView.of(backend))
         if not backend.lazy:
             all_ready &= view["ready"]
         backends[name] = view

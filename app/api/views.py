@@ -569,7 +569,7 @@ def status_view(services: Services) -> Json:
         if profile is not None:
             key = (backend.config.host_name, backend.config.gpus[0])
             planned = profile.planned_mib(name, totals.get(key))
-        view = BackendView(backend)
+        view = BackendView.of(backend)
         backends.append({**backend_view(view), "vram": backend_vram_view(view, planned)})
     local = hosts[0]
     return {

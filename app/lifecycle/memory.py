@@ -10,32 +10,20 @@
   them, else as the planner or `vram_mib` estimates.
 
 Its backend is the one writer (`admitted`, `slept`, `found_asleep`, `released`,
-`releasing`: its start, sleep and stop); it reads the backend's state and config (`Owner`).
+`releasing`: its start, sleep and stop); it reads the backend's state and config (`Stateful`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from app.lifecycle import admission as rules
 from app.lifecycle.release import ram_charge
-from app.lifecycle.state import BackendState
+from app.lifecycle.state import BackendState, Stateful
 from app.planner.footprint import Footprint
-from app.settings import BackendConfig, ReleaseConfig
-
-
-class Owner(Protocol):
-    """What the memory reads of its backend: its state, and its config (which a reload
-    may replace in place, so it is read there, never kept)."""
-
-    @property
-    def state(self) -> BackendState: ...
-    @property
-    def config(self) -> BackendConfig: ...
+from app.settings import ReleaseConfig
 
 
 class Memory:
-    def __init__(self, backend: Owner) -> None:
+    def __init__(self, backend: Stateful) -> None:
         self._backend = backend
         config = backend.config
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs

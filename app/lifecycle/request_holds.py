@@ -34,8 +34,7 @@ from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import Ticket, TicketQueue, WaitReason, no_slot, queue_full
 from app.lifecycle.server import Server
-from app.lifecycle.state import BackendState
-from app.settings import BackendConfig
+from app.lifecycle.state import BackendState, Stateful
 from app.settings.keys import Priority
 
 # The backend's next step for a caller, under its lock: None when ready, else the task to
@@ -43,18 +42,9 @@ from app.settings.keys import Priority
 Step = tuple[asyncio.Future[None], bool] | None
 
 
-class Held(Protocol):
-    """What the requests read of their backend (the config is read there, never kept: a
-    reload may replace it in place)."""
+class Held(Stateful, Protocol):
+    """What the requests read of their backend."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def config(self) -> BackendConfig: ...
-    @property
-    def state(self) -> BackendState: ...
-    @property
-    def lazy(self) -> bool: ...
     @property
     def blocks(self) -> Blocks: ...
     @property

@@ -1,14 +1,17 @@
-"""What the API shows of a backend (`app.api.views`): one read-only view over a `Backend`
-and its parts, so the API types against the members it reads and nothing else.
+"""What the API shows of a backend (`app.api.views`): one frozen view of a `Backend` and
+its parts, taken when a response is made, so the API types against the fields it reads
+and nothing else, and one response shows one moment of the backend.
 
-The view reads the backend live (it is made per response, so each field is as fresh as
-it was before the backend was split into parts); it changes nothing.
+The few readings the API calls (`start_progress()`, `load()`, `idle_s()`,
+`idle_stop_in_s()`) answer what was read when the view was taken.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from app.lifecycle.backend import Backend
-from app.lifecycle.blocks import Blocks
 from app.lifecycle.load import LoadStatus
 from app.lifecycle.served import Served
 from app.lifecycle.state import BackendState
@@ -18,141 +21,91 @@ from app.settings import BackendConfig
 from app.upstreams.http import HttpUpstream
 
 
+@dataclass(frozen=True, slots=True)
 class BackendView:
-    __slots__ = ("_backend",)
+    # its lifecycle
+    name: str
+    config: BackendConfig
+    state: BackendState
+    reason: str | None
+    lazy: bool
+    ready_since: float | None
+    last_start_s: float | None
+    blocks: Mapping[str, str]  # key -> description
+    serving: Served
+    runtime: Runtime
+    upstream: HttpUpstream
+    progress: str | None  # while starting: what the start waits for
+    loading: LoadStatus | None  # while starting: how far
+    # its server and its watch
+    runtime_detail: str | None
+    healthy: bool | None  # the last health check; None before the first
+    health_error: str | None
+    restart_in_s: float | None
+    # its requests
+    in_flight: int
+    waiting: int
+    queued: int
+    idle: float  # seconds since the last request ended
+    idle_stop_in: float | None
+    # its memory
+    vram_mib: int | None
+    footprint: Footprint | None
+    measured_mib: int | None
+    holds_vram: bool
+    held_mib: int | None
+    asleep_mib: int | None
+    asleep_level: int | None
+    yield_method: str
+    sleep_supported: bool
+    ram_charge: tuple[int | None, str | None]
 
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-
-    # -- its lifecycle ------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._backend.name
-
-    @property
-    def config(self) -> BackendConfig:
-        return self._backend.config
-
-    @property
-    def state(self) -> BackendState:
-        return self._backend.state
-
-    @property
-    def reason(self) -> str | None:
-        return self._backend.reason
-
-    @property
-    def lazy(self) -> bool:
-        return self._backend.lazy
-
-    @property
-    def ready_since(self) -> float | None:
-        return self._backend.ready_since
-
-    @property
-    def last_start_s(self) -> float | None:
-        return self._backend.last_start_s
-
-    @property
-    def blocks(self) -> Blocks:
-        return self._backend.blocks
-
-    @property
-    def serving(self) -> Served:
-        return self._backend.serving
-
-    @property
-    def runtime(self) -> Runtime:
-        return self._backend.runtime
-
-    @property
-    def upstream(self) -> HttpUpstream:
-        return self._backend.upstream
+    @classmethod
+    def of(cls, backend: Backend) -> BackendView:
+        server, requests, memory = backend.server, backend.requests, backend.memory
+        return cls(
+            name=backend.name,
+            config=backend.config,
+            state=backend.state,
+            reason=backend.reason,
+            lazy=backend.lazy,
+            ready_since=backend.ready_since,
+            last_start_s=backend.last_start_s,
+            blocks=dict(backend.blocks),
+            serving=backend.serving,
+            runtime=backend.runtime,
+            upstream=backend.upstream,
+            progress=backend.start_progress(),
+            loading=backend.load(),
+            runtime_detail=server.runtime_detail,
+            healthy=server.healthy,
+            health_error=server.health_error,
+            restart_in_s=backend.watcher.restart_in_s,
+            in_flight=requests.in_flight,
+            waiting=requests.waiting,
+            queued=requests.queued,
+            idle=requests.idle_s(),
+            idle_stop_in=requests.idle_stop_in_s(),
+            vram_mib=memory.vram_mib,
+            footprint=memory.footprint,
+            measured_mib=memory.measured_mib,
+            holds_vram=memory.holds_vram,
+            held_mib=memory.held_mib,
+            asleep_mib=memory.asleep_mib,
+            asleep_level=memory.asleep_level,
+            yield_method=memory.yield_method,
+            sleep_supported=memory.sleep_supported,
+            ram_charge=memory.ram_charge,
+        )
 
     def start_progress(self) -> str | None:
-        return self._backend.start_progress()
+        return self.progress
 
     def load(self) -> LoadStatus | None:
-        return self._backend.load()
-
-    # -- its server and its watch -------------------------------------------------------
-
-    @property
-    def runtime_detail(self) -> str | None:
-        return self._backend.server.runtime_detail
-
-    @property
-    def healthy(self) -> bool | None:
-        """The last health check; None before the first."""
-        return self._backend.server.healthy
-
-    @property
-    def health_error(self) -> str | None:
-        return self._backend.server.health_error
-
-    @property
-    def restart_in_s(self) -> float | None:
-        return self._backend.watcher.restart_in_s
-
-    # -- its requests -------------------------------------------------------------------
-
-    @property
-    def in_flight(self) -> int:
-        return self._backend.requests.in_flight
-
-    @property
-    def waiting(self) -> int:
-        return self._backend.requests.waiting
-
-    @property
-    def queued(self) -> int:
-        return self._backend.requests.queued
+        return self.loading
 
     def idle_s(self) -> float:
-        return self._backend.requests.idle_s()
+        return self.idle
 
     def idle_stop_in_s(self) -> float | None:
-        return self._backend.requests.idle_stop_in_s()
-
-    # -- its memory ---------------------------------------------------------------------
-
-    @property
-    def vram_mib(self) -> int | None:
-        return self._backend.memory.vram_mib
-
-    @property
-    def footprint(self) -> Footprint | None:
-        return self._backend.memory.footprint
-
-    @property
-    def measured_mib(self) -> int | None:
-        return self._backend.memory.measured_mib
-
-    @property
-    def holds_vram(self) -> bool:
-        return self._backend.memory.holds_vram
-
-    @property
-    def held_mib(self) -> int | None:
-        return self._backend.memory.held_mib
-
-    @property
-    def asleep_mib(self) -> int | None:
-        return self._backend.memory.asleep_mib
-
-    @property
-    def asleep_level(self) -> int | None:
-        return self._backend.memory.asleep_level
-
-    @property
-    def yield_method(self) -> str:
-        return self._backend.memory.yield_method
-
-    @property
-    def sleep_supported(self) -> bool:
-        return self._backend.memory.sleep_supported
-
-    @property
-    def ram_charge(self) -> tuple[int | None, str | None]:
-        return self._backend.memory.ram_charge
+        return self.idle_stop_in

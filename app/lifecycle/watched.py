@@ -22,23 +22,17 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.lifecycle.server import Server, exit_text
-from app.lifecycle.state import BackendState, RestartBackoff
+from app.lifecycle.state import BackendState, RestartBackoff, Stateful
 from app.runtimes.base import Runtime
 
 logger = logging.getLogger(__name__)
 
 
-class Watched(Protocol):
+class Watched(Stateful, Protocol):
     """What the watch reads of its backend."""
 
     @property
-    def name(self) -> str: ...
-    @property
-    def state(self) -> BackendState: ...
-    @property
     def runtime(self) -> Runtime: ...
-    @property
-    def lazy(self) -> bool: ...
     async def learn(self) -> None: ...
 
 

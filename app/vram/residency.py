@@ -25,33 +25,19 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Final
 
 from app.lifecycle.admission import AdmissionRefused, Claimant
 from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.state import BackendState
-from app.settings import BackendConfig
 from app.vram.placement import Placement
-from app.vram.tenant import Tenant
+from app.vram.tenant import Resident, Tenant
 
 logger = logging.getLogger(__name__)
 
 # A waiting start plans again at least this often: a protected backend that stops by
 # itself (idle, admin) lets it in sooner.
 RESIDENCY_POLL_S: Final = 1.0
-
-
-class Resident(Protocol):
-    """What the residency rules read of a backend (a `Backend`, or the API's view of one)."""
-
-    @property
-    def config(self) -> BackendConfig: ...
-    @property
-    def state(self) -> BackendState: ...
-    @property
-    def lazy(self) -> bool: ...
-    @property
-    def ready_since(self) -> float | None: ...
 
 
 def protected_for_s(backend: Resident, now: float | None = None) -> float:

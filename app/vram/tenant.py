@@ -15,9 +15,16 @@ from typing import Protocol
 from app.lifecycle.admission import Claimant
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.memory import Memory
-from app.lifecycle.state import BackendState, SleepOutcome, StopReason
+from app.lifecycle.state import SleepOutcome, Stateful, StopReason
 from app.runtimes.base import Runtime
 from app.settings import ReleaseConfig
+
+
+class Resident(Stateful, Protocol):
+    """What the residency rules read of a backend (a `Backend`, or the API's view of one)."""
+
+    @property
+    def ready_since(self) -> float | None: ...
 
 
 class InFlight(Protocol):
@@ -30,17 +37,11 @@ class InFlight(Protocol):
     def idle_s(self, now: float | None = None) -> float: ...
 
 
-class Tenant(Claimant, Protocol):
+class Tenant(Claimant, Resident, Protocol):
     @property
     def memory(self) -> Memory: ...
     @property
-    def state(self) -> BackendState: ...
-    @property
     def reason(self) -> str | None: ...
-    @property
-    def lazy(self) -> bool: ...
-    @property
-    def ready_since(self) -> float | None: ...
     @property
     def runtime(self) -> Runtime: ...
     @property
