@@ -2,7 +2,7 @@
 
 - Admission: a start runs inside `admit(backend)`, which holds the locks of the backend's
   GPUs for the whole start (two vLLM instances profiling memory at once break each
-  other), checks free VRAM against its footprint (`Backend.vram_mib`: `vram_mib`, the
+  other), checks free VRAM against its footprint (`Memory.vram_mib`: `vram_mib`, the
   profile's share or the planner's estimate), evicts lower-priority lazy backends when
   needed and waits until the probe shows the memory back. A start evicts lazy backends of
   its own priority too when they are idle (equals take turns: "Swap in seconds"), and busy
@@ -129,7 +129,7 @@ class VramArbiter:
 
     def held_mib(self, *, measured: bool = False) -> dict[int, int]:
         """MiB per GPU the backends holding memory take: as admitted, or (`measured`) as
-        they hold it now (`Backend.held_mib`: their last start measured, admitted where it
+        they hold it now (`Memory.held_mib`: their last start measured, admitted where it
         measured nothing); asleep, what they still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():

@@ -7,7 +7,7 @@ its memory back (`Backend.give_back`, `Backend.stop_if_idle`), and it answers wi
 `app.lifecycle.release.choose_release` on the budget state it builds:
 
 - the budget: `host_ram.sleep_budget_mib`, else half of MemTotal (unknown without both);
-- the charged: each level-1 sleeper's weights (`Backend.ram_charge_mib`: measured at
+- the charged: each level-1 sleeper's weights (`Memory.ram_charge_mib`: measured at
   load, else the planner's estimate, else `vram_mib`), and those going to sleep at level
   1 right now (not in MemAvailable yet). A server found asleep at an unknown level is
   charged too: it may hold them.
