@@ -16,6 +16,7 @@ from app.api.views import backend_view
 from app.errors import Conflict, ErrorCode, NotFound
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import StopReason
+from app.lifecycle.view import BackendView
 from app.services import Services
 from app.settings import ReleaseConfig
 
@@ -34,7 +35,7 @@ def _backend(services: Services, name: str) -> Backend:
 
 @router.get("/backends")
 async def list_backends(services: ServicesDep) -> dict[str, Any]:
-    return {"backends": [backend_view(b) for b in services.backends.values()]}
+    return {"backends": [backend_view(BackendView.of(b)) for b in services.backends.values()]}
 
 
 @router.post("/backends/{name}/start")
@@ -47,7 +48,7 @@ async def start_backend(name: str, services: ServicesDep) -> dict[str, Any]:
             "release that first"
         )
     await backend.start()
-    return backend_view(backend)
+    return backend_view(BackendView.of(backend))
 
 
 @router.post("/backends/{name}/stop")
@@ -60,7 +61,7 @@ async def stop_backend(name: str, services: ServicesDep) -> dict[str, Any]:
             f"backend {name!r} is not managed by the gateway ({backend.runtime.describe()})"
         )
     await backend.stop(StopReason.ADMIN)
-    return backend_view(backend)
+    return backend_view(BackendView.of(backend))
 
 
 @router.post("/backends/{name}/sleep")
@@ -74,14 +75,15 @@ async def sleep_backend(name: str, services: ServicesDep) -> dict[str, Any]:
         raise Conflict(
             f"backend {name!r} is not managed by the gateway ({backend.runtime.describe()})"
         )
-    if not backend.sleep_supported:
+    memory = backend.memory
+    if not memory.sleep_supported:
         raise Conflict(
-            f"backend {name!r} does not use sleep mode (yield.method: {backend.yield_method}; "
+            f"backend {name!r} does not use sleep mode (yield.method: {memory.yield_method}; "
             "sleep_mode: true says its server offers it)"
         )
-    how = backend.yield_how
+    how = memory.yield_how
     method = "sleep" if how.method == "sleep" else "auto"
     await backend.give_back(
         StopReason.ADMIN, ReleaseConfig.model_validate({"method": method, "level": how.level})
     )
-    return backend_view(backend)
+    return backend_view(BackendView.of(backend))

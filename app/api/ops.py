@@ -12,6 +12,7 @@ from starlette.responses import Response
 from app.api.deps import AdminDep, MetricsDep, ServicesDep
 from app.api.handlers import JSONBody
 from app.api.views import ready_view, status_view
+from app.lifecycle.view import BackendView
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["ops"])
@@ -31,7 +32,7 @@ async def ready(services: ServicesDep) -> JSONBody:
     backends: dict[str, Any] = {}
     all_ready = True
     for name, backend in services.backends.items():
-        view = ready_view(backend)
+        view = ready_view(BackendView.of(backend))
         if not backend.lazy:
             all_ready &= view["ready"]
         backends[name] = view

@@ -17,6 +17,7 @@ from app.lifecycle.backend import Backend
 from app.lifecycle.load import LoadStatus
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.state import BackendState
+from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
@@ -35,7 +36,7 @@ Json = dict[str, Any]
 # -- backends ----------------------------------------------------------------------------
 
 
-def backend_view(backend: Backend) -> Json:
+def backend_view(backend: BackendView) -> Json:
     cfg = backend.config
     return {
         "name": backend.name,
@@ -132,7 +133,7 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def backend_vram_view(backend: Backend, profile_mib: int | None) -> Json:
+def backend_vram_view(backend: BackendView, profile_mib: int | None) -> Json:
     """A backend's memory in `/status`: configured, the profile's share, what admission
     counts (and how it was planned), and what its last start measured."""
     footprint = backend.footprint
@@ -145,7 +146,7 @@ def backend_vram_view(backend: Backend, profile_mib: int | None) -> Json:
     }
 
 
-def ready_view(backend: Backend) -> Json:
+def ready_view(backend: BackendView) -> Json:
     return {
         "ready": backend.state is BackendState.READY and backend.healthy is True,
         "lifecycle": backend.config.lifecycle,
@@ -484,7 +485,7 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
         "gpu": gpu_status_view(status, probe=host.arbiter.probe_name, warning=host.probe_warning),
         "holds": {
             "yield": yield_view(host.vram_yield.current),
-            "zones": [zone_view(z) for z in host.arbiter.zones.values() if z.kind == "zone"],
+            "zones": [zone_view(z) for z in host.arbiter.book.zones.values() if z.kind == "zone"],
             "placed_mib": host.arbiter.placed_mib(),
         },
         "backends": list(host.backends),
@@ -568,7 +569,8 @@ def status_view(services: Services) -> Json:
         if profile is not None:
             key = (backend.config.host_name, backend.config.gpus[0])
             planned = profile.planned_mib(name, totals.get(key))
-        backends.append({**backend_view(backend), "vram": backend_vram_view(backend, planned)})
+        view = BackendView.of(backend)
+        backends.append({**backend_view(view), "vram": backend_vram_view(view, planned)})
     local = hosts[0]
     return {
         "gateway": {

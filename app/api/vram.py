@@ -94,7 +94,7 @@ async def list_zones(services: ServicesDep, host: HostQuery = None) -> dict[str,
         "host": arbiter.host,
         "probe": arbiter.probe_name,
         "gpus": gpus,
-        "zones": [zone_view(z) for z in arbiter.zones.values()],
+        "zones": [zone_view(z) for z in arbiter.book.zones.values()],
     }
 
 
@@ -142,7 +142,7 @@ async def acquire_zone(
 @router.post("/vram/zones/{zone}/release")
 async def release_zone(zone: ZoneName, services: ServicesDep) -> dict[str, Any]:
     _not_the_yield(zone)
-    released = services.hosts.holding_zone(zone).arbiter.release_zone(zone)
+    released = services.hosts.holding_zone(zone).arbiter.book.release_zone(zone)
     return {**zone_view(released), "released": True, "unblocked": list(released.stopped)}
 
 

@@ -16,7 +16,7 @@ GPU profile switch, a backend's start), at each window's edges.
   remembered); at the end, back to it (after a restart inside the window: the file's
   default profile), unless that is the one active.
 - `keep_warm`: at the start, the backend is held warm (never idle-stopped:
-  `Holding.kept_warm`) and started; at the end the hold is let go (the idle TTL counts
+  `RequestHolds.kept_warm`) and started; at the end the hold is let go (the idle TTL counts
   from its last request as usual). A backend stopped meanwhile (a person, an eviction,
   a yield) is not started again before the next edge.
 - A step that fails (a yield refused, a profile that cannot be saved) is logged and an
@@ -189,7 +189,7 @@ class Scheduler:
     def _keep_warm_edge(self, window: ScheduleWindow, active: bool) -> str | None:
         assert window.backend is not None  # ScheduleWindow requires it
         backend = self._backends[window.backend]
-        backend.keep_warm(window.name, on=active)
+        backend.requests.keep_warm(window.name, on=active)
         if not active:
             return f"{backend.name} no longer held warm"
         if backend.state is not BackendState.READY:

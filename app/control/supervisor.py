@@ -103,7 +103,7 @@ class Supervisor:
             stats = None if snapshot is None else snapshot.gpu(backend.config.gpus[0])
             total = None if stats is None else stats.total_mib
             chosen = None if profile is None else profile.models.get(name)
-            backend.plan(
+            backend.memory.plan(
                 planned_footprint_mib(
                     backend.config,
                     gpu_total_mib=total,
@@ -115,7 +115,7 @@ class Supervisor:
             )
             # A lazy one, or one that names its host only to be counted there.
             named = backend.lazy or backend.config.host is not None
-            if backend.footprint is None and named and backend.config.gpus_accounted:
+            if backend.memory.footprint is None and named and backend.config.gpus_accounted:
                 logger.warning("no VRAM footprint known, admission will not check it "
                                "backend=%s host=%s", name, backend.config.host_name)  # fmt: skip
 
@@ -126,7 +126,7 @@ class Supervisor:
         gateway serves while they load) and start the loops."""
         self._forgotten_hosts()
         for host in self._hosts.values():
-            for zone in host.arbiter.restore():
+            for zone in host.arbiter.book.restore():
                 logger.info("zone restored host=%s zone=%s holder=%s blocks=%s", host.name,
                             zone.name, zone.holder, ",".join(zone.blocks) or "-")  # fmt: skip
         self._profiles.restore()
@@ -160,7 +160,7 @@ class Supervisor:
     def _forgotten_hosts(self) -> None:
         """Zones saved for a host no longer configured are left in the state file (they
         come back if the host does), and said at start rather than dropped silently."""
-        store = self._hosts.local.arbiter.store
+        store = self._hosts.local.arbiter.book.store
         for section in store.names():
             host = section_host(section)
             if host is not None and host not in self._hosts and store.section(section):
@@ -195,7 +195,7 @@ class Supervisor:
                                "backend=%s", backend.name)  # fmt: skip
                 return
             await backend.start_logged("standby")
-        if backend.state is not BackendState.READY or backend.in_flight:
+        if backend.state is not BackendState.READY or backend.requests.in_flight:
             return  # failed, refused, or a request got to it first: it stays as it is
         try:  # level 1 as the host RAM budget allows (`Backend.give_back`)
             await backend.give_back(StopReason.STANDBY, rules.STANDBY_RELEASE)
@@ -236,7 +236,7 @@ class Supervisor:
         now = self._clock()
         key = (loop, backend.name)
         last = self._polled.get(key)
-        interval = poll_interval_s(round_s, backend.idle_s(now), failing=failing)
+        interval = poll_interval_s(round_s, backend.requests.idle_s(now), failing=failing)
         if not poll_due(None if last is None else now - last, interval, round_s):
             return False
         self._polled[key] = now
@@ -247,7 +247,9 @@ class Supervisor:
             round_s = self._settings.health_interval_s
             await asyncio.gather(
                 *(
-                    b.watch(health=self._due("health", b, round_s, failing=b.healthy is not True))
+                    b.watcher.watch(
+                        health=self._due("health", b, round_s, failing=b.server.healthy is not True)
+                    )
                     for b in self._backends.values()
                 )
             )
@@ -283,7 +285,7 @@ class Supervisor:
         `idle_ttl_s`, releases expired zones and ends an expired yield."""
         while await self._pause(self._settings.reaper_interval_s):
             for host in self._hosts.values():
-                host.arbiter.expire_zones(time.time())
+                host.arbiter.book.expire_zones(time.time())
                 await host.vram_yield.expire(time.time())
             now = time.monotonic()
             idle = [b for b in self._backends.values() if b.lazy and b.config.idle_ttl_s > 0]

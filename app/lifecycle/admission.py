@@ -43,6 +43,16 @@ class Freed:
     mib: int | None = None
 
 
+class ClaimedMemory(Protocol):
+    """What admission reads of a backend's memory (`app.lifecycle.memory.Memory`)."""
+
+    @property
+    def vram_mib(self) -> int | None: ...
+    @property
+    def asleep_mib(self) -> int | None: ...
+    def record_measured(self, mib: int) -> None: ...
+
+
 class Claimant(Protocol):
     """What admission reads of a backend (`app.lifecycle.backend.Backend`)."""
 
@@ -51,12 +61,9 @@ class Claimant(Protocol):
     @property
     def config(self) -> BackendConfig: ...
     @property
-    def vram_mib(self) -> int | None: ...
-    @property
-    def asleep_mib(self) -> int | None: ...
+    def memory(self) -> ClaimedMemory: ...
     @property
     def server(self) -> Server: ...  # what its start progress says while admission waits
-    def record_measured(self, mib: int) -> None: ...
 
 
 class Admission(Protocol):

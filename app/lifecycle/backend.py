@@ -1,22 +1,19 @@
-"""One lifecycle object per backend: its state, its runtime, its leases, its health.
+"""One lifecycle object per backend: its state and transitions, and the parts it owns.
 
-- `acquire()` is the data plane's only way in (`app.lifecycle.request_holds`, its half of the
-  backend): a `Lease` on the ready backend, the request held in the backend's queue
-  while it starts or while `max_inflight` requests are in flight.
 - The lock guards state transitions only and is never held across I/O.
 - Starting is single-flight: the first caller creates the start task, later callers
   wait on the same task without owning it, so a caller that goes away never cancels a
   start others need. Stopping is single-flight the same way.
 - A start runs inside the admission context (VRAM check, eviction, one start per GPU at
   a time); a stop drains leases up to `drain_timeout_s` before stopping the runtime.
-- The I/O with the server (runtime, health, sleep mode) is `app.lifecycle.server.Server`'s;
-  this module decides.
+- Its parts: `server` (the I/O with its server: runtime, health, sleep mode,
+  `app.lifecycle.server`), `watcher` (the periodic check and the restart backoff,
+  `app.lifecycle.watched`), `memory` (what it holds on its GPUs and asleep,
+  `app.lifecycle.memory`), `requests` (the queue, the leases and `acquire()`, the data
+  plane's only way in, `app.lifecycle.request_holds`). Each reads the backend through a
+  small protocol and changes it only through the transitions it is given; the API reads
+  it through `app.lifecycle.view.BackendView`.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
-- Its fields are written only here and in its halves, split off to keep each module
-  readable: `app.lifecycle.request_holds` (the requests that hold it), `app.lifecycle.memory`
-  (what it holds, on its GPUs and asleep in host RAM) and `app.lifecycle.watched` (the
-  periodic check, pinned restarts). Other objects read them and change a backend through
-  its methods (`block`, `plan`, `record_measured`, `set_yield_method`, `start`, `stop`...).
 """
 
 from __future__ import annotations
@@ -31,26 +28,23 @@ from app.events import EventLog
 from app.lifecycle import admission as rules
 from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
-from app.lifecycle.lease import Leases
 from app.lifecycle.load import LoadStatus, StartClock, StartDurations
 from app.lifecycle.memory import Memory
 from app.lifecycle.metrics import LifecycleMetrics
-from app.lifecycle.queue import TicketQueue
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
-from app.lifecycle.request_holds import Holding
+from app.lifecycle.request_holds import RequestHolds
 from app.lifecycle.served import LearnedRecords, Served
 from app.lifecycle.server import Server, StartFailed
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
     BackendState,
-    RestartBackoff,
     SleepOutcome,
     StartOutcome,
     StopReason,
     check_transition,
     refusal,
 )
-from app.lifecycle.watched import Watched
+from app.lifecycle.watched import Watcher
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig, ReleaseConfig
 from app.tasks import cancel_and_wait, spawn
@@ -60,7 +54,7 @@ from app.upstreams.vllm import VllmClient
 logger = logging.getLogger(__name__)
 
 
-class Backend(Holding, Memory, Watched):
+class Backend:
     def __init__(
         self,
         name: str,
@@ -94,24 +88,35 @@ class Backend(Holding, Memory, Watched):
         # app.lifecycle.adapters): stopped, failed, or asleep at any level but 1.
         self.adapters_epoch = 0
         self._metrics = metrics
-        self._wake_notice_s = wake_notice_s
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
-        self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
-        self._init_memory(config)
-        self._queue = TicketQueue(name, metrics, changed)
-        self._leases = Leases(name, metrics, changed, on_release=self._released)
+        self.memory = Memory(self)  # what it holds, on its GPUs and asleep
         self.last_start_s: float | None = None
         self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
         self._blocks = Blocks()
-        self._refused = False  # stopped because admission found no room (kind no_vram)
-        self._backoff = RestartBackoff(restart_backoff_s)  # after failures in a row
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # guards its transitions, never held across I/O
+        self.requests = RequestHolds(
+            self,
+            metrics,
+            changed,
+            lock=self._lock,
+            next_step=self._next_step,
+            unavailable=self._unavailable,
+            went_idle=self.admission.went_idle,
+            wake_notice_s=wake_notice_s,
+        )
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._served = Served(config, name=name, records=learned)
-        self._learn_due = True  # an external server: learn at the next health check passed
+        self.watcher = Watcher(
+            self,
+            self.server,
+            restart_backoff_s,
+            restart=self._restart_down,
+            fail=self._fail,
+            owner_stopped=self._stopped_by_owner,
+        )
         metrics.declare_backend(name)
         metrics.set_backend_state(name, self.state)
 
@@ -123,16 +128,11 @@ class Backend(Holding, Memory, Watched):
     async def learn(self, ours: str | None = None) -> None:
         """Ask the ready server what it serves (`serving`); raises only `NotOurServer` (`ours`)."""
         if await self.server.learn(self.config.models, self._served, ours=ours):
-            self._learn_due = False
+            self.watcher.learn_due = False
 
     @property
     def managed(self) -> bool:
         return self.runtime.managed
-
-    @property
-    def last_used(self) -> float:
-        """Monotonic time a request of it last began or ended."""
-        return self._leases.last_used
 
     @property
     def blocks(self) -> Blocks:
@@ -148,22 +148,6 @@ class Backend(Holding, Memory, Watched):
     @property
     def standby(self) -> bool:
         return self.config.lifecycle == "standby"
-
-    def _released(self) -> None:
-        """A lease was given back: its slot to a queued ticket; when none is left in
-        flight, admission hears it (a start may be waiting for this equal's turn)."""
-        self._grant()
-        if not self._leases.in_flight:
-            self.admission.went_idle()
-
-    @property
-    def healthy(self) -> bool | None:
-        """The last health check; None before the first."""
-        return self.server.healthy
-
-    @property
-    def health_error(self) -> str | None:
-        return self.server.health_error
 
     def start_progress(self) -> str | None:
         """While starting: what the start waits for, in words (None otherwise)."""
@@ -181,31 +165,24 @@ class Backend(Holding, Memory, Watched):
         state = self.state
         if state is BackendState.READY:
             return 0.0
-        if self._blocks or (state is BackendState.FAILED and self._retry_in() > 0):
+        if self._blocks or (state is BackendState.FAILED and self.watcher.retry_in() > 0):
             return None
         if state is BackendState.STARTING:
             return self._clock.left_s()
         if state is BackendState.SLEEPING:
-            return self._clock.last(self._asleep_level or 0)
+            return self._clock.last(self.memory.asleep_level or 0)
         if state in (BackendState.STOPPED, BackendState.FAILED) and self.runtime.managed:
             return self._clock.last(None)
         return None
 
-    @property
-    def runtime_detail(self) -> str | None:
-        return self.server.runtime_detail
-
     def _check_backoff(self) -> None:
-        if self.state is BackendState.FAILED and self._retry_in() > 0:
+        if self.state is BackendState.FAILED and self.watcher.retry_in() > 0:
             raise self._unavailable()
 
-    def _retry_in(self) -> float:
-        """Seconds until a failed backend may be started again (0: now)."""
-        return self._backoff.retry_in(time.monotonic())
-
     def _unavailable(self) -> GatewayError:
-        retry = self._retry_in() if self.state is BackendState.FAILED else 0.0
-        return refusal(self.name, self.state, self.reason, no_vram=self._refused, retry_in_s=retry)
+        retry = self.watcher.retry_in() if self.state is BackendState.FAILED else 0.0
+        no_vram = self.watcher.refused
+        return refusal(self.name, self.state, self.reason, no_vram=no_vram, retry_in_s=retry)
 
     # -- control plane ----------------------------------------------------------------
 
@@ -214,12 +191,12 @@ class Backend(Holding, Memory, Watched):
 
         Raises `BackendUnavailable` when it did not become ready.
         """
-        await self._until_ready(None, backoff=False, max_wait_s=None)
+        await self.requests.until_ready(None, backoff=False, max_wait_s=None)
 
-    def _next_step(self, *, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
+    def _next_step(self, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
         a start (a stop in progress is waited for, then the caller decides again)."""
-        self._check_blocked()
+        self._blocks.check(self.name)
         if self.state is BackendState.READY:
             return None
         if self.state is BackendState.STOPPING:
@@ -243,10 +220,10 @@ class Backend(Holding, Memory, Watched):
             # Nothing to launch: it is ready at once; health is watched and reported.
             self._set_state(BackendState.STARTING, None)
             self._set_state(BackendState.READY, f"not managed: {self.runtime.describe()}")
-            self.holds_vram = True
+            self.memory.holds_vram = True
             self._start_task = spawn(asyncio.sleep(0), name=f"start:{self.name}")
             return self._start_task
-        timing = self._clock.begin((self._asleep_level or 0) if wake else None)
+        timing = self._clock.begin((self.memory.asleep_level or 0) if wake else None)
         self._set_state(BackendState.STARTING, "waking from sleep" if wake else None)
         self._start_task = spawn(self._run_start(timing, adopt, wake), name=f"start:{self.name}")
         return self._start_task
@@ -264,9 +241,7 @@ class Backend(Holding, Memory, Watched):
             admitted = self.admission.admit(self)
         try:
             async with admitted:
-                self.holds_vram = True  # admitted: counted on its GPUs from now on
-                self._asleep_mib = None  # a wake: its whole footprint again
-                level, self._asleep_level = self._asleep_level, None
+                level = self.memory.admitted()  # counted on its GPUs from now on
                 await self.server.launch(wake=wake, level=level)
                 await self.server.wait_healthy(self.config.start_timeout_s)
             if not wake or self._served.learned is None:  # a wake: the same server as before
@@ -278,9 +253,9 @@ class Backend(Holding, Memory, Watched):
                 self.last_start_s = duration
                 if self.server.loaded_weights_gib is not None:  # the host RAM a sleep holds
                     per_gpu = self.server.loaded_weights_gib * 2**30
-                    self.record_loaded_weights(round(per_gpu * len(self.config.gpus)))
-                self._leases.touch()
-                self._backoff.reset()
+                    self.memory.record_loaded_weights(round(per_gpu * len(self.config.gpus)))
+                self.requests.leases.touch()
+                self.watcher.backoff.reset()
                 self._set_state(BackendState.READY, None)
             outcome = StartOutcome.READY
             self._clock.record(duration, cold=not adopt, wake_level=wake_level)
@@ -299,10 +274,9 @@ class Backend(Holding, Memory, Watched):
                     target = BackendState.SLEEPING if wake else BackendState.STOPPED
                     why = f"not enough VRAM to {'wake' if wake else 'start'}: {exc}"
                     self._set_state(target, why)
-                    self._refused = True
+                    self.watcher.refused = True
                     if not wake and not self.lazy:  # the watch tries again after a backoff
-                        self._backoff.failed(time.monotonic())
-                        self._log_retry()
+                        self.watcher.failed()
         except (RuntimeFailure, StartFailed) as exc:
             await self._fail(str(exc))
         except asyncio.CancelledError:
@@ -366,8 +340,8 @@ class Backend(Holding, Memory, Watched):
             self.lazy
             and ttl > 0
             and self.state is BackendState.READY
-            and self._leases.idle_s(now) >= ttl
-            and not self.kept_warm  # a schedule's keep_warm window
+            and self.requests.leases.idle_s(now) >= ttl
+            and not self.requests.kept_warm  # a schedule's keep_warm window
         )
 
     async def sleep(
@@ -436,10 +410,10 @@ class Backend(Holding, Memory, Watched):
         instead when `release` says sleep and the server offers sleep mode)."""
         start_task = self._start_task
         sleep_level = None if release is None else release.level
-        self._releasing_level = sleep_level
+        self.memory.releasing(sleep_level)
         what = "stop" if sleep_level is None else f"sleep (level {sleep_level})"
         if self.state is BackendState.READY:
-            self._queue.collate()  # served before the stop: their drain waits for them
+            self.requests.queue.collate()  # served before the stop: their drain waits for them
         self._set_state(BackendState.STOPPING, f"{what} requested ({reason})")
         drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop_task = spawn(
@@ -458,36 +432,36 @@ class Backend(Holding, Memory, Watched):
             start_task.cancel()
             await asyncio.wait({start_task})
         self.last_drain_timed_out = False
-        self._grant()  # the collated tickets (none when it was not ready)
-        if self.in_flight:
+        self.requests.grant()  # the collated tickets (none when it was not ready)
+        if self.requests.in_flight:
             logger.info(
                 "backend draining backend=%s in_flight=%d queued=%d drain_timeout_s=%g",
                 self.name,
-                self.in_flight,
-                self.queued,
+                self.requests.in_flight,
+                self.requests.queued,
                 drain_s,
             )
-            if not await self._leases.drained(drain_s):
+            if not await self.requests.leases.drained(drain_s):
                 self.last_drain_timed_out = True
                 self._metrics.drain_timeouts.labels(self.name).inc()
                 logger.warning(
                     "drain timed out, stopping with requests in flight backend=%s in_flight=%d",
                     self.name,
-                    self.in_flight,
+                    self.requests.in_flight,
                 )
         # Collated tickets still queued wait for the stop now, like the later ones.
-        self._queue.uncollate()
-        self._queue.wake_all()
+        self.requests.queue.uncollate()
+        self.requests.queue.wake_all()
         if release is not None and sleep_level is not None:
             if release.make_room:  # the least recently used level-1 sleepers go first
                 await self.release_policy.make_room(release, self.name)
             async with self.admission.measure_sleep(self) as freed:
                 slept = await self.server.sleep(sleep_level, reason)
             if slept is SleepOutcome.SLEPT:
-                kept = self.kept_asleep(freed.mib)
+                kept = self.memory.kept_asleep(freed.mib)
                 why = rules.asleep_reason(sleep_level, reason, kept)
                 async with self._lock:
-                    self._asleep_mib, self._asleep_level = kept, sleep_level
+                    self.memory.slept(kept, sleep_level)
                     self._set_state(BackendState.SLEEPING, why)
                 return
         try:
@@ -504,9 +478,7 @@ class Backend(Holding, Memory, Watched):
         """At gateway start: take over a server that is already running (it outlived a
         previous gateway), without an admission check since its memory is already in
         use. Leaves a server that is not running stopped."""
-        may_sleep = self.sleep_supported or rules.may_have_slept(
-            self.config, self._yield_method_override
-        )
+        may_sleep = self.memory.may_have_slept
         running, asleep = await self.server.found_running(may_sleep=may_sleep)
         if not running:
             return
@@ -515,10 +487,8 @@ class Backend(Holding, Memory, Watched):
             if self.state is not BackendState.STOPPED:
                 return
             if asleep:
-                self.holds_vram = True
-                self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self.config.asleep_mib)
-                # From its /metrics; None (not known): its wake reloads the weights.
-                self._asleep_level = level
+                # `level` from its /metrics; None (not known): its wake reloads the weights.
+                self.memory.found_asleep(level)
                 known = "" if level is None else f" (level {level})"
                 self._set_state(BackendState.SLEEPING, f"found asleep at gateway start{known}")
                 return
@@ -535,11 +505,29 @@ class Backend(Holding, Memory, Watched):
         async with self._lock:
             if self.state not in (BackendState.FAILED, BackendState.STOPPED):
                 self._set_state(BackendState.FAILED, reason)
-                self._backoff.failed(time.monotonic())
-                self._log_retry()
-                self.holds_vram = holds_vram
-                if not holds_vram:
-                    self._asleep_mib = self._asleep_level = None
+                self.watcher.failed()
+                self.memory.released(holds_vram=holds_vram)
+
+    async def _restart_down(self) -> None:
+        """The watch's restart of a pinned backend that is down, past its backoff."""
+        async with self._lock:
+            if self.watcher.down and not self._blocks:
+                failures = self.watcher.backoff.failures
+                logger.info("restarting pinned backend backend=%s failures=%d", self.name, failures)
+                self._begin_start(adopt=False)
+
+    async def _stopped_by_owner(self) -> None:
+        """Its owner stopped it (kubernetes `scale: external`: KEDA or an HPA scaled it to 0):
+        stopped, not failed, releasing what it held as a stop does; the next request starts
+        it again, held until the owner runs it. Not counted in `backend_stops_total`,
+        which counts the gateway's stops."""
+        async with self._lock:
+            if self.state not in (BackendState.READY, BackendState.SLEEPING):
+                return
+            why = "scaled to 0 by its owner"
+            self._set_state(BackendState.STOPPING, why)
+            self._set_state(BackendState.STOPPED, f"{why}; the next request waits for it to "
+                            "scale up")  # fmt: skip
 
     def block(
         self,
@@ -561,25 +549,24 @@ class Backend(Holding, Memory, Watched):
         GPU profile; all but `leaving`, the reload's own), keep-warm holds and the
         profile's yield method."""
         self._blocks.take(old._blocks, leaving=leaving)
-        self.kept_warm = old.kept_warm
-        self.set_yield_method(old._yield_method_override)
+        self.requests.take_over(old.requests)
+        self.memory.take_over(old.memory)
 
     def _set_state(self, target: BackendState, reason: str | None) -> None:
         previous = self.state
         self.state = check_transition(previous, target)
         self.reason = reason
-        self._refused = False
+        self.watcher.refused = False
         if target in (BackendState.STOPPED, BackendState.FAILED) or (
-            target is BackendState.SLEEPING and self._asleep_level != 1
+            target is BackendState.SLEEPING and self.memory.asleep_level != 1
         ):
             self.adapters_epoch += 1
         if target is BackendState.STOPPED:
-            self.holds_vram = False
-            self._asleep_mib = self._asleep_level = None
+            self.memory.released()
         elif target is BackendState.READY:
             self.ready_since = time.monotonic()
-            self._grant()
-        self._queue.wake_all()  # the holders of tickets decide again
+            self.requests.grant()
+        self.requests.queue.wake_all()  # the holders of tickets decide again
         self._metrics.set_backend_state(self.name, target)
         if self._events is not None:
             self._events.record(

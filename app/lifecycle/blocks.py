@@ -11,6 +11,7 @@ themselves (a zone's or a yield's TTL), the seconds until the last of them ends;
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -107,6 +108,12 @@ class Blocks(Mapping[str, str]):
         else:
             retry = max(1, ceil(max(end for end in ends if end is not None) - now))
         return kind.refusal(backend, what, retry)
+
+    def check(self, backend: str) -> None:
+        """Raise the `refusal` for a request to `backend` while anything blocks it."""
+        refusal = self.refusal(backend, time.time())
+        if refusal is not None:
+            raise refusal
 
     def add(
         self, key: str, description: str, kind: BlockKind, expires_at: float | None = None

@@ -1,4 +1,4 @@
-"""The memory half of a backend: what it holds, on its GPUs and (asleep) in host RAM.
+"""A backend's memory (`Backend.memory`): what it holds, on its GPUs and (asleep) in host RAM.
 
 - On its GPUs: `footprint` (what admission counts: `vram_mib`, a GPU profile's share, or
   the planner's estimate; the supervisor keeps it current, `plan`), `measured_mib` (what
@@ -9,27 +9,24 @@
 - In host RAM asleep at level 1: its weights (`ram_charge`), as vLLM said it loaded
   them, else as the planner or `vram_mib` estimates.
 
-`app.lifecycle.backend.Backend` is the one subclass and the one writer of these fields
-(`_init_memory`, and its start, sleep and stop); they are split only to keep each module
-readable, as `app.lifecycle.request_holds` is.
+Its backend is the one writer (`admitted`, `slept`, `found_asleep`, `released`,
+`releasing`: its start, sleep and stop); it reads the backend's state and config (`Stateful`).
 """
 
 from __future__ import annotations
 
 from app.lifecycle import admission as rules
 from app.lifecycle.release import ram_charge
-from app.lifecycle.state import BackendState
+from app.lifecycle.state import BackendState, Stateful
 from app.planner.footprint import Footprint
-from app.settings import BackendConfig, ReleaseConfig
+from app.settings import ReleaseConfig
 
 
 class Memory:
-    # Set by Backend.__init__.
-    config: BackendConfig
-    state: BackendState
-    holds_vram: bool
-
-    def _init_memory(self, config: BackendConfig) -> None:
+    def __init__(self, backend: Stateful) -> None:
+        self._backend = backend
+        config = backend.config
+        self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
         # What admission counts for it: `vram_mib`, else the active profile's share, else
         # the planner's estimate from its model description (the supervisor keeps it current).
         self._footprint: Footprint | None = (
@@ -52,6 +49,32 @@ class Memory:
         self._releasing_level: int | None = None
         # How a yield frees its memory; a GPU profile may override the config.
         self._yield_method_override: str | None = None
+
+    def admitted(self) -> int | None:
+        """Its start or wake was admitted: counted on its GPUs, its whole footprint again;
+        the level it slept at (what a wake needs), forgotten here."""
+        self.holds_vram = True
+        level, self._asleep_mib, self._asleep_level = self._asleep_level, None, None
+        return level
+
+    def slept(self, kept: int | None, level: int) -> None:
+        self._asleep_mib, self._asleep_level = kept, level
+
+    def found_asleep(self, level: int | None) -> None:
+        """At gateway start: its server was found asleep (at `level`: None, not known)."""
+        self.holds_vram = True
+        self._asleep_mib = rules.asleep_mib(self.vram_mib, None, self._backend.config.asleep_mib)
+        self._asleep_level = level
+
+    def released(self, *, holds_vram: bool = False) -> None:
+        """Stopped or failed: nothing held (`holds_vram`: a server that may still hold it)."""
+        self.holds_vram = holds_vram
+        if not holds_vram:
+            self._asleep_mib = self._asleep_level = None
+
+    def releasing(self, level: int | None) -> None:
+        """Its stop task begins: to sleep at `level`, or (None) to stop."""
+        self._releasing_level = level
 
     @property
     def vram_mib(self) -> int | None:
@@ -81,7 +104,7 @@ class Memory:
         measured), by `app.lifecycle.admission.asleep_mib`; a measured sleep's is
         remembered for a later one that cannot be measured (its GPU was full)."""
         kept = rules.asleep_mib(
-            self.vram_mib, freed_mib, self.config.asleep_mib, self._measured_kept_mib
+            self.vram_mib, freed_mib, self._backend.config.asleep_mib, self._measured_kept_mib
         )
         if freed_mib is not None and freed_mib > 0:
             self._measured_kept_mib = kept
@@ -99,7 +122,7 @@ class Memory:
         what its last start measured, else what admission counts."""
         if not self.holds_vram:
             return None
-        if self.state is BackendState.SLEEPING:
+        if self._backend.state is BackendState.SLEEPING:
             return self.counted_mib
         return self._measured_mib or self.vram_mib
 
@@ -114,12 +137,12 @@ class Memory:
     @property
     def yield_method(self) -> str:
         """How a yield frees its memory: `auto`, `stop` or `sleep`."""
-        return self._yield_method_override or self.config.yield_.method
+        return self._yield_method_override or self._backend.config.yield_.method
 
     @property
     def yield_how(self) -> ReleaseConfig:
         """`yield:` with a GPU profile's method, if any."""
-        how = self.config.yield_
+        how = self._backend.config.yield_
         override = self._yield_method_override
         if override is None or override == how.method:
             return how
@@ -130,7 +153,7 @@ class Memory:
         """Whether its server offers sleep mode (a GPU profile's `sleep_mode` wins)."""
         if self._yield_method_override is not None:
             return self._yield_method_override == "sleep"
-        return self.config.sleep_supported
+        return self._backend.config.sleep_supported
 
     def record_loaded_weights(self, weights_bytes: int) -> None:
         """What vLLM said its weights took when it loaded ("Model loading took X GiB",
@@ -141,7 +164,7 @@ class Memory:
     def ram_charge(self) -> tuple[int | None, str | None]:
         """(MiB of host RAM its weights hold asleep at level 1, where from), by
         `app.lifecycle.release.ram_charge`."""
-        return ram_charge(self._loaded_weights_bytes, self.config)
+        return ram_charge(self._loaded_weights_bytes, self._backend.config)
 
     @property
     def ram_charge_mib(self) -> int | None:
@@ -150,8 +173,18 @@ class Memory:
     @property
     def releasing_level(self) -> int | None:
         """While stopping: the level it is going to sleep at (None: a stop)."""
-        return self._releasing_level if self.state is BackendState.STOPPING else None
+        return self._releasing_level if self._backend.state is BackendState.STOPPING else None
 
     def set_yield_method(self, method: str | None) -> None:
         """A GPU profile's choice of yield method; None: the backend's own config."""
         self._yield_method_override = method
+
+    def take_over(self, old: Memory) -> None:
+        """The profile's yield method of the backend this one replaces (a reload)."""
+        self._yield_method_override = old._yield_method_override
+
+    @property
+    def may_have_slept(self) -> bool:
+        """Whether a server found running at gateway start may be asleep."""
+        override = self._yield_method_override
+        return self.sleep_supported or rules.may_have_slept(self._backend.config, override)

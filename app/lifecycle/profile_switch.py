@@ -134,7 +134,7 @@ class ProfileSwitch:
                 backend.block(BLOCK_KEY, f"GPU profile {self.active!r}", BlockKind.DISABLED)
             model = profile.models.get(name)
             sleep_mode = None if model is None else model.sleep_mode
-            backend.set_yield_method(None if sleep_mode is None else (
+            backend.memory.set_yield_method(None if sleep_mode is None else (
                 "sleep" if sleep_mode else "stop"
             ))  # fmt: skip
             self._metrics.backend_enabled.labels(name).set(1 if enabled else 0)

@@ -171,27 +171,42 @@ def ram_charge(loaded_bytes: int | None, config: BackendConfig) -> tuple[int | N
     return -(-weights // MIB), "vram_mib" if config.model_info is None else "model"
 
 
+class ReleasedMemory(Protocol):
+    """What a release decision reads of a backend's memory (`app.lifecycle.memory.Memory`)."""
+
+    @property
+    def sleep_supported(self) -> bool: ...
+    @property
+    def ram_charge_mib(self) -> int | None: ...
+
+
+class Used(Protocol):
+    """What a release decision reads of a backend's requests (`RequestHolds`)."""
+
+    @property
+    def last_used(self) -> float: ...
+
+
 class ReleaseSubject(Protocol):
     """What a release decision reads of a backend (`app.lifecycle.backend.Backend`)."""
 
     @property
     def name(self) -> str: ...
     @property
-    def last_used(self) -> float: ...
-    @property
-    def sleep_supported(self) -> bool: ...
-    @property
     def managed(self) -> bool: ...
     @property
-    def ram_charge_mib(self) -> int | None: ...
+    def memory(self) -> ReleasedMemory: ...
+    @property
+    def requests(self) -> Used: ...
 
 
 def candidate_of(backend: ReleaseSubject) -> Candidate:
+    memory = backend.memory
     return Candidate(
         name=backend.name,
-        charge_mib=backend.ram_charge_mib,
-        last_used=backend.last_used,
-        sleep_supported=backend.sleep_supported,
+        charge_mib=memory.ram_charge_mib,
+        last_used=backend.requests.last_used,
+        sleep_supported=memory.sleep_supported,
         managed=backend.managed,
     )
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Final
+from typing import Final, Protocol
 
 from app.errors import PORT_IN_USE_REASON, BackendUnavailable, UnavailableKind
+from app.settings import BackendConfig
 
 # After a failure, requests get the failure for this long instead of a new start, so a
 # crash-looping server is not restarted by every request; pinned backends are restarted
@@ -182,3 +183,18 @@ def failure_kind(reason: str | None) -> UnavailableKind:
     if reason is not None and reason.startswith(PORT_IN_USE_REASON):
         return UnavailableKind.PORT_IN_USE
     return UnavailableKind.FAILED
+
+
+class Stateful(Protocol):
+    """What a backend's parts and most of its readers need of it: its name, its config
+    (read there each time, never kept: a reload may replace it in place), its state and
+    whether it starts on demand. The narrower protocols build on it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def config(self) -> BackendConfig: ...
+    @property
+    def state(self) -> BackendState: ...
+    @property
+    def lazy(self) -> bool: ...

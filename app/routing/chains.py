@@ -309,7 +309,7 @@ class ChainCall:
         if accepted is None or last:
             return wait
         ready_in = backend.ready_in_s()
-        if priced_out(ready_in, accepted) and await backend.warm_up():
+        if priced_out(ready_in, accepted) and await backend.requests.warm_up():
             assert ready_in is not None
             cloud.release(entry, permit)
             self._priced.append((name, ready_in))
@@ -328,7 +328,9 @@ class ChainCall:
         backend = cloud.backends[name]
         on_wait = notice.for_backend(name) if notice is not None else None
         try:
-            return await backend.acquire(on_wait, max_wait_s=wait, priority=self._call.priority)
+            return await backend.requests.acquire(
+                on_wait, max_wait_s=wait, priority=self._call.priority
+            )
         except GatewayError as err:
             verdict = classify_error(err)
             if isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s:

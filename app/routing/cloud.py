@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app.keys.ring import ANONYMOUS, KeyUse
-from app.lifecycle.backend import Backend
 from app.metrics import Metrics
 from app.routing.circuit import (
     Circuit,
@@ -34,6 +33,7 @@ from app.routing.circuit import (
 from app.routing.fallback_metrics import FallbackMetrics
 from app.routing.policy import FallbackReason, PolicyConfig, Verdict
 from app.routing.registry import Registry
+from app.routing.routed import RoutedBackend
 from app.settings import Settings, TimeoutsConfig
 from app.settings.cloud import ChainConfig, CloudConfig, ProviderConfig
 from app.settings.endpoints import Api
@@ -93,7 +93,7 @@ class Cloud:
         self,
         config: CloudConfig,
         providers: Mapping[str, Provider],
-        backends: Mapping[str, Backend],
+        backends: Mapping[str, RoutedBackend],
         chain_by_model: Mapping[str, Chain],
         metrics: Metrics,
         *,
@@ -291,7 +291,7 @@ def _circuit_config(config: CloudConfig, provider: ProviderConfig | None) -> Cir
 def build_cloud(
     settings: Settings,
     registry: Registry,
-    backends: Mapping[str, Backend],
+    backends: Mapping[str, RoutedBackend],
     metrics: Metrics,
     *,
     environ: Mapping[str, str] | None = None,

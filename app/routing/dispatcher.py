@@ -44,7 +44,6 @@ from app.errors import (
     WakeTimeout,
 )
 from app.lifecycle.adapters import LoadedAdapters
-from app.lifecycle.backend import Backend
 from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
@@ -55,6 +54,7 @@ from app.routing.rebuilds import Rebuilds
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberAttempts, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
+from app.routing.routed import RoutedBackend
 from app.routing.tool_hint import hint, hinted, is_json
 from app.settings.endpoints import Api
 from app.upstreams.http import BufferedResponse
@@ -70,7 +70,7 @@ class Dispatcher:
     def __init__(
         self,
         registry: Registry,
-        backends: Mapping[str, Backend],
+        backends: Mapping[str, RoutedBackend],
         metrics: Metrics,
         cloud: Cloud | None = None,
         response_ids: ResponseIds | None = None,
@@ -281,7 +281,7 @@ class Dispatcher:
         backend = self._backends[name]
         if call.for_target(backend.serving.serves) is None:
             raise not_served(call, name, backend.serving.apis)
-        lease = await backend.acquire(notice, priority=call.priority)
+        lease = await backend.requests.acquire(notice, priority=call.priority)
         target = served_target(call, backend, lease)
         if target is None:
             raise not_served(call, name, backend.serving.apis)
@@ -296,7 +296,7 @@ class Dispatcher:
             tokens=self._tokens.get(backend.name),
         )
 
-    async def _with_adapter(self, backend: Backend, call: Call, lease: Lease) -> None:
+    async def _with_adapter(self, backend: RoutedBackend, call: Call, lease: Lease) -> None:
         """Load the LoRA adapter `call` names on `backend` unless it is loaded
         (`app.lifecycle.adapters`); the lease is released if it cannot be."""
         route = call.route

@@ -33,9 +33,9 @@ from prometheus_client import Counter
 
 from app.errors import UpstreamError
 from app.jsonwire import json_bytes
-from app.lifecycle.backend import Backend
 from app.lifecycle.lease import Lease
 from app.routing.exchange import AnswerTranslator, Call
+from app.routing.routed import RoutedBackend
 from app.settings.endpoints import Api
 from app.upstreams.http import Relayable, UpstreamResponse
 from app.upstreams.multipart import boundary_of
@@ -81,7 +81,7 @@ LOWERED_HEADER: Final = b"x-microscheduler-max-tokens-lowered"
 RESPONSES_CREATE: Final = "/v1/responses"
 
 
-def local_body(backend: Backend, call: Call, body: bytes) -> tuple[bytes, bytes | None]:
+def local_body(backend: RoutedBackend, call: Call, body: bytes) -> tuple[bytes, bytes | None]:
     """`body` for `backend`, and the `LOWERED_HEADER` value when a token limit was lowered.
 
     The one place a JSON body for a local backend is written, from `call.payload`, once,
@@ -119,7 +119,7 @@ def is_json_post(call: Call) -> bool:
     return call.method == "POST" and boundary_of(call.content_type) is None
 
 
-def _lowered(backend: Backend, call: Call, update: dict[str, Any]) -> bytes | None:
+def _lowered(backend: RoutedBackend, call: Call, update: dict[str, Any]) -> bytes | None:
     """Put the lowered token limits in `update`; the header value for the first one."""
     limit = backend.serving.max_model_len
     fields = TOKEN_FIELDS.get(call.path)
@@ -142,7 +142,7 @@ def _lowered(backend: Backend, call: Call, update: dict[str, Any]) -> bytes | No
 
 
 async def open_local(
-    backend: Backend,
+    backend: RoutedBackend,
     lease: Lease,
     call: Call,
     upstream_errors: Counter,
@@ -184,7 +184,7 @@ async def open_local(
 Target = tuple[Call, AnswerTranslator | None]
 
 
-def served_target(call: Call, backend: Backend, lease: Lease) -> Target | None:
+def served_target(call: Call, backend: RoutedBackend, lease: Lease) -> Target | None:
     """`call` as `backend` takes it (as is, or translated with the answer's way back),
     asked once its lease is held: its server says what it serves as it wakes. None: it
     takes the call no more, and the lease is released."""
@@ -221,7 +221,7 @@ class LocalAnswer:
 
 
 async def open_entry(
-    backend: Backend,
+    backend: RoutedBackend,
     lease: Lease,
     target: Target,
     upstream_errors: Counter,

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
 from app.metrics import Declare
+from app.routing.routed import RoutedBackend
 from app.upstreams.vllm_load import BackendLoad
 
 # Members a request tries at most: the one picked, and one retry after a failure before
@@ -112,7 +112,7 @@ class Replicas:
 
     def __init__(
         self,
-        backends: Mapping[str, Backend],
+        backends: Mapping[str, RoutedBackend],
         registry: CollectorRegistry,
         load_of: Callable[[str], BackendLoad | None] = lambda _name: None,
     ) -> None:
@@ -140,10 +140,10 @@ class Replicas:
             name,
             backend.state,
             blocked=bool(backend.blocks),
-            in_flight=backend.in_flight + backend.waiting,
+            in_flight=backend.requests.in_flight + backend.requests.waiting,
             vllm_waiting=load.requests_waiting if load is not None and ready else None,
             kv_usage=load.kv_cache_usage_ratio if load is not None and ready else None,
-            footprint_mib=backend.vram_mib,
+            footprint_mib=backend.memory.vram_mib,
             fits=backend.admission.fits_now(backend) if room and not ready else None,
         )
 

@@ -2,7 +2,7 @@
 
 - Admission: a start runs inside `admit(backend)`, which holds the locks of the backend's
   GPUs for the whole start (two vLLM instances profiling memory at once break each
-  other), checks free VRAM against its footprint (`Backend.vram_mib`: `vram_mib`, the
+  other), checks free VRAM against its footprint (`Memory.vram_mib`: `vram_mib`, the
   profile's share or the planner's estimate), evicts lower-priority lazy backends when
   needed and waits until the probe shows the memory back. A start evicts lazy backends of
   its own priority too when they are idle (equals take turns: "Swap in seconds"), and busy
@@ -50,7 +50,6 @@ from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
-from app.lifecycle.backend import Backend
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.metrics import LifecycleMetrics
@@ -60,6 +59,7 @@ from app.settings.base import LOCAL_HOST
 from app.vram.holders import holders, residents
 from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.vram.residency import IdleSignal, may_evict, turn_text, wait_for_starts, wait_out
+from app.vram.tenant import Tenant
 from app.vram.zone_book import ZoneBook
 from app.vram.zones import Zone, gpu_name
 
@@ -77,7 +77,7 @@ class ZoneGrant:
     renewed: bool
 
 
-class VramArbiter(ZoneBook):
+class VramArbiter:
     def __init__(
         self,
         gpus: GpuMonitor | None,
@@ -91,7 +91,10 @@ class VramArbiter(ZoneBook):
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed).
         `host`: the machine whose GPUs these are (its zones are saved in their own section
         of the state file, and refusals name it)."""
-        super().__init__(store, host=host, events=events)
+        self.host = host
+        self._events = events
+        self.book = ZoneBook(store, host=host, events=events)  # its zones, kept and saved
+        self._backends: Mapping[str, Tenant] = {}  # this host's (`attach`)
         self.monitor = gpus
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
@@ -109,8 +112,9 @@ class VramArbiter(ZoneBook):
     def _gpu(self, gpu: int) -> str:
         return gpu_name(self.host, gpu)
 
-    def attach(self, backends: Mapping[str, Backend]) -> None:
+    def attach(self, backends: Mapping[str, Tenant]) -> None:
         self._backends = backends
+        self.book.attach(backends)
         if self._metrics is not None:  # every swap the configuration allows, at zero
             for starter in backends.values():
                 for victim in backends.values():
@@ -125,12 +129,12 @@ class VramArbiter(ZoneBook):
 
     def held_mib(self, *, measured: bool = False) -> dict[int, int]:
         """MiB per GPU the backends holding memory take: as admitted, or (`measured`) as
-        they hold it now (`Backend.held_mib`: their last start measured, admitted where it
+        they hold it now (`Memory.held_mib`: their last start measured, admitted where it
         measured nothing); asleep, what they still hold."""
         held: dict[int, int] = defaultdict(int)
         for backend in self._backends.values():
-            mib = backend.held_mib if measured else backend.counted_mib
-            if backend.holds_vram and mib:
+            mib = backend.memory.held_mib if measured else backend.memory.counted_mib
+            if backend.memory.holds_vram and mib:
                 for gpu in backend.config.gpus:
                     held[gpu] += mib
         return dict(held)
@@ -138,7 +142,7 @@ class VramArbiter(ZoneBook):
     def placed_mib(self) -> dict[int, int]:
         """MiB per GPU the gateway placed: admitted backends and zone holds."""
         placed = defaultdict(int, self.held_mib())
-        for zone in self.zones.values():
+        for zone in self.book.zones.values():
             placed[zone.gpu] += zone.mib
         return dict(placed)
 
@@ -154,7 +158,7 @@ class VramArbiter(ZoneBook):
         return residents(self._backends.values(), exclude, self._admitting)
 
     def _holders(self, gpu: int, below_priority: int | None, force: bool) -> list[Holder]:
-        return holders(self._backends, self.zones.values(), gpu, below_priority, force)
+        return holders(self._backends, self.book.zones.values(), gpu, below_priority, force)
 
     # -- admission ----------------------------------------------------------------------
 
@@ -183,7 +187,8 @@ class VramArbiter(ZoneBook):
         short_since: float | None = None  # when it first found its memory held by others
         while True:
             async with self._locked(gpus, whose, waiter=backend):
-                need = wake_mib(backend.vram_mib, backend.asleep_mib) if wake else backend.vram_mib
+                memory = backend.memory
+                need = wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
                 before = await self.read_gpus()
                 wait: _Protected | None = None
                 if need is not None and before is not None:
@@ -214,7 +219,7 @@ class VramArbiter(ZoneBook):
                     first_after = None if after is None else after.usable(gpus[0])
                     if first_before is not None and first_after is not None:
                         used = first_after.used_mib - first_before.used_mib
-                        backend.record_measured(max(0, used))
+                        backend.memory.record_measured(max(0, used))
                     return
             # Out of the GPUs' locks: nothing is launched meanwhile, so other starts that
             # fit, zones and the yield need not wait for this one.
@@ -225,7 +230,7 @@ class VramArbiter(ZoneBook):
             else:
                 await wait_out(backend, wait.plan, str(wait), deadline, self._idle)
 
-    def _turn_text(self, gpus: list[int], starting: list[Backend]) -> str:
+    def _turn_text(self, gpus: list[int], starting: list[Tenant]) -> str:
         """`waiting for b's start on GPU 0`: the starts under way on `gpus`."""
         return turn_text(
             [
@@ -242,7 +247,7 @@ class VramArbiter(ZoneBook):
         """Whether its start would fit without evicting, by the monitor's last snapshot
         (no sample taken); None: no telemetry, no snapshot yet or no footprint."""
         snapshot = None if self.monitor is None else self.monitor.snapshot
-        need = backend.vram_mib
+        need = backend.memory.vram_mib
         if snapshot is None or need is None:
             return None
         return self._fits(dict.fromkeys(backend.config.gpus, need), snapshot)
@@ -389,12 +394,12 @@ class VramArbiter(ZoneBook):
             force=force,
         )
 
-    def _stopping_on(self, need: dict[int, int], requester: str) -> list[Backend]:
+    def _stopping_on(self, need: dict[int, int], requester: str) -> list[Tenant]:
         return [
             b
             for b in self._backends.values()
             if b.state is BackendState.STOPPING
-            and b.holds_vram
+            and b.memory.holds_vram
             and b.name != requester
             and any(g in need for g in b.config.gpus)
         ]
@@ -428,11 +433,11 @@ class VramArbiter(ZoneBook):
                     victim.unblock(block[0])
             raise
 
-    async def _release(self, victims: list[Backend], reason: StopReason) -> list[Backend]:
+    async def _release(self, victims: list[Tenant], reason: StopReason) -> list[Tenant]:
         """Stop the victims, or put to sleep those an eviction may (`eviction.method:
         auto` or `sleep`, ready); return those asleep now."""
 
-        async def one(victim: Backend) -> bool:
+        async def one(victim: Tenant) -> bool:
             # Zones and yields always stop; an eviction gives back as `eviction:` says,
             # the sleep level chosen against the host RAM budget (`Backend.give_back`).
             if reason is StopReason.EVICTION and victim.state is BackendState.READY:
@@ -448,7 +453,7 @@ class VramArbiter(ZoneBook):
         return [v for v, slept in zip(victims, results, strict=True) if slept is True]
 
     async def _stop_what_slept_too_little(
-        self, need: dict[int, int], slept: list[Backend], requester: str, reason: StopReason
+        self, need: dict[int, int], slept: list[Tenant], requester: str, reason: StopReason
     ) -> None:
         """The plan counted each victim's whole footprint; asleep they keep a residue.
         When the need is not met now, stop as many of them as it takes after all."""
@@ -528,7 +533,7 @@ class VramArbiter(ZoneBook):
         async with self._locked([gpu], f"zone {name}"):
             now = time.time()
             expires = now + ttl_s if ttl_s is not None else None
-            current = self.zones.get(name)
+            current = self.book.zones.get(name)
             if current is not None:
                 if current.holder != holder or current.gpu != gpu or current.mib != mib:
                     raise Conflict(
@@ -536,7 +541,7 @@ class VramArbiter(ZoneBook):
                         f"(asked: {mib} MiB on {self._gpu(gpu)} for {holder!r})"
                     )
                 renewed = replace(current, expires_at=expires)
-                self.set_zone(renewed)
+                self.book.set_zone(renewed)
                 return ZoneGrant(renewed, 0, renewed=True)
             reading = await self.read_gpus()
             if reading is not None and reading.usable(gpu) is None:
@@ -547,7 +552,7 @@ class VramArbiter(ZoneBook):
             before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, (), host=self.host)
             # A zone that cannot be saved is refused before anything is stopped for it.
-            self.store.check_writable()
+            self.book.store.check_writable()
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
@@ -562,7 +567,7 @@ class VramArbiter(ZoneBook):
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
             try:
-                self.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+                self.book.set_zone(zone)  # no await since the eviction: its blocks belong to it now
             except BaseException:
                 for backend in self._backends.values():
                     backend.unblock(draft.block_key)  # what it stopped wakes on demand

@@ -8,15 +8,15 @@ import math
 import time
 from collections.abc import Collection, Iterable, Mapping
 
-from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
 from app.vram.placement import Holder, Resident
 from app.vram.residency import hold_for_s, protected_for_s
+from app.vram.tenant import Tenant
 from app.vram.zones import Zone
 
 
 def residents(
-    backends: Iterable[Backend], exclude: str | None = None, admitting: Collection[str] = ()
+    backends: Iterable[Tenant], exclude: str | None = None, admitting: Collection[str] = ()
 ) -> list[Resident]:
     """The backends holding memory (a sleeping one: what it still holds), but `exclude`.
     A start under way is `starting` (waited for by a start that needs its memory) once
@@ -28,23 +28,23 @@ def residents(
         Resident(
             name=b.name,
             gpus=tuple(b.config.gpus),
-            vram_mib=b.counted_mib,
+            vram_mib=b.memory.counted_mib,
             priority=b.config.priority,
             lazy=b.lazy,
-            in_flight=b.in_flight,
-            idle_s=b.idle_s(now),
+            in_flight=b.requests.in_flight,
+            idle_s=b.requests.idle_s(now),
             evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
             starting=b.state is BackendState.STARTING and b.name not in admitting,
             protected_s=protected_for_s(b, now),
             hold_s=hold_for_s(b, now),
         )
         for b in backends
-        if b.holds_vram and b.counted_mib and b.name != exclude
+        if b.memory.holds_vram and b.memory.counted_mib and b.name != exclude
     ]
 
 
 def holders(
-    backends: Mapping[str, Backend],
+    backends: Mapping[str, Tenant],
     zones: Iterable[Zone],
     gpu: int,
     below_priority: int | None,

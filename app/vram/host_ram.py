@@ -7,7 +7,7 @@ its memory back (`Backend.give_back`, `Backend.stop_if_idle`), and it answers wi
 `app.lifecycle.release.choose_release` on the budget state it builds:
 
 - the budget: `host_ram.sleep_budget_mib`, else half of MemTotal (unknown without both);
-- the charged: each level-1 sleeper's weights (`Backend.ram_charge_mib`: measured at
+- the charged: each level-1 sleeper's weights (`Memory.ram_charge_mib`: measured at
   load, else the planner's estimate, else `vram_mib`), and those going to sleep at level
   1 right now (not in MemAvailable yet). A server found asleep at an unknown level is
   charged too: it may hold them.
@@ -29,7 +29,6 @@ from prometheus_client.registry import Collector
 from app.errors import BackendUnavailable
 from app.events import EventLog
 from app.gpu.host_ram import HostRamMonitor
-from app.lifecycle.backend import Backend
 from app.lifecycle.release import (
     RamState,
     Release,
@@ -40,6 +39,7 @@ from app.lifecycle.release import (
 )
 from app.lifecycle.state import BackendState, StopReason
 from app.settings import HostRamConfig, ReleaseConfig
+from app.vram.tenant import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +86,9 @@ class HostRamBook:
         self.config = config
         self.monitor = monitor
         self._events = events
-        self._backends: Mapping[str, Backend] = {}
+        self._backends: Mapping[str, Tenant] = {}
 
-    def attach(self, backends: Mapping[str, Backend]) -> None:
+    def attach(self, backends: Mapping[str, Tenant]) -> None:
         """The backends of this host (built after the book)."""
         self._backends = backends
 
@@ -141,12 +141,12 @@ class HostRamBook:
 
     # -- state ----------------------------------------------------------------------------
 
-    def _charged(self) -> Iterator[tuple[Backend, bool]]:
+    def _charged(self) -> Iterator[tuple[Tenant, bool]]:
         """(backend, pending) for each backend charged to the budget."""
         for backend in self._backends.values():
-            if backend.state is BackendState.SLEEPING and backend.asleep_level in (1, None):
+            if backend.state is BackendState.SLEEPING and backend.memory.asleep_level in (1, None):
                 yield backend, False
-            elif backend.releasing_level == 1:
+            elif backend.memory.releasing_level == 1:
                 yield backend, True
 
     def _budget(self) -> tuple[int | None, str]:
@@ -160,7 +160,7 @@ class HostRamBook:
     def state(self) -> RamState:
         reading = None if self.monitor is None else self.monitor.reading
         sleepers = tuple(
-            Sleeper(b.name, b.ram_charge_mib or 0, b.last_used, pending)
+            Sleeper(b.name, b.memory.ram_charge_mib or 0, b.requests.last_used, pending)
             for b, pending in self._charged()
         )
         return RamState(
@@ -174,7 +174,7 @@ class HostRamBook:
         monitor = self.monitor
         reading = None if monitor is None else monitor.reading
         sleepers = tuple(
-            SleeperView(b.name, b.ram_charge_mib or 0, b.ram_charge[1], pending)
+            SleeperView(b.name, b.memory.ram_charge_mib or 0, b.memory.ram_charge[1], pending)
             for b, pending in self._charged()
         )
         age = None if monitor is None else monitor.age_s()

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from app.errors import Conflict, ErrorCode, InvalidRequest, NotFound
 from app.gpu.poller import GpuMonitor
-from app.lifecycle.backend import Backend
 from app.settings import LOCAL_HOST, GpuConfig
 from app.vram.arbiter import VramArbiter
 from app.vram.auto_yield import AutoYield
 from app.vram.host_ram import HostRamBook
+from app.vram.tenant import Tenant
 from app.vram.yielding import VramYield
 
 
@@ -35,7 +35,7 @@ class Host:
     arbiter: VramArbiter
     vram_yield: VramYield
     auto_yield: AutoYield | None
-    backends: Mapping[str, Backend]  # those whose GPUs it accounts
+    backends: Mapping[str, Tenant]  # those whose GPUs it accounts
     ram: HostRamBook  # its RAM, and how its backends give their memory back
     # Why it has no probe although none was asked for (`gpu.probe: auto`, `app.gpu.auto`).
     probe_warning: str | None = None
@@ -82,7 +82,7 @@ class Hosts(Mapping[str, Host]):
     def holding_zone(self, zone: str) -> Host:
         """The host holding zone `zone`; 404 `zone_not_found` when none does."""
         for host in self._hosts.values():
-            if zone in host.arbiter.zones:
+            if zone in host.arbiter.book.zones:
                 return host
         raise NotFound(f"no VRAM zone {zone!r} is held", code=ErrorCode.ZONE_NOT_FOUND)
 
@@ -91,7 +91,7 @@ class Hosts(Mapping[str, Host]):
         """Around a zone's acquire on host `on`: a zone name is held on one host at a time,
         so 409 when another host holds it or is granting it right now."""
         for host in self._hosts.values():
-            held = host.arbiter.zones.get(zone)
+            held = host.arbiter.book.zones.get(zone)
             if host is not on and held is not None:
                 raise Conflict(
                     f"{held.describe()} is already held on host {host.name!r}; zone names "

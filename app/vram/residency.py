@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from typing import Final
 
 from app.lifecycle.admission import AdmissionRefused, Claimant
-from app.lifecycle.backend import Backend
 from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.state import BackendState
 from app.vram.placement import Placement
+from app.vram.tenant import Resident, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 RESIDENCY_POLL_S: Final = 1.0
 
 
-def protected_for_s(backend: Backend, now: float | None = None) -> float:
+def protected_for_s(backend: Resident, now: float | None = None) -> float:
     """Seconds of its min_resident_s left (0: not ready, not lazy, or the time is up)."""
     since = backend.ready_since
     if backend.state is not BackendState.READY or since is None or not backend.lazy:
@@ -49,7 +49,7 @@ def protected_for_s(backend: Backend, now: float | None = None) -> float:
     return max(0.0, since + backend.config.min_resident_s - now)
 
 
-def hold_for_s(backend: Backend, now: float | None = None) -> float:
+def hold_for_s(backend: Tenant, now: float | None = None) -> float:
     """Busy: seconds of its `max_hold_s` left, during which a start of equal priority
     waits for it (0: idle, not ready, not lazy, or the hold is over)."""
     since = backend.ready_since
@@ -57,14 +57,14 @@ def hold_for_s(backend: Backend, now: float | None = None) -> float:
         backend.state is not BackendState.READY
         or since is None
         or not backend.lazy
-        or not backend.in_flight
+        or not backend.requests.in_flight
     ):
         return 0.0
     now = time.monotonic() if now is None else now
     return max(0.0, since + backend.config.max_hold_s - now)
 
 
-def may_evict(starter: Backend, victim: Backend) -> bool:
+def may_evict(starter: Tenant, victim: Tenant) -> bool:
     """Whether the configuration lets a start of `starter` evict `victim` (an equal only
     when idle or past its hold: see `app.vram.placement`)."""
     return (
@@ -117,7 +117,7 @@ def turn_text(turns: Sequence[tuple[str, Sequence[str]]]) -> str:
 
 
 async def wait_for_starts(
-    backend: Claimant, starting: Sequence[Backend], text: str, refusal: str, deadline: float
+    backend: Claimant, starting: Sequence[Tenant], text: str, refusal: str, deadline: float
 ) -> None:
     """Wait (at most `RESIDENCY_POLL_S`: the caller plans again after) for the starts of
     `starting` to end: they hold memory this start needs and are not evicted mid-start.

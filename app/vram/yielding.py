@@ -34,11 +34,11 @@ from typing import Final
 from app.errors import BackendUnavailable, ErrorCode, InvalidRequest, YieldNotMet
 from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
-from app.lifecycle.backend import Backend
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.tasks import OwnedTasks
 from app.vram.arbiter import VramArbiter
+from app.vram.tenant import Tenant
 from app.vram.yield_answers import HoldReleased, RestoreReport, YieldOutcome, YieldRequest
 from app.vram.zones import YIELD_ZONE, Hold, YieldReport, Zone, gpu_name
 
@@ -59,7 +59,7 @@ class VramYield:
     def __init__(
         self,
         arbiter: VramArbiter,
-        backends: Mapping[str, Backend],
+        backends: Mapping[str, Tenant],
         metrics: LifecycleMetrics,
         events: EventLog,
         *,
@@ -77,7 +77,7 @@ class VramYield:
 
     @property
     def current(self) -> Zone | None:
-        return self._arbiter.zones.get(YIELD_ZONE)
+        return self._arbiter.book.zones.get(YIELD_ZONE)
 
     def sync_metrics(self) -> None:
         zone = self.current
@@ -124,7 +124,7 @@ class VramYield:
         )
         others = tuple(h for h in current.holds if h.holder != request.reason)
         zone = current.with_holds((*others, hold))
-        self._arbiter.set_zone(zone)
+        self._arbiter.book.set_zone(zone)
         self._block(zone)
         logger.info("vram yield hold host=%s holder=%s holders=%s renewed=%s", self.host,
                     request.reason, ",".join(zone.holders), mine is not None)  # fmt: skip
@@ -184,7 +184,7 @@ class VramYield:
         draft = self._draft(request)
         scope = self._scope(request)
         # A yield that could not be saved is refused before anything is blocked or stopped.
-        self._arbiter.check_state_writable()
+        self._arbiter.book.check_state_writable()
         # Block first: from here on, nothing in scope starts or wakes.
         for backend in scope:
             backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
@@ -212,7 +212,7 @@ class VramYield:
                     duration_s=time.monotonic() - began,
                 )
                 zone = _held_zone(draft, request, taken, blocked, report)
-                self._arbiter.set_zone(zone)
+                self._arbiter.book.set_zone(zone)
         except BaseException:
             for backend in scope:
                 backend.unblock(draft.block_key)
@@ -237,7 +237,7 @@ class VramYield:
             holds=(Hold(request.reason, now, expires),),
         )
 
-    def _scope(self, request: YieldRequest) -> list[Backend]:
+    def _scope(self, request: YieldRequest) -> list[Tenant]:
         """The backends a yield may take: managed ones on its GPU, lazy ones only unless
         it includes pinned ones."""
         return [
@@ -249,7 +249,7 @@ class VramYield:
         ]
 
     async def _take_in_order(
-        self, request: YieldRequest, scope: list[Backend], taken: _Taken, free: int
+        self, request: YieldRequest, scope: list[Tenant], taken: _Taken, free: int
     ) -> None:
         """Take one backend at a time in `_yield_order`, waiting for what each freed to
         show, until `min_free_mib` is free (or all of them are taken)."""
@@ -259,7 +259,7 @@ class VramYield:
             if backend.name in taken.stopped or not _holds_memory(backend):
                 continue
             if await self._take([backend], taken, sleep=True):
-                expected = backend.vram_mib if backend.name in taken.stopped else None
+                expected = backend.memory.vram_mib if backend.name in taken.stopped else None
                 settled = await self._settle(request, free, expected)
                 if settled is not None:
                     free = free_mib(settled, request.gpu)
@@ -282,15 +282,15 @@ class VramYield:
             duration_s=report.duration_s,
         )
 
-    async def _take(self, backends: list[Backend], taken: _Taken, *, sleep: bool) -> bool:
+    async def _take(self, backends: list[Tenant], taken: _Taken, *, sleep: bool) -> bool:
         """Stop (or put to sleep) `backends` together; True when any was (one asleep
         already is taken as it is, `already_asleep`: it frees nothing now)."""
 
-        async def one(backend: Backend) -> SleepOutcome | None:
+        async def one(backend: Tenant) -> SleepOutcome | None:
             if (
                 sleep
                 and backend.state is BackendState.SLEEPING
-                and backend.yield_how.method != "stop"
+                and backend.memory.yield_how.method != "stop"
             ):
                 # Asleep already (blocked, so no wake begins): taken as it is, freeing
                 # nothing now; None: the answer's `already_asleep`.
@@ -298,7 +298,7 @@ class VramYield:
             if sleep and backend.state in (BackendState.READY, BackendState.SLEEPING):
                 # `yield:` (or a GPU profile's method), the sleep level chosen against
                 # the host RAM budget like an idle stop's or an eviction's.
-                return await backend.give_back(StopReason.YIELD, backend.yield_how)
+                return await backend.give_back(StopReason.YIELD, backend.memory.yield_how)
             await backend.stop(StopReason.YIELD)
             return SleepOutcome.STOPPED
 
@@ -370,7 +370,7 @@ class VramYield:
         """End the holds not in `remaining` (some remain): the yield holds on for them."""
         ended = [h.holder for h in current.holds if h not in remaining]
         zone = current.with_holds(remaining)
-        self._arbiter.keep_zone(zone)
+        self._arbiter.book.keep_zone(zone)
         self._block(zone)
         logger.info("vram yield hold ended host=%s why=%s ended=%s holders=%s", self.host, why,
                     ",".join(ended), ",".join(zone.holders))  # fmt: skip
@@ -380,14 +380,14 @@ class VramYield:
 
     async def _restore(self, why: str) -> RestoreReport | None:
         """`restore()` under the lock (a yield that is not met is undone by it too)."""
-        zone = self._arbiter.drop_zone(YIELD_ZONE, why)
+        zone = self._arbiter.book.drop_zone(YIELD_ZONE, why)
         if zone is None:
             return None
         if why != NOT_MET:  # an undone yield counts as failed, not as restored
             self._metrics.yields.labels(self.host, why if why == "expired" else "restored").inc()
         self.sync_metrics()
-        pinned: list[Backend] = []
-        on_demand: list[Backend] = []
+        pinned: list[Tenant] = []
+        on_demand: list[Tenant] = []
         for name in zone.blocks:
             backend = self._backends.get(name)
             if backend is None:
@@ -451,7 +451,7 @@ class _Taken:
     drain_timeouts: list[str] = field(default_factory=list)
 
 
-def _keep_blocked(scope: list[Backend], taken: _Taken, block_key: str) -> list[str]:
+def _keep_blocked(scope: list[Tenant], taken: _Taken, block_key: str) -> list[str]:
     """Of what the yield did not take, the stopped ones stay blocked (their names); the
     others are unblocked and keep serving."""
     blocked = []
@@ -489,18 +489,18 @@ def _held_zone(
     )
 
 
-def _yield_order(scope: list[Backend]) -> list[Backend]:
+def _yield_order(scope: list[Tenant]) -> list[Tenant]:
     """Lowest priority first; at equal priority lazy before pinned, longest idle first."""
     now = time.monotonic()
-    return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.idle_s(now)))
+    return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.requests.idle_s(now)))
 
 
-def _ready(backend: Backend) -> bool:
+def _ready(backend: Tenant) -> bool:
     return backend.state is BackendState.READY
 
 
-def _holds_memory(backend: Backend) -> bool:
-    return backend.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
+def _holds_memory(backend: Tenant) -> bool:
+    return backend.memory.holds_vram or backend.state in (BackendState.READY, BackendState.STOPPING)
 
 
 def _report(

@@ -1,6 +1,7 @@
 """The zones one host's arbiter holds, as data kept in the state file: holding, releasing,
 expiring and re-applying them at start, and what they block. `VramArbiter` (which grants
-zones after making room) builds on it; the yield is a zone too (`app.vram.yielding`).
+zones after making room) has one (`VramArbiter.book`); the yield is a zone too
+(`app.vram.yielding`).
 
 Every host saves its zones in its own section of the one state file: `zones` for the
 gateway's own machine, `zones@NAME` for another host.
@@ -15,9 +16,9 @@ from dataclasses import replace
 
 from app.errors import ErrorCode, NotFound
 from app.events import EventLog
-from app.lifecycle.backend import Backend
 from app.lifecycle.store import StateStore
 from app.settings.base import LOCAL_HOST
+from app.vram.tenant import Tenant
 from app.vram.zones import Zone
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,11 @@ class ZoneBook:
         self._section = zone_section(host)
         self.store = store  # the state file (shared by every host's arbiter)
         self._events = events
-        self._backends: Mapping[str, Backend] = {}  # this host's (the arbiter attaches them)
+        self._backends: Mapping[str, Tenant] = {}  # this host's (the arbiter attaches them)
         self.zones: dict[str, Zone] = {}
+
+    def attach(self, backends: Mapping[str, Tenant]) -> None:
+        self._backends = backends
 
     def release_zone(self, name: str) -> Zone:
         zone = self.zones.get(name)

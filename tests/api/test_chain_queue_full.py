@@ -31,7 +31,7 @@ async def flood(w: World, runtime: FakeVllmRuntime, **headers: str) -> list[http
         asyncio.create_task(w.gw.client.post("/v1/chat/completions", json=body, headers=headers))
         for _ in range(BURST)
     ]
-    await until(lambda: backend.waiting == MAX_WAITING, what="the queue to fill")
+    await until(lambda: backend.requests.waiting == MAX_WAITING, what="the queue to fill")
     await until(lambda: sum(t.done() for t in tasks) == BURST - MAX_WAITING)
     runtime.listening.set()
     return list(await asyncio.gather(*tasks))

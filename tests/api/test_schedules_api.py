@@ -149,7 +149,7 @@ async def test_keep_warm_holds_a_lazy_backend_against_its_idle_stop(tmp_path: Pa
         assert runtime.starts == 1
         assert (await gw.client.post("/v1/chat/completions", json=chat("m"))).status_code == 200
         backend = gw.app.state.services.backends["reasoning"]
-        assert backend.idle_stop_in_s() is None  # no countdown while held warm
+        assert backend.requests.idle_stop_in_s() is None  # no countdown while held warm
         # An hour past its idle TTL, the reaper's own decision keeps it.
         assert await backend.stop_if_idle(time.monotonic() + 3600) is False
         assert backend.state == "ready"

@@ -86,7 +86,9 @@ async def test_a_high_priority_request_queued_after_a_low_one_is_served_first() 
         done: list[str] = []
         first = ask(clients("sk-normal"), 10, done, "normal")  # holds the one slot ~0.5 s
         services: Services = gw.app.state.services
-        await until(lambda: services.backends["m"].in_flight == 1, what="the first in flight")
+        await until(
+            lambda: services.backends["m"].requests.in_flight == 1, what="the first in flight"
+        )
         low = ask(clients("sk-low"), 1, done, "low")
         await until(lambda: queued(gw, 1), what="the low request queued")
         high = ask(clients("sk-high"), 1, done, "high")
@@ -102,7 +104,9 @@ async def test_a_low_request_older_than_half_max_wait_s_goes_before_newer_high_o
         done: list[str] = []
         first = ask(clients("sk-normal"), 40, done, "normal")  # holds the slot ~2 s
         services: Services = gw.app.state.services
-        await until(lambda: services.backends["m"].in_flight == 1, what="the first in flight")
+        await until(
+            lambda: services.backends["m"].requests.in_flight == 1, what="the first in flight"
+        )
         low = ask(clients("sk-low"), 1, done, "low")
         await until(lambda: queued(gw, 1), what="the low request queued")
         queued_at = time.monotonic()

@@ -111,7 +111,7 @@ async def test_request_counts_push_the_backends_section_without_an_event(
         services = services_of(gw)
         messages = stream._stream(services, services.events.subscribe())
         assert (await next_event(messages))[0] == "snapshot"
-        lease = await services.backends["b"].acquire()
+        lease = await services.backends["b"].requests.acquire()
         assert await in_flight_pushed(messages) == 1
         lease.release()
         assert await in_flight_pushed(messages) == 0
@@ -305,7 +305,7 @@ async def test_only_ages_moving_is_not_a_change(fast_stream: None) -> None:
         pushed: list[str] = []
         for _ in range(5):
             await asyncio.sleep(0.02)  # the ages move on meanwhile
-            lease = await services.backends["b"].acquire()
+            lease = await services.backends["b"].requests.acquire()
             lease.release()
             while True:
                 name, data = await next_event(messages, skip=("event",))

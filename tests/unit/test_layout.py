@@ -1,14 +1,16 @@
 """The layout's rules, checked on the source: no import cycle between app modules
 (`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
 of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`,
-no import that runs back up the floors of `FLOORS`; and `tests/unit/` mirrors `app/`'s
-packages. Read with `ast`; nothing is imported or run."""
+no import that runs back up the floors of `FLOORS`, no class over 40 public members (its
+bases in app/ counted with it); and `tests/unit/` mirrors `app/`'s packages. Read with
+`ast`; nothing is imported or run."""
 
 from __future__ import annotations
 
 import ast
 import functools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -264,3 +266,125 @@ def test_the_unit_tests_mirror_the_app_packages() -> None:
     for name in sorted(folders):
         assert (UNIT / name / "__init__.py").is_file(), f"tests/unit/{name}/__init__.py"
         assert not list((UNIT / name).glob("*/test_*.py")), f"tests/unit/{name}: one level"
+
+
+# A class's surface: its public members (methods, properties, class attributes, and the
+# attributes its methods set on `self`; public: not starting with `_`), counted together
+# with those of its bases defined in app/, so splitting a class into mixins does not
+# shrink it. Data is not surface: enum members and the fields of dataclasses, pydantic
+# models and named tuples are not counted (their methods and properties are).
+MAX_PUBLIC_MEMBERS = 40
+DATA_BASES = frozenset(
+    {"BaseModel", "BaseSettings", "Enum", "StrEnum", "IntEnum", "Flag", "NamedTuple", "TypedDict"}
+)
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    members: frozenset[str]  # its own, fields of data left out
+    fields: frozenset[str]  # its class-level names (the fields, when it is data)
+    bases: tuple[str, ...]  # "module.Name" for a base in app/, else the bare name
+    dataclass: bool
+
+
+def _class_info(node: ast.ClassDef, names: dict[str, str], module: str) -> ClassInfo:
+    members: set[str] = set()
+    fields: set[str] = set()
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+            members.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            fields.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            fields.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    for sub in ast.walk(node):
+        if (
+            isinstance(sub, ast.Attribute)
+            and isinstance(sub.ctx, ast.Store)
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id == "self"
+        ):
+            members.add(sub.attr)
+    bases = tuple(
+        names.get(b.id, f"{module}.{b.id}") if isinstance(b, ast.Name) else ast.unparse(b)
+        for b in node.bases
+    )
+    decorators = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
+    return ClassInfo(frozenset(members), frozenset(fields), bases, "dataclass" in decorators)
+
+
+def classes_of(modules: dict[str, Path]) -> dict[str, ClassInfo]:
+    """Every top-level class of `modules`, by "module.Name"."""
+    found = {}
+    for module, path in modules.items():
+        tree = parsed(path.read_text(encoding="utf-8"))
+        names = {
+            alias.asname or alias.name: f"{node.module}.{alias.name}"
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.module is not None
+            for alias in node.names
+        }
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                found[f"{module}.{node.name}"] = _class_info(node, names, module)
+    return found
+
+
+def public_members(name: str, classes: dict[str, ClassInfo]) -> set[str]:
+    """`name`'s public surface, with its bases' in app/ (see `MAX_PUBLIC_MEMBERS`)."""
+
+    def lineage(cls: str) -> list[str]:
+        info = classes[cls]
+        return [cls, *(c for b in info.bases if b in classes for c in lineage(b))]
+
+    line = lineage(name)
+    ancestors = {b.split(".")[-1] for c in line for b in classes[c].bases}
+    data = any(classes[c].dataclass for c in line) or bool(ancestors & DATA_BASES)
+    members: set[str] = set()
+    for cls in line:
+        info = classes[cls]
+        members |= info.members if data else info.members | info.fields
+    return {m for m in members if not m.startswith("_")}
+
+
+def member_offences(classes: dict[str, ClassInfo]) -> list[str]:
+    return [
+        f"{name} has {len(members)} public members (with its bases in app/): split it by "
+        f"concern into parts it owns, not into mixins"
+        for name in sorted(classes)
+        if len(members := public_members(name, classes)) > MAX_PUBLIC_MEMBERS
+    ]
+
+
+def test_the_member_count_sees_through_mixins_and_leaves_data_out(tmp_path: Path) -> None:
+    (tmp_path / "half.py").write_text(
+        "class Half:\n"
+        "    kept: frozenset[str] = frozenset()\n"
+        + "".join(f"    def h{i}(self) -> None: ...\n" for i in range(20))
+    )
+    (tmp_path / "whole.py").write_text(
+        "from app.half import Half\n"
+        "from pydantic import BaseModel\n"
+        "class Whole(Half):\n"
+        "    def __init__(self) -> None:\n"
+        "        self.name = 'w'\n"
+        "        self._private = 0\n"
+        + "".join(f"    def w{i}(self) -> None: ...\n" for i in range(19))
+        + "class Config(BaseModel):\n"
+        + "".join(f"    f{i}: int = 0\n" for i in range(50))
+        + "    def method(self) -> None: ...\n"
+    )
+    classes = classes_of({"app.half": tmp_path / "half.py", "app.whole": tmp_path / "whole.py"})
+    assert len(public_members("app.half.Half", classes)) == 21
+    assert len(public_members("app.whole.Whole", classes)) == 41  # 20 + 1 + 19 + name
+    assert public_members("app.whole.Config", classes) == {"method"}
+    assert member_offences(classes) == [
+        "app.whole.Whole has 41 public members (with its bases in app/): split it by "
+        "concern into parts it owns, not into mixins"
+    ]
+
+
+def test_no_class_has_more_than_40_public_members() -> None:
+    classes = classes_of(MODULES)
+    assert len(public_members("app.lifecycle.backend.Backend", classes)) > 20
+    assert member_offences(classes) == []

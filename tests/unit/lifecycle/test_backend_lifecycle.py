@@ -113,27 +113,29 @@ async def ready_backend(fake: GatedRuntime, /, **config: Any) -> Backend:
 async def test_fifty_concurrent_requests_to_a_stopped_backend_make_exactly_one_start() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY)
-    callers = [asyncio.create_task(backend.acquire()) for _ in range(50)]
-    await until(lambda: backend.waiting == 50, what="every caller held by the shared start")
+    callers = [asyncio.create_task(backend.requests.acquire()) for _ in range(50)]
+    await until(
+        lambda: backend.requests.waiting == 50, what="every caller held by the shared start"
+    )
     assert backend.state is BackendState.STARTING
-    assert backend.waiting == 50
+    assert backend.requests.waiting == 50
     runtime.gate.set()
     leases = await asyncio.gather(*callers)
     assert runtime.starts == 1
     assert state_of(backend) is BackendState.READY
-    assert backend.in_flight == 50
-    assert backend.waiting == 0
+    assert backend.requests.in_flight == 50
+    assert backend.requests.waiting == 0
     for lease in leases:
         lease.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_cancelling_the_first_waiter_does_not_cancel_the_start() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY)
-    first = asyncio.create_task(backend.acquire())
-    second = asyncio.create_task(backend.acquire())
-    await until(lambda: backend.waiting == 2, what="both callers held")
+    first = asyncio.create_task(backend.requests.acquire())
+    second = asyncio.create_task(backend.requests.acquire())
+    await until(lambda: backend.requests.waiting == 2, what="both callers held")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -142,17 +144,17 @@ async def test_cancelling_the_first_waiter_does_not_cancel_the_start() -> None:
     lease = await second
     assert state_of(backend) is BackendState.READY
     assert runtime.starts == 1
-    assert backend.waiting == 0
+    assert backend.requests.waiting == 0
     lease.release()
 
 
 async def test_requests_beyond_max_waiting_get_503_with_retry_after() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY, max_waiting=2)
-    held = [asyncio.create_task(backend.acquire()) for _ in range(2)]
-    await until(lambda: backend.waiting == 2, what="max_waiting callers held")
+    held = [asyncio.create_task(backend.requests.acquire()) for _ in range(2)]
+    await until(lambda: backend.requests.waiting == 2, what="max_waiting callers held")
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.kind == "queue_full"
     assert info.value.headers == {"retry-after": "5"}
     assert "2 waiting requests (max_waiting)" in info.value.message
@@ -165,12 +167,12 @@ async def test_a_held_request_gives_up_after_max_wait_s_and_the_start_goes_on() 
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY, max_wait_s=0.05)
     with pytest.raises(WakeTimeout) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.status == 504
     assert "still starting after 0.05s (max_wait_s)" in info.value.message
     assert backend.state is BackendState.STARTING
     runtime.gate.set()
-    (await backend.acquire()).release()
+    (await backend.requests.acquire()).release()
     assert runtime.starts == 1
 
 
@@ -184,7 +186,7 @@ async def test_a_held_request_is_told_every_wake_notice_interval() -> None:
         if len(notices) == 3:
             runtime.gate.set()
 
-    (await backend.acquire(notice)).release()
+    (await backend.requests.acquire(notice)).release()
     assert len(notices) >= 3
     assert notices == sorted(notices)
     assert notices[0] > 0
@@ -194,8 +196,10 @@ async def test_a_server_that_exits_while_starting_fails_its_waiters_with_the_cod
     runtime = GatedRuntime()
     runtime.gate.set()
     refuse_health = make_backend(runtime, lambda r: httpx.Response(503), **LAZY)
-    waiter = asyncio.create_task(refuse_health.acquire())
-    await until(lambda: runtime.starts == 1 and refuse_health.waiting == 1, what="the start")
+    waiter = asyncio.create_task(refuse_health.requests.acquire())
+    await until(
+        lambda: runtime.starts == 1 and refuse_health.requests.waiting == 1, what="the start"
+    )
     runtime.code = 3
     with pytest.raises(BackendUnavailable) as info:
         await waiter
@@ -208,12 +212,12 @@ async def test_a_server_that_dies_while_ready_is_failed_by_the_watch() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, **LAZY)
     runtime.code = 137
-    await backend.watch()
+    await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
-    assert backend.holds_vram is False
+    assert backend.memory.holds_vram is False
     # Within the restart backoff, requests get the failure instead of a new start.
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert "its server exited with code 137" in info.value.message
     assert info.value.headers == {"retry-after": "5"}
     assert runtime.starts == 1
@@ -224,7 +228,7 @@ async def test_admission_refusal_leaves_the_backend_stopped_with_the_reason() ->
     metrics = Metrics()
     backend = make_backend(runtime, admission=RefusingAdmission(), metrics=metrics, **LAZY)
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.kind == "no_vram"
     assert "backend other 32000 MiB (pinned)" in info.value.message
     assert backend.state is BackendState.STOPPED
@@ -242,7 +246,7 @@ async def test_a_blocked_backend_refuses_without_starting() -> None:
     backend = make_backend(runtime, **LAZY)
     backend.block("zone:img", "VRAM zone 'img' (held by 'comfyui', 12000 MiB on GPU 0)")
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.kind == "blocked"
     assert "VRAM zone 'img' (held by 'comfyui'" in info.value.message
     assert runtime.starts == 0
@@ -250,13 +254,13 @@ async def test_a_blocked_backend_refuses_without_starting() -> None:
 
 async def test_leases_count_in_flight_and_release_once() -> None:
     backend = await ready_backend(GatedRuntime())
-    first, second = await backend.acquire(), await backend.acquire()
-    assert backend.in_flight == 2
+    first, second = await backend.requests.acquire(), await backend.requests.acquire()
+    assert backend.requests.in_flight == 2
     first.release()
     first.release()
-    assert backend.in_flight == 1
+    assert backend.requests.in_flight == 1
     second.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_health_checks_record_failures_without_raising() -> None:
@@ -264,16 +268,16 @@ async def test_health_checks_record_failures_without_raising() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     backend = make_backend(GatedRuntime(), refuse)
-    assert await backend.check_health() is False
-    assert backend.healthy is False
-    assert backend.health_error == "ConnectError: refused"
+    assert await backend.watcher.check_health() is False
+    assert backend.server.healthy is False
+    assert backend.server.health_error == "ConnectError: refused"
 
 
 async def test_stop_during_start_ends_stopped_and_fails_the_waiters() -> None:
     runtime = GatedRuntime()
     backend = make_backend(runtime, **LAZY)
-    waiter = asyncio.create_task(backend.acquire())
-    await until(lambda: backend.waiting == 1, what="the caller held by the start")
+    waiter = asyncio.create_task(backend.requests.acquire())
+    await until(lambda: backend.requests.waiting == 1, what="the caller held by the start")
     await backend.stop(StopReason.ADMIN)
     assert backend.state is BackendState.STOPPED
     assert runtime.stops == 1
@@ -286,7 +290,7 @@ async def test_stop_drains_leases_before_stopping_the_runtime() -> None:
     runtime = GatedRuntime()
     metrics = Metrics()
     backend = await ready_backend(runtime, metrics=metrics, **LAZY)
-    lease = await backend.acquire()
+    lease = await backend.requests.acquire()
     stopping = asyncio.create_task(backend.stop(StopReason.ADMIN))
     await until(lambda: backend.state is BackendState.STOPPING, what="the stop to begin")
     assert backend.state is BackendState.STOPPING
@@ -311,7 +315,7 @@ async def test_a_drain_that_times_out_stops_anyway_and_is_counted() -> None:
     runtime = GatedRuntime()
     metrics = Metrics()
     backend = await ready_backend(runtime, metrics=metrics, drain_timeout_s=0.02, **LAZY)
-    lease = await backend.acquire()
+    lease = await backend.requests.acquire()
     await backend.stop(StopReason.ADMIN)
     assert backend.state is BackendState.STOPPED
     assert (
@@ -319,17 +323,17 @@ async def test_a_drain_that_times_out_stops_anyway_and_is_counted() -> None:
         == 1
     )
     lease.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_a_request_arriving_during_a_stop_waits_for_it_then_starts_again() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, **LAZY)
-    in_flight = await backend.acquire()
+    in_flight = await backend.requests.acquire()
     stopping = asyncio.create_task(backend.stop(StopReason.IDLE))
     await until(lambda: backend.state is BackendState.STOPPING, what="the stop to begin")
-    arriving = asyncio.create_task(backend.acquire())
-    await until(lambda: backend.waiting == 1, what="the arriving request held")
+    arriving = asyncio.create_task(backend.requests.acquire())
+    await until(lambda: backend.requests.waiting == 1, what="the arriving request held")
     assert not arriving.done()  # it neither got the stopping backend nor an error
     in_flight.release()
     await stopping
@@ -343,19 +347,19 @@ async def test_a_request_arriving_during_a_stop_waits_for_it_then_starts_again()
 async def test_idle_stop_only_after_the_ttl_and_never_with_requests_in_flight() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, idle_ttl_s=10, **LAZY)
-    now = backend.last_used
+    now = backend.requests.last_used
     assert await backend.stop_if_idle(now + 5) is False
-    lease = await backend.acquire()
+    lease = await backend.requests.acquire()
     assert await backend.stop_if_idle(now + 60) is False
     lease.release()
-    assert await backend.stop_if_idle(backend.last_used + 10) is True
+    assert await backend.stop_if_idle(backend.requests.last_used + 10) is True
     assert backend.state is BackendState.STOPPED
     assert runtime.stops == 1
 
 
 async def test_pinned_backends_are_never_idle_stopped() -> None:
     backend = await ready_backend(GatedRuntime(), idle_ttl_s=10)
-    assert await backend.stop_if_idle(backend.last_used + 3600) is False
+    assert await backend.stop_if_idle(backend.requests.last_used + 3600) is False
     assert backend.state is BackendState.READY
 
 
@@ -366,7 +370,7 @@ async def test_adopting_a_running_server_skips_admission() -> None:
     backend = make_backend(runtime, admission=RefusingAdmission(), **LAZY)
     await backend.adopt()
     assert backend.state is BackendState.READY
-    assert backend.holds_vram is True
+    assert backend.memory.holds_vram is True
 
 
 async def test_adopting_leaves_a_server_that_does_not_run_stopped() -> None:
@@ -381,13 +385,13 @@ async def test_the_watch_restarts_a_failed_pinned_backend_after_its_backoff() ->
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, restart_backoff_s=0.05)
     runtime.code = 1
-    await backend.watch()
+    await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
-    await backend.watch()  # within the backoff: nothing
+    await backend.watcher.watch()  # within the backoff: nothing
     assert runtime.starts == 1
     await asyncio.sleep(0.06)  # the thing under test: the 0.05 s backoff passes
     runtime.code = None
-    await backend.watch()
+    await backend.watcher.watch()
     # The restart runs as the backend's own task.
     await until(lambda: runtime.starts == 2, what="the restart")
     assert state_of(backend) is BackendState.READY
@@ -399,9 +403,9 @@ async def test_the_restart_backoff_doubles_with_each_failure_in_a_row() -> None:
     retry_afters = []
     for _ in range(3):
         runtime.code = 1
-        await backend.watch()
+        await backend.watcher.watch()
         with pytest.raises(BackendUnavailable) as info:
-            await backend.acquire()
+            await backend.requests.acquire()
         retry_afters.append(int(info.value.headers["retry-after"]))
         runtime.code = None
         await backend.start()  # an operator's start ignores the backoff
@@ -422,9 +426,9 @@ async def test_lazy_backends_are_not_restarted_by_the_watch() -> None:
     runtime = GatedRuntime()
     backend = await ready_backend(runtime, restart_backoff_s=0.01, **LAZY)
     runtime.code = 1
-    await backend.watch()
+    await backend.watcher.watch()
     await asyncio.sleep(0.02)  # past the 0.01 s backoff: a pinned backend would restart now
-    await backend.watch()
+    await backend.watcher.watch()
     assert runtime.starts == 1
     assert backend.state is BackendState.FAILED
 
@@ -443,7 +447,7 @@ async def test_a_stop_the_runtime_cannot_do_raises_and_keeps_counting_the_memory
     assert info.value.kind == "runtime"
     assert "could not be stopped: stop failed: cannot reach the Docker API" in info.value.message
     assert backend.state is BackendState.FAILED
-    assert backend.holds_vram is True
+    assert backend.memory.holds_vram is True
 
 
 class UnaskableRuntime(GatedRuntime):
@@ -457,7 +461,7 @@ async def test_a_start_that_waits_says_why_even_when_the_runtime_cannot_be_asked
     runtime = UnaskableRuntime()
     runtime.gate.set()
     refusing = make_backend(runtime, lambda r: httpx.Response(503), **LAZY, start_timeout_s=30)
-    waiter = asyncio.create_task(refusing.acquire(max_wait_s=30))
+    waiter = asyncio.create_task(refusing.requests.acquire(max_wait_s=30))
     progress = await until(refusing.start_progress, what="a start that says why it waits")
     assert progress.startswith(
         "health check to http://backend:8000/health health answered 503 for "
@@ -496,16 +500,16 @@ async def test_a_rebuilt_backend_takes_over_the_holds_of_the_object_it_replaces(
     old = make_backend(GatedRuntime(), **LAZY)
     old.block("yield", "VRAM yield for 'gaming'", BlockKind.YIELDED)
     old.block("reload", "a configuration reload", BlockKind.DISABLED)
-    old.keep_warm("schedule:evening", on=True)
-    old.set_yield_method("sleep")
+    old.requests.keep_warm("schedule:evening", on=True)
+    old.memory.set_yield_method("sleep")
     rebuilt = make_backend(GatedRuntime(), **LAZY)
-    assert rebuilt.yield_method != "sleep"
+    assert rebuilt.memory.yield_method != "sleep"
     rebuilt.take_over(old, leaving="reload")
     assert dict(rebuilt.blocks) == {"yield": "VRAM yield for 'gaming'"}
-    assert rebuilt.kept_warm == frozenset({"schedule:evening"})
-    assert rebuilt.yield_method == "sleep"
+    assert rebuilt.requests.kept_warm == frozenset({"schedule:evening"})
+    assert rebuilt.memory.yield_method == "sleep"
     with pytest.raises(BackendUnavailable, match="gaming"):
-        await rebuilt.acquire()
+        await rebuilt.requests.acquire()
 
 
 async def test_a_woken_standby_backend_counts_down_to_its_idle_stop() -> None:
@@ -513,6 +517,18 @@ async def test_a_woken_standby_backend_counts_down_to_its_idle_stop() -> None:
     countdown shows too (it said None)."""
     backend = await ready_backend(GatedRuntime(), **{**LAZY, "lifecycle": "standby",
                                                       "idle_ttl_s": 60})  # fmt: skip
-    remaining = backend.idle_stop_in_s()
+    remaining = backend.requests.idle_stop_in_s()
     assert remaining is not None
     assert 0 < remaining <= 60
+
+
+def test_its_parts_read_a_config_that_a_reload_replaced_in_place() -> None:
+    # A reload may replace `backend.config` in place (app.reload.apply): its parts read the
+    # backend's config, never a copy taken when they were made.
+    backend = make_backend(GatedRuntime(), **LAZY)
+    assert backend.memory.yield_method == "auto"
+    backend.config = BackendConfig(
+        url="http://backend:8000", models=["m"], **LAZY, **{"yield": {"method": "stop"}}
+    )
+    assert backend.memory.yield_method == "stop"
+    assert backend.memory.yield_how.method == "stop"

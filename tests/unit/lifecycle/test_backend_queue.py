@@ -81,52 +81,56 @@ async def ready(runtime: GatedRuntime, metrics: Metrics | None = None, **config:
 
 
 def acquire(backend: Backend, priority: Priority = NORMAL) -> asyncio.Task[Lease]:
-    return asyncio.create_task(backend.acquire(priority=priority))
+    return asyncio.create_task(backend.requests.acquire(priority=priority))
 
 
 async def test_beyond_max_inflight_a_request_waits_counted_until_a_slot_frees() -> None:
     metrics = Metrics()
     backend = await ready(GatedRuntime(), metrics, max_inflight=1)
     assert waiting_gauge(metrics, "max_inflight") == 0  # declared before any traffic
-    first = await backend.acquire()
+    first = await backend.requests.acquire()
     second = acquire(backend)
-    await until(lambda: backend.queued == 1, what="the second request queued for a slot")
+    await until(lambda: backend.requests.queued == 1, what="the second request queued for a slot")
     assert not second.done()
-    assert (backend.in_flight, backend.waiting) == (1, 1)
+    assert (backend.requests.in_flight, backend.requests.waiting) == (1, 1)
     assert waiting_gauge(metrics, "max_inflight") == 1
     assert waiting_gauge(metrics, "wake") == 0
     first.release()
     lease = await asyncio.wait_for(second, 5)
-    assert (backend.in_flight, backend.waiting, backend.queued) == (1, 0, 0)
+    assert (backend.requests.in_flight, backend.requests.waiting, backend.requests.queued) == (
+        1,
+        0,
+        0,
+    )
     assert waiting_gauge(metrics, "max_inflight") == 0
     lease.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_a_high_priority_request_queued_after_a_low_one_is_served_first() -> None:
     backend = await ready(GatedRuntime(), max_inflight=1)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     low = acquire(backend, LOW)
-    await until(lambda: backend.queued == 1, what="the low request queued")
+    await until(lambda: backend.requests.queued == 1, what="the low request queued")
     high = acquire(backend, HIGH)
-    await until(lambda: backend.queued == 2, what="the high request queued")
+    await until(lambda: backend.requests.queued == 2, what="the high request queued")
     held.release()
     first = await asyncio.wait_for(high, 5)
     assert not low.done()
     first.release()
     (await asyncio.wait_for(low, 5)).release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_a_low_request_older_than_half_max_wait_s_beats_a_newer_high_one() -> None:
     backend = await ready(GatedRuntime(), max_inflight=1, max_wait_s=0.6)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     low = acquire(backend, LOW)
-    await until(lambda: backend.queued == 1, what="the low request queued")
+    await until(lambda: backend.requests.queued == 1, what="the low request queued")
     queued_at = time.monotonic()
     await until(lambda: time.monotonic() - queued_at > 0.35, what="the low request to age")
     high = acquire(backend, HIGH)
-    await until(lambda: backend.queued == 2, what="the high request queued")
+    await until(lambda: backend.requests.queued == 2, what="the high request queued")
     held.release()
     first = await asyncio.wait_for(low, 5)
     assert not high.done()
@@ -139,18 +143,18 @@ async def test_requests_held_while_a_lazy_backend_wakes_are_served_in_queue_orde
     metrics = Metrics()
     backend = make_backend(runtime, metrics=metrics, max_inflight=1, **LAZY)
     low = acquire(backend, LOW)
-    await until(lambda: backend.waiting == 1, what="the low request held by the start")
+    await until(lambda: backend.requests.waiting == 1, what="the low request held by the start")
     normal = acquire(backend, NORMAL)
     high = acquire(backend, HIGH)
-    await until(lambda: backend.waiting == 3, what="three requests held by the start")
+    await until(lambda: backend.requests.waiting == 3, what="three requests held by the start")
     assert waiting_gauge(metrics, "wake") == 3
-    assert backend.queued == 0
+    assert backend.requests.queued == 0
     runtime.gate.set()
     served: list[str] = []
     for name, task in (("high", high), ("normal", normal), ("low", low)):
         lease = await asyncio.wait_for(task, 5)
         served.append(name)
-        assert backend.in_flight == 1
+        assert backend.requests.in_flight == 1
         lease.release()
     assert served == ["high", "normal", "low"]
     assert runtime.starts == 1
@@ -160,46 +164,50 @@ async def test_requests_held_while_a_lazy_backend_wakes_are_served_in_queue_orde
 async def test_a_queued_request_that_goes_away_leaves_no_ticket_and_no_lease() -> None:
     metrics = Metrics()
     backend = await ready(GatedRuntime(), metrics, max_inflight=1)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     gone = acquire(backend)
-    await until(lambda: backend.queued == 1, what="the request queued")
+    await until(lambda: backend.requests.queued == 1, what="the request queued")
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
-    assert (backend.waiting, backend.queued, backend.in_flight) == (0, 0, 1)
+    assert (backend.requests.waiting, backend.requests.queued, backend.requests.in_flight) == (
+        0,
+        0,
+        1,
+    )
     assert waiting_gauge(metrics, "max_inflight") == 0
     held.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_a_request_granted_a_slot_as_it_goes_away_gives_the_slot_back() -> None:
     backend = await ready(GatedRuntime(), max_inflight=1)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     gone = acquire(backend, HIGH)
     later = acquire(backend, LOW)
-    await until(lambda: backend.queued == 2, what="two requests queued")
+    await until(lambda: backend.requests.queued == 2, what="two requests queued")
     held.release()  # granted to `gone` at once, before it runs again
-    assert backend.in_flight == 1
+    assert backend.requests.in_flight == 1
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
     lease = await asyncio.wait_for(later, 5)  # the slot went on to the next in line
-    assert (backend.in_flight, backend.waiting) == (1, 0)
+    assert (backend.requests.in_flight, backend.requests.waiting) == (1, 0)
     lease.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_a_slot_wait_longer_than_max_wait_s_is_a_503_naming_max_inflight() -> None:
     metrics = Metrics()
     backend = await ready(GatedRuntime(), metrics, max_inflight=1, max_wait_s=0.05)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.status == 503
     assert info.value.kind == "queue_full"
     assert info.value.headers == {"retry-after": "5"}
     assert "no free slot after 0.05s (max_wait_s): max_inflight 1" in info.value.message
-    assert (backend.waiting, backend.in_flight) == (0, 1)
+    assert (backend.requests.waiting, backend.requests.in_flight) == (0, 1)
     assert waiting_gauge(metrics, "max_inflight") == 0
     held.release()
 
@@ -208,7 +216,7 @@ async def test_a_slot_granted_as_the_deadline_passes_is_handed_over_not_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     backend = await ready(GatedRuntime(), max_inflight=1, max_wait_s=0.05)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
 
     async def deadline_then_grant(*args: Any, **kwargs: Any) -> bool:
         done = await wait_without_owning(*args, **kwargs)
@@ -216,10 +224,10 @@ async def test_a_slot_granted_as_the_deadline_passes_is_handed_over_not_refused(
         return done
 
     monkeypatch.setattr(holding, "wait_without_owning", deadline_then_grant)
-    lease = await backend.acquire()
-    assert (backend.in_flight, backend.waiting) == (1, 0)
+    lease = await backend.requests.acquire()
+    assert (backend.requests.in_flight, backend.requests.waiting) == (1, 0)
     lease.release()
-    assert backend.in_flight == 0
+    assert backend.requests.in_flight == 0
 
 
 async def test_a_request_waiting_for_a_slot_is_told_why_every_wake_notice_interval() -> None:
@@ -227,7 +235,7 @@ async def test_a_request_waiting_for_a_slot_is_told_why_every_wake_notice_interv
     runtime.gate.set()
     backend = make_backend(runtime, wake_notice_s=0.01, max_inflight=1, **LAZY)
     await backend.start()
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     notices: list[str | None] = []
 
     async def notice(waited_s: float, detail: str | None) -> None:
@@ -235,17 +243,17 @@ async def test_a_request_waiting_for_a_slot_is_told_why_every_wake_notice_interv
         if len(notices) == 2:
             held.release()
 
-    (await asyncio.wait_for(backend.acquire(notice), 5)).release()
+    (await asyncio.wait_for(backend.requests.acquire(notice), 5)).release()
     assert notices == ["queued for a slot, max_inflight 1"] * 2
 
 
 async def test_max_waiting_bounds_the_requests_queued_for_a_slot() -> None:
     backend = await ready(GatedRuntime(), max_inflight=1, max_waiting=1)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     queued = acquire(backend)
-    await until(lambda: backend.queued == 1, what="one request queued")
+    await until(lambda: backend.requests.queued == 1, what="one request queued")
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.kind == "queue_full"
     assert "1 waiting requests (max_waiting)" in info.value.message
     held.release()
@@ -255,11 +263,11 @@ async def test_max_waiting_bounds_the_requests_queued_for_a_slot() -> None:
 async def test_a_slot_waiter_hears_at_once_that_its_backend_failed() -> None:
     runtime = GatedRuntime()
     backend = await ready(runtime, max_inflight=1)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     waiter = acquire(backend)
-    await until(lambda: backend.queued == 1, what="the request queued")
+    await until(lambda: backend.requests.queued == 1, what="the request queued")
     runtime.code = 137
-    await backend.watch()
+    await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
     with pytest.raises(BackendUnavailable) as info:
         await asyncio.wait_for(waiter, 5)  # not after max_wait_s (120 s)
@@ -270,14 +278,14 @@ async def test_a_slot_waiter_hears_at_once_that_its_backend_failed() -> None:
 async def test_a_stop_serves_the_requests_queued_before_it_then_stops() -> None:
     runtime = GatedRuntime()
     backend = await ready(runtime, max_inflight=1)
-    held = await backend.acquire()
+    held = await backend.requests.acquire()
     first = acquire(backend, LOW)
     second = acquire(backend, HIGH)
-    await until(lambda: backend.queued == 2, what="two requests queued")
+    await until(lambda: backend.requests.queued == 2, what="two requests queued")
     stopping = asyncio.create_task(backend.stop(StopReason.EVICTION))
     await until(lambda: backend.state is BackendState.STOPPING, what="the stop to begin")
     later = acquire(backend)  # arrives after the stop began: waits for it
-    await until(lambda: backend.waiting == 3, what="the later request held")
+    await until(lambda: backend.requests.waiting == 3, what="the later request held")
     held.release()
     lease = await asyncio.wait_for(second, 5)  # queue order still holds in the drain
     assert state_of(backend) is BackendState.STOPPING
@@ -299,9 +307,9 @@ async def test_collation_is_bounded_by_the_drain_timeout() -> None:
     runtime = GatedRuntime()
     metrics = Metrics()
     backend = await ready(runtime, metrics, max_inflight=1, drain_timeout_s=0.05)
-    held = await backend.acquire()  # never released in time
+    held = await backend.requests.acquire()  # never released in time
     queued = acquire(backend)
-    await until(lambda: backend.queued == 1, what="the request queued")
+    await until(lambda: backend.requests.queued == 1, what="the request queued")
     await backend.stop(StopReason.IDLE)
     assert runtime.stops == 1
     assert (
@@ -317,7 +325,7 @@ async def test_collation_is_bounded_by_the_drain_timeout() -> None:
 
 async def test_without_max_inflight_nothing_queues_on_a_ready_backend() -> None:
     backend = await ready(GatedRuntime())
-    leases = [await backend.acquire(priority=LOW) for _ in range(20)]
-    assert (backend.in_flight, backend.waiting) == (20, 0)
+    leases = [await backend.requests.acquire(priority=LOW) for _ in range(20)]
+    assert (backend.requests.in_flight, backend.requests.waiting) == (20, 0)
     for lease in leases:
         lease.release()

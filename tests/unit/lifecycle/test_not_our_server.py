@@ -151,7 +151,7 @@ async def test_a_start_answered_by_another_server_fails_as_port_in_use() -> None
     runtime.gate.set()
     backend = make_backend(runtime, other_server, **LAZY)
     with pytest.raises(BackendUnavailable) as info:
-        await backend.acquire()
+        await backend.requests.acquire()
     assert info.value.code == "backend_port_in_use"
     assert "lists 'other-model' in /v1/models, not 'm'" in info.value.message
     assert backend.state is BackendState.FAILED

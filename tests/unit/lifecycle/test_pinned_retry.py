@@ -43,21 +43,21 @@ async def test_a_pinned_backend_refused_for_vram_is_retried_by_the_watch() -> No
     with pytest.raises(BackendUnavailable):
         await backend.start()
     assert backend.state is BackendState.STOPPED
-    assert backend.restart_in_s is not None
-    assert 0 < backend.restart_in_s <= 0.05
-    await backend.watch()  # within the backoff: nothing
+    assert backend.watcher.restart_in_s is not None
+    assert 0 < backend.watcher.restart_in_s <= 0.05
+    await backend.watcher.watch()  # within the backoff: nothing
     assert admission.refusals == 1
     await asyncio.sleep(0.06)  # the thing under test: the 0.05 s backoff passes
-    await backend.watch()
+    await backend.watcher.watch()
     await until(lambda: admission.refusals == 2, what="the retry")
     await until(lambda: state_of(backend) is BackendState.STOPPED, what="refused again")
-    assert backend.restart_in_s is not None
-    assert backend.restart_in_s > 0.05  # doubled: the second refusal in a row
+    assert backend.watcher.restart_in_s is not None
+    assert backend.watcher.restart_in_s > 0.05  # doubled: the second refusal in a row
     admission.room.set()
     await asyncio.sleep(0.11)
-    await backend.watch()
+    await backend.watcher.watch()
     await until(lambda: state_of(backend) is BackendState.READY, what="the start")
-    assert backend.restart_in_s is None
+    assert backend.watcher.restart_in_s is None
     assert runtime.starts == 1
 
 
@@ -67,7 +67,7 @@ async def test_a_lazy_backend_refused_for_vram_waits_for_a_request() -> None:
     backend = make_backend(runtime, admission=admission, restart_backoff_s=0.01, **LAZY)
     with pytest.raises(BackendUnavailable):
         await backend.start()
-    assert backend.restart_in_s is None
+    assert backend.watcher.restart_in_s is None
     await asyncio.sleep(0.02)
-    await backend.watch()
+    await backend.watcher.watch()
     assert admission.refusals == 1

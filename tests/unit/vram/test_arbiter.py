@@ -198,7 +198,7 @@ async def within(awaitable: Awaitable[T], seconds: float = 5.0) -> T:
 async def unavailable(backend: Backend) -> BackendUnavailable:
     """The error a request gets from `backend`; fails the test if it gets a lease."""
     try:
-        lease = await within(backend.acquire())
+        lease = await within(backend.requests.acquire())
     except BackendUnavailable as exc:
         return exc
     lease.release()
@@ -213,8 +213,8 @@ async def test_a_backend_that_fits_starts_without_eviction(rig: Rig) -> None:
     high = await rig.ready("high", vram_mib=8000, priority=90)
     assert state_of(low) is BackendState.READY
     assert rig.runtimes["low"].stops == 0
-    assert high.holds_vram
-    assert low.holds_vram
+    assert high.memory.holds_vram
+    assert low.memory.holds_vram
     assert rig.placed() == {0: 16000}
 
 
@@ -316,7 +316,7 @@ async def test_a_backend_on_two_gpus_waits_for_a_start_on_either(rigs: Rigs) -> 
 
 async def test_evicting_a_busy_backend_waits_for_its_lease_to_drain(rig: Rig) -> None:
     victim = await rig.ready("victim", vram_mib=16000, priority=10)
-    lease = await within(victim.acquire())
+    lease = await within(victim.requests.acquire())
     evictor = rig.add("evictor", vram_mib=16000, priority=50)
 
     starting = asyncio.create_task(evictor.start())
@@ -341,7 +341,7 @@ async def test_a_request_to_a_backend_being_evicted_does_not_evict_the_evictor(r
 
     starting = asyncio.create_task(evictor.start())
     await within(rig.runtimes["victim"].stop_called.wait())
-    request = asyncio.create_task(victim.acquire())
+    request = asyncio.create_task(victim.requests.acquire())
     await settle()
     assert not request.done()  # it waits for the stop, then decides
 
@@ -365,8 +365,8 @@ async def test_a_start_waits_for_a_stop_in_progress_instead_of_refusing(rig: Rig
     await within(rig.runtimes["going"].stop_called.wait())
     requester = rig.add("requester", vram_mib=16000, priority=50)
 
-    acquiring = asyncio.create_task(requester.acquire())
-    await until(lambda: requester.waiting == 1, what="the request to be held")
+    acquiring = asyncio.create_task(requester.requests.acquire())
+    await until(lambda: requester.requests.waiting == 1, what="the request to be held")
     await settle()
     assert not acquiring.done()  # waiting for the stop, neither refused nor started
     assert rig.runtimes["requester"].starts == 0
@@ -401,7 +401,7 @@ async def test_a_zone_evicts_lazy_backends_and_blocks_them(rig: Rig) -> None:
     assert grant.freed_mib == 16000
     assert grant.zone.stopped == ("a", "b")
     assert (grant.zone.holder, grant.zone.gpu, grant.zone.mib) == ("comfyui", 0, 18000)
-    assert rig.arbiter.zones == {"comfy": grant.zone}
+    assert rig.arbiter.book.zones == {"comfy": grant.zone}
     assert rig.placed() == {0: 4000 + 18000}
     for backend in (a, b):
         assert state_of(backend) is BackendState.STOPPED
@@ -455,7 +455,7 @@ async def test_a_zone_held_by_another_holder_is_a_conflict(rig: Rig) -> None:
     with pytest.raises(Conflict) as info:
         await rig.zone(18000, holder="someone-else")
     assert "VRAM zone 'comfy' (held by 'comfyui'" in info.value.message
-    assert rig.arbiter.zones == {"comfy": grant.zone}
+    assert rig.arbiter.book.zones == {"comfy": grant.zone}
     assert state_of(rig.backends["c"]) is BackendState.READY
 
 
@@ -465,14 +465,14 @@ async def test_releasing_a_zone_unblocks_and_the_next_request_starts_the_backend
     a, b, _ = await three_ready(rig)
     grant = await rig.zone(18000)
 
-    assert rig.arbiter.release_zone("comfy") == grant.zone
+    assert rig.arbiter.book.release_zone("comfy") == grant.zone
 
     assert a.blocks == {}
     assert b.blocks == {}
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.zones == {}
     assert rig.store.load()["zones"] == []
     assert rig.placed() == {0: 4000}
-    lease = await within(a.acquire())
+    lease = await within(a.requests.acquire())
     lease.release()
     assert state_of(a) is BackendState.READY
     assert rig.runtimes["a"].starts == 2
@@ -484,13 +484,13 @@ async def test_an_expired_zone_unblocks_like_a_release(rig: Rig) -> None:
     expires_at = grant.zone.expires_at
     assert expires_at is not None
 
-    assert rig.arbiter.expire_zones(expires_at - 1) == []
+    assert rig.arbiter.book.expire_zones(expires_at - 1) == []
     assert (await unavailable(a)).kind == "blocked"
 
-    assert rig.arbiter.expire_zones(expires_at) == [grant.zone]
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.expire_zones(expires_at) == [grant.zone]
+    assert rig.arbiter.book.zones == {}
     assert rig.store.load()["zones"] == []
-    lease = await within(a.acquire())
+    lease = await within(a.requests.acquire())
     lease.release()
     assert state_of(a) is BackendState.READY
     assert rig.runtimes["a"].starts == 2
@@ -505,12 +505,12 @@ async def test_a_zone_that_cannot_be_granted_leaves_everything_running(rig: Rig)
 
     assert "cannot grant VRAM zone 'comfy'" in info.value.message
     assert "backend orchestrator 16000 MiB (pinned)" in info.value.message
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.zones == {}
     assert state_of(small) is BackendState.READY
     assert small.blocks == {}
     assert rig.runtimes["small"].stops == 0
     assert rig.store.load().get("zones", []) == []
-    lease = await within(small.acquire())
+    lease = await within(small.requests.acquire())
     lease.release()
 
 
@@ -522,7 +522,7 @@ async def test_a_request_during_a_zone_stop_does_not_wake_the_backend(rig: Rig) 
     await within(rig.runtimes["a"].stop_called.wait())
     assert state_of(a) is BackendState.STOPPING
 
-    request = asyncio.create_task(a.acquire())
+    request = asyncio.create_task(a.requests.acquire())
     await settle()
     if not request.done():
         request.cancel()
@@ -550,7 +550,7 @@ async def test_a_cancelled_zone_request_leaves_nothing_blocked(rig: Rig) -> None
     # victims keep `blocks["zone:comfy"]`: every request gets "blocked" by a zone that
     # does not exist, and release_zone("comfy") answers 404, so nothing can clear it.
     a = await rig.ready("a", vram_mib=16000, priority=10)
-    lease = await within(a.acquire())  # busy: the zone's eviction drains it
+    lease = await within(a.requests.acquire())  # busy: the zone's eviction drains it
     granting = asyncio.create_task(rig.zone(16000))
     await until(lambda: a.state is BackendState.STOPPING)
 
@@ -560,7 +560,7 @@ async def test_a_cancelled_zone_request_leaves_nothing_blocked(rig: Rig) -> None
     lease.release()
     await until(lambda: a.state is BackendState.STOPPED)
 
-    held = {f"zone:{name}" for name in rig.arbiter.zones}
+    held = {f"zone:{name}" for name in rig.arbiter.book.zones}
     assert set(a.blocks) <= held, f"blocked by zones nobody holds: {a.blocks}"
 
 
@@ -571,7 +571,7 @@ async def test_a_zone_on_a_gpu_that_is_not_there_is_invalid(rig: Rig) -> None:
             "comfy", holder="comfyui", mib=1000, gpu=3, ttl_s=None, below_priority=None
         )
     assert info.value.message == "GPU 3 is not present (the probe sees [0])"
-    assert rig.arbiter.zones == {}
+    assert rig.arbiter.book.zones == {}
 
 
 async def test_a_backend_on_a_gpu_that_is_not_there_is_refused(rig: Rig) -> None:
@@ -591,14 +591,14 @@ async def test_zones_survive_a_restart(rigs: Rigs) -> None:
     for name, mib in (("a", 8000), ("b", 8000), ("c", 4000)):
         after.add(name, vram_mib=mib, priority=50)
 
-    assert after.arbiter.restore() == [grant.zone]
+    assert after.arbiter.book.restore() == [grant.zone]
 
-    assert after.arbiter.zones == {"comfy": grant.zone}
+    assert after.arbiter.book.zones == {"comfy": grant.zone}
     assert after.placed() == {0: 18000}
     for name in ("a", "b"):
         assert (await unavailable(after.backends[name])).kind == "blocked"
         assert after.runtimes[name].starts == 0
-    lease = await within(after.backends["c"].acquire())
+    lease = await within(after.backends["c"].requests.acquire())
     lease.release()
 
 
@@ -610,10 +610,10 @@ async def test_expired_saved_zones_are_dropped_at_restore(rig: Rig) -> None:
     a = rig.add("a", vram_mib=8000)
     b = rig.add("b", vram_mib=8000)
 
-    assert rig.arbiter.restore() == [live]
+    assert rig.arbiter.book.restore() == [live]
 
     assert a.blocks == {}
     assert list(b.blocks) == ["zone:live"]
     assert rig.store.load()["zones"] == [live.to_json()]
-    lease = await within(a.acquire())
+    lease = await within(a.requests.acquire())
     lease.release()

@@ -49,7 +49,7 @@ async def test_a_start_waits_for_a_protected_resident_then_evicts_it(rig: Rig) -
     assert progress.startswith("waiting for VRAM: resident is resident for ")
     assert progress.endswith("s more (min_resident_s)")
     # The resident keeps serving meanwhile: a request gets a lease at once, no start.
-    lease = await within(resident.acquire(), 0.1)
+    lease = await within(resident.requests.acquire(), 0.1)
     assert state_of(resident) is BackendState.READY
     assert rig.runtimes["starter"].starts == 0
     lease.release()
@@ -74,7 +74,7 @@ async def test_a_request_in_flight_at_the_end_of_the_protection_is_drained_first
 ) -> None:
     resident = await rig.ready("resident", vram_mib=16000, priority=10, min_resident_s=PROTECTED_S)
     starter = rig.add("starter", vram_mib=16000, priority=50)
-    lease = await within(resident.acquire())
+    lease = await within(resident.requests.acquire())
 
     starting = asyncio.create_task(starter.start())
     await until(lambda: resident.state is BackendState.STOPPING, what="the eviction")

@@ -194,7 +194,7 @@ def state_of(backend: Backend) -> BackendState:
 
 
 def level_of(backend: Backend) -> int | None:
-    return backend.asleep_level  # a fresh read, as `state_of`
+    return backend.memory.asleep_level  # a fresh read, as `state_of`
 
 
 async def within(awaitable: Awaitable[T], seconds: float = 5.0) -> T:
@@ -217,8 +217,8 @@ async def test_eviction_puts_a_backend_to_sleep_and_counts_only_its_residue(rig:
     assert state_of(high) is BackendState.READY
     assert state_of(low) is BackendState.SLEEPING
     assert rig.runtimes["low"].stops == 0  # asleep, not stopped
-    assert low.asleep_mib == 2000  # measured: 14000 freed of its 16000
-    assert low.holds_vram
+    assert low.memory.asleep_mib == 2000  # measured: 14000 freed of its 16000
+    assert low.memory.holds_vram
     assert rig.arbiter.placed_mib() == {0: 12000}
     assert rig.sleeps("low", "eviction") == 1.0
     assert low.reason is not None
@@ -229,7 +229,7 @@ async def test_eviction_puts_a_backend_to_sleep_and_counts_only_its_residue(rig:
     assert state_of(third) is BackendState.READY
     assert state_of(low) is BackendState.STOPPED
     assert rig.runtimes["low"].stops == 1
-    assert low.asleep_mib is None
+    assert low.memory.asleep_mib is None
     assert rig.arbiter.placed_mib() == {0: 23000}
 
 
@@ -274,28 +274,28 @@ async def test_a_wake_that_does_not_fit_is_refused_and_stays_asleep(rig: Rig) ->
     assert state_of(low) is BackendState.SLEEPING
     # Waking takes back 14000 MiB; 12000 are free and `high` is not below its priority.
     with pytest.raises(BackendUnavailable) as info:
-        await within(low.acquire())
+        await within(low.requests.acquire())
     assert info.value.kind is UnavailableKind.NO_VRAM
     assert "not enough VRAM to wake" in info.value.message
     assert state_of(low) is BackendState.SLEEPING
     assert rig.servers["low"].wakes == 0
-    assert low.asleep_mib == 2000  # still counted as what it kept
+    assert low.memory.asleep_mib == 2000  # still counted as what it kept
     assert rig.arbiter.placed_mib() == {0: 12000}
 
 
 async def test_a_wake_evicts_like_a_start(rig: Rig) -> None:
     sleeper = await rig.ready("sleeper", vram_mib=16000, asleep=2000, priority=40)
     await within(sleeper.sleep(StopReason.ADMIN, level=1))
-    assert sleeper.asleep_mib == 2000
+    assert sleeper.memory.asleep_mib == 2000
     low = await rig.ready("low", vram_mib=10000, priority=30)  # fits beside the residue
-    lease = await within(sleeper.acquire())  # takes back 14000 of 12000 free: `low` goes
+    lease = await within(sleeper.requests.acquire())  # takes back 14000 of 12000 free: `low` goes
     lease.release()
     assert state_of(sleeper) is BackendState.READY
     assert rig.servers["sleeper"].wakes == 1
     assert rig.runtimes["sleeper"].starts == 1  # woken, not started again
     assert state_of(low) is BackendState.STOPPED
-    assert sleeper.asleep_mib is None
-    assert sleeper.measured_mib == 16000  # the start's measure, not the wake's 14000
+    assert sleeper.memory.asleep_mib is None
+    assert sleeper.memory.measured_mib == 16000  # the start's measure, not the wake's 14000
     assert rig.arbiter.placed_mib() == {0: 16000}
 
 
@@ -313,7 +313,7 @@ async def test_two_sleepers_waking_at_once_do_not_wait_for_each_other(rig: Rig) 
             "comfy", holder="comfyui", mib=12000, gpu=0, ttl_s=60, below_priority=None
         )
     )
-    wakes = [asyncio.create_task(b.acquire()) for b in (first, second)]
+    wakes = [asyncio.create_task(b.requests.acquire()) for b in (first, second)]
     await within(asyncio.wait(wakes))
     outcomes = [w.exception() or w.result() for w in wakes]
     refused = [o for o in outcomes if isinstance(o, BackendUnavailable)]
@@ -331,24 +331,24 @@ SLEEPS_WHEN_IDLE: dict[str, Any] = {"idle_ttl_s": 10, "idle": {"method": "sleep"
 
 async def test_an_idle_backend_sleeps_and_its_next_request_wakes_it(rig: Rig) -> None:
     backend = await rig.ready("b", vram_mib=16000, asleep=2000, **SLEEPS_WHEN_IDLE)
-    assert await within(backend.stop_if_idle(backend.last_used + 5)) is False
-    assert await within(backend.stop_if_idle(backend.last_used + 10)) is True
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 5)) is False
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 10)) is True
     assert state_of(backend) is BackendState.SLEEPING
     assert backend.reason is not None
     assert backend.reason.startswith("asleep (level 2, idle")
-    assert backend.asleep_mib == 2000
+    assert backend.memory.asleep_mib == 2000
     assert rig.sleeps("b", "idle") == 1.0
     assert rig.runtimes["b"].stops == 0
     # Asleep it is not idle-stopped again: a second TTL does nothing.
-    assert await within(backend.stop_if_idle(backend.last_used + 3600)) is False
-    lease = await within(backend.acquire())
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 3600)) is False
+    lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
     assert rig.servers["b"].wakes == 1
     assert rig.arbiter.placed_mib() == {0: 16000}
     # Level 2 discarded the weights: the wake reloads them (vLLM's sleep-mode docs).
     assert rig.servers["b"].calls[-5:] == LEVEL_2_SLEEP_AND_WAKE
-    assert backend.asleep_level is None
+    assert backend.memory.asleep_level is None
 
 
 LEVEL_2_SLEEP_AND_WAKE = [
@@ -363,11 +363,11 @@ LEVEL_2_SLEEP_AND_WAKE = [
 async def test_the_wake_follows_the_level_slept_at(rig: Rig) -> None:
     backend = await rig.ready("b", vram_mib=16000, asleep=2000)
     await within(backend.sleep(StopReason.ADMIN, level=1))
-    assert backend.asleep_level == 1
+    assert backend.memory.asleep_level == 1
     await within(backend.start())
     assert rig.servers["b"].calls[-2:] == ["POST /sleep?level=1", "POST /wake_up"]
     await within(backend.sleep(StopReason.ADMIN, level=2))
-    assert backend.asleep_level == 2
+    assert backend.memory.asleep_level == 2
     await within(backend.start())
     assert rig.servers["b"].calls[-5:] == LEVEL_2_SLEEP_AND_WAKE
     # A stop forgets the level.
@@ -385,8 +385,8 @@ async def test_a_server_found_asleep_at_gateway_start_is_woken_with_the_reload(
     rig.servers["b"].asleep_tags = {"weights", "kv_cache"}
     await within(backend.adopt())
     assert state_of(backend) is BackendState.SLEEPING
-    assert backend.asleep_level is None
-    lease = await within(backend.acquire())
+    assert backend.memory.asleep_level is None
+    lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
     assert rig.servers["b"].calls == LEVEL_2_SLEEP_AND_WAKE[1:]
@@ -423,7 +423,7 @@ async def test_a_server_found_asleep_is_woken_as_its_metrics_say_it_slept(
     assert state_of(backend) is BackendState.SLEEPING
     assert backend.reason == f"found asleep at gateway start (level {level})"
     assert level_of(backend) == level
-    lease = await within(backend.acquire())
+    lease = await within(backend.requests.acquire())
     lease.release()
     assert state_of(backend) is BackendState.READY
     wake = ["POST /wake_up"] if level == 1 else LEVEL_2_SLEEP_AND_WAKE[1:]
@@ -433,7 +433,7 @@ async def test_a_server_found_asleep_is_woken_as_its_metrics_say_it_slept(
 
 async def test_an_idle_backend_without_sleep_mode_is_stopped_instead(rig: Rig) -> None:
     backend = await rig.ready("b", vram_mib=16000, dev_mode=False, **SLEEPS_WHEN_IDLE)
-    assert await within(backend.stop_if_idle(backend.last_used + 10)) is True
+    assert await within(backend.stop_if_idle(backend.requests.last_used + 10)) is True
     assert state_of(backend) is BackendState.STOPPED
     assert rig.sleeps("b", "idle", "stopped") == 1.0
     stops = rig.metrics.registry.get_sample_value(
@@ -454,8 +454,8 @@ async def test_unmeasured_a_sleeper_counts_its_declared_residue_else_everything(
         silent = await rig.ready("silent", vram_mib=8000)
         await within(declared.sleep(StopReason.ADMIN, level=1))
         await within(silent.sleep(StopReason.ADMIN, level=1))
-        assert declared.asleep_mib == 1500
-        assert silent.asleep_mib is None  # counted whole: nothing seen or declared freed
+        assert declared.memory.asleep_mib == 1500
+        assert silent.memory.asleep_mib is None  # counted whole: nothing seen or declared freed
         assert rig.arbiter.placed_mib() == {0: 9500}
     finally:
         await rig.close()
@@ -467,12 +467,12 @@ async def test_a_sleep_on_a_full_gpu_keeps_what_its_measured_sleep_kept(rig: Rig
     what the sleeper holds (it kept 2000, as its sleep on a GPU with room measured)."""
     backend = await rig.ready("b", vram_mib=16000, asleep=2000)
     await within(backend.sleep(StopReason.ADMIN, level=2))
-    assert backend.asleep_mib == 2000  # measured: 14000 freed
+    assert backend.memory.asleep_mib == 2000  # measured: 14000 freed
     await within(backend.start())
     rig.foreign_mib = 10000  # 26000 asked of 24000: the GPU shows 24000 used
     await within(backend.sleep(StopReason.ADMIN, level=2))
-    assert backend.asleep_mib == 2000
-    assert backend.held_mib == 2000
+    assert backend.memory.asleep_mib == 2000
+    assert backend.memory.held_mib == 2000
     assert backend.reason is not None
     assert "holds 2000 MiB" in backend.reason
     assert rig.arbiter.held_mib(measured=True) == {0: 2000}
@@ -486,15 +486,15 @@ async def test_a_first_sleep_on_a_full_gpu_counts_its_declared_residue_else_ever
     declared = await rig.ready("declared", vram_mib=8000, asleep=1000, asleep_mib=1500)
     rig.foreign_mib = 20000  # 28000 asked of 24000; 21000 after the sleep
     await within(declared.sleep(StopReason.ADMIN, level=2))
-    assert declared.asleep_mib == 1500  # its `asleep_mib:`, not the game's 4000 MiB
+    assert declared.memory.asleep_mib == 1500  # its `asleep_mib:`, not the game's 4000 MiB
     await within(declared.stop(StopReason.ADMIN))
 
     rig.foreign_mib = 0
     silent = await rig.ready("silent", vram_mib=8000, asleep=1000)
     rig.foreign_mib = 20000
     await within(silent.sleep(StopReason.ADMIN, level=2))
-    assert silent.asleep_mib is None  # counted whole: nothing measured or declared
-    assert silent.held_mib == 8000
+    assert silent.memory.asleep_mib is None  # counted whole: nothing measured or declared
+    assert silent.memory.held_mib == 8000
 
 
 def test_a_server_found_running_may_be_asleep_when_any_method_sleeps() -> None:

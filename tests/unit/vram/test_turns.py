@@ -35,12 +35,12 @@ async def test_two_equal_lazy_models_that_do_not_fit_together_alternate(rigs: Ri
     first = await rig.ready("first", vram_mib=11000)
     second = rig.add("second", vram_mib=11000)
 
-    lease = await within(second.acquire())  # was: 503 backend_no_vram, first kept idle
+    lease = await within(second.requests.acquire())  # was: 503 backend_no_vram, first kept idle
     lease.release()
     assert state_of(first) is BackendState.STOPPED
     assert state_of(second) is BackendState.READY
 
-    lease = await within(first.acquire())  # and back
+    lease = await within(first.requests.acquire())  # and back
     lease.release()
     assert state_of(second) is BackendState.STOPPED
     assert state_of(first) is BackendState.READY
@@ -71,16 +71,16 @@ async def test_a_busy_equal_keeps_the_gpu_until_its_last_request_ends(rigs: Rigs
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
     second = rig.add("second", vram_mib=11000)
-    serving = [await within(first.acquire()), await within(first.acquire())]
+    serving = [await within(first.requests.acquire()), await within(first.requests.acquire())]
 
-    waiting = asyncio.create_task(second.acquire())
+    waiting = asyncio.create_task(second.requests.acquire())
     progress = await until(second.start_progress, what="the start to say what it waits for")
     assert "first is resident for " in progress
     assert "(busy, max_hold_s)" in progress
     serving.pop().release()
     await settle()
     assert state_of(first) is BackendState.READY  # one request still in flight
-    more = await within(first.acquire())  # the resident's own requests keep coming
+    more = await within(first.requests.acquire())  # the resident's own requests keep coming
     more.release()
     assert not waiting.done()
 
@@ -97,9 +97,9 @@ async def test_a_busy_equal_is_evicted_after_its_hold_its_requests_drained(rigs:
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000, max_hold_s=0.3)
     second = rig.add("second", vram_mib=11000)
-    busy = await within(first.acquire())
+    busy = await within(first.requests.acquire())
 
-    waiting = asyncio.create_task(second.acquire())
+    waiting = asyncio.create_task(second.requests.acquire())
     await until(lambda: state_of(first) is BackendState.STOPPING, what="the hold to end")
     assert not waiting.done()  # the drain serves the request in flight first
     busy.release()
@@ -113,7 +113,7 @@ async def test_a_start_waiting_for_a_busy_equal_gives_up_at_its_start_timeout(ri
     rig = rigs.make(total_mib=16000)
     first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
     second = rig.add("second", vram_mib=11000, start_timeout_s=0.3)
-    busy = await within(first.acquire())
+    busy = await within(first.requests.acquire())
     began = time.monotonic()
     # The hold ends later than the start may wait, but the equal may go idle before: the
     # start waits for that up to its start_timeout_s, then gives up.
@@ -136,11 +136,11 @@ async def test_a_start_waits_for_an_equal_still_starting_then_takes_its_turn(
     b = rig.add("turn-b", vram_mib=11000)
     a = rig.add("turn-a", vram_mib=11000)
     rig.health["turn-b"].learn_gate.clear()
-    request_b = asyncio.create_task(b.acquire())
+    request_b = asyncio.create_task(b.requests.acquire())
     await within(rig.health["turn-b"].learning.wait())
     assert state_of(b) is BackendState.STARTING
 
-    request_a = asyncio.create_task(a.acquire())  # was: 503 backend_no_vram at once
+    request_a = asyncio.create_task(a.requests.acquire())  # was: 503 backend_no_vram at once
     progress = await until(
         lambda: a.start_progress() or (request_a.done() and repr(request_a.exception())),
         what="a's start to say what it waits for",
@@ -175,7 +175,7 @@ async def test_a_start_waiting_for_the_gpu_says_whose_start_holds_it(rigs: Rigs)
     b = rig.add("turn-b", vram_mib=11000)
     a = rig.add("turn-a", vram_mib=11000)
     rig.health["turn-b"].gate.clear()
-    request_b = asyncio.create_task(b.acquire())
+    request_b = asyncio.create_task(b.requests.acquire())
     await within(rig.health["turn-b"].called.wait())  # launched, not healthy yet
 
     starting_a = asyncio.create_task(a.start())
@@ -202,7 +202,7 @@ async def test_a_start_waiting_for_an_equal_still_starting_gives_up_at_its_start
     b = rig.add("turn-b", vram_mib=11000)
     a = rig.add("turn-a", vram_mib=11000, start_timeout_s=0.3)
     rig.health["turn-b"].learn_gate.clear()  # b never gets ready
-    request_b = asyncio.create_task(b.acquire())
+    request_b = asyncio.create_task(b.requests.acquire())
     await within(rig.health["turn-b"].learning.wait())
 
     began = time.monotonic()
