@@ -1,5 +1,5 @@
-"""`bench/soak.py`'s hostile phases against its gateway (default settings: 1,000 connections
-at most, 64 KiB of head): heads dribbled by more sockets than the cap, and a chunked body
+"""`bench/soak.py`'s hostile phases against its gateway (default settings: the connection cap
+sized from the file limit, 64 KiB of head): heads dribbled by many sockets, and a chunked body
 followed by endless trailer fields. Each reports what normal clients got, and the gateway's
 RSS before, at its peak and after.
 

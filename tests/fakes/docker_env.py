@@ -84,6 +84,12 @@ def probe_engine(socket_path: Path | str = DOCKER_SOCKET) -> DockerEngine | str:
     path = Path(socket_path)
     if not path.exists():
         return f"no Docker Engine socket at {path}"
+    try:  # a socket file left by a dead engine: httpx's failed connect leaks its socket
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(5.0)
+            probe.connect(str(path))
+    except OSError as exc:
+        return f"Docker Engine at {path} does not answer ({type(exc).__name__}: {exc})"
     try:
         with engine_client(path, timeout=httpx.Timeout(5.0)) as client:
             ping = client.get("/_ping")
