@@ -29,9 +29,9 @@ from app.tasks import OwnedTasks
 
 logger = logging.getLogger(__name__)
 
-# Accepted per wake-up: the cap's pause is seen within this many (their connections are
-# made on the loop's next turn), so the reserve over the cap may grow by this many.
-BATCH = 128
+# Accepted per wake-up at least; more while the cap has room for them (`room`): the cap's
+# pause is seen only once their connections are made, on the loop's next turn.
+MIN_BATCH = 16
 FULL_BACKOFF_S = 1.0  # out of files (EMFILE): stop accepting this long, as asyncio does
 _OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -48,12 +48,16 @@ class Acceptor:
         *,
         backlog: int,
         loop: asyncio.AbstractEventLoop,
+        room: Callable[[], int] = lambda: MIN_BATCH,
     ) -> None:
+        """`room`: how many more connections the cap takes now (`Slots.room`)."""
         self._sockets = sockets
         self._protocol = protocol
         self._backlog = backlog
         self._loop = loop
+        self._room = room
         self._tasks = OwnedTasks()
+        self._connecting = 0  # accepted, their connections not made yet
         self._paused = False
         self._closed = False
         self._backoff: asyncio.TimerHandle | None = None
@@ -95,7 +99,7 @@ class Acceptor:
                 self._loop.remove_reader(sock.fileno())
 
     def _ready(self, sock: socket.socket) -> None:
-        for _ in range(BATCH):
+        for _ in range(max(MIN_BATCH, self._room() - self._connecting)):
             if not self._watched:  # paused by the connection just set up, or closed
                 return
             try:
@@ -118,6 +122,7 @@ class Acceptor:
             conn.setblocking(False)
             if conn.family in (socket.AF_INET, socket.AF_INET6):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._connecting += 1
             self._tasks.spawn(self._connect(conn), name="accept")
 
     def _backed_off(self) -> None:
@@ -133,6 +138,8 @@ class Acceptor:
         except Exception:  # gone before its transport was made
             logger.debug("an accepted connection failed to start", exc_info=True)
             conn.close()
+        finally:
+            self._connecting -= 1
 
 
 class GatewayServer(uvicorn.Server):
@@ -160,7 +167,9 @@ class GatewayServer(uvicorn.Server):
                 _loop=loop,
             )
 
-        self.acceptor = Acceptor(self._listening, protocol, backlog=config.backlog, loop=loop)
+        self.acceptor = Acceptor(
+            self._listening, protocol, backlog=config.backlog, loop=loop, room=self._slots.room
+        )
         self._slots.acceptor = self.acceptor
         self.acceptor.start()
 

@@ -50,11 +50,13 @@ class FileLimit:
 @dataclass(frozen=True)
 class ConnectionCap:
     """At most `limit` client connections at once; `configured`: set by
-    `server.max_connections`, else sized from `files`."""
+    `server.max_connections`, else sized from `files`. `backlog`: the listen queue in
+    force (`server.backlog` capped by the kernel's `net.core.somaxconn`), when known."""
 
     limit: int
     configured: bool
     files: FileLimit
+    backlog: int | None = None
 
     @property
     def source(self) -> str:
@@ -110,11 +112,26 @@ def sized(soft: int) -> int:
     return max(MIN_CONNECTIONS, (soft - FDS_RESERVED) // FDS_PER_STREAM)
 
 
-def connection_cap(configured: int | None, files: FileLimit) -> ConnectionCap:
+def connection_cap(
+    configured: int | None, files: FileLimit, backlog: int | None = None
+) -> ConnectionCap:
     """The cap in force: the configured one, else what the file limit holds."""
     if configured is not None:
-        return ConnectionCap(configured, configured=True, files=files)
-    return ConnectionCap(sized(files.soft), configured=False, files=files)
+        return ConnectionCap(configured, configured=True, files=files, backlog=backlog)
+    return ConnectionCap(sized(files.soft), configured=False, files=files, backlog=backlog)
+
+
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
+
+
+def listen_backlog(asked: int, somaxconn: str = SOMAXCONN) -> int | None:
+    """The listen queue the kernel gives for `asked` (listen(2): silently truncated to
+    `net.core.somaxconn`); None where that is not readable (not Linux)."""
+    try:
+        with open(somaxconn, encoding="ascii") as f:
+            return min(asked, int(f.read()))
+    except (OSError, ValueError):
+        return None
 
 
 def raise_file_limit(

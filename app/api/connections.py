@@ -97,6 +97,10 @@ class Slots:
         """Connections counted against the cap (all but those waiting over it)."""
         return len(self.connections) - len(self.reserve) - len(self.queue)
 
+    def room(self) -> int:
+        """How many more connections to accept now: under the cap, and in the reserve."""
+        return max(self.cap - self.within(), 0) + max(RESERVE - len(self.reserve), 0)
+
     def view(self, sizing: ConnectionCap | None = None) -> dict[str, Any]:
         """`GET /status`'s `connections`: the cap, how it was sized, and its use now."""
         files = None if sizing is None else sizing.files
@@ -106,6 +110,7 @@ class Slots:
             "summary": None if sizing is None else sizing.describe(),
             "warning": None if sizing is None else sizing.warning(),
             "file_limit": None if files is None else {"soft": files.soft, "hard": files.hard},
+            "backlog": None if sizing is None else sizing.backlog,  # the listen queue in force
             "open": self.within(),
             "queued": len(self.queue),  # requests over the cap waiting for one
             "held": len(self.intake.waiting),  # new requests waiting for the loop's next turns

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 # increase, multiplicative decrease: the count follows what this machine does in a turn).
 # A turn of `SLOW_TURN_S` keeps the shortest data-plane timer (connect, 5 s) honest.
 PER_TURN = 64
-MIN_PER_TURN, MAX_PER_TURN = 16, 1024
-SLOW_TURN_S = 0.25
+MIN_PER_TURN, MAX_PER_TURN = 32, 4096
+SLOW_TURN_S = 1.0
 
 
 class Loop(Protocol):

@@ -65,13 +65,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from app import logs
     from app.api.accept import GatewayServer
-    from app.api.capacity import connection_cap, raise_file_limit
+    from app.api.capacity import connection_cap, listen_backlog, raise_file_limit
     from app.main import ReloadOptions, create_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = load_config(args.config, **overrides)
     logs.configure(settings.log_level)
-    cap = connection_cap(settings.server.max_connections, raise_file_limit())
+    cap = connection_cap(
+        settings.server.max_connections,
+        raise_file_limit(),
+        listen_backlog(settings.server.backlog),
+    )
     logger.info("connections: %s", cap.describe())
     if (low := cap.warning()) is not None:
         logger.warning("connections: %s", low)

@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -100,6 +101,8 @@ async def test_the_cap_and_its_sizing_are_in_status(gateway: str) -> None:
     assert view["summary"].startswith(f"at most {CAP} connections at once (server.max_connections")
     assert view["file_limit"]["soft"] == view["file_limit"]["hard"]  # serve raised it
     assert view["warning"] is None  # 10 connections fit any file limit
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert view["backlog"] == min(65535, somaxconn)  # as many as the kernel gives
     assert view["open"] >= 1  # this request's own
     metrics = httpx.get(f"{gateway}/metrics").text
     assert f'microscheduler_client_connections{{state="max"}} {float(CAP)}' in metrics

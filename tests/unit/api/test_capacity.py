@@ -4,6 +4,7 @@ and the warnings for a low limit or a cap the limit cannot hold. No loop, no rea
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from app.api.capacity import (
     FileLimit,
     connection_cap,
     current_file_limit,
+    listen_backlog,
     raise_file_limit,
     sized,
 )
@@ -114,3 +116,11 @@ def test_a_configured_cap_wins_and_warns_only_when_the_limit_cannot_hold_it() ->
     assert warning is not None
     assert "max_connections 50,000 needs about 101,024 open files" in warning
     assert "Lower max_connections to 9,488" in warning
+
+
+def test_the_listen_queue_is_what_the_kernel_gives(tmp_path: Path) -> None:
+    somaxconn = tmp_path / "somaxconn"
+    somaxconn.write_text("4096\n")
+    assert listen_backlog(65535, str(somaxconn)) == 4096  # listen(2) truncates it there
+    assert listen_backlog(128, str(somaxconn)) == 128
+    assert listen_backlog(65535, str(tmp_path / "absent")) is None  # not Linux: unknown

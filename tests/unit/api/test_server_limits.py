@@ -44,7 +44,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert server.body_timeout_s == 60.0
     assert server.keep_alive_s == 30
     assert server.max_header_bytes == 64 * 1024
-    assert server.backlog == 2048
+    assert server.backlog == 65535  # the kernel caps it at somaxconn
 
 
 def test_yaml_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,7 +83,7 @@ def test_serve_hands_every_limit_to_uvicorn(
     (server,) = seen
     options = server.config
     assert options.timeout_keep_alive == 7
-    assert options.backlog == 2048
+    assert options.backlog == 65535
     assert options.limit_concurrency is None  # the protocol's eviction replaces it
     protocol = options.http
     assert isinstance(protocol, type)
