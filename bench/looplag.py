@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.control.loop_lag import WINDOW_S
+from bench import stallwatch
 from bench.overhead import HOST, Proc, free_port, log, ms, serve_quiet
 from bench.switch import ASLEEP_MIB, GPU_MIB, MODEL_MIB, call, chat
 
@@ -127,6 +128,7 @@ def start_steady(tmp: Path, tokens_per_s: float) -> Proc:
 
 
 def start_gateway(tmp: Path, steady: Proc, lazy_port: int, a: argparse.Namespace) -> Proc:
+    """The gateway, under `bench.stallwatch` with `--stalls`."""
     ledger = tmp / "sim-gpu"
     config = tmp / "config"
     config.mkdir(parents=True, exist_ok=True)
@@ -150,7 +152,8 @@ def start_gateway(tmp: Path, steady: Proc, lazy_port: int, a: argparse.Namespace
         },
     }  # fmt: skip
     (config / "models.yaml").write_text(json.dumps(models))
-    return serve_quiet(tmp, config)
+    wrapper = () if a.stalls is None else ("bench.stallwatch", str(a.stalls.resolve()))
+    return serve_quiet(tmp, config, wrapper=wrapper)
 
 
 def stream(port: int) -> int:
@@ -327,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rest", type=float, default=WINDOW_S, help="seconds of the baseline")
     p.add_argument("--quick", action="store_true", help="2 rounds, 2 clients, 2 s at rest")
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--stalls",
+        type=Path,
+        metavar="OUT",
+        help="run the gateway under bench/stallwatch.py, which writes each stall of its "
+        "loop over 4 ms with its stack to OUT; a summary is printed (a diagnostic: the "
+        "sampling costs CPU, so the lag numbers of such a run are not the gateway's own)",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.clients, a.rest, a.startup_delay, a.wake_gib_per_s = 2, 2, 2.0, 0.3, 40.0
@@ -356,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         "target_ms": TARGET_MS, "command": f"python bench/looplag.py {options}",
     }  # fmt: skip
     print(render(res))
+    if a.stalls is not None:
+        print("", f"Stalls over 4 ms by where the loop was ({a.stalls}):", sep="\n")
+        print("\n".join(f"- {line}" for line in stallwatch.summary(a.stalls)) or "- none")
     if a.json:
         a.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0
