@@ -27,16 +27,21 @@ class Receivers(httpx.AsyncBaseTransport):
         return httpx.Response(200)
 
 
-async def test_a_notification_queued_before_a_reload_that_reorders_goes_to_its_target() -> None:
-    receivers = Receivers()
-    notifier = Notifier([A, B], CollectorRegistry(), transport=receivers)
-    notifier.notify("yield", reason="gaming")  # for A only (B wants restores)
-    notifier.configure([B, A])  # a reload: the same targets, in another order
+async def deliver_queued(notifier: Notifier) -> None:
+    """Start the notifier, wait until what is queued is delivered, and close it."""
     notifier.start()
     try:
         await notifier.drained()
     finally:
         await notifier.close()
+
+
+async def test_a_notification_queued_before_a_reload_that_reorders_goes_to_its_target() -> None:
+    receivers = Receivers()
+    notifier = Notifier([A, B], CollectorRegistry(), transport=receivers)
+    notifier.notify("yield", reason="gaming")  # for A only (B wants restores)
+    notifier.configure([B, A])  # a reload: the same targets, in another order
+    await deliver_queued(notifier)
     # Queued by index, it went to B (the new first target), which never asked for yields.
     assert receivers.posts == [("a.example", "yield")]
     view = {t["host"]: t["sent"] for t in notifier.view()["targets"]}
@@ -48,11 +53,7 @@ async def test_after_a_reload_only_targets_kept_get_what_was_queued_before() -> 
     notifier = Notifier([A, C], CollectorRegistry(), transport=receivers)
     notifier.notify("yield", reason="gaming")  # for A and C
     notifier.configure([C, E])  # A removed, C first, E added
-    notifier.start()
-    try:
-        await notifier.drained()
-    finally:
-        await notifier.close()
+    await deliver_queued(notifier)
     # By index, A's went to C and C's to E, which did not exist when it was queued.
     assert receivers.posts == [("c.example", "yield")]
 
