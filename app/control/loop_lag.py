@@ -3,9 +3,9 @@
 Everything the gateway does runs on one event loop; anything that holds it (a blocking
 call, a long computation, a full GC pass) delays every request and every stream by as
 much. A task the app's lifespan owns sleeps `interval_s` (0.1 s) at a time and records how
-late it woke, on `time.monotonic()`. Not on `loop.time()`: under uvloop (what uvicorn
-runs when it is installed, as here) that is libuv's clock, in whole milliseconds, which
-would read a 3.4 ms stall as 3 ms and most samples as 0 or 1 ms.
+late it woke, on `time.monotonic()`. Not on `loop.time()`: under uvloop (which
+`uvicorn[standard]` brings, and uvicorn then runs) that is libuv's clock, in whole
+milliseconds, which would read a 3.4 ms stall as 3 ms and most samples as 0 or 1 ms.
 
 - `microscheduler_event_loop_lag_seconds`: a histogram of every sample, buckets from
   1 ms to 1 s (`LAG_BUCKETS`);
