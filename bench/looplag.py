@@ -204,11 +204,15 @@ class Load:
 
 
 def summary(before: Buckets, after: Buckets, peak: float | None) -> dict[str, Any]:
+    """The phase's samples (the histogram's difference). `peak`: the max gauge's largest
+    reading in it; one above the phase's largest bucket came from before the phase (the
+    gauge's window reaches back 60 s), so the max is then known to its bucket only."""
     rounds = minus(after, before)
+    top = largest_bucket(rounds)
     return {"samples": int(rounds[-1][1]), "p50_ms": ms(quantile(0.5, rounds)),
             "p99_ms": ms(quantile(0.99, rounds)),
-            "max_ms": None if peak is None else ms(peak),
-            "max_bucket_ms": ms(largest_bucket(rounds)),
+            "max_ms": None if peak is None or peak > top else ms(peak),
+            "max_bucket_ms": ms(top),
             "over_5ms": int(rounds[-1][1] - dict(rounds)[0.005])}  # fmt: skip
 
 
