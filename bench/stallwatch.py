@@ -7,8 +7,10 @@ that samples the main thread's stack every 0.5 ms. The main thread runs the even
 while it is inside one step of a task or one callback (the frames above asyncio's
 `Runner.run`) for longer than `--over-ms`, that is a stall, and a line goes to OUT: how
 long, and the stack seen most often during it (innermost frame first). A diagnostic for
-`bench/looplag.py --stalls OUT`, not a measure: the sampling costs some CPU, and a stall
-whose thread waits for a CPU (a busy machine) shows the frame it was preempted in.
+`bench/looplag.py --stalls OUT`, not a measure: the sampling costs some CPU; a stall
+whose thread waits for a CPU (a busy machine) shows the frame it was preempted in; and
+steps of one task that follow each other closer than a sample (a stream relayed chunk
+after chunk) are counted as one.
 """
 
 from __future__ import annotations
