@@ -74,6 +74,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/keys.py
 	$(BIN)/python bench/switch.py
 	$(BIN)/python bench/chatty.py
+	$(BIN)/python bench/looplag.py
 
 # requirements.lock: every runtime dependency of the image, transitive ones and the build
 # backend included, pinned with the sha256 of each of its files on PyPI. For the image's

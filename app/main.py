@@ -37,12 +37,14 @@ from app.api import (
     vram,
 )
 from app.api.fastpath import GatewayApp
+from app.control.loop_lag import LoopLag
 from app.gpu.auto import auto_probes
 from app.lifecycle.metrics import LifecycleMetrics
 from app.metrics import Declare
 from app.reload.apply import Reloader
 from app.services import Seams, Services
 from app.settings import Settings
+from app.tasks import cancel_and_wait, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ def create_app(
     `connections`: the server's connection cap and its use (`GET /status`), from `serve`."""
     reload = reload or ReloadOptions()
     metrics = LifecycleMetrics(registry)
+    loop_lag = LoopLag(metrics.registry)  # sampled while the app runs (its lifespan's task)
     requests = Activity(settings.activity_size)  # recorded by the access middleware
 
     @asynccontextmanager
@@ -91,9 +94,11 @@ def create_app(
         # (full collections of it paused the loop for ~50 ms under load).
         gc.collect()
         gc.freeze()
+        lag = spawn(loop_lag.run(), name="event-loop-lag")
         try:
             yield
         finally:
+            await cancel_and_wait(lag)
             restore_signals()
             forget_sighup()
             stopping.cancel()

@@ -9,8 +9,8 @@ label `host`: the budget of level-1 sleepers) are `app.vram.host_ram`'s; the loa
 scraped from each vLLM is `app.upstreams.vllm_load`'s; the backends' lifecycle (states,
 starts, stops, sleeps, swaps, yields, the state file, profiles) is `app.lifecycle.metrics`'s,
 which adds its series to these. `Declare` makes a series in a registry under the
-`microscheduler_` prefix, for every module that declares some. This module is on the ground
-floor: it imports nothing of the app.
+`microscheduler_` prefix, for every module that declares some (`series_name` for a
+collector's series). This module is on the ground floor: it imports nothing of the app.
 """
 
 from __future__ import annotations
@@ -41,9 +41,15 @@ CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 NAMESPACE: Final = "microscheduler"  # the prefix of every series name
 
 
+def series_name(name: str) -> str:
+    """`microscheduler_<name>`: a series a collector makes at scrape time (a
+    `GaugeMetricFamily`), which `Declare` does not declare."""
+    return f"{NAMESPACE}_{name}"
+
+
 class Declare:
-    """Declares series in one registry, each name prefixed `microscheduler_`: the one place
-    the namespace is written, and histograms up to minutes unless told otherwise."""
+    """Declares series in one registry, each name prefixed `microscheduler_` (`NAMESPACE`, the
+    one place it is written), and histograms up to minutes unless told otherwise."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry

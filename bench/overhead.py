@@ -256,14 +256,15 @@ def start_gateway(
     return proc
 
 
-def serve_quiet(tmp: Path, config: Path) -> Proc:
+def serve_quiet(tmp: Path, config: Path, *, wrapper: tuple[str, ...] = ()) -> Proc:
     """A gateway on `config` (its default settings, but the access log off: the benches
     that time something else), with its own state directory under `tmp`; ready when it
-    returns."""
+    returns. `wrapper`: a module (and its arguments) that runs the gateway's
+    (`bench.stallwatch`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MICROSCHEDULER_")}
     env["MICROSCHEDULER_STATE_DIR"] = str(tmp / "var")
     env["MICROSCHEDULER_ACCESS_LOG"] = "false"
-    args = ["app.cli", "serve", "--config", str(config), "--host", HOST]
+    args = [*wrapper, "app.cli", "serve", "--config", str(config), "--host", HOST]
     proc = Proc("gateway", args, env, "", tmp / "gateway.log")
     proc.wait_ready(["/health", "/ready"])
     return proc

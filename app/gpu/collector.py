@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuStats
+from app.metrics import series_name
 
 GPU_LABELS = ("host", "gpu", "UUID", "modelName")
 
@@ -52,18 +53,18 @@ class GpuCollector(Collector):
 
     def _families(self, monitors: Iterable[tuple[str, GpuMonitor]]) -> Iterator[Metric]:
         up = GaugeMetricFamily(
-            "microscheduler_gpu_probe_up",
+            series_name("gpu_probe_up"),
             "1 when the host's last GPU sample succeeded, else 0.",
             labels=["host"],
         )
         age = GaugeMetricFamily(
-            "microscheduler_gpu_snapshot_age_seconds",
+            series_name("gpu_snapshot_age_seconds"),
             "Age of the host's last good GPU sample (no sample until there is one).",
             labels=["host"],
         )
 
         def family(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"microscheduler_gpu_{name}", doc, labels=GPU_LABELS)
+            return GaugeMetricFamily(series_name(f"gpu_{name}"), doc, labels=GPU_LABELS)
 
         used = family("memory_used_bytes", "GPU memory in use (NVML v1: includes reserved).")
         free = family("memory_free_bytes", "GPU memory free.")

@@ -11,20 +11,20 @@
   URL, headers and token) with the host's `host_ram.selector`, as a range query so each
   sample keeps its own timestamp (see `app.gpu.prometheus`).
 
-`HostRamMonitor` keeps the last good reading and the probe's health, like `GpuMonitor`:
-`read()` takes a fresh one (a release decision), `reading` is the last (`/status`, the
-metrics). Sources raise `ProbeError` only.
+`HostRamMonitor` keeps the last good reading and the probe's health, as `GpuMonitor` does
+(both are `app.gpu.probe_monitor.ProbeMonitor`): `read()` takes a fresh one (a release
+decision), `reading` is the last (`/status`, the metrics). Sources raise `ProbeError` only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from app.gpu.probe_monitor import ProbeMonitor
 from app.gpu.prometheus import PrometheusSource
 from app.gpu.telemetry import ProbeError
 
@@ -188,47 +188,19 @@ class NodeExporterSource:
         return reading
 
 
-class HostRamMonitor:
+class HostRamMonitor(ProbeMonitor[RamReading]):
     """The last good RAM reading of a host and the health of its source."""
 
+    kind = "host ram"
+    logger = logger
+
     def __init__(self, source: RamSource, *, host: str, poll_interval_s: float) -> None:
-        self.source = source
-        self.host = host
-        self.reading: RamReading | None = None
-        self.up = False
-        self.error: str | None = None
-        self._poll_interval_s = poll_interval_s
+        super().__init__(source, poll_interval_s=poll_interval_s, host=host)
 
     @property
-    def name(self) -> str:
-        return self.source.name
+    def reading(self) -> RamReading | None:
+        """The last good reading."""
+        return self.last
 
-    async def read(self) -> RamReading | None:
-        """A fresh reading, else the last good one (None: there never was one). Never
-        raises (except cancellation)."""
-        try:
-            reading = await self.source.sample()
-        except ProbeError as exc:
-            if self.up or self.error is None:
-                logger.warning("host ram probe down host=%s source=%s error=%s",
-                               self.host, self.name, exc)  # fmt: skip
-            self.up, self.error = False, str(exc)
-            return self.reading
-        except Exception as exc:  # a source must raise ProbeError only: do not die of it
-            logger.exception("host ram source raised host=%s", self.host)
-            self.up, self.error = False, f"unexpected error: {exc!r}"
-            return self.reading
-        if not self.up:
-            logger.info("host ram probe up host=%s source=%s total_mib=%d available_mib=%d",
-                        self.host, self.name, reading.total_mib, reading.available_mib)  # fmt: skip
-        self.up, self.error, self.reading = True, None, reading
-        return reading
-
-    def age_s(self) -> float | None:
-        return None if self.reading is None else time.monotonic() - self.reading.taken_at
-
-    async def run(self) -> None:
-        """The poll loop for /status and the metrics; runs until cancelled."""
-        while True:
-            await self.read()
-            await asyncio.sleep(self._poll_interval_s)
+    def describe(self, sample: RamReading) -> str:
+        return f"total_mib={sample.total_mib} available_mib={sample.available_mib}"

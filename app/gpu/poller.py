@@ -1,4 +1,5 @@
-"""GpuMonitor: keeps the last good GPU snapshot and the health of the source behind it.
+"""GpuMonitor: keeps the last good GPU snapshot and the health of the source behind it
+(`app.gpu.probe_monitor.ProbeMonitor`, which the host RAM's monitor shares).
 
 - `run()` samples every `poll_interval_s` (the owner runs it as a task and cancels it);
   it never raises and logs transitions once (probe down, probe up, GPU lost, GPU back),
@@ -14,13 +15,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.gpu.telemetry import GpuSnapshot, GpuSource, ProbeError
+from app.gpu.probe_monitor import ProbeMonitor
+from app.gpu.telemetry import GpuSnapshot, GpuSource
 from app.settings.base import LOCAL_HOST
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,11 @@ class GpuStatus:
     snapshot: GpuSnapshot | None
 
 
-class GpuMonitor:
+class GpuMonitor(ProbeMonitor[GpuSnapshot]):
     """The last good sample of a `GpuSource` and the health of that source."""
+
+    kind = "gpu"
+    logger = logger
 
     def __init__(
         self,
@@ -52,30 +55,20 @@ class GpuMonitor:
         on_sample: Callable[[], None] | None = None,
         host: str = LOCAL_HOST,
     ) -> None:
-        self.source = source
-        self.name = source.name
-        self.host = host  # whose GPUs (named in its log lines)
-        self._poll_interval_s = poll_interval_s
-        self._on_sample = on_sample
+        super().__init__(source, poll_interval_s=poll_interval_s, on_sample=on_sample, host=host)
+        self._gpus = source  # closed with the monitor
         self._stale_after_s = stale_after_s
-        self.snapshot: GpuSnapshot | None = None  # last good sample (immutable)
-        self.up = False  # the last sample succeeded
-        self.error: str | None = None  # of the last failure (cleared by a success)
-        self.reason: str | None = None
-        self.consecutive_failures = 0
-        self._sampled = False  # at least one attempt finished (for transition logs)
         self._lost: frozenset[int] = frozenset()
 
-    # -- status ---------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> GpuSnapshot | None:
+        """The last good sample (immutable)."""
+        return self.last
 
     @property
     def last_success_wall(self) -> float | None:
         """`time.time()` of the last good sample."""
-        return None if self.snapshot is None else self.snapshot.taken_at_wall
-
-    def age_s(self) -> float | None:
-        """Seconds since the last good sample was taken; None when there is none."""
-        return None if self.snapshot is None else self.snapshot.age_s(time.monotonic())
+        return None if self.last is None else self.last.taken_at_wall
 
     @property
     def stale(self) -> bool:
@@ -93,79 +86,22 @@ class GpuMonitor:
             consecutive_failures=self.consecutive_failures,
             age_s=None if age is None else round(age, 3),
             stale=self.stale,
-            snapshot=self.snapshot,
+            snapshot=self.last,
         )
 
-    # -- sampling -------------------------------------------------------------------------
-
-    async def read(self) -> GpuSnapshot | None:
-        """A fresh sample, else the last good one, else None (there never was one)."""
-        snapshot = await self.poll_once()
-        return self.snapshot if snapshot is None else snapshot
-
-    async def poll_once(self) -> GpuSnapshot | None:
-        """Take one sample and record it; None when it failed. Never raises (except
-        cancellation)."""
-        try:
-            snapshot = await self.source.sample()
-        except ProbeError as exc:
-            self._failed(str(exc), exc.reason)
-            return None
-        except Exception as exc:  # a source must raise ProbeError only: do not die of it
-            logger.exception(
-                "gpu source raised unexpectedly host=%s source=%s", self.host, self.name
-            )
-            self._failed(f"unexpected error from the {self.name} source: {exc!r}", "error")
-            return None
-        self._succeeded(snapshot)
-        return snapshot
-
-    async def run(self) -> None:
-        """The poll loop; runs until cancelled."""
-        while True:
-            await self.poll_once()
-            if self._on_sample is not None:
-                self._on_sample()  # a new sample (or a failure) for the live status
-            await asyncio.sleep(self._poll_interval_s)
-
     async def close(self) -> None:
-        await self.source.close()
+        await self._gpus.close()
 
-    def _succeeded(self, snapshot: GpuSnapshot) -> None:
-        # Concurrent samples (the loop and the arbiter) may finish out of order.
-        if self.snapshot is None or snapshot.taken_at >= self.snapshot.taken_at:
-            self.snapshot = snapshot
-        if not self.up:
-            if self._sampled:
-                logger.info(
-                    "gpu probe up host=%s source=%s after_failures=%d",
-                    self.host,
-                    self.name,
-                    self.consecutive_failures,
-                )
-            else:
-                logger.info("gpu probe up host=%s source=%s gpus=%d",
-                            self.host, self.name, len(snapshot.gpus))  # fmt: skip
-        self.up = True
-        self._sampled = True
-        self.error = None
-        self.reason = None
-        self.consecutive_failures = 0
-        lost = frozenset(g.index for g in snapshot.gpus if g.lost)
-        for stats in snapshot.gpus:
+    def describe(self, sample: GpuSnapshot) -> str:
+        return f"gpus={len(sample.gpus)}"
+
+    def _succeeded(self, sample: GpuSnapshot) -> None:
+        super()._succeeded(sample)
+        lost = frozenset(g.index for g in sample.gpus if g.lost)
+        for stats in sample.gpus:
             if stats.index in lost - self._lost:
                 logger.error("gpu lost host=%s gpu=%d uuid=%s error=%s",
                              self.host, stats.index, stats.uuid, stats.error)  # fmt: skip
         for index in sorted(self._lost - lost):
             logger.info("gpu back host=%s gpu=%d", self.host, index)
         self._lost = lost
-
-    def _failed(self, error: str, reason: str) -> None:
-        if self.up or not self._sampled or reason != self.reason:
-            logger.warning("gpu probe down host=%s source=%s reason=%s error=%s",
-                           self.host, self.name, reason, error)  # fmt: skip
-        self.up = False
-        self._sampled = True
-        self.error = error
-        self.reason = reason
-        self.consecutive_failures += 1

@@ -107,7 +107,7 @@ class _Counts:
 
 @dataclass(frozen=True)
 class _Item:
-    target: int
+    target: NotifyTarget  # itself, not its place in the list: a reload may reorder it
     event: str
     at: float
     fields: dict[str, Any]
@@ -129,7 +129,7 @@ class Notifier:
         self.clock = clock  # monotonic; tests move it (fallback_to_cloud per hour)
         self._backoff_s = backoff_s
         self._queue: asyncio.Queue[_Item] = asyncio.Queue(queue_size)
-        self._counts = [_Counts() for _ in self._targets]
+        self._counts = {target: _Counts() for target in self._targets}
         self._dropped = 0
         self._seen: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -145,12 +145,11 @@ class Notifier:
             self.total.labels(result)
 
     def configure(self, targets: Sequence[NotifyTarget]) -> None:
-        """New targets (a reload): notifications queued before go to the old ones' index
-        only if it still exists; counts start again when the targets changed."""
-        if tuple(targets) == self._targets:
-            return
+        """New targets (a reload). A notification queued before goes to the target it was
+        queued for if the reload kept that target (wherever it now stands in the list), to
+        none if it removed it; a target kept keeps its counts, a new one starts at 0."""
         self._targets = tuple(targets)
-        self._counts = [_Counts() for _ in self._targets]
+        self._counts = {t: self._counts.get(t) or _Counts() for t in self._targets}
 
     # -- in -----------------------------------------------------------------------------
 
@@ -167,7 +166,7 @@ class Notifier:
             if event not in target.events:
                 continue
             try:
-                self._queue.put_nowait(_Item(index, event, now, dict(fields)))
+                self._queue.put_nowait(_Item(target, event, now, dict(fields)))
             except asyncio.QueueFull:
                 self._dropped += 1
                 self.total.labels("dropped").inc()
@@ -201,13 +200,14 @@ class Notifier:
             while True:
                 item = await self._queue.get()
                 try:
-                    if item.target < len(self._targets):
-                        await self._deliver(client, self._targets[item.target], item)
+                    if item.target in self._counts:  # not removed by a reload since
+                        await self._deliver(client, item)
                 finally:
                     self._queue.task_done()
 
-    async def _deliver(self, client: AsyncClient, target: NotifyTarget, item: _Item) -> None:
-        counts = self._counts[item.target]
+    async def _deliver(self, client: AsyncClient, item: _Item) -> None:
+        target = item.target
+        counts = self._counts[target]
         host = where(target)
         error: str | None = "?"
         for attempt in range(1, ATTEMPTS + 1):
@@ -220,14 +220,14 @@ class Notifier:
             if not retry or attempt == ATTEMPTS:
                 break
             self.total.labels("retried").inc()
-            logger.info("notification retried event=%s target=%d host=%s attempt=%d error=%s",
-                        item.event, item.target, host, attempt, error)  # fmt: skip
+            logger.info("notification retried event=%s host=%s attempt=%d error=%s",
+                        item.event, host, attempt, error)  # fmt: skip
             await asyncio.sleep(self._backoff_s * 2 ** (attempt - 1))
         counts.failed += 1
         counts.last_error = error
         self.total.labels("failed").inc()
-        logger.warning("notification failed event=%s target=%d host=%s error=%s",
-                       item.event, item.target, host, error)  # fmt: skip
+        logger.warning("notification failed event=%s host=%s error=%s",
+                       item.event, host, error)  # fmt: skip
 
     async def _post(
         self, client: AsyncClient, target: NotifyTarget, item: _Item
@@ -274,8 +274,7 @@ class Notifier:
                     "last_error": counts.last_error,
                     "last_sent_at": counts.last_at,
                 }
-                for index, (target, counts) in enumerate(
-                    zip(self._targets, self._counts, strict=True)
-                )
+                for index, target in enumerate(self._targets)
+                for counts in (self._counts[target],)
             ],
         }

@@ -32,6 +32,9 @@ recorded, which is adopted.
 
 A command whose first word is `{python}` runs with the gateway's own interpreter, so the
 demo's fake servers work from any shell without activating the virtualenv.
+
+The relay and the server are spawned off the event loop (`app.runtimes.child`): uvloop's
+own spawn forks the whole gateway on the loop.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from app.runtimes.base import RuntimeFailure, RuntimeStatus
+from app.runtimes.child import Child, start_child
 from app.runtimes.output import FILE_MAX_BYTES, OutputFile, OutputRead, OutputRing
 from app.runtimes.port_check import PortInUse, port_in_use_message, taken
 from app.runtimes.process_record import (
@@ -122,12 +127,12 @@ class ProcessRuntime:
         self._launch = launch
         self._port = port
         self._address = address
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Child | None = None
         self._adopted: ProcessRecord | None = None  # a server an earlier gateway started
         self._output = OutputFile(output_dir / f"{backend}.log")
         self._ring = OutputRing()
         self._tail_task: asyncio.Task[None] | None = None
-        self._relay: asyncio.subprocess.Process | None = None
+        self._relay: Child | None = None
         self._counts: OutputCounts = counts if counts is not None else NoCounts()
 
     @property
@@ -150,11 +155,11 @@ class ProcessRuntime:
         self._ring.extend(await asyncio.to_thread(self._output.earlier_lines))
         read_end, write_end = await self._start_relay()
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *command,
+            self._proc = await start_child(  # off the loop (`app.runtimes.child`)
+                command,
                 env=self._env,
                 cwd=self._config.cwd,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
                 stdout=write_end,
                 stderr=write_end,
                 start_new_session=True,  # own process group, so stop reaches its children
@@ -184,11 +189,11 @@ class ProcessRuntime:
                 f"{path} (state_dir): {exc.strerror or exc}"
             ) from None
         try:
-            self._relay = await asyncio.create_subprocess_exec(
-                *relay_command(path),
+            self._relay = await start_child(
+                relay_command(path),
                 stdin=read_end,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 cwd=PACKAGE_ROOT,
                 env={},
                 start_new_session=True,  # the server's group signals do not reach it
@@ -239,9 +244,9 @@ class ProcessRuntime:
 
     async def _tail(
         self,
-        proc: asyncio.subprocess.Process | None,
+        proc: Child | None,
         adopted: ProcessRecord | None,
-        relay: asyncio.subprocess.Process | None,
+        relay: Child | None,
     ) -> None:
         """Read its output file into the ring (off the loop, bounded) until it exited,
         then (once the relay wrote the last of it) to the file's end."""
@@ -362,7 +367,7 @@ def relay_command(path: Path, *, cap: int = FILE_MAX_BYTES) -> list[str]:
     return [sys.executable, "-m", "app.runtimes.output_relay", str(path), "--cap", str(cap)]
 
 
-def _running(proc: asyncio.subprocess.Process | None, adopted: ProcessRecord | None) -> bool:
+def _running(proc: Child | None, adopted: ProcessRecord | None) -> bool:
     if adopted is not None:
         return same_process(adopted, observe(adopted.pid))
     return proc is not None and proc.returncode is None

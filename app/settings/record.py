@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
+
+from app.metrics import Declare
 
 RESULTS: Final = ("ok", "refused", "failed")
 
@@ -50,13 +52,11 @@ class ConfigRecord:
         self.loaded = Loaded(config_digest(directory), time.time(), "startup")
         self.restart_required: tuple[str, ...] = ()  # changed, not applied
         self.last_refused: dict[str, Any] | None = None
-        self.total = Counter(
+        self.total = Declare(registry).counter(
             "config_reloads",
             "Configuration reloads, by result: ok (applied), refused (invalid: the running "
             "configuration stays), failed (an error while applying).",
-            ["result"],
-            namespace="microscheduler",
-            registry=registry,
+            ("result",),
         )
         for result in RESULTS:
             self.total.labels(result)

@@ -27,9 +27,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from app.activity import Entry
+from app.metrics import Declare
 from app.settings.store import StoreConfig
 from app.store.base import Store, StoreError, UsageRow
 from app.tasks import cancel_and_wait, spawn
@@ -44,30 +45,20 @@ DAY_S: Final = 86400
 
 class StoreMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        ns = "microscheduler"
-        self.writes = Counter(
-            "store_writes",
-            "Batches of usage and activity committed to the store.",
-            namespace=ns,
-            registry=registry,
+        new = Declare(registry)
+        self.writes = new.counter(
+            "store_writes", "Batches of usage and activity committed to the store."
         )
-        self.failures = Counter(
+        self.failures = new.counter(
             "store_write_failures",
             "Batches of usage and activity the store could not write (kept and retried).",
-            namespace=ns,
-            registry=registry,
         )
-        self.dropped = Counter(
+        self.dropped = new.counter(
             "store_dropped",
             "Usage and activity rows dropped unwritten: the queue was full (queue_max).",
-            namespace=ns,
-            registry=registry,
         )
-        self.pending = Gauge(
-            "store_pending_rows",
-            "Usage and activity rows waiting for their batch to be written.",
-            namespace=ns,
-            registry=registry,
+        self.pending = new.gauge(
+            "store_pending_rows", "Usage and activity rows waiting for their batch to be written."
         )
 
 

@@ -31,8 +31,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+
+from app.metrics import Declare
 
 KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
 KV_CACHE_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"  # before vLLM 0.9, removed since
@@ -163,34 +165,26 @@ class VllmLoadMetrics:
     """Per-backend load as scraped from vLLM's `/metrics`; backends from config only."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        ns = "microscheduler"
-        self.kv_cache_usage = Gauge(
+        new = Declare(registry)
+        self.kv_cache_usage = new.gauge(
             "backend_kv_cache_usage_ratio",
             "KV-cache usage of the backend's fullest engine (0-1), from vLLM's /metrics.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
+            ("backend",),
         )
-        self.requests_running = Gauge(
+        self.requests_running = new.gauge(
             "backend_requests_running",
             "Requests in the backend's running batches, from vLLM's /metrics.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
+            ("backend",),
         )
-        self.requests_waiting = Gauge(
+        self.requests_waiting = new.gauge(
             "backend_requests_waiting",
             "Requests queued in the backend, from vLLM's /metrics.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
+            ("backend",),
         )
-        self.metrics_up = Gauge(
+        self.metrics_up = new.gauge(
             "backend_metrics_up",
             "1 when the last scrape of the backend's /metrics worked, else 0.",
-            ["backend"],
-            namespace=ns,
-            registry=registry,
+            ("backend",),
         )
         self._latest: dict[str, BackendLoad] = {}
 

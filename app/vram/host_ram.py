@@ -38,6 +38,7 @@ from app.lifecycle.release import (
     choose_release,
 )
 from app.lifecycle.state import BackendState, StopReason
+from app.metrics import series_name
 from app.settings import HostRamConfig, ReleaseConfig
 from app.vram.tenant import Tenant
 
@@ -214,7 +215,7 @@ class HostRamCollector(Collector):
         Iterator[Metric]
     ):  # fmt: skip
         def family(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"microscheduler_host_ram_{name}", doc, labels=["host"])
+            return GaugeMetricFamily(series_name(f"host_ram_{name}"), doc, labels=["host"])
 
         up = family("probe_up", "1 when the host's last RAM reading succeeded, else 0.")
         total = family("total_bytes", "The host's MemTotal (no sample until read).")

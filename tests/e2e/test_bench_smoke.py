@@ -1,6 +1,6 @@
 """Each benchmark's `--quick` run end to end (`bench/overhead.py`, `wake.py`, `soak.py`,
-`keys.py`, `switch.py`, `chatty.py`): its servers start, every response is valid, its JSON
-has the shape and the invariants it promises.
+`keys.py`, `switch.py`, `chatty.py`, `looplag.py`): its servers start, every response is
+valid, its JSON has the shape and the invariants it promises.
 
 Timing targets are never asserted here; the quick counts are far too small to mean anything,
 and CI machines are noisy. Without wrk the quick mode falls back to a Python load loop.
@@ -240,3 +240,20 @@ def test_quick_chatty_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     files = results["files"]
     assert max(files["log_max_bytes"], files["log1_max_bytes"]) <= files["cap_bytes"]
     assert results["sigterm_exit_s"] is not None
+
+
+@pytest.mark.e2e
+def test_quick_looplag_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "looplag.json"
+    done = run_quick("looplag.py", "--json", str(out), timeout=180)
+    assert "| phase | samples | p50 | p99 | max |" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["rounds"]["starts_and_wakes"] == 4  # 2 rounds: a start and a wake each
+    assert results["load_alone"]["starts_and_wakes"] == 0
+    for phase in ("rest", "rounds", "load_alone"):
+        part = results[phase]
+        assert part["samples"] > 0, phase  # the gateway's lag histogram moved
+        assert is_number(part["p99_ms"]), phase
+        assert part["max_bucket_ms"] >= part["p99_ms"] or part["p99_ms"] == 0, phase
+        assert part["max_ms"] is None  # a 2 s rest: the max is known to its bucket only
+    assert results["rounds"]["load_requests"] > 0

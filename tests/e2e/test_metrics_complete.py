@@ -70,6 +70,8 @@ FAMILIES = (
     "microscheduler_key_requests",
     "microscheduler_key_tokens",
     "microscheduler_key_limited",
+    "microscheduler_event_loop_lag_seconds",
+    "microscheduler_event_loop_lag_max_seconds",
 )
 
 

@@ -206,6 +206,24 @@ tests:
       - eval_time: 7m
         alertname: MicroschedulerCircuitOpen
         exp_alerts: []
+
+  - interval: 1m
+    input_series:
+      - series: 'microscheduler_event_loop_lag_max_seconds'
+        values: '0.002 0.8x6 0.8 0.8 0.003x3'
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: MicroschedulerEventLoopStalled
+        exp_alerts: []
+      - eval_time: 7m
+        alertname: MicroschedulerEventLoopStalled
+        exp_alerts:
+          - exp_labels: {{severity: warning}}
+            exp_annotations:
+              summary: The gateway's event loop stalled 800ms in the last minute
+      - eval_time: 11m
+        alertname: MicroschedulerEventLoopStalled
+        exp_alerts: []
 """
 
 
