@@ -352,8 +352,14 @@ def test_idle_backend_is_stopped_and_wakes_again(
 
         until_sync(exited, timeout_s=15)
         assert time.monotonic() - answered >= 0.9  # idle_ttl_s, less clock slack
+
+        def stopped() -> bool:
+            """the gateway says stopped (the engine can show the exit before the stop
+            call's answer reaches the gateway)"""
+            return bool(backend_info(gw, "idle")["state"] == "stopped")
+
+        until_sync(stopped, timeout_s=10)
         info = backend_info(gw, "idle")
-        assert info["state"] == "stopped", info
         assert info["reason"] == "stopped by the gateway (idle)", info
         assert info["holds_vram"] is False, info
         assert stops(gw, "idle", "idle") == 1.0
