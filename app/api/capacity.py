@@ -141,7 +141,7 @@ def raise_file_limit(
     """Raise the soft RLIMIT_NOFILE to the hard one (children inherit it). An "unlimited"
     hard limit counts as 1,048,576 (the kernel's default `fs.nr_open`: no process opens
     more files); when the kernel refuses, the soft limit stays as it was."""
-    get = get or (lambda: resource.getrlimit(resource.RLIMIT_NOFILE))
+    get = get or _getrlimit
     set_ = set_ or (lambda limits: resource.setrlimit(resource.RLIMIT_NOFILE, limits))
     soft, hard = get()
     target = _finite(hard)
@@ -154,9 +154,13 @@ def raise_file_limit(
 def current_file_limit(get: GetLimit | None = None) -> FileLimit:
     """The limit `serve` would run with (its soft limit raised to the hard one), without
     raising this process's: for `check-config`."""
-    soft, hard = (get or (lambda: resource.getrlimit(resource.RLIMIT_NOFILE)))()
+    soft, hard = (get or _getrlimit)()
     finite = _finite(hard)
     return FileLimit(soft=max(_finite(soft), finite), hard=finite, before=_finite(soft))
+
+
+def _getrlimit() -> tuple[int, int]:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 _NR_OPEN = 1 << 20  # the kernel's default `fs.nr_open`: no process opens more files

@@ -155,12 +155,16 @@ class Slots:
         """Accept newcomers, or leave them in the kernel's backlog: while the queue is
         full, or every reserve slot is waiting for a request line (until the oldest of
         them had `FRESH_S`, and a newcomer may take its slot)."""
-        want = len(self.queue) < QUEUE
-        if want and len(self.reserve) >= RESERVE:
-            want = False
-            if self._reserve_timer is None:
-                loop = asyncio.get_running_loop()
-                self._reserve_timer = loop.call_later(FRESH_S, self._reserve_aged)
+        self._accept(len(self.queue) < QUEUE and len(self.reserve) < RESERVE)
+        if len(self.reserve) >= RESERVE and self._reserve_timer is None:
+            loop = asyncio.get_running_loop()
+            self._reserve_timer = loop.call_later(FRESH_S, self._reserve_aged)
+
+    def _reserve_aged(self) -> None:
+        self._reserve_timer = None
+        self._accept(len(self.queue) < QUEUE)  # one newcomer may take the oldest slot
+
+    def _accept(self, want: bool) -> None:
         if want == self.accepting or self.acceptor is None:
             return
         self.accepting = want
@@ -168,12 +172,6 @@ class Slots:
             self.acceptor.resume()
         else:
             self.acceptor.pause()
-
-    def _reserve_aged(self) -> None:
-        self._reserve_timer = None
-        if len(self.queue) < QUEUE and self.acceptor is not None:  # one newcomer may come in
-            self.accepting = True
-            self.acceptor.resume()
 
 
 class GatewayProtocol(HttpToolsProtocol):
