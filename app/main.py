@@ -37,6 +37,7 @@ from app.api import (
     vram,
 )
 from app.api.fastpath import GatewayApp
+from app.api.ollama import routes as ollama
 from app.control.loop_lag import LoopLag
 from app.gpu.auto import auto_probes
 from app.lifecycle.metrics import LifecycleMetrics
@@ -112,7 +113,7 @@ def create_app(
         activity=requests,
         max_body_bytes=settings.max_body_bytes,
         body_timeout_s=settings.server.body_timeout_s,
-        fast_routes=[*openai.routes, *messages.routes],
+        fast_routes=[*openai.routes, *messages.routes, *ollama.routes],
         origins=OriginPolicy.from_settings(settings),
         client_keys=settings.has_client_keys,
         admin_key=settings.admin_key is not None,
@@ -169,6 +170,7 @@ def _install_routes(app: FastAPI) -> None:
     app.include_router(config.router)
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
+    app.router.routes.extend(ollama.routes)
     app.router.routes.extend(ui.routes)
     openapi.install(app)
 

@@ -49,7 +49,7 @@ from app.api.protocol import (
     stream_of,
     upstream_body,
 )
-from app.api.relay import RelayResponse
+from app.api.relay import SSE_TYPE, RelayResponse
 from app.errors import GatewayError, InvalidRequest
 from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
@@ -66,6 +66,8 @@ _JSON: Final = {"content-type": "application/json"}
 
 class AnthropicDialect:
     """What the gateway says, in Anthropic's words (see `app.api.relay.Dialect`)."""
+
+    stream_type = SSE_TYPE
 
     def error_response(self, err: GatewayError) -> Response:
         return JSONBody(

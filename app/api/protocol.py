@@ -89,6 +89,13 @@ ENDPOINT_BY_PATH: Final = {e.path: e.name for e in PROXIED} | {
     "/v1/models": "models",
     "/v1/messages": "messages",
     "/v1/messages/count_tokens": "messages_count_tokens",
+    # Ollama's API (app.api.ollama): its model calls, and its listings.
+    "/api/chat": "ollama_chat",
+    "/api/generate": "ollama_generate",
+    "/api/embed": "ollama_embed",
+    "/api/show": "models",
+    "/api/tags": "models",
+    "/api/ps": "models",
 }
 _FORM_FIELDS: Final = frozenset({"model", "stream"})
 

@@ -71,9 +71,16 @@ UNEXPECTED: Final = "The gateway failed unexpectedly; see its log."
 _SSE_EXTRA_HEADERS: Final = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
+SSE_TYPE: Final = b"text/event-stream; charset=utf-8"
+
+
 class Dialect(Protocol):
     """How the client's API words what the gateway itself says: an error before the first
-    byte, an error inside a stream already begun, a keep-alive while a backend wakes."""
+    byte, an error inside a stream already begun, a keep-alive while a backend wakes (in a
+    stream of `stream_type`)."""
+
+    @property
+    def stream_type(self) -> bytes: ...
 
     def error_response(self, err: GatewayError) -> Response: ...
 
@@ -87,6 +94,8 @@ class Dialect(Protocol):
 class OpenAIDialect:
     """OpenAI's envelope; in a stream, one `data: {"error": ...}` event and `[DONE]`; SSE
     comments (`: waking reasoning 5s`) as keep-alives."""
+
+    stream_type = SSE_TYPE
 
     def error_response(self, err: GatewayError) -> Response:
         return error_response(err)
@@ -283,12 +292,13 @@ class RelayResponse(Response):
         """The status line is already sent (200, event stream): relay a stream as is,
         turn anything else into one in-band error event."""
         upstream = exchange.response
-        comment = _route_comment(exchange.headers or [])
-        if comment:
-            await send(_body(comment, more=True))
-        wait = self._wait_header()
-        if wait is not None:
-            await send(_body(b": wait " + wait + b"\n\n", more=True))
+        if self._dialect.stream_type == SSE_TYPE:  # comments: SSE has them, NDJSON has not
+            comment = _route_comment(exchange.headers or [])
+            if comment:
+                await send(_body(comment, more=True))
+            wait = self._wait_header()
+            if wait is not None:
+                await send(_body(b": wait " + wait + b"\n\n", more=True))
         if upstream.status == 200 and upstream.is_event_stream:
             await self._relay_body(exchange, send, watch, sse=True)
             return
@@ -482,7 +492,7 @@ class _WakeNotice:
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                    "headers": [(b"content-type", self._dialect.stream_type),
                                 *_SSE_EXTRA_HEADERS],
                 }
             )  # fmt: skip

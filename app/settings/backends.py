@@ -27,6 +27,7 @@ from app.settings.endpoints import (
     MessagesMode,
     Runner,
     Task,
+    served_apis,
     with_messages,
 )
 from app.settings.hf_config import HfConfigField
@@ -148,6 +149,12 @@ class BackendConfig(StrictConfig):
         min_length=1,
         description="The APIs it serves, always winning over what the server says; null: learned.",
     )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[Api] | None) -> list[Api] | None:
+        return served_apis(value)
+
     # `/v1/messages`: `auto` passes it through to a generate runner (vLLM 0.33 serves it),
     # `translate` sends it as chat (an older vLLM image), `native` passes it through.
     messages: MessagesMode = Field(

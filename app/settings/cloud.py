@@ -81,7 +81,12 @@ from pydantic import (
 
 from app.settings.backends import BackendConfig
 from app.settings.base import StrictConfig, http_url
-from app.settings.endpoints import ANTHROPIC_PROVIDER_APIS, OPENAI_PROVIDER_APIS, Api
+from app.settings.endpoints import (
+    ANTHROPIC_PROVIDER_APIS,
+    OPENAI_PROVIDER_APIS,
+    Api,
+    served_apis,
+)
 
 DEFAULT_FALLBACK_ON_STATUS = (429, 500, 502, 503, 504, 529)
 # Local refusals that move a chain on only when its `fallback_on` (or the client key's)
@@ -160,6 +165,11 @@ class ProviderConfig(StrictConfig):
             "(anthropic)."
         ),
     )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[Api] | None) -> list[Api] | None:
+        return served_apis(value)
 
     @property
     def apis(self) -> frozenset[Api]:

@@ -62,6 +62,9 @@ class Api(StrEnum):
     TRANSLATIONS = "translations"  # /v1/audio/translations
     SPEECH = "speech"  # /v1/audio/speech
     IMAGES = "images"  # /v1/images/generations, /v1/images/edits
+    # Ollama's /api/chat, /api/generate, /api/embed: always translated by the gateway
+    # (app.api.ollama) to chat or embeddings; no backend serves it (`endpoints:` refuses it).
+    OLLAMA = "ollama"
 
 
 Runner = Literal["generate", "pooling"]
@@ -98,6 +101,16 @@ TASK_RUNNER: Final[dict[str, Runner]] = {
     "classify": "pooling",
     "token_classify": "pooling",
 }
+
+
+def served_apis(value: list[Api] | None) -> list[Api] | None:
+    """`endpoints:` as listed, refusing `ollama`: the gateway answers Ollama's API itself."""
+    if value is not None and Api.OLLAMA in value:
+        raise ValueError(
+            "ollama is not an API a backend or provider serves: the gateway answers Ollama's "
+            "/api/* itself, translated to chat and embeddings; leave it out"
+        )
+    return value
 
 
 def with_messages(apis: frozenset[Api], mode: MessagesMode) -> frozenset[Api]:

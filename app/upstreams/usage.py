@@ -1,7 +1,8 @@
 """A response's token usage, in one place: read, asked for, counted.
 
 Read: from the `usage` object a response carries, without parsing the body (`usage_in_tail`:
-the last `"usage": {...}` in its last bytes, in OpenAI's words or Anthropic's), or from a
+the last `"usage": {...}` in its last bytes, in OpenAI's words or Anthropic's, or the counts
+of Ollama's last line), or from a
 parsed usage object (`tokens_of`: an SSE usage event, a stream translator's running
 usage). A non-streaming answer always has one; a stream has one when the client asked for
 it (`stream_options.include_usage`), or when the gateway added it (below). A translated
@@ -41,6 +42,9 @@ _USAGE: Final = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
 _PROMPT: Final = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*([0-9]+)')
 _COMPLETION: Final = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*([0-9]+)')
 _TAIL_BYTES: Final = 4096
+# Ollama's last line (`app.api.ollama`: a chat completion translated): its counts.
+_OLLAMA_PROMPT: Final = re.compile(rb'"prompt_eval_count"\s*:\s*([0-9]+)')
+_OLLAMA_EVAL: Final = re.compile(rb'"eval_count"\s*:\s*([0-9]+)')
 _NAMES: Final = (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))
 
 
@@ -51,7 +55,7 @@ def usage_in_tail(tail: bytes) -> tuple[int, int] | None:
     About 1.5 us for a chat completion (regular expressions, no JSON parsing)."""
     at = tail.rfind(b'"usage"', -_TAIL_BYTES)
     if at < 0:
-        return None
+        return _ollama_counts(tail[-_TAIL_BYTES:])
     match = _USAGE.match(tail, at)
     if match is None:
         return None
@@ -60,6 +64,17 @@ def usage_in_tail(tail: bytes) -> tuple[int, int] | None:
     if prompt is None or completion is None:
         return None
     return int(prompt.group(1)), int(completion.group(1))
+
+
+def _ollama_counts(tail: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) from Ollama's last line (`prompt_eval_count`, `eval_count`;
+    Ollama leaves out a count of 0, api/types.go `Metrics`), when it has either."""
+    if b'"done":true' not in tail:
+        return None
+    prompts, evals = _OLLAMA_PROMPT.findall(tail), _OLLAMA_EVAL.findall(tail)
+    if not prompts and not evals:
+        return None
+    return int(prompts[-1]) if prompts else 0, int(evals[-1]) if evals else 0
 
 
 def tokens_of(usage: Mapping[str, Any]) -> tuple[int, int] | None:

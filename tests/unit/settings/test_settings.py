@@ -350,3 +350,11 @@ def test_a_notify_target_that_is_the_gateway_itself_is_refused(tmp_path: Path, u
     assert "loop" in line
     # Another port on the same machine is another server: accepted.
     assert load_settings(tmp_path, port=9101).notify[0].url == url
+
+
+def test_ollama_is_no_api_a_backend_serves(tmp_path: Path) -> None:
+    """`ollama` names the gateway's own translation of Ollama's /api/* (app.api.ollama):
+    listed under a backend's `endpoints:` it would send Ollama's bodies to a vLLM."""
+    write(tmp_path, ISSUE_EXAMPLE + "    endpoints: [chat, ollama]\n")
+    (problem,) = problems(tmp_path)
+    assert "ollama is not an API a backend or provider serves" in problem

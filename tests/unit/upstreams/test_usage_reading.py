@@ -59,3 +59,14 @@ def test_an_answer_is_counted_once_whoever_reports_it() -> None:
     assert exchange.usage == (7, 3)
     assert registry.get_sample_value("t_total", {"type": "prompt"}) == 7
     assert registry.get_sample_value("t_total", {"type": "completion"}) == 3
+
+
+def test_the_tail_of_an_ollama_answer() -> None:
+    """`/api/chat` answers in Ollama's words (app.api.ollama): its last line's counts;
+    a count of 0 is left out as Ollama leaves it out; a piece not yet done counts nothing."""
+    last = b'{"model":"m","done":true,"done_reason":"stop","prompt_eval_count":12,"eval_count":5}\n'
+    assert usage_in_tail(b'{"message":{"content":"hi"},"done":false}\n' + last) == (12, 5)
+    assert usage_in_tail(b'{"done":true,"prompt_eval_count":4,"total_duration":9}') == (4, 0)
+    assert usage_in_tail(b'{"done":false,"eval_count":3}\n') is None
+    text = b'{"message":{"content":"\\"eval_count\\": 99"},"done":true}'
+    assert usage_in_tail(text) is None  # a quoted name inside content is not a count

@@ -1,0 +1,1 @@
+"""Ollama's API (`/api/*`) on the gateway: see `app.api.ollama.routes`."""

@@ -1,0 +1,91 @@
+"""Ollama's `keep_alive` on the gateway's lifecycle (api.md:54, 432-482; server/routes.go
+at ollama/ollama fb3076099, lines 402-414 and 476-485):
+
+- `keep_alive: 0` on an answered request: the answer goes out, then the model's backend is
+  unloaded (`model_verbs.unload`: drained, then released as its `idle:` says). Only for a
+  caller who may unload (`check_lifecycle`: the admin, or a key with `lifecycle: true`);
+  for another the answer is the same and nothing is unloaded: Ollama has no error for it,
+  so the log and the event `ollama_keep_alive_refused` say why;
+- `POST /api/generate` with no prompt and `keep_alive: 0` unloads at once (Open WebUI's
+  eject: `{"model": "NAME:latest", "keep_alive": 0, "prompt": ""}`,
+  backend/open_webui/routers/ollama.py `unload_model`); answered `done_reason: "unload"`.
+  A caller who may not unload gets 403 in Ollama's format;
+- `POST /api/generate` with no prompt otherwise loads it and waits until it is ready
+  (`done_reason: "load"`). Any key that may use the model may do this: its first request
+  would start or wake the backend by the same admission anyway. A load the gateway
+  refuses (blocked, no room) is the error, in Ollama's format.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.api.model_verbs import check_lifecycle, lifecycle_target, load, unload
+from app.api.ollama.wire import Json, nanoseconds, timestamp
+from app.errors import GatewayError
+from app.jsonwire import json_bytes
+from app.lifecycle.backend import Backend
+from app.services import Services
+
+logger = logging.getLogger(__name__)
+
+REFUSED_EVENT = "ollama_keep_alive_refused"
+
+
+async def load_or_unload(
+    request: Request, services: Services, model: str, name: str, stay: float | None
+) -> Response:
+    """A generate without a prompt: unload (`keep_alive: 0`) or load `model`."""
+    started = time.perf_counter()
+    answer: Json = {"model": name, "created_at": "", "response": "", "done": True}
+    if stay == 0:
+        check_lifecycle(request, services, model)
+        await unload(lifecycle_target(services, model))
+        answer["done_reason"] = "unload"
+    else:
+        await load(services, lifecycle_target(services, model), wait=True)
+        answer["done_reason"] = "load"
+        answer["total_duration"] = answer["load_duration"] = nanoseconds(
+            time.perf_counter() - started
+        )
+    answer["created_at"] = timestamp()
+    return Response(json_bytes(answer), media_type="application/json")
+
+
+def after_answer(
+    request: Request, services: Services, model: str, stay: float | None, answer: Response
+) -> Response:
+    """`answer`, followed by the unload `keep_alive: 0` asks for (when the caller may)."""
+    if stay != 0:
+        return answer
+    try:
+        check_lifecycle(request, services, model)
+        backend = lifecycle_target(services, model)
+    except GatewayError as err:
+        logger.warning("keep_alive 0 not honoured model=%s reason=%s", model, err.message)
+        services.events.record(REFUSED_EVENT, model=model, reason=err.message)
+        return answer
+    return ThenUnload(answer, services, backend)
+
+
+class ThenUnload(Response):
+    """`answer`, then the unload of `backend` in a task the services own (the client
+    has its whole answer first; the unload drains whatever else is in flight)."""
+
+    def __init__(self, answer: Response, services: Services, backend: Backend) -> None:
+        self._answer = answer
+        self._services = services
+        self._backend = backend
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._answer(scope, receive, send)
+        finally:
+            logger.info("keep_alive 0: unloading after the answer backend=%s", self._backend.name)
+            self._services.loads.spawn(unload(self._backend), f"unload:{self._backend.name}")
