@@ -342,6 +342,7 @@ class Backend:
             and self.state is BackendState.READY
             and self.requests.leases.idle_s(now) >= ttl
             and not self.requests.kept_warm  # a schedule's keep_warm window
+            and not self.requests.floor.left_s(now)  # a client's keep_alive
         )
 
     async def sleep(
@@ -411,6 +412,7 @@ class Backend:
         start_task = self._start_task
         sleep_level = None if release is None else release.level
         self.memory.releasing(sleep_level)
+        self.requests.floor.clear()  # a client's keep_alive ends with any stop or sleep
         what = "stop" if sleep_level is None else f"sleep (level {sleep_level})"
         if self.state is BackendState.READY:
             self.requests.queue.collate()  # served before the stop: their drain waits for them

@@ -30,6 +30,7 @@ from typing import Protocol
 from app.activity import WaitKind, add_wait
 from app.errors import GatewayError, WakeTimeout
 from app.lifecycle.blocks import Blocks
+from app.lifecycle.floor import ResidencyFloor
 from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import Ticket, TicketQueue, WaitReason, no_slot, queue_full
@@ -76,6 +77,8 @@ class RequestHolds:
         self.leases = Leases(backend.name, metrics, changed, on_release=self._released)
         # The schedules holding it warm (`keep_warm` windows): no idle stop while any does.
         self.kept_warm: frozenset[str] = frozenset()
+        # A client's `keep_alive` (app.lifecycle.floor): no idle stop, no eviction, until it ends.
+        self.floor = ResidencyFloor()
 
     def _released(self) -> None:
         """A lease was given back: its slot to a queued ticket; when none is left in
@@ -123,7 +126,11 @@ class RequestHolds:
             or self.kept_warm
         ):
             return None
-        return max(0.0, ttl - self.leases.idle_s(now))
+        at = time.monotonic() if now is None else now
+        floor = self.floor.left_s(at)
+        if math.isinf(floor):
+            return None
+        return max(0.0, ttl - self.leases.idle_s(at), floor)
 
     async def acquire(
         self,
@@ -276,3 +283,4 @@ class RequestHolds:
     def take_over(self, old: RequestHolds) -> None:
         """The keep-warm holds of the backend this one replaces (a reload)."""
         self.kept_warm = old.kept_warm
+        self.floor = old.floor

@@ -30,17 +30,22 @@ def residents(
             gpus=tuple(b.config.gpus),
             vram_mib=b.memory.counted_mib,
             priority=b.config.priority,
-            lazy=b.lazy,
+            # A client's keep_alive until unloaded pins it (app.lifecycle.floor).
+            lazy=b.lazy and not math.isinf(b.requests.floor.left_s(now)),
             in_flight=b.requests.in_flight,
             idle_s=b.requests.idle_s(now),
             evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
             starting=b.state is BackendState.STARTING and b.name not in admitting,
-            protected_s=protected_for_s(b, now),
+            protected_s=max(protected_for_s(b, now), _finite(b.requests.floor.left_s(now))),
             hold_s=hold_for_s(b, now),
         )
         for b in backends
         if b.memory.holds_vram and b.memory.counted_mib and b.name != exclude
     ]
+
+
+def _finite(seconds: float) -> float:
+    return 0.0 if math.isinf(seconds) else seconds
 
 
 def holders(

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from app.lifecycle.admission import Claimant
 from app.lifecycle.blocks import BlockKind
+from app.lifecycle.floor import ResidencyFloor
 from app.lifecycle.memory import Memory
 from app.lifecycle.state import SleepOutcome, Stateful, StopReason
 from app.runtimes.base import Runtime
@@ -35,6 +36,8 @@ class InFlight(Protocol):
     @property
     def last_used(self) -> float: ...
     def idle_s(self, now: float | None = None) -> float: ...
+    @property
+    def floor(self) -> ResidencyFloor: ...
 
 
 class Tenant(Claimant, Resident, Protocol):

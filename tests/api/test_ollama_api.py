@@ -5,6 +5,7 @@ answer, and Open WebUI's eject), an empty-prompt load, and refusals in Ollama's 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from app.runtimes.base import Runtime
 from app.runtimes.external import ExternalRuntime
 from app.services import Seams, Services
 from app.settings.backends import BackendConfig
+from app.vram.holders import residents
 from tests.api.test_lifecycle_api import lazy, lifecycle_gateway
 from tests.fakes.processes import free_port
 from tests.fakes.servers import (
@@ -267,3 +269,36 @@ async def test_a_stream_held_by_a_wake_stays_ndjson(tmp_path: Path) -> None:
         assert lines[0]["done"] is False
         assert lines[-1]["done"] is True
         assert "".join(line["message"]["content"] for line in lines)
+
+
+async def test_a_keep_alive_duration_is_a_residency_floor(tmp_path: Path) -> None:
+    """`keep_alive: "10m"` keeps it past its idle_ttl_s (the reaper's next look, a minute on,
+    leaves it); `-1` pins it (not evictable, no expiry) until it is unloaded; a key that may
+    not unload sets no floor, and the event says why."""
+    async with world(tmp_path, keys=True) as (gw, _embedder, _runtime):
+        backend = services_of(gw).backends["lazy"]
+        ops, agent = client(gw, OPS), client(gw, AGENT)
+        await agent.chat(model="lazy-model", messages=HI, stream=False, keep_alive="10m")
+        assert backend.requests.floor.until is None
+        events = [e for e in services_of(gw).events.recent() if e["kind"] == REFUSED_EVENT]
+        assert len(events) == 1
+
+        await ops.chat(model="lazy-model", messages=HI, stream=False, keep_alive="10m")
+        (model,) = [m for m in (await ops.ps()).models if m.model == "lazy-model:latest"]
+        assert model.expires_at is not None
+        left = (model.expires_at - datetime.now(UTC)).total_seconds()
+        assert 590 < left <= 600  # the floor, past idle_ttl_s (300)
+        assert not await backend.stop_if_idle(time.monotonic() + 360)  # past the TTL: kept
+        assert state(backend) is BackendState.READY
+
+        await ops.generate(model="lazy-model", keep_alive=-1)  # a load that pins it
+        (pinned,) = [r for r in residents([backend]) if r.name == "lazy"]
+        assert pinned.lazy is False  # another model's start cannot evict it
+        (model,) = [m for m in (await ops.ps()).models if m.model == "lazy-model:latest"]
+        assert model.expires_at is not None
+        assert model.expires_at.year >= 2100
+        assert not await backend.stop_if_idle(time.monotonic() + 10**6)
+
+        await ops.generate(model="lazy-model", keep_alive=0)  # the unload ends the pin
+        assert state(backend) is BackendState.STOPPED
+        assert backend.requests.floor.until is None

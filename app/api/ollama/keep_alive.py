@@ -13,7 +13,14 @@ at ollama/ollama fb3076099, lines 402-414 and 476-485):
 - `POST /api/generate` with no prompt otherwise loads it and waits until it is ready
   (`done_reason: "load"`). Any key that may use the model may do this: its first request
   would start or wake the backend by the same admission anyway. A load the gateway
-  refuses (blocked, no room) is the error, in Ollama's format.
+  refuses (blocked, no room) is the error, in Ollama's format;
+- a `keep_alive` duration keeps the model loaded at least that long after the answer (or
+  the load), a negative one until it is unloaded: a residency floor on its backend
+  (`app.lifecycle.floor`: no idle stop, no eviction by another model's start; any stop,
+  sleep or unload ends it). It holds VRAM against other clients, so it takes the same
+  permission as an unload; for another caller it is not set and the event says why.
+  Without `keep_alive` the backend's own `idle_ttl_s` applies (Ollama's 5-minute default
+  is not the gateway's).
 """
 
 from __future__ import annotations
@@ -48,7 +55,10 @@ async def load_or_unload(
         await unload(lifecycle_target(services, model))
         answer["done_reason"] = "unload"
     else:
-        await load(services, lifecycle_target(services, model), wait=True)
+        backend = lifecycle_target(services, model)
+        await load(services, backend, wait=True)
+        if stay is not None and _permitted(request, services, model) is not None:
+            keep(backend, stay)
         answer["done_reason"] = "load"
         answer["total_duration"] = answer["load_duration"] = nanoseconds(
             time.perf_counter() - started
@@ -60,32 +70,51 @@ async def load_or_unload(
 def after_answer(
     request: Request, services: Services, model: str, stay: float | None, answer: Response
 ) -> Response:
-    """`answer`, followed by the unload `keep_alive: 0` asks for (when the caller may)."""
-    if stay != 0:
+    """`answer`, followed by what its `keep_alive` asks (when the caller may): an
+    unload (0), or a residency floor (a duration; `FOREVER`)."""
+    if stay is None:
         return answer
+    backend = _permitted(request, services, model)
+    return answer if backend is None else ThenKeepAlive(answer, services, backend, stay)
+
+
+def _permitted(request: Request, services: Services, model: str) -> Backend | None:
+    """`model`'s backend when the caller may load and unload it; else None, logged and
+    recorded (`REFUSED_EVENT`): Ollama has no error for a keep_alive it does not honour."""
     try:
         check_lifecycle(request, services, model)
-        backend = lifecycle_target(services, model)
+        return lifecycle_target(services, model)
     except GatewayError as err:
-        logger.warning("keep_alive 0 not honoured model=%s reason=%s", model, err.message)
+        logger.warning("keep_alive not honoured model=%s reason=%s", model, err.message)
         services.events.record(REFUSED_EVENT, model=model, reason=err.message)
-        return answer
-    return ThenUnload(answer, services, backend)
+        return None
 
 
-class ThenUnload(Response):
-    """`answer`, then the unload of `backend` in a task the services own (the client
-    has its whole answer first; the unload drains whatever else is in flight)."""
+def keep(backend: Backend, stay: float) -> None:
+    """A residency floor of `stay` seconds from now (`FOREVER`: until unloaded)."""
+    backend.requests.floor.keep(stay, time.monotonic())
+    logger.info("keep_alive: resident for at least %ss backend=%s", stay, backend.name)
 
-    def __init__(self, answer: Response, services: Services, backend: Backend) -> None:
+
+class ThenKeepAlive(Response):
+    """`answer`, then its `keep_alive` on `backend`: an unload (0) in a task the services
+    own (the client has its whole answer first; the unload drains whatever else is in
+    flight), or a residency floor from the answer's end."""
+
+    def __init__(self, answer: Response, services: Services, backend: Backend, stay: float) -> None:
         self._answer = answer
         self._services = services
         self._backend = backend
+        self._stay = stay
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self._answer(scope, receive, send)
         finally:
-            logger.info("keep_alive 0: unloading after the answer backend=%s", self._backend.name)
-            self._services.loads.spawn(unload(self._backend), f"unload:{self._backend.name}")
+            if self._stay == 0:
+                logger.info("keep_alive 0: unloading after the answer backend=%s",
+                            self._backend.name)  # fmt: skip
+                self._services.loads.spawn(unload(self._backend), f"unload:{self._backend.name}")
+            else:
+                keep(self._backend, self._stay)
