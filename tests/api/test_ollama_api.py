@@ -213,6 +213,14 @@ async def test_open_webui_eject_and_an_empty_prompt_load(tmp_path: Path) -> None
         assert ejected.status_code == 200
         assert ejected.json()["done_reason"] == "unload"
         assert state(backend) is BackendState.STOPPED  # at once, before the answer
+        # A chat without messages does the same (Ollama's ChatHandler).
+        loaded_by_chat = await client(gw).chat(model="lazy-model", messages=[])
+        assert loaded_by_chat.done_reason == "load"
+        assert state(backend) is BackendState.READY
+        unloaded = await client(gw).chat(model="lazy-model", messages=[], keep_alive=0)
+        assert unloaded.done_reason == "unload"
+        assert unloaded.message.role == "assistant"
+        assert state(backend) is BackendState.STOPPED
 
 
 async def test_refusals_are_in_ollamas_format(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ at ollama/ollama fb3076099, lines 402-414 and 476-485):
   eject: `{"model": "NAME:latest", "keep_alive": 0, "prompt": ""}`,
   backend/open_webui/routers/ollama.py `unload_model`); answered `done_reason: "unload"`.
   A caller who may not unload gets 403 in Ollama's format;
+- likewise a `POST /api/chat` without messages (server/routes.go 2504-2516, 2644-2653);
 - `POST /api/generate` with no prompt otherwise loads it and waits until it is ready
   (`done_reason: "load"`). Any key that may use the model may do this: its first request
   would start or wake the backend by the same admission anyway. A load the gateway
@@ -45,11 +46,23 @@ REFUSED_EVENT = "ollama_keep_alive_refused"
 
 
 async def load_or_unload(
-    request: Request, services: Services, model: str, name: str, stay: float | None
+    request: Request,
+    services: Services,
+    model: str,
+    name: str,
+    stay: float | None,
+    *,
+    chat: bool = False,
 ) -> Response:
-    """A generate without a prompt: unload (`keep_alive: 0`) or load `model`."""
+    """A generate without a prompt (a chat without messages: `chat`, server/routes.go
+    2504-2516 and 2644-2653): unload (`keep_alive: 0`) or load `model`."""
     started = time.perf_counter()
-    answer: Json = {"model": name, "created_at": "", "response": "", "done": True}
+    answer: Json = {"model": name, "created_at": ""}
+    if chat:
+        answer["message"] = {"role": "assistant", "content": ""}
+    else:
+        answer["response"] = ""
+    answer["done"] = True
     if stay == 0:
         check_lifecycle(request, services, model)
         await unload(lifecycle_target(services, model))

@@ -186,6 +186,8 @@ async def _model_call(request: Request, path: str) -> Response:
     if path == GENERATE_PATH and not payload.get("prompt") and not payload.get("images"):
         # An empty prompt loads the model, with `keep_alive: 0` unloads it (api.md:432-482).
         return await keep_alive.load_or_unload(request, services, model, name, stay)
+    if path == CHAT_PATH and not payload.get("messages"):  # likewise a chat without messages
+        return await keep_alive.load_or_unload(request, services, model, name, stay, chat=True)
     entry = next((e for e in services.registry.entries if e.id == route.name), None)
     max_len = None if entry is None else max_model_len_of(entry, services.backends)
     ctx = context_of(request.scope)
