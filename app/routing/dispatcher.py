@@ -320,9 +320,12 @@ class Dispatcher:
 
 def not_served(call: Call, backend: str, serves: frozenset[Api]) -> EndpointNotServed:
     listed = ", ".join(sorted(serves))
+    api = str(call.api)
+    if call.translated is not None:  # Ollama's and Anthropic's APIs: served as another
+        api += f", nor {call.translated.call.api} it translates to"
     return EndpointNotServed(
         f"The model '{call.route.name}' is served by backend '{backend}', which does not "
-        f"serve {call.path} ({call.api}); it serves: {listed}. What a backend serves is "
+        f"serve {call.path} ({api}); it serves: {listed}. What a backend serves is "
         "what its server's /openapi.json lists, else its `task:` or `runner:`; "
         "`endpoints:` in models.yaml overrides both."
     )

@@ -66,7 +66,7 @@ async def world(
     (`embed-model`); with `keys`, an admin key and two client keys: `ops` (lifecycle) and
     `agent` (not)."""
     port = free_port()
-    runtime = FakeVllmRuntime(port, models=["lazy-model"], max_tokens=4)
+    runtime = FakeVllmRuntime(port, models=["lazy-model"], max_tokens=4, task="generate")
     extra: dict[str, Any] = {}
     if keys:
         extra = {
@@ -240,6 +240,10 @@ async def test_refusals_are_in_ollamas_format(tmp_path: Path) -> None:
         assert too_long.value.status_code == 400
         assert "num_ctx" in too_long.value.error
         assert "8192" in too_long.value.error
+        with pytest.raises(ollama.ResponseError) as not_served:
+            await agent.embed(model="lazy-model", input="x")
+        assert not_served.value.status_code == 404
+        assert "(ollama, nor embeddings it translates to)" in not_served.value.error
         with pytest.raises(ollama.ResponseError) as no_key:
             await client(gw).list()
         assert no_key.value.status_code == 401
