@@ -5,7 +5,8 @@ error event and `data: [DONE]` (vllm/entrypoints/openai/chat_completion/serving.
 completion/serving.py:556: `data: {"error": {"message", "type", "param", "code"}}`, the
 `ErrorResponse` of vllm/entrypoints/serve/engine/protocol.py:86, whose `code` is the HTTP
 status it stands for); older vLLM releases wrote `{"object": "error", ..., "code": N}`; an
-Anthropic Messages stream ends with `event: error` (`{"type": "error", "error": {...}}`).
+Anthropic Messages stream ends with `event: error` (`{"type": "error", "error": {...}}`),
+and an Ollama NDJSON stream (`app.api.ollama`) with a `{"error": "..."}` line.
 
 The relay does not parse events while bytes flow: when a stream has ended, it hands its
 last two chunks to `stream_error`, which looks at the last event before `[DONE]` only.
@@ -24,6 +25,8 @@ from typing import Final
 # the same prefixes, before anything reaches the client).
 ERROR_DATA: Final = (b'data: {"error"', b'data: {"object":"error"')
 _ERROR_EVENT: Final = b"event: error"
+# An NDJSON stream's error line, as Ollama's API writes it (`app.api.ollama.stream`).
+NDJSON_ERROR: Final = b'{"error"'
 _DONE: Final = b"data: [DONE]"
 UPSTREAM_ERROR: Final = "upstream_error"
 
@@ -34,6 +37,8 @@ def stream_error(tail: bytes) -> str | None:
     if b"error" not in tail:  # the common case: one scan, no copy
         return None
     text = tail.replace(b"\r\n", b"\n").rstrip()
+    if text.rpartition(b"\n")[2].startswith(NDJSON_ERROR):  # an Ollama stream's error line
+        return UPSTREAM_ERROR
     if text.endswith(_DONE):
         text = text[: -len(_DONE)].rstrip()
     event = text.rpartition(b"\n\n")[2]

@@ -56,3 +56,10 @@ def test_an_error_event_before_done_is_found(tail: bytes, label: str) -> None:
 )
 def test_a_stream_that_ended_well_has_none(tail: bytes) -> None:
     assert stream_error(tail) is None
+
+
+def test_an_ollama_stream_ending_with_an_error_line() -> None:
+    """Ollama's NDJSON (app.api.ollama): its in-band error is the last line."""
+    piece = b'{"model":"m","message":{"role":"assistant","content":"{\\"error\\""},"done":false}\n'
+    assert stream_error(piece + b'{"error":"the upstream ended the stream"}\n') == "upstream_error"
+    assert stream_error(piece) is None  # "error" in the content is no error line
