@@ -28,6 +28,9 @@ async def test_a_request_after_the_relays_were_ended_is_a_503_gateway_stopping()
             assert messages.status_code == 503
             assert messages.json()["type"] == "error"
             assert "shutting down" in messages.json()["error"]["message"]
+            ollama = await gw.client.post("/api/chat", json={**CHAT, "stream": False})
+            assert ollama.status_code == 503
+            assert "shutting down" in ollama.json()["error"]  # Ollama's {"error": "..."}
 
 
 def test_relays_end_a_margin_before_the_grace_or_at_half_a_short_one() -> None:
