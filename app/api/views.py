@@ -25,6 +25,7 @@ from app.routing.registry import ModelEntry, Registry
 from app.runtimes.output import OutputSource
 from app.services import Services
 from app.settings import ReleaseConfig
+from app.upstreams.vllm_output import CompileSeen
 from app.vram.host_ram import HostRamView
 from app.vram.hosts import Host
 from app.vram.residency import protected_for_s
@@ -74,6 +75,8 @@ def backend_view(backend: BackendView) -> Json:
         # While it lasts, the seconds left: another model's start waits, not evicts it.
         "protected_for_s": round(protected_for_s(backend), 1) or None,
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
+        # Its last start's torch.compile: `compile_s` and `compile_cache` (hit, miss, off).
+        "last_compile": compile_view(backend.last_compile),
         "healthy": backend.healthy,
         "health_error": backend.health_error,
         # The last failure to reach it, in full (address, exception): clients get a summary.
@@ -126,7 +129,17 @@ def idle_action(how: ReleaseConfig, *, sleeps: bool, managed: bool) -> str:
 def load_view(load: LoadStatus | None) -> Json | None:
     if load is None:
         return None
-    return {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
+    view: Json = {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
+    return view | compile_view(load.compile)
+
+
+def compile_view(seen: CompileSeen | None) -> Json:
+    """A start's torch.compile: `compile_s` and `compile_cache` (`hit`, `miss`, `off`; null
+    until vLLM says): a cold start with a warm cache shows `hit` and a short compile."""
+    if seen is None:
+        return {"compile_s": None, "compile_cache": None}
+    seconds = None if seen.seconds is None else round(seen.seconds, 2)
+    return {"compile_s": seconds, "compile_cache": seen.cache}
 
 
 def _seconds(value: float | None) -> float | None:
