@@ -8,14 +8,13 @@ field's JSON name and rounding are decided once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
 from app.lifecycle.load import LoadStatus
-from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
@@ -254,46 +253,6 @@ def restore_view(report: RestoreReport | HoldReleased | None, host: str) -> Json
         "on_demand": list(report.on_demand),
         "yielded_for_s": report.yielded_for_s,
         "ended": list(report.ended),
-    }
-
-
-# -- GPU profiles ------------------------------------------------------------------------
-
-
-def profiles_view(switch: ProfileSwitch, backends: Iterable[str]) -> Json:
-    """`GET /profiles`: each profile, whether active, and what it enables."""
-    config = switch.profiles
-    if config is None:
-        return {"active": None, "profiles": []}
-    names = list(backends)
-    profiles = [
-        {
-            "name": name,
-            "active": name == switch.active,
-            "description": profile.description,
-            "vram_strategy": profile.vram_strategy,
-            "gpu_total_gb": profile.gpu_total_gb,
-            "target_utilization_pct": profile.target_utilization_pct,
-            "enabled": [b for b in names if profile.enabled(b)],
-            "disabled": [b for b in names if not profile.enabled(b)],
-            "models": {n: m.model_dump(exclude_none=True) for n, m in profile.models.items()},
-        }
-        for name, profile in config.profiles.items()
-    ]
-    return {"active": switch.active, "profiles": profiles}
-
-
-def activation_view(activation: ProfileActivation) -> Json:
-    return {
-        "active": activation.active,
-        "previous": activation.previous,
-        "changed": activation.changed,
-        "disabled": list(activation.change.disable),
-        "enabled": list(activation.change.enable),
-        "stopped": list(activation.stopped),
-        "started": list(activation.started),
-        "drain_timeouts": list(activation.drain_timeouts),
-        "failed": dict(activation.failed),
     }
 
 
