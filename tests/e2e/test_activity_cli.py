@@ -12,6 +12,8 @@ import pytest
 from tests.e2e.test_gaming_cli import backend_state, cli
 from tests.fakes.processes import GatewayProcess, free_port, gateway_process, sim_gpu_models
 
+pytestmark = pytest.mark.e2e
+
 CANARY = "walrus-canary-41c9 the prompt nobody may see"
 
 

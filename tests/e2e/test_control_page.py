@@ -32,6 +32,8 @@ from tests.fakes.processes import (
     two_host_models,
 )
 
+pytestmark = pytest.mark.e2e
+
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 
 

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.test_control_page import ARTIFACTS, _require_browser, drawn, watch_console
 from tests.fakes.processes import gateway_process, sim_gpu_models
 
+pytestmark = pytest.mark.e2e
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
