@@ -83,6 +83,7 @@ class StopReason(enum.StrEnum):
     STANDBY = "standby"  # lifecycle: standby, put to sleep after its load at gateway start
     HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
     RELOAD = "reload"  # a config reload removed it or changed what needs a restart
+    UNWANTED = "unwanted"  # a lazy start whose waiting requests all left (start_cancelled)
 
 
 class StartOutcome(enum.StrEnum):
