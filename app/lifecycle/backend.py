@@ -30,7 +30,7 @@ from app.events import EventLog
 from app.lifecycle import admission as rules
 from app.lifecycle.admission import Admission, AdmissionRefused, StartUnwanted, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
-from app.lifecycle.load import LoadStatus, StartClock, StartDurations
+from app.lifecycle.load import WAITING_FOR_VRAM, LoadStatus, StartClock, StartDurations
 from app.lifecycle.memory import Memory
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
@@ -280,7 +280,8 @@ class Backend:
         except StartUnwanted:  # admission would have evicted for nobody (`app.lifecycle.wanted`)
             outcome = StartOutcome.CANCELLED
             async with self._lock:
-                self._set_state(BackendState.STOPPED, self.want.cancelled())
+                if self.state is BackendState.STARTING:  # else a stop took over
+                    self._set_state(BackendState.STOPPED, self.want.cancelled(WAITING_FOR_VRAM))
         except AdmissionRefused as exc:
             outcome = StartOutcome.REFUSED
             async with self._lock:

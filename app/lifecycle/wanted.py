@@ -101,11 +101,11 @@ class StartWant:
         await asyncio.sleep(self._grace_s)  # a timer: a retry may come meanwhile
         await self._cancel(start)
 
-    def cancelled(self) -> str:
-        """The start is cancelled: the event, the counter and the log line; returns the
-        backend's reason for it."""
+    def cancelled(self, phase: str | None = None) -> str:
+        """The start is cancelled (in `phase`; None: its load's): the event, the counter
+        and the log line; returns the backend's reason for it."""
         load = self._backend.load()
-        phase = "launching" if load is None else load.phase
+        phase = phase or ("launching" if load is None else load.phase)
         spent = self._clock.elapsed_s() or 0.0
         name = self._backend.name
         self._metrics.start_cancelled.labels(name).inc()

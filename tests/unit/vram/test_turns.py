@@ -243,4 +243,9 @@ async def test_a_start_whose_request_left_evicts_nobody_when_the_equal_goes_idle
     assert rig.runtimes["second"].starts == 0  # nothing launched
     assert not swaps(rig, "second", "first")
     assert second.reason is not None
-    assert "nobody waits for it" in second.reason
+    assert "(waiting_for_vram): nobody waits for it" in second.reason
+    cancelled = {"backend": "second"}
+    assert (
+        rig.metrics.registry.get_sample_value("microscheduler_start_cancelled_total", cancelled)
+        == 1
+    )
