@@ -374,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     setup = Setup(a.quick)
     switches, requests, hold = (4, 4, 0.5) if a.quick else (a.switches, a.requests, a.hold)
+    cancel_load = 5.0 if a.quick else a.cancel_load
     max_wait_s = 20.0
     with tempfile.TemporaryDirectory(prefix="bench-switch-") as tmp:
         try:
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 phase_collation(Path(tmp), setup, h, a.clients, requests, max_wait_s)
                 for h in (hold, 0.0)
             ]
-            cancelled = phase_cancelled(Path(tmp), setup, 5.0 if a.quick else a.cancel_load)
+            cancelled = phase_cancelled(Path(tmp), setup, cancel_load)
         except (RuntimeError, OSError, ValueError, KeyError) as exc:
             log(f"FAILED: {exc}")
             return 1
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "collation": collation,
         "cancelled": cancelled,
         "command": f"python bench/switch.py --switches {switches} --clients {a.clients} "
-        f"--requests {requests} --hold {hold:g} --cancel-load {a.cancel_load:g}"
+        f"--requests {requests} --hold {hold:g} --cancel-load {cancel_load:g}"
         + (" --quick" if a.quick else ""),
     }
     res["targets"] = judge(res)
