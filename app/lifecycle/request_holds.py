@@ -12,7 +12,7 @@ for it (the queue), and `acquire()`, the data plane's only way in.
   tickets queued before it (`TicketQueue.collate`; the drain waits for them too).
 - A request that leaves before its lease (its client went away, or its backend's own
   `max_wait_s` ran out) tells the backend (`left`): a lazy start that nobody waits for
-  any more may be cancelled (`Backend`, "No load nobody waits for").
+  any more may be cancelled (`app.lifecycle.wanted`).
 - The time a request is held is counted on it (`app.activity.add_wait`): `queue` for a
   slot, `wake` for the start, and of that, `yield` while the start waited for memory
   other models hold (`Server.vram_waited_s`).

@@ -11,8 +11,8 @@
   end or the equal to go idle (out of the GPUs' locks, up to its own `start_timeout_s`),
   then evicts it. A backend still starting (ready only after it has learned what it
   serves, out of the locks) is waited for the same way, then planned for again.
-- A lazy start whose requests all left (`Claimant.want`) evicts nobody:
-  it ends instead (`StartUnwanted`), whatever it would have evicted.
+- A lazy start whose requests all left (`Claimant.want`) evicts nobody: it ends instead
+  (`StartUnwanted`), whatever it would have evicted.
 - A start waiting for its turn on a GPU (another model's start, a zone grant or the yield
   holds the GPU's lock) says so: `waiting for turn-b's start on GPU 0`, load phase
   `waiting_for_turn`.
