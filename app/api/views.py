@@ -247,6 +247,7 @@ def restore_view(report: RestoreReport | HoldReleased | None, host: str) -> Json
         "host": host,
         "reason": report.reason,
         "why": report.why,
+        "order": list(report.order),
         "back": list(report.back),
         "starting": list(report.starting),
         "failed": dict(report.failed),
