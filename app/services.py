@@ -75,7 +75,7 @@ from app.settings import (
 )
 from app.settings.record import ConfigRecord
 from app.store.usage import build_ledger
-from app.tasks import OpenRelays
+from app.tasks import OpenRelays, OwnedTasks
 from app.upstreams.control_http import DEFAULT_TIMEOUT_S, AsyncBaseTransport, async_client
 from app.upstreams.http import HttpUpstream
 from app.upstreams.vllm import VllmClient, control_timeout_s
@@ -153,6 +153,7 @@ class Services:
         self._seams = seams
         self.key_metrics = KeyMetrics(metrics.registry)
         self.relays = OpenRelays()  # ended in-band when the gateway stops (app.main)
+        self.loads = OwnedTasks()  # loads a client began without waiting (app.api.model_verbs)
         self._build_access()
         self._build_clients()
         self._build_store()
@@ -528,6 +529,7 @@ class Services:
 
     async def close(self) -> None:
         """Stop the background work, then close what was opened, in reverse order."""
+        await self.loads.close()
         await self.scheduler.close()
         await self.supervisor.close()
         await self.notifier.close()

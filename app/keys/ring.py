@@ -76,6 +76,7 @@ class ClientKey:
         self.config = config
         self.priority: Priority = config.priority
         self.models = None if config.models is None else frozenset(config.models)
+        self.lifecycle = config.lifecycle  # may load and unload the models in its scope
         # Streams must carry their usage to the gateway when a limit counts tokens.
         self.counts_tokens = config.counts_tokens
         self.in_flight = 0

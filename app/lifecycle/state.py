@@ -83,6 +83,7 @@ class StopReason(enum.StrEnum):
     STANDBY = "standby"  # lifecycle: standby, put to sleep after its load at gateway start
     HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
     RELOAD = "reload"  # a config reload removed it or changed what needs a restart
+    UNLOAD = "unload"  # a client unloaded it: POST /models/unload, Ollama's keep_alive: 0
 
 
 class StartOutcome(enum.StrEnum):
@@ -101,6 +102,7 @@ SLEEP_REASONS: Final = (
     StopReason.YIELD,
     StopReason.ADMIN,
     StopReason.STANDBY,
+    StopReason.UNLOAD,
 )
 
 

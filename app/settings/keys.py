@@ -5,6 +5,7 @@
         key_env: AGENTS_KEY         # the secret, from this environment variable
         models: [orchestrator]      # ids or aliases it may use (default: all)
         cloud: false                # may its requests fall back to cloud providers
+        lifecycle: true             # may load and unload its models (default false)
         priority: high              # high | normal | low
         rpm: 600                    # requests per minute
         tpm: 200000                 # tokens per minute, counted from usage
@@ -71,6 +72,14 @@ class KeyConfig(StrictConfig):
         default=None, min_length=1, description="Model ids or aliases it may use; null: all."
     )
     cloud: bool = Field(True, description="Whether its requests may fall back to cloud providers.")
+    lifecycle: bool = Field(
+        False,
+        description=(
+            "Whether it may load and unload the models in its scope (POST /models/load and "
+            "/models/unload, Ollama's keep_alive): an unload frees VRAM another client may be "
+            "using, so it is off unless said."
+        ),
+    )
     priority: Priority = Field(
         Priority.NORMAL,
         description="high, normal or low: the order of its requests in a backend's queue.",
