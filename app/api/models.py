@@ -27,6 +27,7 @@ from starlette.responses import StreamingResponse
 
 from app.api import model_verbs
 from app.api.deps import ServicesDep, json_body, require_admin
+from app.api.middleware import context_of
 from app.api.model_cards import Json, backend_status, listed, model_status
 from app.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from app.events import Subscription
@@ -64,7 +65,11 @@ def reader_scope(request: Request, services: Services) -> Callable[[str], bool]:
         return lambda _: True
     except (AuthenticationFailed, PermissionDenied):
         pass
-    return services.auth.check_client(request.headers.get("authorization")).allows
+    key = services.auth.check_client(request.headers.get("authorization"))
+    ctx = context_of(request.scope)
+    if ctx is not None:
+        ctx.key = key.name  # named in the request's access line, as for /v1/models
+    return key.allows
 
 
 @router.get("/models")

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from app.api import models
 from app.services import Services
-from tests.api.test_lifecycle_api import CHAT, lazy, lifecycle_gateway
+from tests.api.test_lifecycle_api import CHAT, lazy, lifecycle_gateway, pinned
 from tests.fakes.processes import free_port
 from tests.fakes.servers import FakeVllmRuntime, Gateway
 from tests.fakes.waits import until
@@ -159,6 +159,39 @@ async def test_a_refused_load_says_why_in_the_apis_error_format(tmp_path: Path) 
     assert unknown.json()["error"]["code"] == "model_not_found"
     assert empty.status_code == 400
     assert runtime.starts == 0
+
+
+async def test_a_load_is_refused_where_a_request_would_be_and_says_why(tmp_path: Path) -> None:
+    """Admission decides a load as it decides a request's wake: a model that fits only by
+    evicting a pinned one of higher priority gets the same 503, naming what holds the GPU;
+    a replica group is loaded by one replica's name."""
+    resident, big, first, second = free_port(), free_port(), free_port(), free_port()
+    backends = {
+        "pinned": pinned(resident),
+        "big": lazy(big, models=["big-model"], vram_mib=20000),
+        "g1": lazy(first, models=["group-model"], replica_of="g", vram_mib=4000),
+        "g2": lazy(second, models=["group-model"], replica_of="g", vram_mib=4000),
+    }
+    runtimes = {
+        "pinned": FakeVllmRuntime(resident, models=["pinned-model"]),
+        "big": FakeVllmRuntime(big, models=["big-model"]),
+        "g1": FakeVllmRuntime(first, models=["group-model"]),
+        "g2": FakeVllmRuntime(second, models=["group-model"]),
+    }
+    async with lifecycle_gateway(backends, runtimes, tmp_path) as gw:
+        asked = await gw.client.post("/v1/chat/completions", json={**CHAT, "model": "big-model"})
+        loaded = await gw.client.post("/models/load", json={"model": "big-model"})
+        group = await gw.client.post("/models/load", json={"model": "group-model"})
+        replica = await gw.client.post("/models/load", json={"model": "g2"})
+        assert runtimes["pinned"].stops == 0  # not evicted for either
+    assert asked.status_code == 503, asked.text
+    assert loaded.status_code == 503, loaded.text
+    assert loaded.json()["error"]["code"] == asked.json()["error"]["code"] == "backend_no_vram"
+    assert "pinned" in loaded.json()["error"]["message"]
+    assert group.status_code == 409
+    assert "load or unload one replica by its backend name" in group.json()["error"]["message"]
+    assert replica.status_code == 200, replica.text
+    assert replica.json()["status"]["value"] == "loaded"
 
 
 def parse(chunk: bytes) -> Any:
