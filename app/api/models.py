@@ -57,6 +57,12 @@ class UnloadBody(BaseModel):
     model: str = Field(min_length=1, max_length=512)
 
 
+def _documented(body: type[BaseModel]) -> dict[str, Any]:
+    """The body in the OpenAPI schema (`json_body` reads it itself, so FastAPI cannot)."""
+    schema = {"application/json": {"schema": body.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": schema}}
+
+
 def reader_scope(request: Request, services: Services) -> Callable[[str], bool]:
     """Which names the caller may see: all for the admin, else its client key's scope
     (401 without a known key)."""
@@ -78,7 +84,7 @@ async def list_models(request: Request, services: ServicesDep) -> dict[str, Any]
     return listed(services, reader_scope(request, services))
 
 
-@router.post("/models/load")
+@router.post("/models/load", openapi_extra=_documented(LoadBody))
 async def load_model(
     request: Request,
     services: ServicesDep,
@@ -95,7 +101,7 @@ async def load_model(
     return answer(backend, body.model)
 
 
-@router.post("/models/unload")
+@router.post("/models/unload", openapi_extra=_documented(UnloadBody))
 async def unload_model(
     request: Request,
     services: ServicesDep,
