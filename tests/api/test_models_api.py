@@ -235,7 +235,9 @@ async def test_sse_streams_a_lazy_wake_as_loading_with_progress_then_loaded(
         while seen[-1]["data"]["status"] != "loaded":
             seen.append(await next_status(messages))
         assert (await request).status_code == 200
-        await messages.aclose()
+        services.events.end_streams("stopping")  # the gateway stops: the stream ends
+        with pytest.raises(StopAsyncIteration):
+            await next_status(messages)
     assert first == {
         "model": "lazy-model",
         "event": "model_status",
