@@ -8,13 +8,11 @@ field's JSON name and rounding are decided once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.load import LoadStatus
-from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
@@ -23,6 +21,7 @@ from app.routing.cloud import CloudStatus
 from app.runtimes.output import OutputSource
 from app.services import Services
 from app.settings import ReleaseConfig
+from app.upstreams.vllm_output import CompileSeen
 from app.vram.host_ram import HostRamView
 from app.vram.hosts import Host
 from app.vram.residency import protected_for_s
@@ -72,6 +71,8 @@ def backend_view(backend: BackendView) -> Json:
         # While it lasts, the seconds left: another model's start waits, not evicts it.
         "protected_for_s": round(protected_for_s(backend), 1) or None,
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
+        # Its last start's torch.compile: `compile_s` and `compile_cache` (hit, miss, off).
+        "last_compile": compile_view(backend.last_compile),
         "healthy": backend.healthy,
         "health_error": backend.health_error,
         # The last failure to reach it, in full (address, exception): clients get a summary.
@@ -124,7 +125,17 @@ def idle_action(how: ReleaseConfig, *, sleeps: bool, managed: bool) -> str:
 def load_view(load: LoadStatus | None) -> Json | None:
     if load is None:
         return None
-    return {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
+    view: Json = {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
+    return view | compile_view(load.compile)
+
+
+def compile_view(seen: CompileSeen | None) -> Json:
+    """A start's torch.compile: `compile_s` and `compile_cache` (`hit`, `miss`, `off`; null
+    until vLLM says): a cold start with a warm cache shows `hit` and a short compile."""
+    if seen is None:
+        return {"compile_s": None, "compile_cache": None}
+    seconds = None if seen.seconds is None else round(seen.seconds, 2)
+    return {"compile_s": seconds, "compile_cache": seen.cache}
 
 
 def _seconds(value: float | None) -> float | None:
@@ -239,46 +250,6 @@ def restore_view(report: RestoreReport | HoldReleased | None, host: str) -> Json
         "on_demand": list(report.on_demand),
         "yielded_for_s": report.yielded_for_s,
         "ended": list(report.ended),
-    }
-
-
-# -- GPU profiles ------------------------------------------------------------------------
-
-
-def profiles_view(switch: ProfileSwitch, backends: Iterable[str]) -> Json:
-    """`GET /profiles`: each profile, whether active, and what it enables."""
-    config = switch.profiles
-    if config is None:
-        return {"active": None, "profiles": []}
-    names = list(backends)
-    profiles = [
-        {
-            "name": name,
-            "active": name == switch.active,
-            "description": profile.description,
-            "vram_strategy": profile.vram_strategy,
-            "gpu_total_gb": profile.gpu_total_gb,
-            "target_utilization_pct": profile.target_utilization_pct,
-            "enabled": [b for b in names if profile.enabled(b)],
-            "disabled": [b for b in names if not profile.enabled(b)],
-            "models": {n: m.model_dump(exclude_none=True) for n, m in profile.models.items()},
-        }
-        for name, profile in config.profiles.items()
-    ]
-    return {"active": switch.active, "profiles": profiles}
-
-
-def activation_view(activation: ProfileActivation) -> Json:
-    return {
-        "active": activation.active,
-        "previous": activation.previous,
-        "changed": activation.changed,
-        "disabled": list(activation.change.disable),
-        "enabled": list(activation.change.enable),
-        "stopped": list(activation.stopped),
-        "started": list(activation.started),
-        "drain_timeouts": list(activation.drain_timeouts),
-        "failed": dict(activation.failed),
     }
 
 

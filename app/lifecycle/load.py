@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from app.lifecycle.store import StateStore
-from app.upstreams.vllm_output import LAUNCHING, LoadProgress
+from app.upstreams.vllm_output import LAUNCHING, CompileSeen, LoadProgress
 
 # The phases of a start before its launch: admission waits for memory other models hold
 # (their min_resident_s or max_hold_s), or for its turn on its GPUs (another model's start,
@@ -22,11 +22,13 @@ WAITING_FOR_TURN: Final = "waiting_for_turn"
 
 @dataclass(frozen=True, slots=True)
 class LoadStatus:
-    """Its phase, the share done (0-100), seconds left (None: not known)."""
+    """Its phase, the share done (0-100), seconds left (None: not known), and its
+    torch.compile so far (its seconds, and whether vLLM's compile cache served it)."""
 
     phase: str
     percent: int
     eta_s: int | None
+    compile: CompileSeen | None = None
 
 
 class StartWatch(Protocol):
@@ -54,7 +56,7 @@ def load_status(
     progress = watch.load
     if progress is None:
         return LoadStatus(LAUNCHING, 0, eta)
-    return LoadStatus(progress.phase, progress.percent, eta)
+    return LoadStatus(progress.phase, progress.percent, eta, progress.compile)
 
 
 class StartClock:
