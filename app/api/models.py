@@ -28,12 +28,11 @@ from starlette.responses import StreamingResponse
 from app.api import model_verbs
 from app.api.deps import ServicesDep, json_body, require_admin
 from app.api.middleware import context_of
-from app.api.model_cards import Json, backend_status, listed, model_status
+from app.api.model_cards import Json, backend_status, backend_statuses, listed, model_status
 from app.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from app.events import Subscription
 from app.jsonwire import json_bytes
 from app.lifecycle.backend import Backend
-from app.lifecycle.view import BackendView
 from app.services import Services
 
 router = APIRouter(tags=["models"])
@@ -118,7 +117,7 @@ async def unload_model(
 
 def answer(backend: Backend, model: str) -> Json:
     """llama.cpp's `{"success": true}`, with the backend's status now."""
-    return {"success": True, "model": model, "status": backend_status(BackendView.of(backend))}
+    return {"success": True, "model": model, "status": backend_status(backend)}
 
 
 @router.get("/models/sse")
@@ -135,8 +134,9 @@ async def model_events(request: Request, services: ServicesDep) -> StreamingResp
 
 def statuses(services: Services, allowed: Callable[[str], bool]) -> dict[str, Json]:
     """Each visible model's status now (a model whose backend is gone left out)."""
+    by_backend = backend_statuses(services.backends)
     now = {
-        entry.id: model_status(entry, services.backends)
+        entry.id: model_status(entry, by_backend)
         for entry in services.registry.entries
         if allowed(entry.id)
     }
