@@ -8,19 +8,16 @@ field's JSON name and rounding are decided once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
-from app.lifecycle.backend import Backend
 from app.lifecycle.load import LoadStatus
 from app.lifecycle.state import BackendState
 from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
-from app.routing.registry import ModelEntry, Registry
 from app.runtimes.output import OutputSource
 from app.services import Services
 from app.settings import ReleaseConfig
@@ -316,66 +313,6 @@ def gpu_view(stats: GpuStats) -> Json:
 
 def _mib_up(value: int | None) -> int | None:
     return None if value is None else -(-value // MIB)
-
-
-# -- models --------------------------------------------------------------------------------
-
-
-def model_list(
-    registry: Registry,
-    created: float,
-    *,
-    allowed: Callable[[str], bool] | None = None,
-    max_len: Callable[[ModelEntry], int | None] | None = None,
-) -> Json:
-    """`GET /v1/models` in OpenAI's list shape: the names `allowed` (the client key's);
-    `max_len`: each entry's `max_model_len` (`max_model_len_of`; None: not known)."""
-    return {
-        "object": "list",
-        "data": [
-            model_view(e, created, None if max_len is None else max_len(e))
-            for e in registry.entries
-            if allowed is None or allowed(e.id)
-        ],
-    }
-
-
-def model_view(entry: ModelEntry, created: float, max_model_len: int | None = None) -> Json:
-    """One model id or alias as OpenAI's model object (`GET /v1/models/{id}`), with vLLM's
-    `max_model_len` (vllm/entrypoints/serve/engine/protocol.py `ModelCard`: null when not
-    known; OpenAI's SDKs keep fields they do not declare)."""
-    return {
-        "id": entry.id,
-        "object": "model",
-        "created": int(created),
-        "owned_by": entry.group or entry.backend,  # a replica group, not one replica
-        "root": entry.root,
-        "parent": entry.parent,  # a LoRA adapter's base model, as vLLM lists it
-        "max_model_len": max_model_len,
-    }
-
-
-def max_model_len_of(entry: ModelEntry, backends: Mapping[str, Backend]) -> int | None:
-    """The longest sequence a request for `entry` may use: what its server said
-    (`Served.max_model_len`), else its `model_info.max_model_len`; for a replica group
-    the smallest of its members' (a request may reach any); None when none is known.
-    Aliases and LoRA adapters have their backend's (vLLM lists an adapter without one,
-    but serves it within its base model's)."""
-    known = [
-        length
-        for member in entry.replicas or (entry.backend,)
-        if (backend := backends.get(member)) is not None
-        and (length := _max_model_len(backend)) is not None
-    ]
-    return min(known, default=None)
-
-
-def _max_model_len(backend: Backend) -> int | None:
-    learned = backend.serving.max_model_len
-    if learned is not None:
-        return learned
-    info = backend.config.model_info
-    return None if info is None else info.max_model_len
 
 
 def expires_in_s(expires_at: float | None) -> float | None:
