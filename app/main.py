@@ -26,6 +26,7 @@ from app.api import (
     config,
     handlers,
     messages,
+    models,
     openai,
     openapi,
     ops,
@@ -168,6 +169,7 @@ def _install_routes(app: FastAPI) -> None:
     app.include_router(vram.router)
     app.include_router(profiles.router)
     app.include_router(config.router)
+    app.include_router(models.router)
     app.router.routes.extend(openai.routes)
     app.router.routes.extend(messages.routes)
     app.router.routes.extend(ollama.routes)

@@ -361,6 +361,7 @@ class Services:
             # The cluster's scheduler places a kubernetes backend without `host:`.
             admission=arbiters[config.host_name] if config.gpus_accounted else Unchecked(),
             wake_notice_s=self.settings.wake_notice_s,
+            start_cancel_grace_s=self.settings.start_cancel_grace_s,
             events=self.events,
             learned=self._learned,
             # A kubernetes backend without `host:` runs on a node nobody here reads.

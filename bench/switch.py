@@ -20,6 +20,13 @@ Phases:
    model is evicted at once, drained: a swap at every turn). Reported: switches (the
    gateway's `microscheduler_swaps_total`), the longest any request waited, and its bound
    (`max_wait_s`); every request must be answered.
+3. A cancelled start (no load nobody waits for): a cold start of one model with a longer
+   modelled load (`--cancel-load`), whose only client goes away 0.3 s after sending
+   (closes its connection). The gateway cancels the start `start_cancel_grace_s` (2 s)
+   after the client left and stops the fake. Reported: the phase and seconds the start had
+   run (its `start_cancelled` event), the fake's modelled load not spent (modelled load
+   minus that; the process boot before it counts as spent), and from the client leaving
+   to the backend `stopped`.
 
 Targets (reported, not enforced): the gateway adds <= 50 ms to a sleep switch (p50 and p95);
 with collation, fewer switches for the same requests and none waits past its bound. Exit
@@ -41,6 +48,8 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import contextlib
+
 from bench.overhead import HOST, Proc, free_port, log, ms, pct, serve_quiet
 
 MODELS = ("alpha", "beta")
@@ -241,6 +250,49 @@ def phase_collation(
     }
 
 
+def phase_cancelled(tmp: Path, setup: Setup, load_s: float) -> dict[str, Any]:
+    ports = {MODELS[0]: free_port()}
+    slow = Setup(quick=False)
+    slow.startup_delay, slow.wake_gib_per_s = load_s, setup.wake_gib_per_s
+    gw = start_gateway(tmp / "cancelled", ports, slow, 0.0)
+    try:
+        body = {"model": MODELS[0], "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2, "stream": True}  # fmt: skip
+        conn = http.client.HTTPConnection(HOST, gw.port, timeout=0.3)
+        conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                     {"content-type": "application/json"})  # fmt: skip
+        with contextlib.suppress(TimeoutError):
+            conn.getresponse().read(1)
+        conn.close()  # the client goes away while the model loads
+        left = time.monotonic()
+        event: dict[str, Any] | None = None
+        state = ""
+        while time.monotonic() - left < load_s + 30:
+            status, snapshot = call(gw.port, "GET", "/status")
+            if status != 200:
+                raise RuntimeError(f"/status answered {status}")
+            events = [e for e in snapshot["events"] if e["kind"] == "start_cancelled"]
+            state = next((b["state"] for b in snapshot["backends"] if b["name"] == MODELS[0]), "")
+            if events and state == "stopped":
+                event = events[-1]
+                break
+            time.sleep(0.05)
+        stopped_after = time.monotonic() - left
+        if event is None:
+            raise RuntimeError(f"the start was not cancelled (state {state!r})")
+        fake_gone = fake_stats(ports[MODELS[0]]) is None
+    finally:
+        gw.stop()
+    return {
+        "modelled_load_s": load_s,
+        "phase": event["phase"],
+        "ran_s": event["seconds"],
+        "not_spent_s": round(max(0.0, load_s - event["seconds"]), 2),
+        "stopped_after_left_s": round(stopped_after, 2),
+        "fake_stopped": fake_gone,
+    }
+
+
 def render(res: dict[str, Any]) -> str:
     s = res["setup"]
     lines = [
@@ -271,6 +323,16 @@ def render(res: dict[str, Any]) -> str:
             f"{c['max_wait_s']:.2f} s | {c['p50_wait_s']:.2f} s | {c['bound_s']:g} s | "
             f"{c['errors']} |"
         )
+    c = res["cancelled"]
+    lines += [
+        "",
+        "| Cancelled start | modelled load | ran before the cancel (phase) | modelled load "
+        "not spent | client left -> stopped | fake stopped |",
+        "|---|---:|---:|---:|---:|---|",
+        f"| its only client left after 0.3 s | {c['modelled_load_s']:g} s | {c['ran_s']:.2f} s "
+        f"({c['phase']}) | {c['not_spent_s']:.2f} s | {c['stopped_after_left_s']:.2f} s | "
+        f"{'yes' if c['fake_stopped'] else 'NO'} |",
+    ]
     lines += ["", "Targets (reported, not enforced):"]
     lines += [f"- {t['name']}: {t['value']} -> {t['verdict']}" for t in res["targets"]]
     lines += ["", f"Command: {res['command']}"]
@@ -282,6 +344,7 @@ def judge(res: dict[str, Any]) -> list[dict[str, Any]]:
     held, thrash = res["collation"]
     added = sleep["gateway"]["p95_ms"]
     fewer = held["switches"] < thrash["switches"]
+    cancelled = res["cancelled"]
     bounded = all(c["max_wait_s"] <= c["bound_s"] and not c["errors"] for c in res["collation"])
     return [
         {"name": "gateway's share of a sleep switch, p95 <= 50 ms", "value": f"{added:.1f} ms",
@@ -292,6 +355,9 @@ def judge(res: dict[str, Any]) -> list[dict[str, Any]]:
         {"name": "no request waits past max_wait_s, none refused",
          "value": f"longest {max(c['max_wait_s'] for c in res['collation']):.2f} s",
          "verdict": "PASS" if bounded else "MISS"},
+        {"name": "a start nobody waits for is cancelled, its server stopped",
+         "value": f"{cancelled['not_spent_s']:.2f} s of modelled load not spent",
+         "verdict": "PASS" if cancelled["fake_stopped"] else "MISS"},
     ]  # fmt: skip
 
 
@@ -301,11 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=2, help="per model, in the collation phase")
     p.add_argument("--requests", type=int, default=15, help="per client, collation phase")
     p.add_argument("--hold", type=float, default=2.0, help="max_hold_s of the collation phase")
+    p.add_argument("--cancel-load", type=float, default=20.0,
+                   help="modelled load (s) of the cancelled start")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run: few switches, short waits")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     setup = Setup(a.quick)
     switches, requests, hold = (4, 4, 0.5) if a.quick else (a.switches, a.requests, a.hold)
+    cancel_load = 5.0 if a.quick else a.cancel_load
     max_wait_s = 20.0
     with tempfile.TemporaryDirectory(prefix="bench-switch-") as tmp:
         try:
@@ -314,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 phase_collation(Path(tmp), setup, h, a.clients, requests, max_wait_s)
                 for h in (hold, 0.0)
             ]
+            cancelled = phase_cancelled(Path(tmp), setup, cancel_load)
         except (RuntimeError, OSError, ValueError, KeyError) as exc:
             log(f"FAILED: {exc}")
             return 1
@@ -327,8 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "switch_phases": phases,
         "collation": collation,
+        "cancelled": cancelled,
         "command": f"python bench/switch.py --switches {switches} --clients {a.clients} "
-        f"--requests {requests} --hold {hold:g}" + (" --quick" if a.quick else ""),
+        f"--requests {requests} --hold {hold:g} --cancel-load {cancel_load:g}"
+        + (" --quick" if a.quick else ""),
     }
     res["targets"] = judge(res)
     print(render(res))

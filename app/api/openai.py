@@ -17,9 +17,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from app.api.middleware import context_of, too_large
+from app.api.model_cards import card, listed
 from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
 from app.api.relay import RelayResponse
-from app.api.views import max_model_len_of, model_list, model_view
 from app.errors import EndpointNotServed, MethodNotAllowed, ModelNotFound, UnsupportedMediaType
 from app.jsonwire import json_bytes
 from app.keys.ring import ClientKey
@@ -168,15 +168,11 @@ def not_offered(method: str, path: str, backend: str) -> None:
 
 
 async def list_models(request: Request) -> Response:
+    """`GET /v1/models`: the names the key may use, each with its `status`
+    (`app.api.model_cards`)."""
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
-    models = model_list(
-        services.registry,
-        services.started_at,
-        allowed=key.allows,
-        max_len=lambda entry: max_model_len_of(entry, services.backends),
-    )
-    body = json_bytes(models)
+    body = json_bytes(listed(services, key.allows))
     return Response(body, media_type="application/json")
 
 
@@ -190,8 +186,7 @@ async def retrieve_model(request: Request) -> Response:
     if entry is None:
         raise ModelNotFound(name)
     key.check_model(name)
-    max_len = max_model_len_of(entry, services.backends)
-    body = json_bytes(model_view(entry, services.started_at, max_len))
+    body = json_bytes(card(services, entry))
     return Response(body, media_type="application/json")
 
 

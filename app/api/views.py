@@ -8,23 +8,20 @@ field's JSON name and rounding are decided once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
-from app.lifecycle.backend import Backend
 from app.lifecycle.load import LoadStatus
-from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
 from app.lifecycle.state import BackendState
 from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
 from app.routing.circuit import CircuitSnapshot
 from app.routing.cloud import CloudStatus
-from app.routing.registry import ModelEntry, Registry
 from app.runtimes.output import OutputSource
 from app.services import Services
 from app.settings import ReleaseConfig
+from app.upstreams.vllm_output import CompileSeen
 from app.vram.host_ram import HostRamView
 from app.vram.hosts import Host
 from app.vram.residency import protected_for_s
@@ -74,6 +71,8 @@ def backend_view(backend: BackendView) -> Json:
         # While it lasts, the seconds left: another model's start waits, not evicts it.
         "protected_for_s": round(protected_for_s(backend), 1) or None,
         "last_start_s": (None if backend.last_start_s is None else round(backend.last_start_s, 3)),
+        # Its last start's torch.compile: `compile_s` and `compile_cache` (hit, miss, off).
+        "last_compile": compile_view(backend.last_compile),
         "healthy": backend.healthy,
         "health_error": backend.health_error,
         # The last failure to reach it, in full (address, exception): clients get a summary.
@@ -126,7 +125,17 @@ def idle_action(how: ReleaseConfig, *, sleeps: bool, managed: bool) -> str:
 def load_view(load: LoadStatus | None) -> Json | None:
     if load is None:
         return None
-    return {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
+    view: Json = {"phase": load.phase, "percent": load.percent, "eta_s": load.eta_s}
+    return view | compile_view(load.compile)
+
+
+def compile_view(seen: CompileSeen | None) -> Json:
+    """A start's torch.compile: `compile_s` and `compile_cache` (`hit`, `miss`, `off`; null
+    until vLLM says): a cold start with a warm cache shows `hit` and a short compile."""
+    if seen is None:
+        return {"compile_s": None, "compile_cache": None}
+    seconds = None if seen.seconds is None else round(seen.seconds, 2)
+    return {"compile_s": seconds, "compile_cache": seen.cache}
 
 
 def _seconds(value: float | None) -> float | None:
@@ -235,52 +244,13 @@ def restore_view(report: RestoreReport | HoldReleased | None, host: str) -> Json
         "host": host,
         "reason": report.reason,
         "why": report.why,
+        "order": list(report.order),
         "back": list(report.back),
         "starting": list(report.starting),
         "failed": dict(report.failed),
         "on_demand": list(report.on_demand),
         "yielded_for_s": report.yielded_for_s,
         "ended": list(report.ended),
-    }
-
-
-# -- GPU profiles ------------------------------------------------------------------------
-
-
-def profiles_view(switch: ProfileSwitch, backends: Iterable[str]) -> Json:
-    """`GET /profiles`: each profile, whether active, and what it enables."""
-    config = switch.profiles
-    if config is None:
-        return {"active": None, "profiles": []}
-    names = list(backends)
-    profiles = [
-        {
-            "name": name,
-            "active": name == switch.active,
-            "description": profile.description,
-            "vram_strategy": profile.vram_strategy,
-            "gpu_total_gb": profile.gpu_total_gb,
-            "target_utilization_pct": profile.target_utilization_pct,
-            "enabled": [b for b in names if profile.enabled(b)],
-            "disabled": [b for b in names if not profile.enabled(b)],
-            "models": {n: m.model_dump(exclude_none=True) for n, m in profile.models.items()},
-        }
-        for name, profile in config.profiles.items()
-    ]
-    return {"active": switch.active, "profiles": profiles}
-
-
-def activation_view(activation: ProfileActivation) -> Json:
-    return {
-        "active": activation.active,
-        "previous": activation.previous,
-        "changed": activation.changed,
-        "disabled": list(activation.change.disable),
-        "enabled": list(activation.change.enable),
-        "stopped": list(activation.stopped),
-        "started": list(activation.started),
-        "drain_timeouts": list(activation.drain_timeouts),
-        "failed": dict(activation.failed),
     }
 
 
@@ -343,66 +313,6 @@ def gpu_view(stats: GpuStats) -> Json:
 
 def _mib_up(value: int | None) -> int | None:
     return None if value is None else -(-value // MIB)
-
-
-# -- models --------------------------------------------------------------------------------
-
-
-def model_list(
-    registry: Registry,
-    created: float,
-    *,
-    allowed: Callable[[str], bool] | None = None,
-    max_len: Callable[[ModelEntry], int | None] | None = None,
-) -> Json:
-    """`GET /v1/models` in OpenAI's list shape: the names `allowed` (the client key's);
-    `max_len`: each entry's `max_model_len` (`max_model_len_of`; None: not known)."""
-    return {
-        "object": "list",
-        "data": [
-            model_view(e, created, None if max_len is None else max_len(e))
-            for e in registry.entries
-            if allowed is None or allowed(e.id)
-        ],
-    }
-
-
-def model_view(entry: ModelEntry, created: float, max_model_len: int | None = None) -> Json:
-    """One model id or alias as OpenAI's model object (`GET /v1/models/{id}`), with vLLM's
-    `max_model_len` (vllm/entrypoints/serve/engine/protocol.py `ModelCard`: null when not
-    known; OpenAI's SDKs keep fields they do not declare)."""
-    return {
-        "id": entry.id,
-        "object": "model",
-        "created": int(created),
-        "owned_by": entry.group or entry.backend,  # a replica group, not one replica
-        "root": entry.root,
-        "parent": entry.parent,  # a LoRA adapter's base model, as vLLM lists it
-        "max_model_len": max_model_len,
-    }
-
-
-def max_model_len_of(entry: ModelEntry, backends: Mapping[str, Backend]) -> int | None:
-    """The longest sequence a request for `entry` may use: what its server said
-    (`Served.max_model_len`), else its `model_info.max_model_len`; for a replica group
-    the smallest of its members' (a request may reach any); None when none is known.
-    Aliases and LoRA adapters have their backend's (vLLM lists an adapter without one,
-    but serves it within its base model's)."""
-    known = [
-        length
-        for member in entry.replicas or (entry.backend,)
-        if (backend := backends.get(member)) is not None
-        and (length := _max_model_len(backend)) is not None
-    ]
-    return min(known, default=None)
-
-
-def _max_model_len(backend: Backend) -> int | None:
-    learned = backend.serving.max_model_len
-    if learned is not None:
-        return learned
-    info = backend.config.model_info
-    return None if info is None else info.max_model_len
 
 
 def expires_in_s(expires_at: float | None) -> float | None:

@@ -1,6 +1,12 @@
-"""`microscheduler ps | start NAME | stop NAME`: a running gateway's backends, like
-`ollama ps`, and starting or stopping one (its admin API: `GET /status`,
-`POST /backends/{name}/start`, `POST /backends/{name}/stop`).
+"""`microscheduler ps | load NAME | unload NAME | start NAME | stop NAME`: a running
+gateway's backends, like `ollama ps`, and loading or unloading a model.
+
+`load` and `unload` are the verbs (`POST /models/load`, `POST /models/unload`, as a
+client with `lifecycle: true` has them): NAME is a model id, alias or backend name; `load`
+starts or wakes it as a request would and waits until it is ready (`--no-wait`: once it
+has begun), `unload` drains it, then sleeps or stops it as its `idle:` method says. `start`
+and `stop` are the low-level verbs of the admin API (`POST /backends/{name}/start`,
+`.../stop`): NAME is a backend, and `stop` always stops (whatever `idle:` says).
 
 `ps` columns: the backend, its state, its lifecycle, the VRAM it holds now (`held_mib`,
 MiB per GPU: measured at its last start, else what admission counts; asleep, what it
@@ -9,9 +15,9 @@ queued (held for its start or for a slot), and when idle: what its idle stop wil
 (`idle.action`: sleep, stop) and the time until it (`idle_ttl_s`), `-` when none counts
 down (pinned, no idle_ttl_s, not ready, or busy).
 
-`start` waits until the backend is ready (a start takes what a wake takes: admission may
-evict idle models to make room), `stop` until it is stopped (requests in flight drain
-first); both print its state.
+`start` and `load` wait until the backend is ready (a start takes what a wake takes:
+admission may evict idle models to make room), `stop` and `unload` until it is stopped
+or asleep (requests in flight drain first); each prints the state.
 """
 
 from __future__ import annotations
@@ -36,8 +42,21 @@ def add_backend_commands(subparsers: Subparsers) -> None:
     add_url_option(ps)
     ps.add_argument("--json", action="store_true", help="print the /status backends")
     ps.set_defaults(func=run_ps)
-    for verb, what in (("start", "start a backend and wait until it is ready"),
-                       ("stop", "drain a backend's requests, then stop it")):  # fmt: skip
+    load = subparsers.add_parser(
+        "load", help="load a model (start or wake it) and wait until it is ready"
+    )
+    load.add_argument("name", help="a model id or alias, or a backend (as in models.yaml)")
+    load.add_argument("--no-wait", action="store_true", help="answer once the load has begun")
+    add_call_options(load, timeout_s=DEFAULT_TIMEOUT_S, json_help="print the gateway's answer")
+    load.set_defaults(func=run_load)
+    unload = subparsers.add_parser(
+        "unload", help="drain a model's requests, then sleep or stop it as its idle: says"
+    )
+    unload.add_argument("name", help="a model id or alias, or a backend (as in models.yaml)")
+    add_call_options(unload, timeout_s=DEFAULT_TIMEOUT_S, json_help="print the gateway's answer")
+    unload.set_defaults(func=run_unload)
+    for verb, what in (("start", "start a backend, wait until it is ready (see load)"),
+                       ("stop", "drain a backend, then stop it (see unload)")):  # fmt: skip
         command = subparsers.add_parser(verb, help=what)
         command.add_argument("name", help="the backend (as in models.yaml)")
         add_call_options(
@@ -60,6 +79,30 @@ def run_start(args: argparse.Namespace) -> int:
 
 def run_stop(args: argparse.Namespace) -> int:
     return _act(args, "stop")
+
+
+def run_load(args: argparse.Namespace) -> int:
+    body = {"model": args.name, "wait": not args.no_wait}
+    return show(args, "load", "POST", "/models/load", render_model, timeout=args.timeout,
+                body=body)  # fmt: skip
+
+
+def run_unload(args: argparse.Namespace) -> int:
+    body = {"model": args.name}
+    return show(args, "unload", "POST", "/models/unload", render_model, timeout=args.timeout,
+                body=body)  # fmt: skip
+
+
+def render_model(answer: JsonDict) -> str:
+    """`NAME: VALUE`, with a load's phase and share done, or the reason it is in its state:
+    `qwen: loading (loading_weights, 40 %)`, `qwen: unloaded (stopped: unload)`."""
+    status = answer.get("status") or {}
+    line = f"{answer.get('model')}: {status.get('value', 'unknown')}"
+    progress = status.get("progress")
+    if progress is not None:
+        return f"{line} ({progress.get('phase')}, {progress.get('percent')} %)"
+    reason = status.get("reason")
+    return line if reason is None else f"{line} ({reason})"
 
 
 def _act(args: argparse.Namespace, verb: str) -> int:

@@ -164,6 +164,7 @@ def restore_summary(body: JsonDict) -> str:
         f"restored{where}: back {_names(body.get('back'))}; "
         f"starting {_names(body.get('starting'))}; "
         f"on demand {_names(body.get('on_demand'))}"
+        + (f"; woken in this order: {_names(body['order'])}" if body.get("order") else "")
         + ("; failed " + "; ".join(f"{k}: {v}" for k, v in body["failed"].items())
            if body.get("failed") else "")
     )  # fmt: skip

@@ -193,11 +193,15 @@ def show(
     *,
     timeout: float = READ_TIMEOUT_S,
     view: Callable[[JsonDict], Any] = _whole,
+    body: JsonDict | None = None,
 ) -> int:
-    """One admin call, printed: `view(answer)` (default: the whole answer) as JSON with
-    `--json`, else as `render` writes it; a failed call as its error line. The exit code."""
+    """One admin call (with `body` as JSON when given), printed: `view(answer)` (default:
+    the whole answer) as JSON with `--json`, else as `render` writes it; a failed call as
+    its error line. The exit code."""
     try:
-        answer = call(method, url_of(args), path, timeout=timeout, key_file=args.admin_key_file)
+        answer = call(
+            method, url_of(args), path, timeout=timeout, body=body, key_file=args.admin_key_file
+        )
     except (Unreachable, GatewayRefused) as exc:
         return reported(command, exc)
     shown = view(answer)

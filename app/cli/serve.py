@@ -28,6 +28,7 @@ from app.store import dir_lock
 
 if TYPE_CHECKING:
     from app.settings import Settings
+    from app.upstreams.control_http import AsyncBaseTransport
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +170,14 @@ def server_options(settings: Settings, cap: int | None = None) -> dict[str, Any]
     }
 
 
-def run_check_config(args: argparse.Namespace, *, nvml: object | None = None) -> int:
-    """`nvml` replaces the `pynvml` module `gpu.probe: auto` asks (tests)."""
+def run_check_config(
+    args: argparse.Namespace,
+    *,
+    nvml: object | None = None,
+    docker_transport: AsyncBaseTransport | None = None,
+) -> int:
+    """`nvml` replaces the `pynvml` module `gpu.probe: auto` asks, `docker_transport` the
+    Docker API's transport (tests)."""
     settings = load_config(args.config)
     names = sum(len(b.names) for b in settings.backends.values())
     backends = len(settings.backends)
@@ -193,4 +200,8 @@ def run_check_config(args: argparse.Namespace, *, nvml: object | None = None) ->
     cap = connection_cap(settings.server.max_connections, current_file_limit())
     if (low := cap.warning()) is not None:
         print(f"warning: connections: {low}")
+    from app.cli.cache_check import cache_warnings
+
+    for warning in cache_warnings(settings, docker_transport=docker_transport):
+        print(f"warning: {warning}")
     return OK

@@ -35,6 +35,11 @@ class AdmissionRefused(Exception):
     """Admission could not make room for a start; the message says what holds the memory."""
 
 
+class StartUnwanted(Exception):
+    """Admission would evict for a start nobody waits for any more (its requests left and
+    nothing else asked for it): it evicts nothing and the start ends."""
+
+
 @dataclass(slots=True)
 class Freed:
     """What a sleep freed on the backend's first GPU, as the probe saw it (None: unknown,
@@ -53,6 +58,13 @@ class ClaimedMemory(Protocol):
     def record_measured(self, mib: int) -> None: ...
 
 
+class Wanted(Protocol):
+    """Whether a backend's start is still wanted (`app.lifecycle.wanted.StartWant`)."""
+
+    @property
+    def wanted(self) -> bool: ...
+
+
 class Claimant(Protocol):
     """What admission reads of a backend (`app.lifecycle.backend.Backend`)."""
 
@@ -64,6 +76,8 @@ class Claimant(Protocol):
     def memory(self) -> ClaimedMemory: ...
     @property
     def server(self) -> Server: ...  # what its start progress says while admission waits
+    @property
+    def want(self) -> Wanted: ...  # whether its start under way is still wanted
 
 
 class Admission(Protocol):

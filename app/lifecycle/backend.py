@@ -14,6 +14,8 @@
   small protocol and changes it only through the transitions it is given; the API reads
   it through `app.lifecycle.view.BackendView`.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
+- A lazy start begun only for held requests is cancelled when they all leave before it is
+  ready (`want`, `app.lifecycle.wanted`); `start()` is explicit: never cancelled.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import time
 from app.errors import BackendUnavailable, GatewayError, UnavailableKind
 from app.events import EventLog
 from app.lifecycle import admission as rules
-from app.lifecycle.admission import Admission, AdmissionRefused, Unchecked
+from app.lifecycle.admission import Admission, AdmissionRefused, StartUnwanted, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
-from app.lifecycle.load import LoadStatus, StartClock, StartDurations
+from app.lifecycle.load import WAITING_FOR_VRAM, LoadStatus, StartClock, StartDurations
 from app.lifecycle.memory import Memory
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
@@ -44,6 +46,7 @@ from app.lifecycle.state import (
     check_transition,
     refusal,
 )
+from app.lifecycle.wanted import START_CANCEL_GRACE_S, StartWant
 from app.lifecycle.watched import Watcher
 from app.runtimes.base import Runtime, RuntimeFailure
 from app.settings import BackendConfig, ReleaseConfig
@@ -71,6 +74,7 @@ class Backend:
         learned: LearnedRecords | None = None,  # what its servers said, kept across restarts
         release: ReleasePolicy | None = None,
         durations: StartDurations | None = None,
+        start_cancel_grace_s: float = START_CANCEL_GRACE_S,
     ) -> None:
         self.name = name
         self.config = config
@@ -103,11 +107,14 @@ class Backend:
             lock=self._lock,
             next_step=self._next_step,
             unavailable=self._unavailable,
+            left=lambda kept: self.want.left(kept, self._start_task),
             went_idle=self.admission.went_idle,
             wake_notice_s=wake_notice_s,
         )
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
+        grace_s, cancel = start_cancel_grace_s, self._cancel_unwanted
+        self.want = StartWant(self, self._clock, metrics, events, grace_s=grace_s, cancel=cancel)
         self._served = Served(config, name=name, records=learned)
         self.watcher = Watcher(
             self,
@@ -162,18 +169,11 @@ class Backend:
         """Seconds until it would be ready for a request arriving now, by its last
         measured cold start or wake, less what the start in progress has done (0: ready).
         None: not known (never measured, stopping, blocked, failed in its backoff)."""
-        state = self.state
-        if state is BackendState.READY:
-            return 0.0
-        if self._blocks or (state is BackendState.FAILED and self.watcher.retry_in() > 0):
-            return None
-        if state is BackendState.STARTING:
-            return self._clock.left_s()
-        if state is BackendState.SLEEPING:
-            return self._clock.last(self.memory.asleep_level or 0)
-        if state in (BackendState.STOPPED, BackendState.FAILED) and self.runtime.managed:
-            return self._clock.last(None)
-        return None
+        held = bool(self._blocks) or (
+            self.state is BackendState.FAILED and self.watcher.retry_in() > 0
+        )
+        level = self.memory.asleep_level or 0
+        return self._clock.ready_in_s(self.state, held, level, managed=self.runtime.managed)
 
     def _check_backoff(self) -> None:
         if self.state is BackendState.FAILED and self.watcher.retry_in() > 0:
@@ -193,7 +193,13 @@ class Backend:
         """
         await self.requests.until_ready(None, backoff=False, max_wait_s=None)
 
-    def _next_step(self, backoff: bool) -> tuple[asyncio.Task[None], bool] | None:
+    async def _cancel_unwanted(self, start: asyncio.Task[None] | None) -> None:
+        async with self._lock:
+            if self._start_task is start and self.want.unwanted_start(self.state):
+                self.want.cancelled()
+                self._begin_stop(StopReason.UNWANTED, 0.0)
+
+    def _next_step(self, backoff: bool, explicit: bool) -> tuple[asyncio.Task[None], bool] | None:
         """Under the lock: None when ready, else the task to wait for and whether it is
         a start (a stop in progress is waited for, then the caller decides again)."""
         self._blocks.check(self.name)
@@ -204,18 +210,23 @@ class Backend:
             return self._stop_task, False
         if self.state is BackendState.STARTING:
             assert self._start_task is not None
+            self.want.kept = self.want.kept or explicit
             return self._start_task, True
         if self.state is BackendState.SLEEPING:
             return self._begin_start(adopt=True, wake=True), True
         if backoff:
             self._check_backoff()
-        return self._begin_start(adopt=False), True
+        return self._begin_start(adopt=False, kept=explicit), True
 
-    def _begin_start(self, *, adopt: bool, wake: bool = False) -> asyncio.Task[None]:
+    def _begin_start(
+        self, *, adopt: bool, wake: bool = False, kept: bool = True
+    ) -> asyncio.Task[None]:
         """Under the lock: stopped, failed or sleeping -> starting, with the one start task.
 
         `adopt`: the server already runs (and holds its memory), so skip admission;
-        `wake`: it sleeps, so wake it (`POST /wake_up`) instead of starting it."""
+        `wake`: it sleeps, so wake it (`POST /wake_up`) instead of starting it; `kept`
+        false: begun for held requests only (`app.lifecycle.wanted`)."""
+        self.want.kept = kept or adopt or wake or self.config.lifecycle != "lazy"
         if not self.runtime.managed:
             # Nothing to launch: it is ready at once; health is watched and reported.
             self._set_state(BackendState.STARTING, None)
@@ -266,6 +277,11 @@ class Backend:
                 self.runtime.kind,
                 duration,
             )
+        except StartUnwanted:  # admission would have evicted for nobody (`app.lifecycle.wanted`)
+            outcome = StartOutcome.CANCELLED
+            async with self._lock:
+                if self.state is BackendState.STARTING:  # else a stop took over
+                    self._set_state(BackendState.STOPPED, self.want.cancelled(WAITING_FOR_VRAM))
         except AdmissionRefused as exc:
             outcome = StartOutcome.REFUSED
             async with self._lock:
@@ -341,8 +357,7 @@ class Backend:
             and ttl > 0
             and self.state is BackendState.READY
             and self.requests.leases.idle_s(now) >= ttl
-            and not self.requests.kept_warm  # a schedule's keep_warm window
-            and not self.requests.floor.left_s(now)  # a client's keep_alive
+            and not self.requests.held_warm(now)  # keep_warm, a client's keep_alive
         )
 
     async def sleep(
@@ -500,6 +515,7 @@ class Backend:
     async def abandon(self) -> None:
         """At gateway shutdown: stop waiting for starts and stops in progress. A container
         keeps doing what it was told (the engine finishes a stop on its own)."""
+        await self.want.close()
         for task in (self._start_task, self._stop_task):
             await cancel_and_wait(task)
 

@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from app.lifecycle.state import BackendState
 from app.lifecycle.store import StateStore
-from app.upstreams.vllm_output import LAUNCHING, LoadProgress
+from app.upstreams.vllm_output import LAUNCHING, CompileSeen, LoadProgress
 
 # The phases of a start before its launch: admission waits for memory other models hold
 # (their min_resident_s or max_hold_s), or for its turn on its GPUs (another model's start,
@@ -22,11 +23,13 @@ WAITING_FOR_TURN: Final = "waiting_for_turn"
 
 @dataclass(frozen=True, slots=True)
 class LoadStatus:
-    """Its phase, the share done (0-100), seconds left (None: not known)."""
+    """Its phase, the share done (0-100), seconds left (None: not known), and its
+    torch.compile so far (its seconds, and whether vLLM's compile cache served it)."""
 
     phase: str
     percent: int
     eta_s: int | None
+    compile: CompileSeen | None = None
 
 
 class StartWatch(Protocol):
@@ -54,7 +57,7 @@ def load_status(
     progress = watch.load
     if progress is None:
         return LoadStatus(LAUNCHING, 0, eta)
-    return LoadStatus(progress.phase, progress.percent, eta)
+    return LoadStatus(progress.phase, progress.percent, eta, progress.compile)
 
 
 class StartClock:
@@ -88,6 +91,27 @@ class StartClock:
         began, level = self._under_way
         last = self.last(level)
         return load_status(time.monotonic() - began, last, watch, waking=level is not None)
+
+    def ready_in_s(
+        self, state: BackendState, held: bool, asleep_level: int, *, managed: bool
+    ) -> float | None:
+        """`Backend.ready_in_s` for a backend in `state`; `held`: it may not start now
+        (blocked, failed in its backoff); `asleep_level`: its sleep's (0: unknown)."""
+        if state is BackendState.READY:
+            return 0.0
+        if held:
+            return None
+        if state is BackendState.STARTING:
+            return self.left_s()
+        if state is BackendState.SLEEPING:
+            return self.last(asleep_level)
+        if state in (BackendState.STOPPED, BackendState.FAILED) and managed:
+            return self.last(None)
+        return None
+
+    def elapsed_s(self) -> float | None:
+        """Seconds the start under way has run (None: none was begun)."""
+        return None if self._under_way is None else time.monotonic() - self._under_way[0]
 
     def left_s(self) -> float | None:
         """Seconds left of the start under way by its last measured one (None: not known)."""

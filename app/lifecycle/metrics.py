@@ -1,7 +1,8 @@
 """The backends' lifecycle series, added to the gateway's `Metrics` (one registry):
 
     microscheduler_backend_state{backend,state}, backend_starts{backend,outcome},
-    backend_start_duration_seconds, backend_stops{backend,reason}, drain_timeouts,
+    start_cancelled{backend}, backend_start_duration_seconds,
+    backend_stops{backend,reason}, drain_timeouts,
     backend_sleeps{backend,outcome,reason}, swaps{backend,evicted}, swap_wait_seconds,
     vram_yield_active/vram_yields/vram_yield_freed_bytes{host}, state_save_failures,
     state_persisted, profile_active{profile}, backend_enabled{backend}
@@ -54,6 +55,12 @@ class LifecycleMetrics(Metrics):
             "From the start decision to the backend answering its health check.",
             ("backend",),
             buckets=(*LATENCY_BUCKETS[5:], 900.0, 1800.0),
+        )
+        self.start_cancelled = new.counter(
+            "start_cancelled",
+            "Lazy starts cancelled before ready because every request waiting for them "
+            "left (client cancel or max_wait_s) and nothing else asked for them.",
+            ("backend",),
         )
         self.stops = new.counter(
             "backend_stops", "Stops of a backend by the gateway, by reason.", ("backend", "reason")
@@ -137,6 +144,7 @@ class LifecycleMetrics(Metrics):
         for reason in StopReason:
             self.stops.labels(backend, reason)
         self.start_duration.labels(backend)
+        self.start_cancelled.labels(backend)
         self.backend_enabled.labels(backend).set(1)
         for slept in SleepOutcome:
             for sleep_reason in SLEEP_REASONS:

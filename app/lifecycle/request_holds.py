@@ -10,6 +10,9 @@ for it (the queue), and `acquire()`, the data plane's only way in.
   order, whenever a slot may have freed: on a lease's release, on becoming ready, on a
   ticket's arrival while ready. A stop begun on the ready backend still serves the
   tickets queued before it (`TicketQueue.collate`; the drain waits for them too).
+- A request that leaves before its lease (its client went away, or its backend's own
+  `max_wait_s` ran out) tells the backend (`left`): a lazy start that nobody waits for
+  any more may be cancelled (`app.lifecycle.wanted`).
 - The time a request is held is counted on it (`app.activity.add_wait`): `queue` for a
   slot, `wake` for the start, and of that, `yield` while the start waited for memory
   other models hold (`Server.vram_waited_s`).
@@ -41,6 +44,10 @@ from app.settings.keys import Priority
 # The backend's next step for a caller, under its lock: None when ready, else the task to
 # wait for and whether it is a start (a stop in progress is waited for, then decided again).
 Step = tuple[asyncio.Future[None], bool] | None
+# The backend's next step, asked with (`backoff`, `explicit`): `explicit` for a caller that
+# is not a held request (an admin start, a restore, a warm-up), whose start is never
+# cancelled for want of waiting requests.
+NextStep = Callable[[bool, bool], Step]
 
 
 class Held(Stateful, Protocol):
@@ -61,8 +68,9 @@ class RequestHolds:
         changed: Callable[[], None] | None,
         *,
         lock: asyncio.Lock,
-        next_step: Callable[[bool], Step],
+        next_step: NextStep,
         unavailable: Callable[[], GatewayError],
+        left: Callable[[bool], None],
         went_idle: Callable[[], None],
         wake_notice_s: float,
     ) -> None:
@@ -72,6 +80,7 @@ class RequestHolds:
         self._next_step = next_step
         self._unavailable = unavailable
         self._went_idle = went_idle
+        self._left = left
         self._wake_notice_s = wake_notice_s
         self.queue = TicketQueue(backend.name, metrics, changed)
         self.leases = Leases(backend.name, metrics, changed, on_release=self._released)
@@ -160,14 +169,26 @@ class RequestHolds:
             raise queue_full(backend.name, backend.state, len(self.queue))
         wait_s = min(config.max_wait_s, math.inf if max_wait_s is None else max_wait_s)
         ticket = self.queue.enter(priority, wait_s)
+        kept = False  # whether its leaving keeps the start going (a shorter wait ran out)
         try:
             lease = await self.until_ready(ticket, backoff=True, max_wait_s=wait_s, on_wait=on_wait)
+        except WakeTimeout:
+            # A caller's own shorter wait (a fallback chain moving on to its next entry):
+            # its start goes on. The backend's own max_wait_s: the client is gone.
+            kept = wait_s < config.max_wait_s
+            raise
         finally:
             self.queue.leave(ticket)
             if ticket.lease is not None:  # granted as its holder went away: give it back
                 ticket.lease.release()
+            self._left(kept)  # the backend may cancel a start nobody waits for any more
         assert lease is not None
         return lease
+
+    def held_warm(self, now: float) -> bool:
+        """Kept from its idle stop: a schedule's `keep_warm` window, a client's
+        `keep_alive` floor (`app.lifecycle.floor`)."""
+        return bool(self.kept_warm) or self.floor.left_s(now) > 0
 
     def keep_warm(self, holder: str, *, on: bool) -> None:
         """Hold it warm for `holder` (no idle stop), or let that hold go."""
@@ -179,7 +200,7 @@ class RequestHolds:
         may not start now (blocked, failed in its backoff); True when ready or starting."""
         async with self._lock:
             try:
-                self._next_step(True)
+                self._next_step(True, True)
             except GatewayError:
                 return False
         return True
@@ -213,7 +234,7 @@ class RequestHolds:
                 else:
                     if ticket is not None:
                         self.queue.set_reason(ticket, WaitReason.WAKE)
-                    step = self._next_step(backoff)
+                    step = self._next_step(backoff, ticket is None)
                     if step is None:  # ready (a ticket would have been served above)
                         return None
                     task, joined_start = step

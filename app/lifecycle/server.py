@@ -20,6 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Final
 
 from app.errors import PORT_IN_USE_REASON
@@ -32,7 +33,7 @@ from app.runtimes.output import OutputSource
 from app.tasks import cancel_and_wait, spawn
 from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
 from app.upstreams.vllm_learned import not_ours
-from app.upstreams.vllm_output import LoadProgress, LoadTracker, explain
+from app.upstreams.vllm_output import CompileSeen, LoadProgress, LoadTracker, explain
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class Server:
         self._on_progress = on_progress
         # What vLLM said its weights took on one GPU at its last load (GiB; None: not said).
         self.loaded_weights_gib: float | None = None
+        # The torch.compile of its last start that logged one (kept after it is ready).
+        self.compiled = CompileSeen()
         self._up_gauge = metrics.backend_up.labels(name)
         self._sleeps = metrics.backend_sleeps
 
@@ -189,14 +192,18 @@ class Server:
                     self._on_progress()
                 if tracker.weights_gib is not None:
                     self.loaded_weights_gib = tracker.weights_gib
+                if tracker.compile != CompileSeen():
+                    self.compiled = tracker.compile
         except RuntimeFailure as exc:
             logger.info("cannot read its output while starting backend=%s error=%s",
                         self.name, exc)  # fmt: skip
 
     @property
     def load(self) -> LoadProgress | None:
-        """The progress of the start it watches (None when it watches none)."""
-        return None if self._tracker is None else self._tracker.progress
+        """The progress of the start it watches, with its torch.compile so far (None when
+        it watches none)."""
+        tracker = self._tracker
+        return None if tracker is None else replace(tracker.progress, compile=tracker.compile)
 
     async def end_watch(self) -> None:
         """The start is over (ready, failed or cancelled): stop reading its output."""

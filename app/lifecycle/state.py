@@ -84,6 +84,7 @@ class StopReason(enum.StrEnum):
     HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
     RELOAD = "reload"  # a config reload removed it or changed what needs a restart
     UNLOAD = "unload"  # a client unloaded it: POST /models/unload, Ollama's keep_alive: 0
+    UNWANTED = "unwanted"  # a lazy start whose waiting requests all left (start_cancelled)
 
 
 class StartOutcome(enum.StrEnum):

@@ -27,13 +27,17 @@ missing or full):
   every new hold and writes nothing there, so what it could not read is never overwritten
   with empty state; a restart reads it once the directory is usable.
 
-Every store operation runs in the store's thread (`app.store.writer.StoreWriter`);
-`update()` and `put()` wait for theirs (a new hold is saved before it is acted on).
+Every store operation runs in the store's thread (`app.store.writer.StoreWriter`).
+`update()` waits for its save (a new hold is saved before it is acted on); `put()` on the
+event loop queues its one-section upsert behind the operations before it and goes on
+(a start, a wake, a release never wait for the disk).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +111,7 @@ class StateStore:
         # Why the store could not be read at start; None once it was read.
         self._unread: str | None = None
         self._retry: asyncio.Task[None] | None = None
+        self._queued: set[asyncio.Future[None]] = set()  # `put()` saves not yet done
         if metrics is not None:
             metrics.state_persisted.set(1)
 
@@ -159,15 +164,61 @@ class StateStore:
 
     def put(self, name: str, value: Any) -> None:
         """Replace a section now and save it when the store can be written: never raises
-        for a write that fails (see the module docstring). For what ends a hold."""
+        for a write that fails (see the module docstring). For what ends a hold, and
+        what only informs (start durations, learned routes, process records).
+
+        On the event loop the save is queued, not waited for: one upsert of the section,
+        in order with every other store operation on the store's thread (its one worker
+        runs them first come, first served); a failure is taken up on the loop
+        (`_behind`). Without a running loop (start-up, tools) it is done at once."""
         self._data = {**self._loaded(), name: value}
         if self._unread is not None:  # memory only: the store was never read
             return
-        try:
-            self.save(self._data)
-        except StateWriteError as exc:
-            self._behind(exc)
+        store = self.writer.store
+        if self._pending is not None:  # behind: this save writes every section, then current
+            call: tuple[Callable[..., None], tuple[Any, ...]] = (
+                store.write_sections,
+                (dict(self._data),),
+            )
         else:
+            try:
+                text = json.dumps(value, sort_keys=True)
+            except (TypeError, ValueError) as exc:
+                self._behind(self._failed(exc))
+                return
+            call = (store.write_section, (name, text))
+        fn, args = call
+        try:  # a sync caller (start-up, tools): done at once
+            asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                self._in_thread(fn, *args)
+            except (StoreError, TypeError, ValueError) as exc:
+                self._behind(self._failed(exc))
+            else:
+                if fn == store.write_sections:
+                    self._saved()
+            return
+        queued = asyncio.wrap_future(self.writer.submit(fn, *args))  # it ends on the loop
+        self._queued.add(queued)
+        queued.add_done_callback(functools.partial(self._put_done, full=fn == store.write_sections))
+
+    async def settled(self) -> None:
+        """Until every save `put()` queued so far has ended and been taken up."""
+        if self._queued:  # each one's `_put_done` runs before this wait ends
+            await asyncio.wait(set(self._queued))
+
+    def _put_done(self, done: asyncio.Future[None], *, full: bool) -> None:
+        """A queued save ended (on the loop). One section's success does not make the
+        store current when an earlier save failed; a save of every section (`full`) does."""
+        self._queued.discard(done)
+        exc = done.exception()
+        if isinstance(exc, StoreError | TypeError | ValueError):
+            self._behind(self._failed(exc))
+        elif exc is not None:
+            logger.error("state save failed path=%s", self.location, exc_info=exc)
+            self._behind(StateWriteError(f"cannot save the gateway state: {exc}"))
+        elif full:
             self._saved()
 
     @property
@@ -228,7 +279,8 @@ class StateStore:
                 self._saved()
 
     async def close(self) -> None:
-        """Stop retrying; a last try to save what is pending."""
+        """Wait for the queued saves; stop retrying; a last try to save what is pending."""
+        await self.settled()
         await cancel_and_wait(self._retry)
         self._retry = None
         if self._unread is not None:
@@ -268,13 +320,15 @@ class StateStore:
         try:
             self._in_thread(self.writer.store.write_sections, data)
         except (StoreError, TypeError, ValueError) as exc:
-            if self._metrics is not None:
-                self._metrics.state_save_failures.inc()
-            raise StateWriteError(
-                exc.message
-                if isinstance(exc, StoreError)
-                else f"cannot save the gateway state to {self.location}: {exc}"
-            ) from None
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: StoreError | TypeError | ValueError) -> StateWriteError:
+        """A save's failure, counted, as the `StateWriteError` that says it."""
+        if self._metrics is not None:
+            self._metrics.state_save_failures.inc()
+        if isinstance(exc, StoreError):
+            return StateWriteError(exc.message)
+        return StateWriteError(f"cannot save the gateway state to {self.location}: {exc}")
 
     def _in_thread(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return self.writer.call(fn, *args, **kwargs)

@@ -19,6 +19,7 @@ from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime
 from app.settings import BackendConfig
 from app.upstreams.http import HttpUpstream
+from app.upstreams.vllm_output import CompileSeen
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,7 @@ class BackendView:
     lazy: bool
     ready_since: float | None
     last_start_s: float | None
+    last_compile: CompileSeen  # its last start's torch.compile (empty: none logged)
     blocks: Mapping[str, str]  # key -> description
     serving: Served
     runtime: Runtime
@@ -71,6 +73,7 @@ class BackendView:
             lazy=backend.lazy,
             ready_since=backend.ready_since,
             last_start_s=backend.last_start_s,
+            last_compile=server.compiled,
             blocks=dict(backend.blocks),
             serving=backend.serving,
             runtime=backend.runtime,

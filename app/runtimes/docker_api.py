@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.runtimes.base import RuntimeFailure, read_refusal
+from app.runtimes.cache_dirs import Mount
 from app.settings import DockerConfig
 from app.upstreams.control_http import (
     AsyncBaseTransport,
@@ -89,6 +90,11 @@ class ContainerInfo:
     started_at: str
     finished_at: str
     tty: bool = False  # `Config.Tty`: its output is raw text, not multiplexed frames
+    env: tuple[str, ...] = ()  # `Config.Env`: "NAME=value" (read for its cache directories)
+    mounts: tuple[Mount, ...] = ()  # `Mounts` (MountPoint: `Type`, `Destination`)
+
+    def environment(self) -> dict[str, str]:
+        return dict(entry.partition("=")[::2] for entry in self.env)
 
     @property
     def running(self) -> bool:
@@ -475,6 +481,7 @@ class Demultiplexer:
 def _container_info(body: Any) -> ContainerInfo:
     state = body["State"]
     health = state.get("Health")
+    config = body.get("Config") or {}
     return ContainerInfo(
         id=str(body["Id"]),
         name=str(body.get("Name", "")).lstrip("/"),
@@ -485,5 +492,11 @@ def _container_info(body: Any) -> ContainerInfo:
         health=str(health["Status"]) if isinstance(health, dict) else None,
         started_at=str(state.get("StartedAt", "")),
         finished_at=str(state.get("FinishedAt", "")),
-        tty=bool((body.get("Config") or {}).get("Tty", False)),
+        tty=bool(config.get("Tty", False)),
+        env=tuple(str(e) for e in config.get("Env") or () if isinstance(e, str)),
+        mounts=tuple(
+            Mount(str(m.get("Type", "")), str(m.get("Destination", "")))
+            for m in body.get("Mounts") or ()
+            if isinstance(m, dict)
+        ),
     )

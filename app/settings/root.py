@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -236,6 +237,12 @@ class Settings(BaseSettings):
     store: StoreConfig = Field(default_factory=StoreConfig)  # app.settings.store
     wake_notice_s: PositiveFloat = Field(
         5.0, description="A held streaming request gets an SSE comment (': waking ...') this often."
+    )
+    # No load nobody waits for (docs/lifecycle.md): a lazy start whose held requests all
+    # left goes on this long before it is cancelled, so a client retrying at once finds it.
+    start_cancel_grace_s: NonNegativeFloat = Field(
+        2.0,
+        description="A lazy start nobody waits for any more is cancelled after this long.",
     )
     # How long `/v1/responses/{id}` follow-ups find the entry that created the response.
     responses_ttl_s: PositiveFloat = Field(

@@ -78,6 +78,10 @@ class Store(Protocol):
         """Replace every section in one transaction (all or nothing)."""
         ...
 
+    def write_section(self, name: str, value: str) -> None:
+        """Replace one section (`value`: its JSON), or add it."""
+        ...
+
     def check_writable(self) -> None: ...
 
     def write_batch(self, usage: list[UsageRow], activity: list[Entry]) -> None:

@@ -209,8 +209,16 @@ class SqliteStore:
         return self._usage_lost
 
     def open(self) -> None:
+        """Open (migrate, set aside a corrupt file, import an earlier `state.json`); any
+        failure as `StoreError`."""
         if self._opened:
             return
+        try:
+            self._open()
+        except OSError as exc:  # setting a file aside, importing the old one
+            raise StoreError(f"cannot open {self.path}: {describe(exc)}") from None
+
+    def _open(self) -> None:
         try:
             db = self._connect()
             try:
@@ -299,6 +307,19 @@ class SqliteStore:
         def write(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM sections")
             db.executemany("INSERT INTO sections (name, value) VALUES (?, ?)", rows)
+
+        self._run("save the gateway state to", write)
+
+    def write_section(self, name: str, value: str) -> None:
+        """One section (`value`: its JSON) replaced: one upsert, on a fresh connection like
+        every other state write (in the store's thread, off the event loop)."""
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO sections (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (name, value),
+            )
 
         self._run("save the gateway state to", write)
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -100,6 +100,11 @@ class StoreWriter:
         if threading.get_ident() == self._thread:
             return fn(*args, **kwargs)
         return self._executor.submit(fn, *args, **kwargs).result()
+
+    def submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """`fn` queued in the store's thread, not waited for: the operations run in the
+        order they were queued (one worker)."""
+        return self._executor.submit(fn, *args, **kwargs)
 
     def _started(self) -> None:
         self._thread = threading.get_ident()

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from app.upstreams.control_http import (
     AsyncClient,
@@ -297,17 +297,22 @@ class VllmClient:
         it lists; None when it did not answer (then what was known stays). `/openapi.json`
         answering 404 means vLLM's docs are off (`--disable-fastapi-docs`): `routes` None.
         Never raises."""
-        try:
-            openapi = await self._client.get(
-                f"{self._base}/openapi.json", headers=self._headers, timeout=LEARN_TIMEOUT_S
-            )
-            models = await self._client.get(
-                f"{self._base}/v1/models", headers=self._headers, timeout=LEARN_TIMEOUT_S
-            )
-        except (HTTPError, InvalidURL, StreamError) as exc:
-            logger.warning("cannot learn what it serves url=%s error=%s: %s", self._base,
-                           type(exc).__name__, exc)  # fmt: skip
-            return None
+        # Both at once: a start's (or wake's) ready waits for them.
+        answers = await asyncio.gather(
+            *(
+                self._client.get(self._base + path, headers=self._headers, timeout=LEARN_TIMEOUT_S)
+                for path in ("/openapi.json", "/v1/models")
+            ),
+            return_exceptions=True,
+        )
+        for answer in answers:
+            if isinstance(answer, HTTPError | InvalidURL | StreamError):
+                logger.warning("cannot learn what it serves url=%s error=%s: %s", self._base,
+                               type(answer).__name__, answer)  # fmt: skip
+                return None
+            if isinstance(answer, BaseException):
+                raise answer
+        openapi, models = cast("list[Response]", answers)
         routes: frozenset[tuple[str, str]] | None = None
         if openapi.status_code == 200:
             try:

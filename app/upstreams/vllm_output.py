@@ -191,6 +191,7 @@ LAUNCHING: Final = "launching"  # the phase before any line is recognised
 class LoadProgress:
     phase: str
     percent: int
+    compile: CompileSeen | None = None  # its torch.compile so far (`Server.load` adds it)
 
 
 def _bar_span(index: int) -> tuple[int, int]:
@@ -203,6 +204,49 @@ def _bar_span(index: int) -> tuple[int, int]:
 
 
 _MODEL_LOADED: Final = next(m.pattern for m in MILESTONES if m.key == "model_loaded")
+_COMPILED: Final = next(m.pattern for m in MILESTONES if m.key == "compiled")
+
+# -- torch.compile and its cache ---------------------------------------------------------
+# Whether a start's torch.compile came from vLLM's compile cache (VLLM_CACHE_ROOT/
+# torch_compile_cache): what a warm cache saves, seen in `/status`. Each line may carry a
+# "[tag] " prefix (compilation/backends.py `_log_prefix`).
+_TAG: Final = r"^(?:\[[^\]]*\] )?"
+COMPILE_HIT: Final = "hit"  # every graph loaded from the cache
+COMPILE_MISS: Final = "miss"  # a graph was compiled (and, cache on, stored for next time)
+COMPILE_OFF: Final = "off"  # the cache is disabled (VLLM_DISABLE_COMPILE_CACHE=1)
+_COMPILE_CACHE: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
+    # compilation/backends.py:310 "%sDirectly load the compiled graph(s) for compile range
+    # %s from the cache, took %.3f s"; compilation/decorators.py:326 "%sDirectly load AOT
+    # compilation from path %s"
+    (COMPILE_HIT, re.compile(_TAG + r"Directly load (?:the compiled graph\(s\)|AOT compilation)")),
+    # compilation/backends.py:417 "%sCompiling a graph for compile range %s takes %.2f s"
+    (COMPILE_MISS, re.compile(_TAG + r"Compiling a graph for compile range .* takes [\d.]+ s")),
+    # compilation/backends.py:1123 "%svLLM's torch.compile cache is disabled."
+    (COMPILE_OFF, re.compile(_TAG + r"vLLM's torch\.compile cache is disabled\.")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CompileSeen:
+    """A start's torch.compile: its seconds (the sum of vLLM's "torch.compile took X s in
+    total" lines, one per compiled part) and whether the cache served it (`COMPILE_*`;
+    a miss anywhere is a miss; None: no line said)."""
+
+    seconds: float | None = None
+    cache: str | None = None
+
+    def after(self, text: str) -> CompileSeen:
+        """With one more line: itself when the line says nothing of the compile."""
+        said = message(text)
+        found = _COMPILED.search(said)
+        if found is not None:
+            return CompileSeen((self.seconds or 0.0) + float(found.group("s")), self.cache)
+        for cache, pattern in _COMPILE_CACHE:
+            if pattern.search(said):
+                if self.cache == COMPILE_OFF or (self.cache, cache) == (COMPILE_MISS, COMPILE_HIT):
+                    return self  # off stays off; a miss anywhere is a miss
+                return CompileSeen(self.seconds, cache)
+        return self
 
 
 def progress_of(text: str) -> LoadProgress | None:
@@ -237,9 +281,11 @@ class LoadTracker:
         self.progress = LoadProgress(LAUNCHING, 0)
         self.lines = 0  # milestones seen
         self.weights_gib: float | None = None  # "Model loading took X GiB": one GPU's
+        self.compile = CompileSeen()
 
     def feed(self, text: str) -> bool:
         """One line or `\\r` segment; True when the progress changed."""
+        self.compile = self.compile.after(text)
         seen = progress_of(text)
         if seen is None:
             return False

@@ -11,6 +11,8 @@
   end or the equal to go idle (out of the GPUs' locks, up to its own `start_timeout_s`),
   then evicts it. A backend still starting (ready only after it has learned what it
   serves, out of the locks) is waited for the same way, then planned for again.
+- A lazy start whose requests all left (`Claimant.want`) evicts nobody: it ends instead
+  (`StartUnwanted`), whatever it would have evicted.
 - A start waiting for its turn on a GPU (another model's start, a zone grant or the yield
   holds the GPU's lock) says so: `waiting for turn-b's start on GPU 0`, load phase
   `waiting_for_turn`.
@@ -49,7 +51,7 @@ from app.errors import Conflict, InvalidRequest
 from app.events import EventLog
 from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
-from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, wake_mib
+from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, StartUnwanted, wake_mib
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.metrics import LifecycleMetrics
@@ -193,7 +195,11 @@ class VramArbiter:
                 wait: _Protected | None = None
                 if need is not None and before is not None:
                     room = dict.fromkeys(gpus, need)
-                    if short_since is None and not self._fits(room, before):
+                    fits = self._fits(room, before)
+                    if not fits and not backend.want.wanted:
+                        # Its requests left: evict nobody for it (the start ends).
+                        raise StartUnwanted(f"nobody waits for {whose} any more")
+                    if short_since is None and not fits:
                         short_since = time.monotonic()
                     try:
                         evicted, before = await self._make_room(

@@ -41,7 +41,8 @@ class HoldReleased:
 @dataclass(frozen=True, slots=True)
 class RestoreReport:
     """What a restore gave back: pinned backends `back` (or still `starting`, or `failed`
-    with why), lazy ones `on_demand`."""
+    with why), lazy ones `on_demand`. `order`: the order it starts (or wakes) them in,
+    one after the other, the most recently used first."""
 
     reason: str  # the yield's reason (its first holder)
     why: str  # restored | expired | schedule | not met
@@ -51,3 +52,4 @@ class RestoreReport:
     on_demand: tuple[str, ...]
     yielded_for_s: float
     ended: tuple[str, ...] = ()  # the holds it ended (their holders)
+    order: tuple[str, ...] = ()

@@ -16,8 +16,10 @@ is saved, survives restarts and blocks what it took like any zone.
   nothing more. `restore(reason=R)` ends R's hold; the yield ends only when no hold
   remains (`restore()` without a reason ends every hold: "give it all back"); an expired
   hold ends likewise.
-- The yield's end unblocks them: pinned ones are woken or started at once, lazy ones on
-  their next request.
+- The yield's end unblocks them: pinned ones are woken or started at once, one after the
+  other in the order of their last use (most recent first: `wake_order`), each once the
+  one before is ready (or failed), so the model wanted first is back first; lazy ones on
+  their next request. A yield that comes meanwhile ends that sequence first.
 
 Answers are typed (`app.vram.yield_answers`); `app.api.views` renders them.
 """
@@ -36,7 +38,7 @@ from app.events import EventLog
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
-from app.tasks import OwnedTasks
+from app.tasks import OwnedTasks, cancel_and_wait
 from app.vram.arbiter import VramArbiter
 from app.vram.tenant import Tenant
 from app.vram.yield_answers import HoldReleased, RestoreReport, YieldOutcome, YieldRequest
@@ -64,6 +66,7 @@ class VramYield:
         events: EventLog,
         *,
         settle_timeout_s: float,
+        restore_wait_s: float = RESTORE_WAIT_S,
     ) -> None:
         self._arbiter = arbiter
         self.host = arbiter.host
@@ -72,7 +75,9 @@ class VramYield:
         self._events = events
         self._settle_timeout_s = settle_timeout_s
         self._lock = asyncio.Lock()  # one yield or restore at a time
-        self._tasks = OwnedTasks()  # starts begun by a restore
+        self._tasks = OwnedTasks()  # the restore's sequence of starts
+        self._restore_wait_s = restore_wait_s
+        self._waking: asyncio.Task[None] | None = None  # the last restore's sequence
         metrics.declare_host(self.host)
 
     @property
@@ -98,6 +103,7 @@ class VramYield:
             if current is not None:
                 self._metrics.yields.labels(self.host, "already").inc()
                 return self._join(current, request)
+            await cancel_and_wait(self._waking)  # a restore's starts: not one more
             try:
                 zone = await self._yield(request)
             except BaseException:
@@ -393,31 +399,39 @@ class VramYield:
             if backend is None:
                 continue
             (on_demand if backend.lazy else pinned).append(backend)
-        tasks = {
-            b.name: self._tasks.spawn(b.start_logged("restore"), f"restore:{b.name}")
-            for b in pinned
-        }
-        if tasks:
-            await asyncio.wait(tasks.values(), timeout=RESTORE_WAIT_S)
-        ready = {n for n, t in tasks.items() if t.done() and _ready(self._backends[n])}
-        back = [n for n in tasks if n in ready]
+        order = wake_order(pinned)
+        ended: list[str] = []  # the starts of the sequence that ended, in order
+        if order:
+            self._waking = self._tasks.spawn(self._wake(order, ended), f"restore:{self.host}")
+            await asyncio.wait({self._waking}, timeout=self._restore_wait_s)
+        back = [n for n in ended if _ready(self._backends[n])]
+        names = [b.name for b in order]
         answer = RestoreReport(
             reason=zone.holder,
             why=why,
             back=tuple(back),
-            starting=tuple(n for n, t in tasks.items() if not t.done()),
-            failed={
-                n: self._backends[n].reason for n, t in tasks.items() if t.done() and n not in ready
-            },
+            starting=tuple(n for n in names if n not in ended),
+            failed={n: self._backends[n].reason for n in ended if n not in back},
             on_demand=tuple(b.name for b in on_demand),
             yielded_for_s=round(time.time() - zone.granted_at, 1),
             ended=zone.holders,
+            order=tuple(names),
         )
         lazy = [b.name for b in on_demand]
-        logger.info("vram restored host=%s why=%s back=%s on_demand=%s",
-                    self.host, why, ",".join(back) or "-", ",".join(lazy) or "-")  # fmt: skip
-        self._events.record("vram_restore", host=self.host, why=why, back=back, on_demand=lazy)
+        shown = [",".join(names) or "-", ",".join(back) or "-", ",".join(lazy) or "-"]
+        logger.info("vram restored host=%s why=%s order=%s back=%s on_demand=%s",
+                    self.host, why, *shown)  # fmt: skip
+        self._events.record(
+            "vram_restore", host=self.host, why=why, order=names, back=back, on_demand=lazy
+        )
         return answer
+
+    async def _wake(self, order: list[Tenant], ended: list[str]) -> None:
+        """Start (or wake) `order` one after the other, each once the one before is ready
+        or failed; `ended` gets each name as its start ends."""
+        for backend in order:
+            await backend.start_logged("restore")
+            ended.append(backend.name)
 
     async def expire(self, now: float) -> RestoreReport | None:
         """End the holds whose `ttl_s` ran out; the yield ends when none remains."""
@@ -493,6 +507,13 @@ def _yield_order(scope: list[Tenant]) -> list[Tenant]:
     """Lowest priority first; at equal priority lazy before pinned, longest idle first."""
     now = time.monotonic()
     return sorted(scope, key=lambda b: (b.config.priority, not b.lazy, -b.requests.idle_s(now)))
+
+
+def wake_order(backends: list[Tenant]) -> list[Tenant]:
+    """The order a restore brings `backends` back in: the most recently used first
+    (`requests.last_used`: when a request last began or ended; a backend never used
+    counts from the gateway's start), ties in the order given."""
+    return sorted(backends, key=lambda b: -b.requests.last_used)
 
 
 def _ready(backend: Tenant) -> bool:

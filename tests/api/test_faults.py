@@ -123,7 +123,9 @@ async def test_a_zone_that_cannot_be_saved_is_refused_and_changes_nothing(
         kept = await gw.client.post("/vram/zones/small/acquire", json={"mib": 100, "holder": "x"})
         assert kept.status_code == 200, kept.text
         assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
-        # Read after its start, which saved what its server said it serves.
+        # Read after its start, which saved what its server said it serves (and its
+        # duration): saves the store queued, once they are done.
+        await gw.app.state.services.store.settled()
         saved = saved_sections(state_dir)
 
         os_error = fault(state_dir, monkeypatch)

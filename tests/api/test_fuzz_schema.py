@@ -2,10 +2,11 @@
 against the gateway in process with a fake vLLM behind it. Invariants: `tests.fakes.envelopes`.
 
 Short by default; `MICROSCHEDULER_FUZZ_EXAMPLES=20000` for a long run. Left out: the status
-event stream (it never ends) and the admin POSTs that change what the gateway may serve
-(VRAM yield/restore, zone acquire, profile activation, a config reload, which would load
-the config directory's files in place of the test's): the run would then test another
-gateway, or one with nothing left to route to. Start/stop/sleep stay in: the backends are external.
+and model event streams (they never end) and the admin POSTs that change what the gateway
+may serve (VRAM yield/restore, zone acquire, profile activation, a config reload, which
+would load the config directory's files in place of the test's): the run would then test
+another gateway, or one with nothing left to route to. Start/stop/sleep and a model's
+load/unload stay in: the backends are external.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def live() -> Iterator[ThreadedGateway]:
 SCHEMA = (
     schemathesis.openapi.from_dict(create_app(fuzz_settings("http://127.0.0.1:9")).openapi())
     .exclude(path="/status/stream")
+    .exclude(path="/models/sse")
     .exclude(method="POST", path_regex=STATEFUL)
 )
 CASES = st.sampled_from(list(schemathesis.GenerationMode)).flatmap(

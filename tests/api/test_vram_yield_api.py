@@ -299,6 +299,7 @@ async def test_include_pinned_takes_the_orchestrator_and_restore_starts_it_again
         refused = await gw.client.post("/v1/chat/completions", json=chat("orch-model"))
         assert refused.json()["error"]["code"] == "backend_yielded"
         restored = (await gw.client.post("/vram/restore")).json()
+        assert restored["order"] == ["orchestrator"]  # the order it brings them back in
         assert restored["back"] == ["orchestrator"]
         assert rig.used() == ORCH
         status = (await gw.client.get("/status")).json()

@@ -1,4 +1,4 @@
-"""`microscheduler ps | start | stop | activity` against a real gateway process on a
+"""`microscheduler ps | load | unload | start | stop | activity` against a real gateway process on a
 simulated GPU (a pinned and a lazy fake vLLM process), run as a user runs them."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import pytest
 
 from tests.e2e.test_gaming_cli import backend_state, cli
 from tests.fakes.processes import GatewayProcess, free_port, gateway_process, sim_gpu_models
+
+pytestmark = pytest.mark.e2e
 
 CANARY = "walrus-canary-41c9 the prompt nobody may see"
 
@@ -95,6 +97,25 @@ def test_a_wake_wait_shows_in_activity(gateway: GatewayProcess) -> None:
     print(activity.stdout)
     row = re.split(r"\s{2,}", activity.stdout.splitlines()[1])
     assert re.fullmatch(r"\d+\.\d{2,3}s wake", row[8]), row
+
+
+def test_load_and_unload_a_model_by_its_name(gateway: GatewayProcess) -> None:
+    cli("stop", "lazy", url=gateway.url)
+    loaded = cli("load", "lazy-model", url=gateway.url)
+    assert loaded.returncode == 0, loaded.stderr
+    print(loaded.stdout)
+    assert loaded.stdout.strip() == "lazy-model: loaded"
+    assert backend_state(gateway, "lazy") == "ready"
+    unloaded = cli("unload", "lazy-model", url=gateway.url)
+    assert unloaded.returncode == 0, unloaded.stderr
+    print(unloaded.stdout)
+    # Its fake offers no sleep mode: its idle method (auto) stops it.
+    assert re.fullmatch(r"lazy-model: unloaded \(.*unload.*\)", unloaded.stdout.strip())
+    assert backend_state(gateway, "lazy") == "stopped"
+    unknown = cli("load", "nope", url=gateway.url)
+    assert unknown.returncode == 1
+    assert "error: load: " in unknown.stderr
+    assert "(HTTP 404)" in unknown.stderr
 
 
 def test_unknown_backends_and_an_unreachable_gateway(gateway: GatewayProcess) -> None:

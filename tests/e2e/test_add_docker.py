@@ -108,6 +108,11 @@ async def test_the_pages_docker_create_line_is_accepted_and_found_by_the_gateway
             check=False,
         )
         assert made.returncode == 0, made.stderr
+        # The page's two volumes are the caches' directories: check-config, now able to
+        # inspect the container, finds nothing to say of them.
+        rechecked = microscheduler(check_command.strip(), tmp_path, env)
+        assert rechecked.returncode == 0, rechecked.stderr
+        assert "cache" not in rechecked.stdout
         info = docker_env.inspect_container(docker_engine, CONTAINER)
         config, host = info["Config"], info["HostConfig"]
         assert config["Image"] == fake_vllm_image

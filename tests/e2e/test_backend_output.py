@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -72,9 +73,11 @@ def watch_start(gw: GatewayProcess, name: str) -> list[dict[str, Any]]:
     return seen
 
 
-def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
+def test_a_start_shows_vllms_phases_and_then_an_eta(tmp_path: Path) -> None:
     port = free_port()
-    config = {"backends": {"llm": backend(port, "--print-startup-log", "--startup-delay", "3")}}
+    llm = backend(port, "--print-startup-log", "--startup-delay", "3")
+    llm["runtime"]["env"] = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    config = {"backends": {"llm": llm}}
     with gateway_process(config, env=KEY_ENV) as gw:
         first = watch_start(gw, "llm")
         phases = list(dict.fromkeys(load["phase"] for load in first))
@@ -98,8 +101,16 @@ def test_a_start_shows_vllms_phases_and_then_an_eta() -> None:
         assert last_start_s >= 3  # --startup-delay 3
         assert shown["host_ram_charge_from"] == "measured"
         assert shown["host_ram_charge_mib"] == math.ceil(WEIGHTS_GIB * 1024)
+        # Its torch.compile, compiled (the cache was empty), while it lasted and after.
+        assert shown["last_compile"] == {"compile_s": 11.52, "compile_cache": "miss"}
+        late = [load for load in first if load["percent"] >= 80]
+        assert late
+        assert all(load["compile_cache"] == "miss" for load in late)
+        assert first[0]["compile_cache"] is None  # nothing said yet
         httpx.post(f"{gw.url}/backends/llm/stop", headers=ADMIN, timeout=30)
         second = watch_start(gw, "llm")
+        # The cache the first start filled serves the second: a hit, a shorter compile.
+        assert status_of(gw, "llm")["last_compile"] == {"compile_s": 5.02, "compile_cache": "hit"}
         etas = [load["eta_s"] for load in second]
         assert etas
         assert all(isinstance(eta, int) for eta in etas)

@@ -213,6 +213,10 @@ def test_quick_switch_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     held, thrash = results["collation"]
     assert held["max_hold_s"] > 0
     assert thrash["max_hold_s"] == 0
+    cancelled = results["cancelled"]  # its only client left: the start was cancelled
+    assert cancelled["fake_stopped"] is True
+    assert 0 < cancelled["ran_s"] < cancelled["modelled_load_s"]
+    assert cancelled["not_spent_s"] > 0
     for phase in (held, thrash):
         assert phase["errors"] == 0, phase["error_kinds"]
         assert phase["requests"] == 16

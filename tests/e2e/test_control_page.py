@@ -32,6 +32,8 @@ from tests.fakes.processes import (
     two_host_models,
 )
 
+pytestmark = pytest.mark.e2e
+
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 
 
@@ -118,8 +120,9 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
         expect(gpu.locator('[data-segment="lazy"]')).to_have_count(1)
         expect(page.locator('[data-testid="events"]')).to_contain_text("backend=lazy state=ready")
 
-        # Stop it from the page.
-        lazy.locator('[data-action="stop"]').click()
+        # Unload it from the page (POST /models/unload): its fake has no sleep mode, so its
+        # idle method stops it.
+        lazy.locator('[data-action="unload"]').click()
         expect(lazy.locator('[data-field="state"]')).to_have_text("stopped", timeout=15_000)
         expect(gpu.locator('[data-segment="lazy"]')).to_have_count(0)
 
@@ -131,8 +134,8 @@ def test_the_page_follows_the_gateway_and_drives_it(gateway: GatewayProcess) -> 
         )
         expect(pinned.locator('[data-field="state"]')).to_have_text("stopped")
         expect(gpu.locator('[data-segment="pinned"]')).to_have_count(0)
-        # An action that cannot apply is disabled, saying why: the yield blocks the start.
-        start = pinned.locator('[data-action="start"]')
+        # An action that cannot apply is disabled, saying why: the yield blocks the load.
+        start = pinned.locator('[data-action="load"]')
         expect(start).to_be_disabled()
         expect(start).to_have_attribute("title", re.compile("blocked by the VRAM yield"))
         # A second holder (a game, by the API): the page names every holder, and its
@@ -377,14 +380,14 @@ def test_the_page_tells_the_truth_on_a_phone_and_a_desktop(tmp_path: Path) -> No
         # An external backend: the gateway neither starts nor stops it, nor reads its output.
         outside = page.locator('[data-testid="backend-outside"]')
         expect(outside.locator('[data-field="state"]')).to_have_text("ready")
-        for action in ("start", "stop", "logs"):
+        for action in ("load", "unload", "logs"):
             button = outside.locator(f'[data-action="{action}"]')
             expect(button).to_be_disabled()
             expect(button).to_have_attribute("title", re.compile(r"\S"))
-        expect(outside.locator('[data-action="stop"]')).to_have_attribute(
+        expect(outside.locator('[data-action="unload"]')).to_have_attribute(
             "title", re.compile("not managed by the gateway")
         )
-        pinned_start = page.locator('[data-testid="backend-pinned"] [data-action="start"]')
+        pinned_start = page.locator('[data-testid="backend-pinned"] [data-action="load"]')
         expect(pinned_start).to_have_attribute("title", "already ready")
 
         # A start shows its progress while it loads, then goes.
@@ -471,7 +474,7 @@ def test_the_page_tells_the_truth_on_a_phone_and_a_desktop(tmp_path: Path) -> No
             assert box[1] <= 390, box
         why = phone.locator('[data-testid="backend-outside"] [data-field="disabled-why"]')
         expect(why).to_be_visible()
-        expect(why).to_contain_text("stop: not managed by the gateway")
+        expect(why).to_contain_text("unload: not managed by the gateway")
         phone.screenshot(path=str(ARTIFACTS / "control-page-truth-390.png"), full_page=True)
         phone.locator('[data-testid="backend-sleeper"] [data-action="logs"]').click()
         expect(phone.locator('[data-testid="logs-sleeper"] [data-field="log"]')).to_contain_text(

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.test_control_page import ARTIFACTS, _require_browser, drawn, watch_console
 from tests.fakes.processes import gateway_process, sim_gpu_models
 
+pytestmark = pytest.mark.e2e
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -117,7 +119,7 @@ def test_one_snapshot_one_sum_headline_legend_and_bars_agree(tmp_path: Path) -> 
 
 
 def test_an_actions_answer_shows_where_it_was_clicked(tmp_path: Path) -> None:
-    """At 390 px: a stop's result in its card, once, nothing at the top; no card says
+    """At 390 px: a load's result in its card, once, nothing at the top; no card says
     what its state already says; a yield of more than the GPU shows the gateway's refusal
     at the yield control, replacing the card's result; TTL 0 says 'no expiry'."""
     sync_api, chromium = _require_browser()
@@ -138,9 +140,9 @@ def test_an_actions_answer_shows_where_it_was_clicked(tmp_path: Path) -> None:
         expect(page.locator("#backends")).not_to_contain_text("already")
         expect(page.locator('[data-field="result"]')).to_have_count(0)
 
-        lazy.locator('[data-action="start"]').click()
+        lazy.locator('[data-action="load"]').click()  # POST /models/load
         result = lazy.locator('[data-field="result"]')
-        expect(result.locator("span")).to_have_text("Start lazy: done", timeout=15_000)
+        expect(result.locator("span")).to_have_text("Load lazy: loaded", timeout=15_000)
         expect(result).to_be_in_viewport()
         expect(page.locator('[data-field="result"]')).to_have_count(1)
         expect(page.locator("#messages")).to_be_empty()

@@ -26,6 +26,8 @@ from tests.fakes.processes import (
 )
 from tests.fakes.waits import until_sync
 
+pytestmark = pytest.mark.e2e
+
 # What the game sees: the yield held while it runs (written to a file for the test).
 GAME = """
 import json, sys, urllib.request

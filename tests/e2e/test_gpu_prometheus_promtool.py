@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app.settings import Settings
 from tests.e2e.conftest import require_tool
 from tests.fakes.prometheus import dcgm_gpu, fake_prometheus
 from tests.fakes.promtool import check_metrics
 from tests.fakes.servers import gateway, gateway_settings
 from tests.fakes.waits import until
+
+pytestmark = pytest.mark.e2e
 
 LABELLED = {
     f"microscheduler_gpu_{name}"

@@ -26,6 +26,8 @@ from tests.fakes.prometheus import Series, dcgm_gpu, exposition, fake_prometheus
 from tests.fakes.servers import serve_app
 from tests.fakes.waits import until
 
+pytestmark = pytest.mark.e2e
+
 SERIES = [
     *dcgm_gpu(0, used_mib=1000, free_mib=79000, reserved_mib=500),
     *dcgm_gpu(1, used_mib=30000, free_mib=50000, power_w=None),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gpu.telemetry import GpuProcess, GpuSnapshot, GpuSource, GpuStats
@@ -21,6 +22,7 @@ from tests.fakes.promtool import check_metrics
 from tests.fakes.servers import fake_vllm, gateway, gateway_settings
 from tests.fakes.waits import until
 
+pytestmark = pytest.mark.e2e
 GIB = 1024**3
 FAMILIES = (
     "microscheduler_requests",

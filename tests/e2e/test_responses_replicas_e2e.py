@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.fakes.processes import fake_vllm_process, gateway_process
 
+pytestmark = pytest.mark.e2e
 STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 
 

@@ -247,9 +247,11 @@ def create_fake_vllm_container(
     stop_timeout_s: int | None = None,
     labels: dict[str, str] | None = None,
     tty: bool = False,
+    mounts: Sequence[dict[str, Any]] = (),
 ) -> str:
     """Create (not start) the container (`tty`: with a terminal, so its output is raw,
-    not multiplexed); a leftover of the same name is removed first."""
+    not multiplexed; `mounts`: more of `HostConfig.Mounts`); a leftover of the same name
+    is removed first."""
     image = fake_vllm_image(engine)
     body: dict[str, Any] = {
         "Image": image,
@@ -269,8 +271,11 @@ def create_fake_vllm_container(
             "NetworkMode": "host",
             "Init": True,  # docker-init as PID 1: SIGTERM works even before Python is up
             "Mounts": [
-                {"Type": "bind", "Source": source, "Target": target, "ReadOnly": True}
-                for source, target in python_mounts()
+                *(
+                    {"Type": "bind", "Source": source, "Target": target, "ReadOnly": True}
+                    for source, target in python_mounts()
+                ),
+                *mounts,
             ],
             "RestartPolicy": {"Name": "no"},
         },

@@ -263,6 +263,9 @@ def test_the_unit_tests_mirror_the_app_packages() -> None:
     packages = {p.name for p in APP.iterdir() if (p / "__init__.py").is_file()}
     folders = {p.name for p in UNIT.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders <= packages, f"tests/unit/ folders with no app package: {folders - packages}"
+    # And the other way: every package has its folder (the simulator's tests are tests/sim).
+    unmirrored = packages - folders - {"sim"}
+    assert not unmirrored, f"app packages without tests/unit/<package>/: {sorted(unmirrored)}"
     for name in sorted(folders):
         assert (UNIT / name / "__init__.py").is_file(), f"tests/unit/{name}/__init__.py"
         assert not list((UNIT / name).glob("*/test_*.py")), f"tests/unit/{name}: one level"
@@ -388,3 +391,36 @@ def test_no_class_has_more_than_40_public_members() -> None:
     classes = classes_of(MODULES)
     assert len(public_members("app.lifecycle.backend.Backend", classes)) > 20
     assert member_offences(classes) == []
+
+
+E2E = UNIT.parent / "e2e"
+
+
+def _marked_e2e(tree: ast.Module) -> bool:
+    """`pytestmark = pytest.mark.e2e` (or a list holding it) at the module's top."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            return "pytest.mark.e2e" in ast.unparse(node.value)
+    return False
+
+
+def test_every_e2e_module_carries_the_e2e_mark() -> None:
+    """`make test`'s fast first pass runs `-m "not e2e"` over tests/unit, tests/api and
+    tests/sim; an unmarked test under tests/e2e would be run by `-m e2e` selections never."""
+    unmarked = []
+    for path in sorted(E2E.glob("test_*.py")):
+        tree = parsed(path.read_text(encoding="utf-8"))
+        tests = [
+            n for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test")
+        ]  # fmt: skip
+        if _marked_e2e(tree):
+            continue
+        unmarked += [
+            f"{path.name}::{t.name}"
+            for t in tests
+            if not any("pytest.mark.e2e" in ast.unparse(d) for d in t.decorator_list)
+        ]
+    assert unmarked == [], f"tests under tests/e2e without the e2e mark: {unmarked}"

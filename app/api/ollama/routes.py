@@ -27,13 +27,13 @@ from starlette.routing import BaseRoute, Route
 
 from app.api.handlers import JSONBody
 from app.api.middleware import context_of
+from app.api.model_cards import max_model_len_of
 from app.api.ollama import keep_alive, listing, translate
 from app.api.ollama.stream import NdjsonStream, NdjsonTranslator, error_line, line, request_clock
 from app.api.ollama.wire import VERSION, Json, error_body, keep_alive_s, timestamp, untagged
 from app.api.openai import client_key, read_body
 from app.api.protocol import json_object
 from app.api.relay import RelayResponse
-from app.api.views import max_model_len_of
 from app.errors import GatewayError, InvalidRequest, ModelNotFound
 from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated

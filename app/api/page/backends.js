@@ -6,34 +6,51 @@
 "use strict";
 
 function actions(b) {
-  // [{action, text, why (null: it can apply), run}] for backend `b`.
+  // [{action, text, why (null: it can apply), run}] for backend `b`. Load and unload are
+  // the client verbs (POST /models/load, /models/unload, by the backend's name): unload
+  // drains, then does what its idle method says (`idle.action`). Beside it, the release
+  // it does not do: sleep (when the server offers it) and stop (when unload may sleep).
   const path = `/backends/${encodeURIComponent(b.name)}`;
   const place = { place: `backend:${b.name}` };
+  const model = { model: b.name };
+  // A load or unload says the model's state after it (`status.value`: loaded, sleeping...).
+  const said = (verb) => ({ ...place, done: (a) => `${verb} ${b.name}: ${a.status?.value ?? "done"}` });
   const external = b.managed ? null : "not managed by the gateway (an external server, only checked)";
   const blocked = b.blocked_by.length ? `blocked by ${b.blocked_by.join("; ")}` : null;
+  const idle = b.idle?.action || "stop";
   // Reasons that only repeat the state shown beside the name (`obvious`): in the button's
   // title, not in words under every card on a phone.
-  const startWhy = external
+  const loadWhy = external
     || (b.state === "ready" ? "already ready"
       : b.state === "starting" ? "starting already"
-        : b.state === "stopping" ? "stopping: start it once it stopped" : null)
+        : b.state === "stopping" ? "stopping: load it once it stopped" : null)
     || blocked;
+  const unloadWhy = external
+    || (b.state === "stopped" ? "already stopped" : b.state === "stopping" ? "stopping already"
+      : b.state === "sleeping" && idle === "sleep" ? "already asleep" : null);
   const stopWhy = external
     || (b.state === "stopped" ? "already stopped" : b.state === "stopping" ? "stopping already" : null);
   const list = [
-    { action: "start", text: b.state === "sleeping" ? "wake" : "start", why: startWhy,
-      obvious: startWhy === "already ready" || startWhy === "starting already",
-      run: () => act(`Start ${b.name}`, "POST", `${path}/start`, undefined, place) },
-    { action: "stop", text: "stop", why: stopWhy,
-      obvious: stopWhy === "already stopped" || stopWhy === "stopping already",
-      run: () => act(`Stop ${b.name}`, "POST", `${path}/stop`, undefined, place) },
+    { action: "load", text: b.state === "sleeping" ? "wake" : "load", why: loadWhy,
+      obvious: loadWhy === "already ready" || loadWhy === "starting already",
+      run: () => act(`Load ${b.name}`, "POST", "/models/load", model, said("Load")) },
+    { action: "unload", text: "unload", why: unloadWhy,
+      obvious: ["already stopped", "stopping already", "already asleep"].includes(unloadWhy),
+      run: () => act(`Unload ${b.name} (${idle})`, "POST", "/models/unload", model, said("Unload")) },
   ];
   if (b.sleep_mode || b.yield_method === "sleep") {
     const stateWhy = b.state === "sleeping" ? "already asleep"
       : b.state !== "ready" ? `only a ready backend sleeps (${b.state})` : null;
     const sleepWhy = external || (!b.sleep_mode ? "its server does not offer sleep mode" : null) || stateWhy;
-    list.push({ action: "sleep", text: "sleep", why: sleepWhy, obvious: sleepWhy === stateWhy,
-      run: () => act(`Sleep ${b.name}`, "POST", `${path}/sleep`, undefined, place) });
+    if (idle !== "sleep") {
+      list.push({ action: "sleep", text: "sleep", why: sleepWhy, obvious: sleepWhy === stateWhy,
+        run: () => act(`Sleep ${b.name}`, "POST", `${path}/sleep`, undefined, place) });
+    }
+  }
+  if (idle !== "stop") {
+    list.push({ action: "stop", text: "stop", why: stopWhy,
+      obvious: stopWhy === "already stopped" || stopWhy === "stopping already",
+      run: () => act(`Stop ${b.name}`, "POST", `${path}/stop`, undefined, place) });
   }
   list.push({ action: "logs", text: "logs",
     why: b.output ? null : "no output the gateway can read (it does not run this server)",

@@ -383,13 +383,14 @@ async def test_adopting_leaves_a_server_that_does_not_run_stopped() -> None:
 
 async def test_the_watch_restarts_a_failed_pinned_backend_after_its_backoff() -> None:
     runtime = GatedRuntime()
-    backend = await ready_backend(runtime, restart_backoff_s=0.05)
+    # 0.5 s: long enough that a loaded machine does not pass it between two lines.
+    backend = await ready_backend(runtime, restart_backoff_s=0.5)
     runtime.code = 1
     await backend.watcher.watch()
     assert backend.state is BackendState.FAILED
     await backend.watcher.watch()  # within the backoff: nothing
     assert runtime.starts == 1
-    await asyncio.sleep(0.06)  # the thing under test: the 0.05 s backoff passes
+    await asyncio.sleep(0.55)  # the thing under test: the 0.5 s backoff passes
     runtime.code = None
     await backend.watcher.watch()
     # The restart runs as the backend's own task.

@@ -57,6 +57,7 @@ async def test_put_takes_effect_and_the_retry_writes_it_once_the_disk_is_back(
 
     store.put("zones", [])  # no exception: the hold ended
     assert store.section("zones") == []
+    await store.settled()  # the save was queued, not waited for
     assert store.persisted is False
     status = store.status()
     assert status["persisted"] is False
@@ -94,6 +95,7 @@ async def test_a_later_save_that_works_writes_what_was_pending(tmp_path: Path) -
     store.update("zones", [{"name": "img"}])
     broken(directory)
     store.put("zones", [])
+    await store.settled()
     repaired(directory)
     store.update("profile", "day")  # a new hold, saved: the whole state goes with it
     assert store.persisted is True

@@ -111,3 +111,15 @@ def test_the_configmap_models_yaml_loads_with_the_gateway_env(
         assert runtime.namespace == NAMESPACE
         one("Deployment", runtime.name)  # the workload it scales is in the manifests
         one("Service", runtime.service_name)
+
+
+def test_the_example_models_caches_outlive_its_pods() -> None:
+    """Each scale-up from 0 is a new pod: its Hugging Face and vLLM compile caches sit on
+    a claim (`app.runtimes.cache_dirs`: /root/.cache/huggingface, /root/.cache/vllm)."""
+    pod = one("Deployment", "vllm-qwen")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounted = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert set(mounted) == {"/root/.cache/huggingface", "/root/.cache/vllm"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    claim = volumes[mounted["/root/.cache/vllm"]]["persistentVolumeClaim"]["claimName"]
+    assert one("PersistentVolumeClaim", claim)["spec"]["accessModes"]

@@ -11,6 +11,7 @@ from app.upstreams.vllm_output import (
     FAILURES,
     MAX_QUOTE,
     MILESTONES,
+    CompileSeen,
     LoadTracker,
     diagnose,
     explain,
@@ -323,3 +324,33 @@ def test_the_fallback_quotes_no_other_line_and_is_bounded() -> None:
     lines = ["KeyError: 'x'", "OSError: [Errno 98] Address already in use"]
     assert explain(lines).count("it said") == 1
     assert "KeyError" not in explain(lines)
+
+
+def compile_after(*lines: str) -> CompileSeen:
+    tracker = LoadTracker()
+    for line in lines:
+        tracker.feed(f"(EngineCore_DP0 pid=7) INFO 11-29 08:00:00 [backends.py:1] {line}")
+    return tracker.compile
+
+
+def test_a_starts_compile_seconds_and_whether_the_cache_served_it() -> None:
+    """vLLM's lines, from their format strings (compilation/backends.py:310, :417, :1123;
+    compilation/decorators.py:326; compilation/monitor.py:20)."""
+    hit = (
+        "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, "
+        "took 0.412 s"
+    )
+    miss = "Compiling a graph for compile range (1, 8192) takes 6.81 s"
+    assert compile_after() == CompileSeen(None, None)
+    assert compile_after(hit, "torch.compile took 5.02 s in total") == CompileSeen(5.02, "hit")
+    assert compile_after("[backbone] " + miss).cache == "miss"
+    assert compile_after(miss, hit).cache == "miss"  # one graph compiled: not all cached
+    assert compile_after(hit, miss).cache == "miss"
+    assert compile_after("Directly load AOT compilation from path /c/x").cache == "hit"
+    off = "vLLM's torch.compile cache is disabled."
+    assert compile_after(off, miss).cache == "off"
+    # One line per compiled part (an encoder's, a decoder's): their sum.
+    two = compile_after(
+        "[encoder] torch.compile took 1.50 s in total", "torch.compile took 2.25 s in total"
+    )
+    assert two.seconds == pytest.approx(3.75)

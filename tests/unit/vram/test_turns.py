@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from app.lifecycle.state import BackendState
 from tests.fakes.waits import until
 from tests.unit.vram.test_arbiter import (
@@ -217,3 +219,33 @@ async def test_a_start_waiting_for_an_equal_still_starting_gives_up_at_its_start
     assert state_of(b) is BackendState.STARTING  # untouched
     rig.health["turn-b"].learn_gate.set()
     (await within(request_b)).release()
+
+
+async def test_a_start_whose_request_left_evicts_nobody_when_the_equal_goes_idle(
+    rigs: Rigs,
+) -> None:
+    # No load nobody waits for (issue 36, point 2): the start waited for a busy equal's
+    # turn; its request left (within the start's grace, before any cancel); when the
+    # equal goes idle, the start would evict it for nobody: it evicts nothing and ends.
+    rig = rigs.make(total_mib=16000)
+    first = await rig.ready("first", vram_mib=11000, max_hold_s=600)
+    second = rig.add("second", vram_mib=11000)
+    busy = await within(first.requests.acquire())
+    waiting = asyncio.create_task(second.requests.acquire())
+    await until(second.start_progress, what="the start to wait for the busy equal")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    busy.release()  # idle: its turn is over, the start plans again at once
+    await until(lambda: state_of(second) is BackendState.STOPPED, what="the start to end")
+    assert state_of(first) is BackendState.READY  # not evicted
+    assert rig.runtimes["first"].stops == 0
+    assert rig.runtimes["second"].starts == 0  # nothing launched
+    assert not swaps(rig, "second", "first")
+    assert second.reason is not None
+    assert "(waiting_for_vram): nobody waits for it" in second.reason
+    cancelled = {"backend": "second"}
+    assert (
+        rig.metrics.registry.get_sample_value("microscheduler_start_cancelled_total", cancelled)
+        == 1
+    )
