@@ -37,6 +37,7 @@ def residents(
             evictable=b.state in (BackendState.READY, BackendState.SLEEPING),
             starting=b.state is BackendState.STARTING and b.name not in admitting,
             protected_s=max(protected_for_s(b, now), _finite(b.requests.floor.left_s(now))),
+            kept_s=_finite(b.requests.floor.left_s(now)),
             hold_s=hold_for_s(b, now),
         )
         for b in backends
@@ -63,7 +64,8 @@ def holders(
         if gpu not in r.gpus:
             continue
         if not r.lazy:
-            note = "pinned"
+            kept = backends[r.name].lazy  # lazy, pinned by a client's keep_alive: -1
+            note = "a client's keep_alive, until unloaded" if kept else "pinned"
         elif below_priority is not None and (
             r.priority > below_priority or (force and r.priority == below_priority)
         ):
@@ -75,7 +77,8 @@ def holders(
         elif not r.evictable:
             note = "starting" if backends[r.name].state is BackendState.STARTING else "stopping"
         elif r.protected_s > 0 and not force:
-            note = f"min_resident_s, {math.ceil(r.protected_s)}s more"
+            why = "a client's keep_alive" if r.protected_s == r.kept_s else "min_resident_s"
+            note = f"{why}, {math.ceil(r.protected_s)}s more"
         else:
             note = ""
         asleep = backends[r.name].state is BackendState.SLEEPING

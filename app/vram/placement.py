@@ -49,6 +49,8 @@ class Resident:
     # Busy: seconds of its `max_hold_s` left, during which a start of equal priority waits
     # for it to go idle instead of evicting it (0: the hold is over, or it is idle).
     hold_s: float = 0.0
+    # Of `protected_s`: a client's keep_alive floor (`app.lifecycle.floor`), when finite.
+    kept_s: float = 0.0
 
     @property
     def busy(self) -> bool:
@@ -68,6 +70,8 @@ class Placement:
     # Of `protected`: busy equals inside their `max_hold_s` (the wait ends sooner when
     # they go idle); the others are inside their `min_resident_s`.
     holding: tuple[str, ...] = ()
+    # Of `protected`: those a client's keep_alive keeps (rather than their min_resident_s).
+    kept: tuple[str, ...] = ()
     # Does not fit now (nor by waiting out protections), but may once the starts of
     # these residents end: they hold memory it needs and are not evictable while starting.
     starting: tuple[str, ...] = ()
@@ -133,7 +137,9 @@ def _after_protections(
             names = tuple(n for n in later.evict if n in protected)
             held = {r.name for r in candidates if r.busy and r.protected_s == r.hold_s > 0}
             holding = tuple(n for n in names if n in held)
-            return replace(plan, wait_s=wait_s, protected=names, holding=holding)
+            floors = {r.name for r in candidates if r.kept_s > 0 and r.protected_s == r.kept_s}
+            kept = tuple(n for n in names if n in floors and n not in holding)
+            return replace(plan, wait_s=wait_s, protected=names, holding=holding, kept=kept)
     return plan
 
 

@@ -88,17 +88,16 @@ async def wait_out(
     names = ", ".join(plan.protected)
     # A busy equal's turn may end sooner (when it goes idle): wait for it up to the
     # deadline; a min_resident_s ends when it ends: refuse at once when that is too late.
+    why = _why(plan)
     if now + wait_s > deadline and (not plan.holding or now >= deadline):
         raise AdmissionRefused(
             f"{refusal}; {names} stay resident for {math.ceil(wait_s)}s more "
-            f"({'min_resident_s' if not plan.holding else 'busy, max_hold_s'}), longer than "
+            f"({why}), longer than "
             f"this start waits ({backend.config.start_timeout_s:g}s, "
             "start_timeout_s)"
         )
     until = min(now + wait_s, deadline)
     verb = "is" if len(plan.protected) == 1 else "are"
-
-    why = "min_resident_s" if not plan.holding else "busy, max_hold_s"
 
     def progress() -> str:
         left = math.ceil(max(0.0, until - time.monotonic()))
@@ -108,6 +107,15 @@ async def wait_out(
                 "wait_s=%.1f", backend.name, names, wait_s)  # fmt: skip
     with backend.server.waiting_for_vram(progress):
         await idle.wait(min(until - now, RESIDENCY_POLL_S))
+
+
+def _why(plan: Placement) -> str:
+    """What protects the residents a start waits for, in config's words."""
+    if plan.holding:
+        return "busy, max_hold_s"
+    if plan.kept and len(plan.kept) == len(plan.protected):
+        return "a client's keep_alive"
+    return "min_resident_s, a client's keep_alive" if plan.kept else "min_resident_s"
 
 
 def turn_text(turns: Sequence[tuple[str, Sequence[str]]]) -> str:

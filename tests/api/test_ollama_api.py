@@ -314,3 +314,28 @@ async def test_a_keep_alive_duration_is_a_residency_floor(tmp_path: Path) -> Non
         await ops.generate(model="lazy-model", keep_alive=0)  # the unload ends the pin
         assert state(backend) is BackendState.STOPPED
         assert backend.requests.floor.until is None
+
+
+async def test_a_start_refused_by_a_keep_alive_says_so(tmp_path: Path) -> None:
+    """Another model that needs the memory is refused with the keep_alive named: a pin
+    (-1) as a pinned backend is, a duration longer than its start may wait at once."""
+    port, other = free_port(), free_port()
+    runtimes = {
+        "lazy": FakeVllmRuntime(port, models=["lazy-model"], max_tokens=4, task="generate"),
+        "big": FakeVllmRuntime(other, models=["big-model"], max_tokens=4, task="generate"),
+    }
+    backends = {"lazy": lazy(port), "big": lazy(other, models=["big-model"], vram_mib=24000)}
+    async with lifecycle_gateway(backends, runtimes, tmp_path) as gw:
+        api = client(gw)
+        await api.generate(model="lazy-model", keep_alive=-1)
+        with pytest.raises(ollama.ResponseError) as pinned:
+            await api.chat(model="big-model", messages=HI, stream=False)
+        assert pinned.value.status_code == 503
+        assert "backend lazy 12000 MiB (a client's keep_alive, until unloaded)" in (
+            pinned.value.error
+        )
+        await api.generate(model="lazy-model", keep_alive=0)
+        await api.generate(model="lazy-model", keep_alive="1h")
+        with pytest.raises(ollama.ResponseError) as kept:
+            await api.chat(model="big-model", messages=HI, stream=False)
+        assert "(a client's keep_alive), longer than this start waits" in kept.value.error
