@@ -39,6 +39,8 @@ CONTEXT_KEY: Final = "microscheduler.context"
 CLIENT_CLOSED: Final = 499  # nginx's convention: the client went away before the end
 NOT_ACTIVITY: Final = frozenset({"models"})  # listings: not requests to a model
 _CLOSE: Final = (b"connection", b"close")
+# The content types of a stream the relay ends in-band (`RequestContext.sse`).
+STREAM_TYPES: Final = (b"text/event-stream", b"application/x-ndjson")
 # A client's request id is kept when it is 1-128 of these (a UUID, a ULID, hex, dotted or
 # colon-separated ids); another gets a new one. It never reaches a backend
 # (`app.upstreams.http`).
@@ -66,7 +68,7 @@ class RequestContext:
     # in-band error, or the upstream's error event before `[DONE]`): its code.
     stream_error: str | None = None
     # How far the response got, as the observer's `send` saw it (`Progress`).
-    sse: bool = False  # its status line said `text/event-stream`
+    sse: bool = False  # its status line said `text/event-stream` (or Ollama's NDJSON)
     last: bytes = b""  # its last non-empty body chunk
     ended: bool = False  # its last body message went out
     # `BodyGuard`: the body is still being read (a response now says `connection: close`).
@@ -273,9 +275,10 @@ def too_large(limit: int) -> PayloadTooLarge:
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A stream that can end with an in-band error: server-sent events, or Ollama's
+    NDJSON (`app.api.ollama`)."""
     return any(
-        name == b"content-type" and value.startswith(b"text/event-stream")
-        for name, value in headers
+        name == b"content-type" and value.startswith(STREAM_TYPES) for name, value in headers
     )
 
 

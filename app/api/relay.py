@@ -44,7 +44,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.activity import WAIT_HEADER, Waits
 from app.api.handlers import error_response
-from app.api.middleware import RequestContext, context_of
+from app.api.middleware import STREAM_TYPES, RequestContext, context_of
 from app.errors import GatewayError, GatewayStopping, UpstreamError, UpstreamUnavailable
 from app.jsonwire import sse_data
 from app.lifecycle.lease import WaitNotice
@@ -547,7 +547,7 @@ class _Progress:
         if message["type"] == "http.response.start":
             self.head_sent = True
             self.sse = any(
-                name == b"content-type" and value.startswith(b"text/event-stream")
+                name == b"content-type" and value.startswith(STREAM_TYPES)
                 for name, value in message.get("headers", ())
             )
         else:

@@ -132,12 +132,23 @@ async def test_the_gateways_own_error_event_is_recorded(caplog: pytest.LogCaptur
     assert line.endswith(" stream_error=upstream_unavailable")
 
 
-async def test_a_stream_the_stopping_gateway_ended_is_recorded() -> None:
+@pytest.mark.parametrize(
+    ("path", "chunks", "ended"),
+    [
+        ("/v1/chat/completions", 1, '"code":"gateway_stopping"'),
+        # Ollama's NDJSON stream (app.api.ollama): its last line is the error. Its first
+        # line is the first content (the role's chunk, empty, writes none).
+        ("/api/chat", 2, '{"error":"The gateway is shutting down'),
+    ],
+)
+async def test_a_stream_the_stopping_gateway_ended_is_recorded(
+    path: str, chunks: int, ended: str
+) -> None:
     async with fake_vllm(models=["m"]) as upstream:
         settings = gateway_settings({"b": {"url": upstream.url, "models": ["m"]}})
         async with gateway(settings) as gw:
             services: Services = gw.app.state.services
-            await upstream.set_faults(stall_after=1)  # the stream stays open
+            await upstream.set_faults(stall_after=chunks)  # the stream stays open
             # The client's side of the ASGI app: the stream has begun once a body chunk
             # went out (before that, a stopping gateway answers 503, not in-band).
             begun = asyncio.Event()
@@ -154,11 +165,11 @@ async def test_a_stream_the_stopping_gateway_ended_is_recorded() -> None:
             async with httpx.AsyncClient(
                 transport=transport, base_url="http://localhost", timeout=10
             ) as client:
-                ask = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+                ask = asyncio.create_task(client.post(path, json=BODY))
                 await asyncio.wait_for(begun.wait(), 10)
                 assert services.relays.end_all() == 1  # as a gateway stopping does
                 response = await ask
             entry = await newest(gw)
     assert response.status_code == 200
-    assert '"code":"gateway_stopping"' in response.text  # ended in-band
+    assert ended in response.text  # ended in-band
     assert (entry["status"], entry["stream_error"]) == (200, "gateway_stopping")
