@@ -34,7 +34,8 @@ from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
 from app.lifecycle.request_holds import RequestHolds
 from app.lifecycle.served import LearnedRecords, Served
-from app.lifecycle.server import Server, StartFailed
+from app.lifecycle.server import NotOurServer, Server, StartFailed, WakeFailed
+from app.lifecycle.sleep_guard import GuardCause, Leak
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
     BackendState,
@@ -233,6 +234,8 @@ class Backend:
     ) -> None:
         began, wake_level = timing
         outcome = StartOutcome.FAILED
+        if not wake:  # a new server (or one adopted): its sleeps begin again
+            self.memory.sleeps.started_cold()
         if wake:
             admitted = self.admission.admit(self, wake=True)
         elif adopt:
@@ -277,7 +280,17 @@ class Backend:
                     self.watcher.refused = True
                     if not wake and not self.lazy:  # the watch tries again after a backoff
                         self.watcher.failed()
-        except (RuntimeFailure, StartFailed) as exc:
+        except StartFailed as exc:
+            if wake and not isinstance(exc, NotOurServer):
+                # A bad wake (the call failed or hung, or the server died or never answered
+                # after it; vLLM #50011, #48680): its server is stopped, and its next
+                # request starts it cold rather than waiting out a failure's backoff.
+                timed_out = isinstance(exc, WakeFailed) and exc.timed_out
+                cause = GuardCause.WAKE_TIMEOUT if timed_out else GuardCause.WAKE_FAILED
+                await self._guard_stopped(cause, str(exc))
+            else:
+                await self._fail(str(exc))
+        except RuntimeFailure as exc:
             await self._fail(str(exc))
         except asyncio.CancelledError:
             outcome = StartOutcome.CANCELLED
@@ -428,6 +441,7 @@ class Backend:
         release: Release | None = None,
     ) -> None:
         sleep_level = None if release is None else release.level
+        stopped_why = f"stopped by the gateway ({reason})"
         if start_task is not None and not start_task.done():
             start_task.cancel()
             await asyncio.wait({start_task})
@@ -459,11 +473,17 @@ class Backend:
                 slept = await self.server.sleep(sleep_level, reason)
             if slept is SleepOutcome.SLEPT:
                 kept = self.memory.kept_asleep(freed.mib)
-                why = rules.asleep_reason(sleep_level, reason, kept)
+                leak = self.memory.record_sleep(sleep_level, freed.mib, kept, time.time())
                 async with self._lock:
                     self.memory.slept(kept, sleep_level)
-                    self._set_state(BackendState.SLEEPING, why)
-                return
+                    if leak is None:
+                        why = rules.asleep_reason(sleep_level, reason, kept)
+                        self._set_state(BackendState.SLEEPING, why)
+                        return
+                    # The sleep guard: a sleeper that leaks is stopped, not left asleep.
+                    self._tripped(GuardCause.LEAK, leak.describe(), leak_fields(leak))
+                reason = StopReason.SLEEP_GUARD
+                stopped_why = guard_reason(leak.describe())
         try:
             await self.server.stop()
         except RuntimeFailure as exc:
@@ -471,7 +491,8 @@ class Backend:
             await self._fail(f"stop failed: {exc}", holds_vram=True)
             return
         async with self._lock:
-            self._set_state(BackendState.STOPPED, f"stopped by the gateway ({reason})")
+            self._set_state(BackendState.STOPPED, stopped_why)
+            self.watcher.guard_stopped = reason is StopReason.SLEEP_GUARD
         self._metrics.stops.labels(self.name, reason).inc()
 
     async def adopt(self) -> None:
@@ -507,6 +528,27 @@ class Backend:
                 self._set_state(BackendState.FAILED, reason)
                 self.watcher.failed()
                 self.memory.released(holds_vram=holds_vram)
+
+    async def _guard_stopped(self, cause: GuardCause, detail: str) -> None:
+        """A wake that failed stopped its server (`Server.launch`, or the start's wait for
+        health): stopped, and its next request (a pinned one: the watch) starts it cold."""
+        async with self._lock:
+            if self.state is not BackendState.STARTING:
+                return  # a stop took over
+            self._tripped(cause, detail, {})
+            self._set_state(BackendState.STOPPED, guard_reason(detail))
+            self.watcher.guard_stopped = True
+        self._metrics.stops.labels(self.name, StopReason.SLEEP_GUARD).inc()
+
+    def _tripped(self, cause: GuardCause, detail: str, fields: dict[str, int | None]) -> None:
+        """Under the lock: the sleep guard stops it; recorded, counted, an event."""
+        self.memory.sleeps.tripped(cause, detail, time.time())
+        self._metrics.sleep_guard.labels(self.name, cause).inc()
+        logger.warning("sleep guard stops backend=%s cause=%s detail=%s", self.name, cause, detail)
+        if self._events is not None:
+            self._events.record(
+                "sleep_guard", backend=self.name, cause=str(cause), detail=detail, **fields
+            )
 
     async def _restart_down(self) -> None:
         """The watch's restart of a pinned backend that is down, past its backoff."""
@@ -556,7 +598,7 @@ class Backend:
         previous = self.state
         self.state = check_transition(previous, target)
         self.reason = reason
-        self.watcher.refused = False
+        self.watcher.refused = self.watcher.guard_stopped = False
         if target in (BackendState.STOPPED, BackendState.FAILED) or (
             target is BackendState.SLEEPING and self.memory.asleep_level != 1
         ):
@@ -580,3 +622,20 @@ class Backend:
             target,
             reason or "-",
         )
+
+
+def guard_reason(detail: str) -> str:
+    """The state reason of a backend the sleep guard stopped."""
+    return f"sleep guard: {detail}; stopped, its next request starts it cold"
+
+
+def leak_fields(leak: Leak) -> dict[str, int | None]:
+    """The numbers of a leak, for its `sleep_guard` event."""
+    return {
+        "cycle": leak.now.cycle,
+        "baseline_freed_mib": leak.baseline.freed_mib,
+        "freed_mib": leak.now.freed_mib,
+        "held_mib": leak.now.held_mib,
+        "growth_mib": leak.growth_mib,
+        "threshold_mib": leak.threshold_mib,
+    }

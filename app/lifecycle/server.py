@@ -30,7 +30,7 @@ from app.lifecycle.state import SleepOutcome, StopReason
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.runtimes.output import OutputSource
 from app.tasks import cancel_and_wait, spawn
-from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+from app.upstreams.vllm import ControlError, ControlTimeout, SleepUnsupported, VllmClient
 from app.upstreams.vllm_learned import not_ours
 from app.upstreams.vllm_output import LoadProgress, LoadTracker, explain
 
@@ -46,6 +46,15 @@ OUTPUT_GRACE_S: Final = 2.0  # after its exit, for the rest of its output to be 
 
 class StartFailed(Exception):
     """The server was launched (or woken) but did not become ready; the message says why."""
+
+
+class WakeFailed(StartFailed):
+    """A wake from sleep failed (`timed_out`: did not answer within the control timeout);
+    the server was stopped."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class NotOurServer(StartFailed):
@@ -171,7 +180,8 @@ class Server:
             # Half awake is no state to serve from: stop it, the next start is a clean one.
             logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)
             await self.runtime.stop()
-            raise StartFailed(f"wake from sleep failed ({exc}); stopped it") from None
+            timed_out = isinstance(exc, ControlTimeout)
+            raise WakeFailed(f"wake from sleep failed ({exc})", timed_out=timed_out) from None
 
     async def _watch_output(self) -> None:
         await cancel_and_wait(self._reader)

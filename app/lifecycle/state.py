@@ -83,6 +83,8 @@ class StopReason(enum.StrEnum):
     STANDBY = "standby"  # lifecycle: standby, put to sleep after its load at gateway start
     HOST_RAM = "host_ram"  # a level-1 sleeper stopped to make room in the host RAM budget
     RELOAD = "reload"  # a config reload removed it or changed what needs a restart
+    # The sleep guard (app.lifecycle.sleep_guard): a sleep that leaked, a wake that failed.
+    SLEEP_GUARD = "sleep_guard"
 
 
 class StartOutcome(enum.StrEnum):
