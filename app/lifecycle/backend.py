@@ -492,7 +492,6 @@ class Backend:
             return
         async with self._lock:
             self._set_state(BackendState.STOPPED, stopped_why)
-            self.watcher.guard_stopped = reason is StopReason.SLEEP_GUARD
         self._metrics.stops.labels(self.name, reason).inc()
 
     async def adopt(self) -> None:
@@ -531,7 +530,9 @@ class Backend:
 
     async def _guard_stopped(self, cause: GuardCause, detail: str) -> None:
         """A wake that failed stopped its server (`Server.launch`, or the start's wait for
-        health): stopped, and its next request (a pinned one: the watch) starts it cold."""
+        health): stopped, and its next request (a pinned one: the watch) starts it cold.
+        (A sleep that leaked is stopped by `_run_stop`; a pinned one stays stopped then,
+        as after an admin stop: the sleep was to free its memory.)"""
         async with self._lock:
             if self.state is not BackendState.STARTING:
                 return  # a stop took over

@@ -6,8 +6,9 @@
   its owner under kubernetes `scale: external`, stops it); an external server found
   healthy again is asked what it serves (it may be another server now).
 - A pinned backend that is down (its start failed, its server died, admission found no
-  room, or the sleep guard stopped it) is started again once its backoff has passed: 5 s
-  doubling to 5 min with each failure in a row (`restart_in_s`, shown in `/backends`).
+  room, or the sleep guard stopped it for a failed wake) is started again once its
+  backoff has passed: 5 s doubling to 5 min with each failure in a row (`restart_in_s`,
+  shown in `/backends`).
 
 The watcher reads its backend through `Watched` and changes it only through the three
 transitions it is given (`restart`, `fail`, `owner_stopped`), which the backend makes
@@ -54,7 +55,7 @@ class Watcher:
         self._owner_stopped = owner_stopped
         self.backoff = RestartBackoff(backoff_s)  # after failures in a row
         self.refused = False  # stopped because admission found no room (kind no_vram)
-        # Stopped by the sleep guard (a leak, a failed wake): a pinned one starts again cold.
+        # Stopped by the sleep guard for a failed wake: a pinned one starts again cold.
         self.guard_stopped = False
         self.learn_due = True  # an external server: learn at the next health check passed
 
@@ -95,7 +96,7 @@ class Watcher:
     def down(self) -> bool:
         """A pinned backend the watch starts again once its backoff has passed: it failed
         (its start, or its server died), admission found no room for its start, or the
-        sleep guard stopped it."""
+        sleep guard stopped it for a failed wake."""
         backend = self._backend
         state = backend.state
         stopped = state is BackendState.STOPPED and (self.refused or self.guard_stopped)
