@@ -115,6 +115,9 @@ async def test_a_leak_over_sleep_wake_cycles_stops_it_and_its_next_request_start
         assert [c["held_mib"] for c in sleeps["recent"]] == [ASLEEP, ASLEEP + 300, ASLEEP + 600]
         freed = [c["freed_mib"] for c in sleeps["recent"]]
         assert freed == [AWAKE - ASLEEP, AWAKE - ASLEEP - 300, AWAKE - ASLEEP - 600]
+        status = (await gw.client.get("/status")).json()
+        [in_status] = [b for b in status["backends"] if b["name"] == "embed"]
+        assert in_status["sleeps"] == sleeps
         assert "grew 600 MiB" in view["reason"], view["reason"]
         assert view["holds_vram"] is False
         assert view["sleeps"]["last_trip"]["cause"] == "leak"
