@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from app.api.sleeps import sleeps_view
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.backend import Backend
 from app.lifecycle.load import LoadStatus
 from app.lifecycle.profile_switch import ProfileActivation, ProfileSwitch
-from app.lifecycle.sleep_guard import SleepRecord
 from app.lifecycle.state import BackendState
 from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
@@ -111,37 +111,7 @@ def backend_view(backend: BackendView) -> Json:
         # measured (vLLM's load), model (the planner's weights) or vram_mib.
         "host_ram_charge_mib": backend.ram_charge[0],
         "host_ram_charge_from": backend.ram_charge[1],
-        # Its sleeps since its last cold start, for the sleep guard (docs/lifecycle.md).
-        "sleeps": sleeps_view(backend.sleeps, backend.config.sleep_leak_mib),
-    }
-
-
-def sleeps_view(record: SleepRecord, leak_mib: int) -> Json:
-    """What each sleep freed and kept since its last cold start: the first measured
-    (`baseline_freed_mib`), the last few, how much more the last measured one held than
-    the first (`growth_mib`), the threshold, and the guard's last stop (kept across cold
-    starts)."""
-    baseline = record.baseline
-    trip = record.last_trip
-    return {
-        "cycles": record.cycles,
-        "baseline_freed_mib": None if baseline is None else baseline.freed_mib,
-        "baseline_held_mib": None if baseline is None else baseline.held_mib,
-        "growth_mib": record.growth_mib,
-        "sleep_leak_mib": leak_mib,
-        "recent": [
-            {
-                "cycle": c.cycle,
-                "level": c.level,
-                "freed_mib": c.freed_mib,
-                "held_mib": c.held_mib,
-                "at": round(c.at, 3),
-            }
-            for c in record.recent
-        ],
-        "last_trip": None
-        if trip is None
-        else {"cause": str(trip.cause), "detail": trip.detail, "at": round(trip.at, 3)},
+        "sleeps": sleeps_view(backend.sleeps, backend.config.sleep_leak_mib),  # the sleep guard
     }
 
 

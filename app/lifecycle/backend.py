@@ -9,10 +9,11 @@
 - Its parts: `server` (the I/O with its server: runtime, health, sleep mode,
   `app.lifecycle.server`), `watcher` (the periodic check and the restart backoff,
   `app.lifecycle.watched`), `memory` (what it holds on its GPUs and asleep,
-  `app.lifecycle.memory`), `requests` (the queue, the leases and `acquire()`, the data
-  plane's only way in, `app.lifecycle.request_holds`). Each reads the backend through a
-  small protocol and changes it only through the transitions it is given; the API reads
-  it through `app.lifecycle.view.BackendView`.
+  `app.lifecycle.memory`; its sleeps' guard, `app.lifecycle.sleep_guard`), `requests`
+  (the queue, the leases and `acquire()`, the data plane's only way in,
+  `app.lifecycle.request_holds`). Each reads the backend through a small protocol and
+  changes it only through the transitions it is given; the API reads it through
+  `app.lifecycle.view.BackendView`.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
 """
 
@@ -34,8 +35,8 @@ from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
 from app.lifecycle.request_holds import RequestHolds
 from app.lifecycle.served import LearnedRecords, Served
-from app.lifecycle.server import NotOurServer, Server, StartFailed, WakeFailed
-from app.lifecycle.sleep_guard import GuardCause, Leak
+from app.lifecycle.server import Server, StartFailed, wake_failure
+from app.lifecycle.sleep_guard import GuardCause, SleepGuard
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
     BackendState,
@@ -92,6 +93,7 @@ class Backend:
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.memory = Memory(self)  # what it holds, on its GPUs and asleep
+        self._guard = SleepGuard(name, self.memory.sleeps, metrics.sleep_guard, events)
         self.last_start_s: float | None = None
         self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
@@ -234,14 +236,11 @@ class Backend:
     ) -> None:
         began, wake_level = timing
         outcome = StartOutcome.FAILED
-        if not wake:  # a new server (or one adopted): its sleeps begin again
-            self.memory.sleeps.started_cold()
         if wake:
             admitted = self.admission.admit(self, wake=True)
-        elif adopt:
-            admitted = contextlib.nullcontext()
-        else:
-            admitted = self.admission.admit(self)
+        else:  # a new server (or one adopted): its sleeps begin again
+            self.memory.sleeps.started_cold()
+            admitted = contextlib.nullcontext() if adopt else self.admission.admit(self)
         try:
             async with admitted:
                 level = self.memory.admitted()  # counted on its GPUs from now on
@@ -263,12 +262,8 @@ class Backend:
             outcome = StartOutcome.READY
             self._clock.record(duration, cold=not adopt, wake_level=wake_level)
             self._metrics.start_duration.labels(self.name).observe(duration)
-            logger.info(
-                "backend ready backend=%s runtime=%s start_s=%.2f",
-                self.name,
-                self.runtime.kind,
-                duration,
-            )
+            logger.info("backend ready backend=%s runtime=%s start_s=%.2f", self.name,
+                        self.runtime.kind, duration)  # fmt: skip
         except AdmissionRefused as exc:
             outcome = StartOutcome.REFUSED
             async with self._lock:
@@ -281,15 +276,11 @@ class Backend:
                     if not wake and not self.lazy:  # the watch tries again after a backoff
                         self.watcher.failed()
         except StartFailed as exc:
-            if wake and not isinstance(exc, NotOurServer):
-                # A bad wake (the call failed or hung, or the server died or never answered
-                # after it; vLLM #50011, #48680): its server is stopped, and its next
-                # request starts it cold rather than waiting out a failure's backoff.
-                timed_out = isinstance(exc, WakeFailed) and exc.timed_out
-                cause = GuardCause.WAKE_TIMEOUT if timed_out else GuardCause.WAKE_FAILED
-                await self._guard_stopped(cause, str(exc))
-            else:
+            cause = wake_failure(exc) if wake else None  # a bad wake: the sleep guard's
+            if cause is None:
                 await self._fail(str(exc))
+            else:
+                await self._guard_stopped(cause, str(exc))
         except RuntimeFailure as exc:
             await self._fail(str(exc))
         except asyncio.CancelledError:
@@ -481,9 +472,7 @@ class Backend:
                         self._set_state(BackendState.SLEEPING, why)
                         return
                     # The sleep guard: a sleeper that leaks is stopped, not left asleep.
-                    self._tripped(GuardCause.LEAK, leak.describe(), leak_fields(leak))
-                reason = StopReason.SLEEP_GUARD
-                stopped_why = guard_reason(leak.describe())
+                    reason, stopped_why = StopReason.SLEEP_GUARD, self._guard.leaked(leak)
         try:
             await self.server.stop()
         except RuntimeFailure as exc:
@@ -529,27 +518,14 @@ class Backend:
                 self.memory.released(holds_vram=holds_vram)
 
     async def _guard_stopped(self, cause: GuardCause, detail: str) -> None:
-        """A wake that failed stopped its server (`Server.launch`, or the start's wait for
-        health): stopped, and its next request (a pinned one: the watch) starts it cold.
-        (A sleep that leaked is stopped by `_run_stop`; a pinned one stays stopped then,
-        as after an admin stop: the sleep was to free its memory.)"""
+        """A wake that failed stopped its server: stopped, and its next request (a pinned
+        one: the watch) starts it cold. (A leak: `_run_stop`; a pinned one stays stopped.)"""
         async with self._lock:
             if self.state is not BackendState.STARTING:
                 return  # a stop took over
-            self._tripped(cause, detail, {})
-            self._set_state(BackendState.STOPPED, guard_reason(detail))
+            self._set_state(BackendState.STOPPED, self._guard.tripped(cause, detail))
             self.watcher.guard_stopped = True
         self._metrics.stops.labels(self.name, StopReason.SLEEP_GUARD).inc()
-
-    def _tripped(self, cause: GuardCause, detail: str, fields: dict[str, int | None]) -> None:
-        """Under the lock: the sleep guard stops it; recorded, counted, an event."""
-        self.memory.sleeps.tripped(cause, detail, time.time())
-        self._metrics.sleep_guard.labels(self.name, cause).inc()
-        logger.warning("sleep guard stops backend=%s cause=%s detail=%s", self.name, cause, detail)
-        if self._events is not None:
-            self._events.record(
-                "sleep_guard", backend=self.name, cause=str(cause), detail=detail, **fields
-            )
 
     async def _restart_down(self) -> None:
         """The watch's restart of a pinned backend that is down, past its backoff."""
@@ -616,27 +592,5 @@ class Backend:
                 "backend_state", backend=self.name, state=str(target), reason=reason
             )
         log = logger.warning if target is BackendState.FAILED else logger.info
-        log(
-            "backend state backend=%s from=%s to=%s reason=%s",
-            self.name,
-            previous,
-            target,
-            reason or "-",
-        )
-
-
-def guard_reason(detail: str) -> str:
-    """The state reason of a backend the sleep guard stopped."""
-    return f"sleep guard: {detail}; stopped, its next request starts it cold"
-
-
-def leak_fields(leak: Leak) -> dict[str, int | None]:
-    """The numbers of a leak, for its `sleep_guard` event."""
-    return {
-        "cycle": leak.now.cycle,
-        "baseline_freed_mib": leak.baseline.freed_mib,
-        "freed_mib": leak.now.freed_mib,
-        "held_mib": leak.now.held_mib,
-        "growth_mib": leak.growth_mib,
-        "threshold_mib": leak.threshold_mib,
-    }
+        log("backend state backend=%s from=%s to=%s reason=%s", self.name, previous, target,
+            reason or "-")  # fmt: skip

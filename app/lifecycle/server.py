@@ -26,6 +26,7 @@ from app.errors import PORT_IN_USE_REASON
 from app.lifecycle.load import WAITING_FOR_VRAM
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.served import Served
+from app.lifecycle.sleep_guard import GuardCause, wake_cause
 from app.lifecycle.state import SleepOutcome, StopReason
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.runtimes.output import OutputSource
@@ -60,6 +61,13 @@ class WakeFailed(StartFailed):
 class NotOurServer(StartFailed):
     """The server that answered the start lists other models than the backend's: another
     server answers on its port (ours was stopped)."""
+
+
+def wake_failure(exc: StartFailed) -> GuardCause | None:
+    """What a wake that failed with `exc` trips in the sleep guard (its server was stopped,
+    or died): `wake_timeout` or `wake_failed`; None for another server on its port."""
+    timed_out = isinstance(exc, WakeFailed) and exc.timed_out
+    return wake_cause(timed_out=timed_out, not_ours=isinstance(exc, NotOurServer))
 
 
 class Server:

@@ -1,4 +1,4 @@
-"""The sleep guard: a backend's sleep/wake cycles, and when to give up on its sleep. Pure.
+"""The sleep guard: a backend's sleep/wake cycles, and when to give up on its sleep.
 
 vLLM's sleep mode has known leaks and bad wakes: memory held asleep growing over sleep/wake
 cycles (vLLM #21336), a wake that failed or took the host down (#50011), out of memory on
@@ -11,14 +11,26 @@ does a wake that fails or times out. Tripped, the backend is stopped rather than
 asleep, and its next request starts it cold, which resets the baseline
 (`app.lifecycle.backend`). A sleep the probe could not measure (no readings, a GPU full
 before it) is recorded but never trips it.
+
+The rules (`leak_of`, `wake_cause`) and the history are pure; `SleepGuard` records a trip
+(the history, `microscheduler_sleep_guard_total`, a `sleep_guard` event, a warning).
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import Counter
+
+if TYPE_CHECKING:  # the backend's event log, passed in
+    from app.events import EventLog
+
+logger = logging.getLogger(__name__)
 
 RECENT_CYCLES: Final = 5  # sleeps kept besides the baseline, newest last
 
@@ -150,3 +162,62 @@ class SleepHistory:
         if last is None or last is self.baseline or last.freed_mib is None:
             return None
         return self.baseline.freed_mib - last.freed_mib
+
+
+def wake_cause(*, timed_out: bool, not_ours: bool) -> GuardCause | None:
+    """What a wake that failed trips: `wake_timeout` when it got no answer in time, else
+    `wake_failed`; None for a server that is not ours (another answers on its port: a
+    failure, not the sleep's)."""
+    if not_ours:
+        return None
+    return GuardCause.WAKE_TIMEOUT if timed_out else GuardCause.WAKE_FAILED
+
+
+def guard_reason(detail: str) -> str:
+    """The state reason of a backend the sleep guard stopped."""
+    return f"sleep guard: {detail}; stopped, its next request starts it cold"
+
+
+def leak_fields(leak: Leak) -> dict[str, int | None]:
+    """The numbers of a leak, for its `sleep_guard` event."""
+    return {
+        "cycle": leak.now.cycle,
+        "baseline_freed_mib": leak.baseline.freed_mib,
+        "freed_mib": leak.now.freed_mib,
+        "held_mib": leak.now.held_mib,
+        "growth_mib": leak.growth_mib,
+        "threshold_mib": leak.threshold_mib,
+    }
+
+
+class SleepGuard:
+    """Records a backend's trips: in its history, its metric, an event and the log."""
+
+    def __init__(
+        self,
+        name: str,
+        history: SleepHistory,
+        trips: Counter,  # microscheduler_sleep_guard_total{backend,cause}
+        events: EventLog | None,
+    ) -> None:
+        self._name = name
+        self._history = history
+        self._trips = trips
+        self._events = events
+
+    def tripped(
+        self, cause: GuardCause, detail: str, fields: dict[str, int | None] | None = None
+    ) -> str:
+        """The guard stops the backend for `cause`; its state reason."""
+        self._history.tripped(cause, detail, time.time())
+        self._trips.labels(self._name, cause).inc()
+        logger.warning("sleep guard stops backend=%s cause=%s detail=%s", self._name, cause,
+                       detail)  # fmt: skip
+        if self._events is not None:
+            self._events.record("sleep_guard", backend=self._name, cause=str(cause),
+                                detail=detail, **(fields or {}))  # fmt: skip
+        return guard_reason(detail)
+
+    def leaked(self, leak: Leak) -> str:
+        """A sleep that leaked: recorded as a trip; its state reason."""
+        return self.tripped(GuardCause.LEAK, leak.describe(), leak_fields(leak))
