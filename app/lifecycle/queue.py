@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from app.errors import BackendUnavailable, UnavailableKind
+from app.lifecycle.key_turns import NO_KEY, KeyShare
 from app.lifecycle.lease import Lease, Leases
 from app.metrics import Metrics
 from app.settings.keys import Priority
@@ -46,6 +47,7 @@ class Ticket:
     aged_at: float = math.inf  # from then on it goes first: half its wait after arrival
     reason: WaitReason = WaitReason.WAKE
     collated: bool = False
+    share: KeyShare = NO_KEY  # its client key: whose turn it takes
     lease: Lease | None = None  # granted: taken on its behalf, not yet handed over
     _signal: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -91,11 +93,21 @@ class TicketQueue:
     def count(self, reason: WaitReason) -> int:
         return self._counts[reason]
 
-    def enter(self, priority: Priority, wait_s: float, now: float | None = None) -> Ticket:
-        """A ticket for a request that waits at most `wait_s` (it ages at half of it)."""
+    def enter(
+        self,
+        priority: Priority,
+        wait_s: float,
+        now: float | None = None,
+        *,
+        share: KeyShare = NO_KEY,
+    ) -> Ticket:
+        """A ticket for a request of `share`'s key that waits at most `wait_s` (it ages at
+        half of it)."""
         self._seq += 1
         arrived = time.monotonic() if now is None else now
-        ticket = Ticket(priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2)
+        ticket = Ticket(
+            priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2, share=share
+        )
         self._tickets[ticket.seq] = ticket
         self._count(ticket.reason, 1)
         return ticket

@@ -6,6 +6,7 @@
         models: [orchestrator]      # ids or aliases it may use (default: all)
         cloud: false                # may its requests fall back to cloud providers
         priority: high              # high | normal | low
+        weight: 1                   # its share of turns against keys of its priority
         rpm: 600                    # requests per minute
         tpm: 200000                 # tokens per minute, counted from usage
         max_concurrent: 8           # requests in flight
@@ -74,6 +75,12 @@ class KeyConfig(StrictConfig):
     priority: Priority = Field(
         Priority.NORMAL,
         description="high, normal or low: the order of its requests in a backend's queue.",
+    )
+    # Within a priority, keys take turns in a backend's queue, `weight` turns each for a key
+    # against 1 of a key of weight 1 (app.lifecycle.key_turns).
+    weight: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1,
+        description="Its share of a backend's turns against keys of its priority (1 to 1000).",
     )
     rpm: PositiveInt | None = Field(None, description="Requests per minute; null: no limit.")
     tpm: PositiveInt | None = Field(
