@@ -5,12 +5,13 @@ while it is ready but `max_inflight` requests are in flight already (reason
 `max_inflight`). The order is `serve_order`: a ticket past half its own wait (the
 backend's `max_wait_s`, or a fallback chain's shorter one) goes first (oldest first), so a
 stream of high-priority requests cannot starve a low one past its own deadline; the rest
-go by key priority, then arrival.
+go by key priority, and within a priority the client keys take turns (weighted by their
+`weight`: `app.lifecycle.key_turns`), each key's requests in arrival order.
 
-The ordering is pure (`serve_order`, `next_ticket`); `TicketQueue` keeps the tickets and
-their counts (the `requests_waiting` gauges). No locks: every change is synchronous. The
-backend grants (takes a lease on a ticket's behalf and wakes its holder); see
-`app.lifecycle.backend`.
+The ordering is pure (`serve_order`, `next_ticket`); `TicketQueue` keeps the tickets,
+their counts (the `requests_waiting` gauges) and the keys' turns (`KeyTurns`). No locks:
+every change is synchronous. The backend grants (takes a lease on a ticket's behalf and
+wakes its holder); see `app.lifecycle.backend`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 
 from app.errors import BackendUnavailable, UnavailableKind
-from app.lifecycle.key_turns import NO_KEY, KeyShare
+from app.lifecycle.key_turns import NO_KEY, ZERO, KeyShare, KeyTurns
 from app.lifecycle.lease import Lease, Leases
 from app.metrics import Metrics
 from app.settings.keys import Priority
@@ -61,18 +63,25 @@ class Ticket:
             self._signal.set_result(None)
 
 
-def serve_order(ticket: Ticket, now: float) -> tuple[int, int, int]:
+def serve_order(
+    ticket: Ticket, now: float, virtual: Mapping[str, Fraction] | None = None
+) -> tuple[int, int, Fraction, int]:
     """The sort key of `ticket` at `now` (lower is served first): aged tickets (at or past
-    their `aged_at`) by arrival, ahead of the rest by (priority, arrival)."""
+    their `aged_at`) by arrival, ahead of the rest by (priority, its key's virtual time in
+    `virtual` (`KeyTurns`; none: 0), arrival)."""
     if now >= ticket.aged_at:
-        return (0, 0, ticket.seq)
-    return (1, ticket.rank, ticket.seq)
+        return (0, 0, ZERO, ticket.seq)
+    turn = ZERO if virtual is None else virtual.get(ticket.share.name, ZERO)
+    return (1, ticket.rank, turn, ticket.seq)
 
 
-def next_ticket(tickets: Iterable[Ticket], now: float) -> Ticket | None:
+def next_ticket(
+    tickets: Iterable[Ticket], now: float, virtual: Mapping[str, Fraction] | None = None
+) -> Ticket | None:
     """The ticket to serve first, or None when there is none. A linear scan: the keys
-    change with time (aging), and a queue is bounded by `max_waiting` (64 by default)."""
-    return min(tickets, key=lambda t: serve_order(t, now), default=None)
+    change with time (aging, turns), and a queue is bounded by `max_waiting` (64 by
+    default)."""
+    return min(tickets, key=lambda t: serve_order(t, now, virtual), default=None)
 
 
 class TicketQueue:
@@ -86,6 +95,7 @@ class TicketQueue:
         self._counts = dict.fromkeys(WaitReason, 0)
         self._gauges = {why: metrics.waiting.labels(backend, why) for why in WaitReason}
         self._on_change = on_change  # the counts changed (live status)
+        self._turns = KeyTurns()
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -108,6 +118,12 @@ class TicketQueue:
         ticket = Ticket(
             priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2, share=share
         )
+        waiting = self._tickets.values()
+        if all(t.share.name != share.name for t in waiting):  # its key joins: no credit
+            turns = self._turns
+            floor = min((turns.of(t.share.name) for t in waiting if t.rank == ticket.rank),
+                        default=None)  # fmt: skip
+            turns.join(share.name, floor)
         self._tickets[ticket.seq] = ticket
         self._count(ticket.reason, 1)
         return ticket
@@ -116,6 +132,8 @@ class TicketQueue:
         """Take `ticket` out (granted, gone, or failed); a second call does nothing."""
         if self._tickets.pop(ticket.seq, None) is not None:
             self._count(ticket.reason, -1)
+            if not self._tickets:
+                self._turns.clear()
 
     def holds(self, ticket: Ticket) -> bool:
         return ticket.seq in self._tickets
@@ -128,19 +146,27 @@ class TicketQueue:
 
     def first(self, now: float, *, collated_only: bool) -> Ticket | None:
         tickets = self._tickets.values()
+        virtual = self._turns.virtual
         if collated_only:
-            return next_ticket((t for t in tickets if t.collated), now)
-        return next_ticket(tickets, now)
+            return next_ticket((t for t in tickets if t.collated), now, virtual)
+        return next_ticket(tickets, now, virtual)
+
+    def take_first(self, now: float, *, collated_only: bool = False) -> Ticket | None:
+        """The first ticket (`first`), out of the queue and counted as its key's turn."""
+        ticket = self.first(now, collated_only=collated_only)
+        if ticket is not None:
+            self._turns.served(ticket.share)
+            self.leave(ticket)
+        return ticket
 
     def grant(self, leases: Leases, max_inflight: int | None, *, collated_only: bool) -> None:
         """While fewer than `max_inflight` (None: no limit) leases are held, take one for
         the first ticket (`serve_order`) and wake its holder."""
         now = time.monotonic()
         while max_inflight is None or leases.in_flight < max_inflight:
-            ticket = self.first(now, collated_only=collated_only)
+            ticket = self.take_first(now, collated_only=collated_only)
             if ticket is None:
                 return
-            self.leave(ticket)
             ticket.lease = leases.take()
             ticket.wake()
 
