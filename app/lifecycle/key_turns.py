@@ -16,11 +16,12 @@ queue empties, every key starts again from 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
-from types import MappingProxyType
 from typing import Final
+
+from app.settings.keys import MAX_WEIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,29 +34,44 @@ class KeyShare:
 
 
 NO_KEY: Final = KeyShare()
-ZERO: Final = Fraction(0)
+# One slot in units of virtual time: divisible by every weight, so a slot's share 1/weight
+# is a whole number and equal shares tie exactly (a 1438-bit int: adds and compares in
+# well under a microsecond, unlike fractions).
+SLOT: Final = math.lcm(*range(1, MAX_WEIGHT + 1))
 
 
 class KeyTurns:
-    """The virtual time of each key in one queue (exact fractions: equal shares tie)."""
+    """The virtual time of each key in one queue, in `SLOT` units (`virtual`: what the
+    order compares; a key not in it is at 0)."""
 
     def __init__(self) -> None:
-        self._virtual: dict[str, Fraction] = {}
-        self.virtual: Mapping[str, Fraction] = MappingProxyType(self._virtual)
+        self._virtual: dict[str, int] = {}
+        self.virtual: Mapping[str, int] = self._virtual  # read only (typed so)
+        self._waiting: dict[str, int] = {}  # tickets in the queue, by key
 
-    def of(self, key: str) -> Fraction:
-        return self._virtual.get(key, ZERO)
+    def of(self, key: str) -> int:
+        return self._virtual.get(key, 0)
 
-    def join(self, key: str, floor: Fraction | None) -> None:
-        """`key` has a ticket in the queue again; `floor`: the least virtual time of the
-        keys of its priority waiting now (None: none waits)."""
-        if floor is not None and floor > self.of(key):
-            self._virtual[key] = floor
+    def entered(self, key: str, peers: Callable[[], Iterable[str]]) -> None:
+        """A ticket of `key` entered the queue. When none of its was waiting, the key
+        joins: it starts at no less than the least virtual time of `peers()` (the keys of
+        its priority waiting now)."""
+        count = self._waiting.get(key, 0)
+        self._waiting[key] = count + 1
+        if not count:
+            floor = min((self.of(peer) for peer in set(peers())), default=0)
+            if floor > self.of(key):
+                self._virtual[key] = floor
+
+    def left(self, key: str) -> None:
+        """A ticket of `key` left the queue (served or not); when it was the last of the
+        queue, every key starts again from 0."""
+        count = self._waiting.pop(key) - 1
+        if count:
+            self._waiting[key] = count
+        elif not self._waiting:
+            self._virtual.clear()
 
     def served(self, share: KeyShare) -> None:
         """A slot went to a request of `share`'s key."""
-        self._virtual[share.name] = self.of(share.name) + Fraction(1, share.weight)
-
-    def clear(self) -> None:
-        """The queue is empty: every key starts again from 0."""
-        self._virtual.clear()
+        self._virtual[share.name] = self.of(share.name) + SLOT // share.weight

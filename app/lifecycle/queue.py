@@ -22,13 +22,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from fractions import Fraction
+from types import MappingProxyType
+from typing import Final
 
 from app.errors import BackendUnavailable, UnavailableKind
-from app.lifecycle.key_turns import NO_KEY, ZERO, KeyShare, KeyTurns
+from app.lifecycle.key_turns import NO_KEY, KeyShare, KeyTurns
 from app.lifecycle.lease import Lease, Leases
 from app.metrics import Metrics
 from app.settings.keys import Priority
+
+NO_TURNS: Final[Mapping[str, int]] = MappingProxyType({})  # every key at 0
 
 
 class WaitReason(StrEnum):
@@ -64,19 +67,18 @@ class Ticket:
 
 
 def serve_order(
-    ticket: Ticket, now: float, virtual: Mapping[str, Fraction] | None = None
-) -> tuple[int, int, Fraction, int]:
+    ticket: Ticket, now: float, virtual: Mapping[str, int] = NO_TURNS
+) -> tuple[int, int, int, int]:
     """The sort key of `ticket` at `now` (lower is served first): aged tickets (at or past
     their `aged_at`) by arrival, ahead of the rest by (priority, its key's virtual time in
-    `virtual` (`KeyTurns`; none: 0), arrival)."""
+    `virtual` (`KeyTurns.virtual`; none: 0), arrival)."""
     if now >= ticket.aged_at:
-        return (0, 0, ZERO, ticket.seq)
-    turn = ZERO if virtual is None else virtual.get(ticket.share.name, ZERO)
-    return (1, ticket.rank, turn, ticket.seq)
+        return (0, 0, 0, ticket.seq)
+    return (1, ticket.rank, virtual.get(ticket.share.name, 0), ticket.seq)
 
 
 def next_ticket(
-    tickets: Iterable[Ticket], now: float, virtual: Mapping[str, Fraction] | None = None
+    tickets: Iterable[Ticket], now: float, virtual: Mapping[str, int] = NO_TURNS
 ) -> Ticket | None:
     """The ticket to serve first, or None when there is none. A linear scan: the keys
     change with time (aging, turns), and a queue is bounded by `max_waiting` (64 by
@@ -118,12 +120,10 @@ class TicketQueue:
         ticket = Ticket(
             priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2, share=share
         )
-        waiting = self._tickets.values()
-        if all(t.share.name != share.name for t in waiting):  # its key joins: no credit
-            turns = self._turns
-            floor = min((turns.of(t.share.name) for t in waiting if t.rank == ticket.rank),
-                        default=None)  # fmt: skip
-            turns.join(share.name, floor)
+        rank = ticket.rank
+        self._turns.entered(
+            share.name, lambda: (t.share.name for t in self._tickets.values() if t.rank == rank)
+        )
         self._tickets[ticket.seq] = ticket
         self._count(ticket.reason, 1)
         return ticket
@@ -132,8 +132,7 @@ class TicketQueue:
         """Take `ticket` out (granted, gone, or failed); a second call does nothing."""
         if self._tickets.pop(ticket.seq, None) is not None:
             self._count(ticket.reason, -1)
-            if not self._tickets:
-                self._turns.clear()
+            self._turns.left(ticket.share.name)
 
     def holds(self, ticket: Ticket) -> bool:
         return ticket.seq in self._tickets

@@ -54,6 +54,7 @@ class Priority(StrEnum):
 
 
 _RANK: Final = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+MAX_WEIGHT: Final = 1000  # a key's `weight`: 1 to this
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 # Names go into metric labels and logs: keep them short and plain.
 KeyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -78,7 +79,7 @@ class KeyConfig(StrictConfig):
     )
     # Within a priority, keys take turns in a backend's queue, `weight` turns each for a key
     # against 1 of a key of weight 1 (app.lifecycle.key_turns).
-    weight: Annotated[int, Field(ge=1, le=1000)] = Field(
+    weight: Annotated[int, Field(ge=1, le=MAX_WEIGHT)] = Field(
         1,
         description="Its share of a backend's turns against keys of its priority (1 to 1000).",
     )

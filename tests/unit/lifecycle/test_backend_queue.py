@@ -110,6 +110,17 @@ def test_a_key_of_weight_2_gets_two_turns_to_one() -> None:
     assert first[:6] == ["a", "b", "a", "a", "b", "a"]
 
 
+@pytest.mark.parametrize(("weights", "rounds"), [
+    ((3, 2), "baaba"),
+    ((7, 5), "baababaababa"),
+    ((10, 1), "b" + "a" * 10),  # 10 x 1/10 is not 1 in floats: counted exactly, it is
+])  # fmt: skip
+def test_turns_follow_the_weights_exactly(weights: tuple[int, int], rounds: str) -> None:
+    # Each round the keys have had their weights' turns and tie again: b, first in, goes.
+    queue = queue_of(("b", weights[1], 50), ("a", weights[0], 50))
+    assert "".join(served(queue, 2 * len(rounds))) == rounds * 2
+
+
 def test_an_idle_key_does_not_bank_turns() -> None:
     # b was served 5 times, then idle while a had 20 slots: when b comes back it takes
     # turns with a, not 15 slots in a row to catch up.
