@@ -115,6 +115,7 @@ def start_gateway(
     ports: dict[str, int],
     setup: Setup,
     ttft: float,
+    *,
     keys: dict[str, Any] | None = None,
     **fields: Any,
 ) -> Proc:
@@ -212,8 +213,8 @@ def phase_collation(
     tmp: Path, setup: Setup, hold_s: float, clients: int, requests: int, max_wait_s: float
 ) -> dict[str, Any]:
     ports = {name: free_port() for name in MODELS}
-    fields = {"eviction": {"method": "sleep", "level": 1}, "max_hold_s": hold_s,
-              "max_wait_s": max_wait_s}  # fmt: skip
+    fields: dict[str, Any] = {"eviction": {"method": "sleep", "level": 1},
+                              "max_hold_s": hold_s, "max_wait_s": max_wait_s}  # fmt: skip
     gw = start_gateway(tmp / f"hold-{hold_s:g}", ports, setup, setup.ttft, **fields)
     waits: list[float] = []
     errors: list[str] = []
@@ -278,7 +279,7 @@ def phase_fairness(tmp: Path, setup: Setup, flood: int, later: int) -> dict[str,
     keys = {name: {"key_sha256": hashlib.sha256(secret.encode()).hexdigest()}
             for name, secret in FAIR_KEYS.items()}  # fmt: skip
     fields = {"max_inflight": 1, "max_waiting": flood + later + 8}
-    gw = start_gateway(tmp / "fair", ports, setup, setup.fair_ttft, keys, **fields)
+    gw = start_gateway(tmp / "fair", ports, setup, setup.fair_ttft, keys=keys, **fields)
     model = MODELS[0]
     done: list[tuple[str, float, float, int]] = []  # (key, sent, answered, status)
     lock = threading.Lock()
