@@ -197,6 +197,13 @@ def test_a_refused_request_does_not_use_up_the_window() -> None:
     key.admit().finish("served")
 
 
+def test_status_shows_a_keys_priority_and_weight() -> None:
+    keys = ring(a={"key_env": "K", "priority": "low", "weight": 3})
+    key = keys.identify(b"sk-k")
+    assert key is not None
+    assert (key.view()["priority"], key.view()["weight"]) == ("low", 3)
+
+
 def test_env_keys_and_no_keys() -> None:
     metrics = KeyMetrics(CollectorRegistry())
     open_ring = KeyRing.build((), None, metrics, ["m"])
