@@ -33,6 +33,7 @@ from typing import Protocol
 from app.activity import WaitKind, add_wait
 from app.errors import GatewayError, WakeTimeout
 from app.lifecycle.blocks import Blocks
+from app.lifecycle.key_turns import NO_KEY, KeyShare
 from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import Ticket, TicketQueue, WaitReason, no_slot, queue_full
@@ -140,9 +141,11 @@ class RequestHolds:
         *,
         max_wait_s: float | None = None,
         priority: Priority = Priority.NORMAL,
+        share: KeyShare = NO_KEY,
     ) -> Lease:
         """A lease on the ready backend; starts it if needed and holds the caller meanwhile
-        (and while `max_inflight` requests are in flight), in the queue's order.
+        (and while `max_inflight` requests are in flight), in the queue's order: by
+        `priority`, and within it in turn with other keys by `share` (its client key).
 
         Raises `BackendUnavailable` (blocked, failed, refused, queue full, no free slot in
         time) or `WakeTimeout` (still not ready after `max_wait_s`, or the backend's own
@@ -161,7 +164,7 @@ class RequestHolds:
         if len(self.queue) >= config.max_waiting:
             raise queue_full(backend.name, backend.state, len(self.queue))
         wait_s = min(config.max_wait_s, math.inf if max_wait_s is None else max_wait_s)
-        ticket = self.queue.enter(priority, wait_s)
+        ticket = self.queue.enter(priority, wait_s, share=share)
         kept = False  # whether its leaving keeps the start going (a shorter wait ran out)
         try:
             lease = await self.until_ready(ticket, backoff=True, max_wait_s=wait_s, on_wait=on_wait)
