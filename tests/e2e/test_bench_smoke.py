@@ -232,6 +232,7 @@ def test_quick_switch_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         "gateway's share of a sleep switch, p95 <= 50 ms",
         "collation: fewer switches than max_hold_s 0",
         "no request waits past max_wait_s, none refused",
+        "a start nobody waits for is cancelled, its server stopped",
         "fair turns: each of b's requests within 12 slots of its arrival",
     ]
 
