@@ -452,27 +452,7 @@ class Backend:
         if start_task is not None and not start_task.done():
             start_task.cancel()
             await asyncio.wait({start_task})
-        self.last_drain_timed_out = False
-        self.requests.grant()  # the collated tickets (none when it was not ready)
-        if self.requests.in_flight:
-            logger.info(
-                "backend draining backend=%s in_flight=%d queued=%d drain_timeout_s=%g",
-                self.name,
-                self.requests.in_flight,
-                self.requests.queued,
-                drain_s,
-            )
-            if not await self.requests.leases.drained(drain_s):
-                self.last_drain_timed_out = True
-                self._metrics.drain_timeouts.labels(self.name).inc()
-                logger.warning(
-                    "drain timed out, stopping with requests in flight backend=%s in_flight=%d",
-                    self.name,
-                    self.requests.in_flight,
-                )
-        # Collated tickets still queued wait for the stop now, like the later ones.
-        self.requests.queue.uncollate()
-        self.requests.queue.wake_all()
+        self.last_drain_timed_out = await self.requests.drain(drain_s)
         if release is not None and sleep_level is not None:
             if release.make_room:  # the least recently used level-1 sleepers go first
                 await self.release_policy.make_room(release, self.name)
