@@ -27,15 +27,21 @@ Phases:
    run (its `start_cancelled` event), the fake's modelled load not spent (modelled load
    minus that; the process boot before it counts as spent), and from the client leaving
    to the backend `stopped`.
+4. Fair turns between keys (one model, `max_inflight: 1`, two keys of one priority): key a
+   floods the backend with 100 requests at once, key b sends 5 once a's are queued. Per
+   request of b, its position: the requests answered after it was sent and before its own
+   answer (slots served ahead of it). Reported: b's worst and median position, and how many
+   of a's were still queued when b sent (where b would stand in arrival order).
 
 Targets (reported, not enforced): the gateway adds <= 50 ms to a sleep switch (p50 and p95);
-with collation, fewer switches for the same requests and none waits past its bound. Exit
-code 1 only when something broke.
+with collation, fewer switches for the same requests and none waits past its bound; each
+of b's requests within the next 12 slots. Exit code 1 only when something broke.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -55,6 +61,8 @@ from bench.overhead import HOST, Proc, free_port, log, ms, pct, serve_quiet
 MODELS = ("alpha", "beta")
 GPU_MIB, MODEL_MIB, ASLEEP_MIB = 16000, 11000, 1000
 TARGET_MS = 50.0
+FAIR_SLOTS = 12  # each of b's requests within this many slots of its arrival
+FAIR_KEYS = {"a": "sk-bench-flood-a", "b": "sk-bench-later-b"}
 
 
 def call(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -73,15 +81,19 @@ def call(port: int, method: str, path: str, body: dict[str, Any] | None = None) 
         conn.close()
 
 
-def chat(port: int, model: str, *, stream: bool) -> tuple[int, float, float]:
-    """(status, seconds to the first body byte, seconds to the end)."""
+def chat(
+    port: int, model: str, *, stream: bool, key: str | None = None
+) -> tuple[int, float, float]:
+    """(status, seconds to the first body byte, seconds to the end); `key`: its secret."""
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
             "stream": stream}  # fmt: skip
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
     conn = http.client.HTTPConnection(HOST, port, timeout=120)
     try:
         sent = time.monotonic()
-        conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
-                     {"content-type": "application/json"})  # fmt: skip
+        conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
         response = conn.getresponse()
         response.read(1)
         first = time.monotonic() - sent
@@ -104,10 +116,17 @@ class Setup:
         self.startup_delay = 0.3 if quick else 2.0
         self.wake_gib_per_s = 40.0 if quick else 10.0  # 9.4 GiB of weights: 0.24 s / 0.94 s
         self.ttft = 0.05
+        self.fair_ttft = 0.01 if quick else 0.02  # a's 100 answered one at a time
 
 
 def start_gateway(
-    tmp: Path, ports: dict[str, int], setup: Setup, ttft: float, **fields: Any
+    tmp: Path,
+    ports: dict[str, int],
+    setup: Setup,
+    ttft: float,
+    *,
+    keys: dict[str, Any] | None = None,
+    **fields: Any,
 ) -> Proc:
     ledger = tmp / "sim-gpu"
     config = tmp / "config"
@@ -134,6 +153,8 @@ def start_gateway(
     models = {"gpu": {"probe": "sim", "sim": {"total_mib": GPU_MIB, "ledger_dir": str(ledger)}},
               "backends": backends}  # fmt: skip
     (config / "models.yaml").write_text(json.dumps(models))
+    if keys is not None:
+        (config / "keys.yaml").write_text(json.dumps({"keys": keys}))
     return serve_quiet(tmp, config)
 
 
@@ -201,8 +222,8 @@ def phase_collation(
     tmp: Path, setup: Setup, hold_s: float, clients: int, requests: int, max_wait_s: float
 ) -> dict[str, Any]:
     ports = {name: free_port() for name in MODELS}
-    fields = {"eviction": {"method": "sleep", "level": 1}, "max_hold_s": hold_s,
-              "max_wait_s": max_wait_s}  # fmt: skip
+    fields: dict[str, Any] = {"eviction": {"method": "sleep", "level": 1},
+                              "max_hold_s": hold_s, "max_wait_s": max_wait_s}  # fmt: skip
     gw = start_gateway(tmp / f"hold-{hold_s:g}", ports, setup, setup.ttft, **fields)
     waits: list[float] = []
     errors: list[str] = []
@@ -293,6 +314,71 @@ def phase_cancelled(tmp: Path, setup: Setup, load_s: float) -> dict[str, Any]:
     }
 
 
+def queued(port: int, backend: str) -> int:
+    """The backend's requests waiting for a slot (`/backends`)."""
+    status, body = call(port, "GET", "/backends")
+    if status != 200 or not isinstance(body, dict):
+        raise RuntimeError(f"/backends answered {status}")
+    view = next(v for v in body["backends"] if v["name"] == backend)
+    count: int = view["queued"]
+    return count
+
+
+def phase_fairness(tmp: Path, setup: Setup, flood: int, later: int) -> dict[str, Any]:
+    """Key a floods `flood` requests, key b sends `later` once a's are queued; b's
+    positions (answers to others between its sending and its own answer)."""
+    ports = {name: free_port() for name in MODELS}
+    keys = {name: {"key_sha256": hashlib.sha256(secret.encode()).hexdigest()}
+            for name, secret in FAIR_KEYS.items()}  # fmt: skip
+    fields = {"max_inflight": 1, "max_waiting": flood + later + 8}
+    gw = start_gateway(tmp / "fair", ports, setup, setup.fair_ttft, keys=keys, **fields)
+    model = MODELS[0]
+    done: list[tuple[str, float, float, int]] = []  # (key, sent, answered, status)
+    lock = threading.Lock()
+
+    def client(key: str) -> None:
+        sent = time.monotonic()
+        try:
+            status = chat(gw.port, model, stream=False, key=FAIR_KEYS[key])[0]
+        except OSError:
+            status = 0
+        with lock:
+            done.append((key, sent, time.monotonic(), status))
+
+    try:
+        if chat(gw.port, model, stream=False, key=FAIR_KEYS["a"])[0] != 200:  # its start
+            raise RuntimeError("fairness: the warm-up request failed")
+        threads = [threading.Thread(target=client, args=("a",)) for _ in range(flood)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while (ahead := queued(gw.port, model)) < flood * 0.8:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fairness: only {ahead} of a's {flood} requests queued")
+            time.sleep(0.005)
+        more = [threading.Thread(target=client, args=("b",)) for _ in range(later)]
+        for thread in more:
+            thread.start()
+        for thread in threads + more:
+            thread.join(timeout=120)
+    finally:
+        gw.stop()
+    answered = sorted(t for _, _, t, _ in done)
+    positions = [
+        sum(1 for t in answered if sent < t < end) for key, sent, end, _ in done if key == "b"
+    ]
+    return {
+        "flood": flood,
+        "later": later,
+        "queued_ahead": ahead,
+        "requests": len(done),
+        "errors": sum(1 for *_, status in done if status != 200),
+        "worst_position": max(positions, default=-1),
+        "median_position": pct([float(p) for p in positions], 50) if positions else -1.0,
+        "positions": sorted(positions),
+    }
+
+
 def render(res: dict[str, Any]) -> str:
     s = res["setup"]
     lines = [
@@ -333,6 +419,15 @@ def render(res: dict[str, Any]) -> str:
         f"({c['phase']}) | {c['not_spent_s']:.2f} s | {c['stopped_after_left_s']:.2f} s | "
         f"{'yes' if c['fake_stopped'] else 'NO'} |",
     ]
+    f = res["fairness"]
+    lines += [
+        "",
+        "| Fair turns (max_inflight 1) | a's flood | a's queued when b sent | b's requests | "
+        "b's worst position | b's median position | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| key a floods, key b after | {f['flood']} | {f['queued_ahead']} | {f['later']} | "
+        f"{f['worst_position']} | {f['median_position']:g} | {f['errors']} |",
+    ]
     lines += ["", "Targets (reported, not enforced):"]
     lines += [f"- {t['name']}: {t['value']} -> {t['verdict']}" for t in res["targets"]]
     lines += ["", f"Command: {res['command']}"]
@@ -346,6 +441,8 @@ def judge(res: dict[str, Any]) -> list[dict[str, Any]]:
     fewer = held["switches"] < thrash["switches"]
     cancelled = res["cancelled"]
     bounded = all(c["max_wait_s"] <= c["bound_s"] and not c["errors"] for c in res["collation"])
+    fair = res["fairness"]
+    turns = 0 <= fair["worst_position"] <= FAIR_SLOTS and not fair["errors"]
     return [
         {"name": "gateway's share of a sleep switch, p95 <= 50 ms", "value": f"{added:.1f} ms",
          "verdict": "PASS" if added <= TARGET_MS else "MISS"},
@@ -358,6 +455,9 @@ def judge(res: dict[str, Any]) -> list[dict[str, Any]]:
         {"name": "a start nobody waits for is cancelled, its server stopped",
          "value": f"{cancelled['not_spent_s']:.2f} s of modelled load not spent",
          "verdict": "PASS" if cancelled["fake_stopped"] else "MISS"},
+        {"name": f"fair turns: each of b's requests within {FAIR_SLOTS} slots of its arrival",
+         "value": f"worst {fair['worst_position']} (a's queued ahead: {fair['queued_ahead']})",
+         "verdict": "PASS" if turns else "MISS"},
     ]  # fmt: skip
 
 
@@ -369,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=2.0, help="max_hold_s of the collation phase")
     p.add_argument("--cancel-load", type=float, default=20.0,
                    help="modelled load (s) of the cancelled start")  # fmt: skip
+    p.add_argument("--flood", type=int, default=100, help="key a's requests, fairness phase")
     p.add_argument("--quick", action="store_true", help="a smoke run: few switches, short waits")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
@@ -384,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 for h in (hold, 0.0)
             ]
             cancelled = phase_cancelled(Path(tmp), setup, cancel_load)
+            fairness = phase_fairness(Path(tmp), setup, a.flood, 5)
         except (RuntimeError, OSError, ValueError, KeyError) as exc:
             log(f"FAILED: {exc}")
             return 1
@@ -394,12 +496,14 @@ def main(argv: list[str] | None = None) -> int:
             "startup_delay_s": setup.startup_delay,
             "wake_gib_per_s": setup.wake_gib_per_s,
             "ttft_s": setup.ttft,
+            "fair_ttft_s": setup.fair_ttft,
         },
         "switch_phases": phases,
         "collation": collation,
         "cancelled": cancelled,
+        "fairness": fairness,
         "command": f"python bench/switch.py --switches {switches} --clients {a.clients} "
-        f"--requests {requests} --hold {hold:g} --cancel-load {cancel_load:g}"
+        f"--requests {requests} --hold {hold:g} --cancel-load {cancel_load:g} --flood {a.flood}"
         + (" --quick" if a.quick else ""),
     }
     res["targets"] = judge(res)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from app.api.sleeps import sleeps_view
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.load import LoadStatus
@@ -109,6 +110,7 @@ def backend_view(backend: BackendView) -> Json:
         # measured (vLLM's load), model (the planner's weights) or vram_mib.
         "host_ram_charge_mib": backend.ram_charge[0],
         "host_ram_charge_from": backend.ram_charge[1],
+        "sleeps": sleeps_view(backend.sleeps, backend.config.sleep_leak_mib),  # the sleep guard
     }
 
 

@@ -242,6 +242,7 @@ class ClientKey:
             "models": None if self.models is None else sorted(self.models),
             "cloud": cfg.cloud,
             "priority": str(self.priority),
+            "weight": cfg.weight,  # its share of a backend's turns within its priority
             "in_flight": self.in_flight,
             "max_concurrent": cfg.max_concurrent,
             "rpm": cfg.rpm,

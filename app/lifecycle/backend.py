@@ -9,10 +9,11 @@
 - Its parts: `server` (the I/O with its server: runtime, health, sleep mode,
   `app.lifecycle.server`), `watcher` (the periodic check and the restart backoff,
   `app.lifecycle.watched`), `memory` (what it holds on its GPUs and asleep,
-  `app.lifecycle.memory`), `requests` (the queue, the leases and `acquire()`, the data
-  plane's only way in, `app.lifecycle.request_holds`). Each reads the backend through a
-  small protocol and changes it only through the transitions it is given; the API reads
-  it through `app.lifecycle.view.BackendView`.
+  `app.lifecycle.memory`; its sleeps' guard, `app.lifecycle.sleep_guard`), `requests`
+  (the queue, the leases and `acquire()`, the data plane's only way in,
+  `app.lifecycle.request_holds`). Each reads the backend through a small protocol and
+  changes it only through the transitions it is given; the API reads it through
+  `app.lifecycle.view.BackendView`.
 - What it serves (`serving`) is learned from its server when it becomes ready (`learn()`).
 - A lazy start begun only for held requests is cancelled when they all leave before it is
   ready (`want`, `app.lifecycle.wanted`); `start()` is explicit: never cancelled.
@@ -36,7 +37,8 @@ from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.release import Release, ReleasePolicy, Unbudgeted
 from app.lifecycle.request_holds import RequestHolds
 from app.lifecycle.served import LearnedRecords, Served
-from app.lifecycle.server import Server, StartFailed
+from app.lifecycle.server import Server, StartFailed, wake_failure
+from app.lifecycle.sleep_guard import GuardCause, SleepGuard
 from app.lifecycle.state import (
     RESTART_BACKOFF_S,
     BackendState,
@@ -95,6 +97,7 @@ class Backend:
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends
         self.memory = Memory(self)  # what it holds, on its GPUs and asleep
+        self._guard = SleepGuard(name, self.memory.sleeps, metrics.sleep_guard, events)
         self.last_start_s: float | None = None
         self.ready_since: float | None = None  # monotonic; for min_resident_s
         # Why it may not start now (VRAM zones, a yield, a GPU profile).
@@ -246,10 +249,9 @@ class Backend:
         outcome = StartOutcome.FAILED
         if wake:
             admitted = self.admission.admit(self, wake=True)
-        elif adopt:
-            admitted = contextlib.nullcontext()
-        else:
-            admitted = self.admission.admit(self)
+        else:  # a new server (or one adopted): its sleeps begin again
+            self.memory.sleeps.started_cold()
+            admitted = contextlib.nullcontext() if adopt else self.admission.admit(self)
         try:
             async with admitted:
                 level = self.memory.admitted()  # counted on its GPUs from now on
@@ -271,12 +273,8 @@ class Backend:
             outcome = StartOutcome.READY
             self._clock.record(duration, cold=not adopt, wake_level=wake_level)
             self._metrics.start_duration.labels(self.name).observe(duration)
-            logger.info(
-                "backend ready backend=%s runtime=%s start_s=%.2f",
-                self.name,
-                self.runtime.kind,
-                duration,
-            )
+            logger.info("backend ready backend=%s runtime=%s start_s=%.2f", self.name,
+                        self.runtime.kind, duration)  # fmt: skip
         except StartUnwanted:  # admission would have evicted for nobody (`app.lifecycle.wanted`)
             outcome = StartOutcome.CANCELLED
             async with self._lock:
@@ -293,7 +291,13 @@ class Backend:
                     self.watcher.refused = True
                     if not wake and not self.lazy:  # the watch tries again after a backoff
                         self.watcher.failed()
-        except (RuntimeFailure, StartFailed) as exc:
+        except StartFailed as exc:
+            cause = wake_failure(exc) if wake else None  # a bad wake: the sleep guard's
+            if cause is None:
+                await self._fail(str(exc))
+            else:
+                await self._guard_stopped(cause, str(exc))
+        except RuntimeFailure as exc:
             await self._fail(str(exc))
         except asyncio.CancelledError:
             outcome = StartOutcome.CANCELLED
@@ -445,30 +449,11 @@ class Backend:
         release: Release | None = None,
     ) -> None:
         sleep_level = None if release is None else release.level
+        stopped_why = f"stopped by the gateway ({reason})"
         if start_task is not None and not start_task.done():
             start_task.cancel()
             await asyncio.wait({start_task})
-        self.last_drain_timed_out = False
-        self.requests.grant()  # the collated tickets (none when it was not ready)
-        if self.requests.in_flight:
-            logger.info(
-                "backend draining backend=%s in_flight=%d queued=%d drain_timeout_s=%g",
-                self.name,
-                self.requests.in_flight,
-                self.requests.queued,
-                drain_s,
-            )
-            if not await self.requests.leases.drained(drain_s):
-                self.last_drain_timed_out = True
-                self._metrics.drain_timeouts.labels(self.name).inc()
-                logger.warning(
-                    "drain timed out, stopping with requests in flight backend=%s in_flight=%d",
-                    self.name,
-                    self.requests.in_flight,
-                )
-        # Collated tickets still queued wait for the stop now, like the later ones.
-        self.requests.queue.uncollate()
-        self.requests.queue.wake_all()
+        self.last_drain_timed_out = await self.requests.drain(drain_s)
         if release is not None and sleep_level is not None:
             if release.make_room:  # the least recently used level-1 sleepers go first
                 await self.release_policy.make_room(release, self.name)
@@ -476,11 +461,15 @@ class Backend:
                 slept = await self.server.sleep(sleep_level, reason)
             if slept is SleepOutcome.SLEPT:
                 kept = self.memory.kept_asleep(freed.mib)
-                why = rules.asleep_reason(sleep_level, reason, kept)
+                leak = self.memory.record_sleep(sleep_level, freed.mib, kept, time.time())
                 async with self._lock:
                     self.memory.slept(kept, sleep_level)
-                    self._set_state(BackendState.SLEEPING, why)
-                return
+                    if leak is None:
+                        why = rules.asleep_reason(sleep_level, reason, kept)
+                        self._set_state(BackendState.SLEEPING, why)
+                        return
+                    # The sleep guard: a sleeper that leaks is stopped, not left asleep.
+                    reason, stopped_why = StopReason.SLEEP_GUARD, self._guard.leaked(leak)
         try:
             await self.server.stop()
         except RuntimeFailure as exc:
@@ -488,7 +477,7 @@ class Backend:
             await self._fail(f"stop failed: {exc}", holds_vram=True)
             return
         async with self._lock:
-            self._set_state(BackendState.STOPPED, f"stopped by the gateway ({reason})")
+            self._set_state(BackendState.STOPPED, stopped_why)
         self._metrics.stops.labels(self.name, reason).inc()
 
     async def adopt(self) -> None:
@@ -525,6 +514,16 @@ class Backend:
                 self._set_state(BackendState.FAILED, reason)
                 self.watcher.failed()
                 self.memory.released(holds_vram=holds_vram)
+
+    async def _guard_stopped(self, cause: GuardCause, detail: str) -> None:
+        """A wake that failed stopped its server: stopped, and its next request (a pinned
+        one: the watch) starts it cold. (A leak: `_run_stop`; a pinned one stays stopped.)"""
+        async with self._lock:
+            if self.state is not BackendState.STARTING:
+                return  # a stop took over
+            self._set_state(BackendState.STOPPED, self._guard.tripped(cause, detail))
+            self.watcher.guard_stopped = True
+        self._metrics.stops.labels(self.name, StopReason.SLEEP_GUARD).inc()
 
     async def _restart_down(self) -> None:
         """The watch's restart of a pinned backend that is down, past its backoff."""
@@ -574,7 +573,7 @@ class Backend:
         previous = self.state
         self.state = check_transition(previous, target)
         self.reason = reason
-        self.watcher.refused = False
+        self.watcher.refused = self.watcher.guard_stopped = False
         if target in (BackendState.STOPPED, BackendState.FAILED) or (
             target is BackendState.SLEEPING and self.memory.asleep_level != 1
         ):
@@ -591,10 +590,5 @@ class Backend:
                 "backend_state", backend=self.name, state=str(target), reason=reason
             )
         log = logger.warning if target is BackendState.FAILED else logger.info
-        log(
-            "backend state backend=%s from=%s to=%s reason=%s",
-            self.name,
-            previous,
-            target,
-            reason or "-",
-        )
+        log("backend state backend=%s from=%s to=%s reason=%s", self.name, previous, target,
+            reason or "-")  # fmt: skip

@@ -9,14 +9,19 @@
 - In host RAM asleep at level 1: its weights (`ram_charge`), as vLLM said it loaded
   them, else as the planner or `vram_mib` estimates.
 
+- Its sleeps since its last cold start (`sleeps`, `record_sleep`): what each freed and
+  kept, for the sleep guard (`app.lifecycle.sleep_guard`).
+
 Its backend is the one writer (`admitted`, `slept`, `found_asleep`, `released`,
-`releasing`: its start, sleep and stop); it reads the backend's state and config (`Stateful`).
+`releasing`, `record_sleep`: its start, sleep and stop); it reads the backend's state and
+config (`Stateful`).
 """
 
 from __future__ import annotations
 
 from app.lifecycle import admission as rules
 from app.lifecycle.release import ram_charge
+from app.lifecycle.sleep_guard import Leak, SleepHistory, leak_of
 from app.lifecycle.state import BackendState, Stateful
 from app.planner.footprint import Footprint
 from app.settings import ReleaseConfig
@@ -49,6 +54,8 @@ class Memory:
         self._releasing_level: int | None = None
         # How a yield frees its memory; a GPU profile may override the config.
         self._yield_method_override: str | None = None
+        # Its sleeps since its last cold start, for the sleep guard (app.lifecycle.sleep_guard).
+        self.sleeps = SleepHistory()
 
     def admitted(self) -> int | None:
         """Its start or wake was admitted: counted on its GPUs, its whole footprint again;
@@ -109,6 +116,15 @@ class Memory:
         if freed_mib is not None and freed_mib > 0:
             self._measured_kept_mib = kept
         return kept
+
+    def record_sleep(
+        self, level: int, freed_mib: int | None, kept: int | None, at: float
+    ) -> Leak | None:
+        """A sleep that freed `freed_mib` (None: not measured) and keeps `kept` (as
+        `kept_asleep` counts it), recorded; the leak it shows against its first measured
+        sleep since the cold start, past its `sleep_leak_mib` (None: none)."""
+        cycle = self.sleeps.record(level=level, freed_mib=freed_mib, held_mib=kept, at=at)
+        return leak_of(self.sleeps.baseline, cycle, self._backend.config.sleep_leak_mib)
 
     @property
     def counted_mib(self) -> int | None:

@@ -1,9 +1,9 @@
 """The backends' lifecycle series, added to the gateway's `Metrics` (one registry):
 
     microscheduler_backend_state{backend,state}, backend_starts{backend,outcome},
-    start_cancelled{backend}, backend_start_duration_seconds,
-    backend_stops{backend,reason}, drain_timeouts,
-    backend_sleeps{backend,outcome,reason}, swaps{backend,evicted}, swap_wait_seconds,
+    backend_start_duration_seconds, start_cancelled{backend}, backend_stops{backend,reason},
+    drain_timeouts, backend_sleeps{backend,outcome,reason}, sleep_guard{backend,cause},
+    swaps{backend,evicted}, swap_wait_seconds,
     vram_yield_active/vram_yields/vram_yield_freed_bytes{host}, state_save_failures,
     state_persisted, profile_active{profile}, backend_enabled{backend}
 
@@ -17,6 +17,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry
 
+from app.lifecycle.sleep_guard import GuardCause
 from app.lifecycle.state import (
     SLEEP_REASONS,
     BackendState,
@@ -87,6 +88,12 @@ class LifecycleMetrics(Metrics):
             "offered, so it was stopped instead) and reason (idle, eviction, yield, admin).",
             ("backend", "outcome", "reason"),
         )
+        self.sleep_guard = new.counter(
+            "sleep_guard",
+            "Backends the sleep guard stopped, by cause: leak (what a sleep held grew past "
+            "sleep_leak_mib over its first since a cold start), wake_failed, wake_timeout.",
+            ("backend", "cause"),
+        )
 
     def _declare_yield_series(self) -> None:
         new = Declare(self.registry)
@@ -149,6 +156,8 @@ class LifecycleMetrics(Metrics):
         for slept in SleepOutcome:
             for sleep_reason in SLEEP_REASONS:
                 self.backend_sleeps.labels(backend, slept, sleep_reason)
+        for cause in GuardCause:
+            self.sleep_guard.labels(backend, cause)
         self.drain_timeouts.labels(backend)
         self.swap_wait.labels(backend)
 

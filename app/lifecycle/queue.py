@@ -5,12 +5,13 @@ while it is ready but `max_inflight` requests are in flight already (reason
 `max_inflight`). The order is `serve_order`: a ticket past half its own wait (the
 backend's `max_wait_s`, or a fallback chain's shorter one) goes first (oldest first), so a
 stream of high-priority requests cannot starve a low one past its own deadline; the rest
-go by key priority, then arrival.
+go by key priority, and within a priority the client keys take turns (weighted by their
+`weight`: `app.lifecycle.key_turns`), each key's requests in arrival order.
 
-The ordering is pure (`serve_order`, `next_ticket`); `TicketQueue` keeps the tickets and
-their counts (the `requests_waiting` gauges). No locks: every change is synchronous. The
-backend grants (takes a lease on a ticket's behalf and wakes its holder); see
-`app.lifecycle.backend`.
+The ordering is pure (`serve_order`, `next_ticket`); `TicketQueue` keeps the tickets,
+their counts (the `requests_waiting` gauges) and the keys' turns (`KeyTurns`). No locks:
+every change is synchronous. The backend grants (takes a lease on a ticket's behalf and
+wakes its holder); see `app.lifecycle.backend`.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
 
 from app.errors import BackendUnavailable, UnavailableKind
+from app.lifecycle.key_turns import NO_KEY, KeyShare, KeyTurns
 from app.lifecycle.lease import Lease, Leases
 from app.metrics import Metrics
 from app.settings.keys import Priority
+
+NO_TURNS: Final[Mapping[str, int]] = MappingProxyType({})  # every key at 0
 
 
 class WaitReason(StrEnum):
@@ -46,6 +52,7 @@ class Ticket:
     aged_at: float = math.inf  # from then on it goes first: half its wait after arrival
     reason: WaitReason = WaitReason.WAKE
     collated: bool = False
+    share: KeyShare = NO_KEY  # its client key: whose turn it takes
     lease: Lease | None = None  # granted: taken on its behalf, not yet handed over
     _signal: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -59,18 +66,24 @@ class Ticket:
             self._signal.set_result(None)
 
 
-def serve_order(ticket: Ticket, now: float) -> tuple[int, int, int]:
+def serve_order(
+    ticket: Ticket, now: float, virtual: Mapping[str, int] = NO_TURNS
+) -> tuple[int, int, int, int]:
     """The sort key of `ticket` at `now` (lower is served first): aged tickets (at or past
-    their `aged_at`) by arrival, ahead of the rest by (priority, arrival)."""
+    their `aged_at`) by arrival, ahead of the rest by (priority, its key's virtual time in
+    `virtual` (`KeyTurns.virtual`; none: 0), arrival)."""
     if now >= ticket.aged_at:
-        return (0, 0, ticket.seq)
-    return (1, ticket.rank, ticket.seq)
+        return (0, 0, 0, ticket.seq)
+    return (1, ticket.rank, virtual.get(ticket.share.name, 0), ticket.seq)
 
 
-def next_ticket(tickets: Iterable[Ticket], now: float) -> Ticket | None:
+def next_ticket(
+    tickets: Iterable[Ticket], now: float, virtual: Mapping[str, int] = NO_TURNS
+) -> Ticket | None:
     """The ticket to serve first, or None when there is none. A linear scan: the keys
-    change with time (aging), and a queue is bounded by `max_waiting` (64 by default)."""
-    return min(tickets, key=lambda t: serve_order(t, now), default=None)
+    change with time (aging, turns), and a queue is bounded by `max_waiting` (64 by
+    default)."""
+    return min(tickets, key=lambda t: serve_order(t, now, virtual), default=None)
 
 
 class TicketQueue:
@@ -84,6 +97,7 @@ class TicketQueue:
         self._counts = dict.fromkeys(WaitReason, 0)
         self._gauges = {why: metrics.waiting.labels(backend, why) for why in WaitReason}
         self._on_change = on_change  # the counts changed (live status)
+        self._turns = KeyTurns()
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -91,11 +105,25 @@ class TicketQueue:
     def count(self, reason: WaitReason) -> int:
         return self._counts[reason]
 
-    def enter(self, priority: Priority, wait_s: float, now: float | None = None) -> Ticket:
-        """A ticket for a request that waits at most `wait_s` (it ages at half of it)."""
+    def enter(
+        self,
+        priority: Priority,
+        wait_s: float,
+        now: float | None = None,
+        *,
+        share: KeyShare = NO_KEY,
+    ) -> Ticket:
+        """A ticket for a request of `share`'s key that waits at most `wait_s` (it ages at
+        half of it)."""
         self._seq += 1
         arrived = time.monotonic() if now is None else now
-        ticket = Ticket(priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2)
+        ticket = Ticket(
+            priority.rank, self._seq, arrived, aged_at=arrived + wait_s / 2, share=share
+        )
+        rank = ticket.rank
+        self._turns.entered(
+            share.name, lambda: (t.share.name for t in self._tickets.values() if t.rank == rank)
+        )
         self._tickets[ticket.seq] = ticket
         self._count(ticket.reason, 1)
         return ticket
@@ -104,6 +132,7 @@ class TicketQueue:
         """Take `ticket` out (granted, gone, or failed); a second call does nothing."""
         if self._tickets.pop(ticket.seq, None) is not None:
             self._count(ticket.reason, -1)
+            self._turns.left(ticket.share.name)
 
     def holds(self, ticket: Ticket) -> bool:
         return ticket.seq in self._tickets
@@ -116,19 +145,27 @@ class TicketQueue:
 
     def first(self, now: float, *, collated_only: bool) -> Ticket | None:
         tickets = self._tickets.values()
+        virtual = self._turns.virtual
         if collated_only:
-            return next_ticket((t for t in tickets if t.collated), now)
-        return next_ticket(tickets, now)
+            return next_ticket((t for t in tickets if t.collated), now, virtual)
+        return next_ticket(tickets, now, virtual)
+
+    def take_first(self, now: float, *, collated_only: bool = False) -> Ticket | None:
+        """The first ticket (`first`), out of the queue and counted as its key's turn."""
+        ticket = self.first(now, collated_only=collated_only)
+        if ticket is not None:
+            self._turns.served(ticket.share)
+            self.leave(ticket)
+        return ticket
 
     def grant(self, leases: Leases, max_inflight: int | None, *, collated_only: bool) -> None:
         """While fewer than `max_inflight` (None: no limit) leases are held, take one for
         the first ticket (`serve_order`) and wake its holder."""
         now = time.monotonic()
         while max_inflight is None or leases.in_flight < max_inflight:
-            ticket = self.first(now, collated_only=collated_only)
+            ticket = self.take_first(now, collated_only=collated_only)
             if ticket is None:
                 return
-            self.leave(ticket)
             ticket.lease = leases.take()
             ticket.wake()
 

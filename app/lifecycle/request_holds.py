@@ -25,6 +25,7 @@ and for why it cannot serve (`unavailable`), both under the backend's lock.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -34,12 +35,15 @@ from app.activity import WaitKind, add_wait
 from app.errors import GatewayError, WakeTimeout
 from app.lifecycle.blocks import Blocks
 from app.lifecycle.floor import ResidencyFloor
+from app.lifecycle.key_turns import NO_KEY, KeyShare
 from app.lifecycle.lease import Lease, Leases, WaitNotice, wait_without_owning
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.queue import Ticket, TicketQueue, WaitReason, no_slot, queue_full
 from app.lifecycle.server import Server
 from app.lifecycle.state import BackendState, Stateful
 from app.settings.keys import Priority
+
+logger = logging.getLogger(__name__)
 
 # The backend's next step for a caller, under its lock: None when ready, else the task to
 # wait for and whether it is a start (a stop in progress is waited for, then decided again).
@@ -82,6 +86,7 @@ class RequestHolds:
         self._went_idle = went_idle
         self._left = left
         self._wake_notice_s = wake_notice_s
+        self._drain_timeouts = metrics.drain_timeouts.labels(backend.name)
         self.queue = TicketQueue(backend.name, metrics, changed)
         self.leases = Leases(backend.name, metrics, changed, on_release=self._released)
         # The schedules holding it warm (`keep_warm` windows): no idle stop while any does.
@@ -95,6 +100,25 @@ class RequestHolds:
         self.grant()
         if not self.leases.in_flight:
             self._went_idle()
+
+    async def drain(self, drain_s: float) -> bool:
+        """A stop's drain: the tickets collated for it granted, then up to `drain_s` for
+        the requests in flight to end. True when it timed out (the stop goes ahead with
+        them in flight). The collated tickets still queued then wait for the stop, like
+        the later ones."""
+        name, timed_out = self._backend.name, False
+        self.grant()  # the collated tickets (none when it was not ready)
+        if self.in_flight:
+            logger.info("backend draining backend=%s in_flight=%d queued=%d drain_timeout_s=%g",
+                        name, self.in_flight, self.queued, drain_s)  # fmt: skip
+            if not await self.leases.drained(drain_s):
+                timed_out = True
+                self._drain_timeouts.inc()
+                logger.warning("drain timed out, stopping with requests in flight backend=%s "
+                               "in_flight=%d", name, self.in_flight)  # fmt: skip
+        self.queue.uncollate()
+        self.queue.wake_all()
+        return timed_out
 
     @property
     def in_flight(self) -> int:
@@ -147,9 +171,11 @@ class RequestHolds:
         *,
         max_wait_s: float | None = None,
         priority: Priority = Priority.NORMAL,
+        share: KeyShare = NO_KEY,
     ) -> Lease:
         """A lease on the ready backend; starts it if needed and holds the caller meanwhile
-        (and while `max_inflight` requests are in flight), in the queue's order.
+        (and while `max_inflight` requests are in flight), in the queue's order: by
+        `priority`, and within it in turn with other keys by `share` (its client key).
 
         Raises `BackendUnavailable` (blocked, failed, refused, queue full, no free slot in
         time) or `WakeTimeout` (still not ready after `max_wait_s`, or the backend's own
@@ -168,7 +194,7 @@ class RequestHolds:
         if len(self.queue) >= config.max_waiting:
             raise queue_full(backend.name, backend.state, len(self.queue))
         wait_s = min(config.max_wait_s, math.inf if max_wait_s is None else max_wait_s)
-        ticket = self.queue.enter(priority, wait_s)
+        ticket = self.queue.enter(priority, wait_s, share=share)
         kept = False  # whether its leaving keeps the start going (a shorter wait ran out)
         try:
             lease = await self.until_ready(ticket, backoff=True, max_wait_s=wait_s, on_wait=on_wait)

@@ -27,11 +27,12 @@ from app.errors import PORT_IN_USE_REASON
 from app.lifecycle.load import WAITING_FOR_VRAM
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.served import Served
+from app.lifecycle.sleep_guard import GuardCause, wake_cause
 from app.lifecycle.state import SleepOutcome, StopReason
 from app.runtimes.base import Runtime, RuntimeFailure, RuntimeStatus
 from app.runtimes.output import OutputSource
 from app.tasks import cancel_and_wait, spawn
-from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+from app.upstreams.vllm import ControlError, ControlTimeout, SleepUnsupported, VllmClient
 from app.upstreams.vllm_learned import not_ours
 from app.upstreams.vllm_output import CompileSeen, LoadProgress, LoadTracker, explain
 
@@ -49,9 +50,25 @@ class StartFailed(Exception):
     """The server was launched (or woken) but did not become ready; the message says why."""
 
 
+class WakeFailed(StartFailed):
+    """A wake from sleep failed (`timed_out`: did not answer within the control timeout);
+    the server was stopped."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
 class NotOurServer(StartFailed):
     """The server that answered the start lists other models than the backend's: another
     server answers on its port (ours was stopped)."""
+
+
+def wake_failure(exc: StartFailed) -> GuardCause | None:
+    """What a wake that failed with `exc` trips in the sleep guard (its server was stopped,
+    or died): `wake_timeout` or `wake_failed`; None for another server on its port."""
+    timed_out = isinstance(exc, WakeFailed) and exc.timed_out
+    return wake_cause(timed_out=timed_out, not_ours=isinstance(exc, NotOurServer))
 
 
 class Server:
@@ -174,7 +191,8 @@ class Server:
             # Half awake is no state to serve from: stop it, the next start is a clean one.
             logger.error("wake from sleep failed, stopping backend=%s error=%s", self.name, exc)
             await self.runtime.stop()
-            raise StartFailed(f"wake from sleep failed ({exc}); stopped it") from None
+            timed_out = isinstance(exc, ControlTimeout)
+            raise WakeFailed(f"wake from sleep failed ({exc})", timed_out=timed_out) from None
 
     async def _watch_output(self) -> None:
         await cancel_and_wait(self._reader)

@@ -85,6 +85,8 @@ class StopReason(enum.StrEnum):
     RELOAD = "reload"  # a config reload removed it or changed what needs a restart
     UNLOAD = "unload"  # a client unloaded it: POST /models/unload, Ollama's keep_alive: 0
     UNWANTED = "unwanted"  # a lazy start whose waiting requests all left (start_cancelled)
+    # The sleep guard (app.lifecycle.sleep_guard): a sleep that leaked, a wake that failed.
+    SLEEP_GUARD = "sleep_guard"
 
 
 class StartOutcome(enum.StrEnum):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from app.lifecycle.backend import Backend
 from app.lifecycle.load import LoadStatus
 from app.lifecycle.served import Served
+from app.lifecycle.sleep_guard import SleepRecord
 from app.lifecycle.state import BackendState
 from app.planner.footprint import Footprint
 from app.runtimes.base import Runtime
@@ -61,6 +62,7 @@ class BackendView:
     yield_method: str
     sleep_supported: bool
     ram_charge: tuple[int | None, str | None]
+    sleeps: SleepRecord  # its sleeps since its last cold start, for the sleep guard
 
     @classmethod
     def of(cls, backend: Backend) -> BackendView:
@@ -99,6 +101,7 @@ class BackendView:
             yield_method=memory.yield_method,
             sleep_supported=memory.sleep_supported,
             ram_charge=memory.ram_charge,
+            sleeps=memory.sleeps.snapshot(),
         )
 
     def start_progress(self) -> str | None:

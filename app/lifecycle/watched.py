@@ -5,9 +5,10 @@
   a managed server found dead while ready or asleep fails the backend (or, scaled to 0 by
   its owner under kubernetes `scale: external`, stops it); an external server found
   healthy again is asked what it serves (it may be another server now).
-- A pinned backend that is down (its start failed, its server died, or admission found no
-  room) is started again once its backoff has passed: 5 s doubling to 5 min with each
-  failure in a row (`restart_in_s`, shown in `/backends`).
+- A pinned backend that is down (its start failed, its server died, admission found no
+  room, or the sleep guard stopped it for a failed wake) is started again once its
+  backoff has passed: 5 s doubling to 5 min with each failure in a row (`restart_in_s`,
+  shown in `/backends`).
 
 The watcher reads its backend through `Watched` and changes it only through the three
 transitions it is given (`restart`, `fail`, `owner_stopped`), which the backend makes
@@ -54,6 +55,8 @@ class Watcher:
         self._owner_stopped = owner_stopped
         self.backoff = RestartBackoff(backoff_s)  # after failures in a row
         self.refused = False  # stopped because admission found no room (kind no_vram)
+        # Stopped by the sleep guard for a failed wake: a pinned one starts again cold.
+        self.guard_stopped = False
         self.learn_due = True  # an external server: learn at the next health check passed
 
     async def check_health(self) -> bool:
@@ -92,10 +95,12 @@ class Watcher:
     @property
     def down(self) -> bool:
         """A pinned backend the watch starts again once its backoff has passed: it failed
-        (its start, or its server died), or admission found no room for its start."""
+        (its start, or its server died), admission found no room for its start, or the
+        sleep guard stopped it for a failed wake."""
         backend = self._backend
         state = backend.state
-        down = state is BackendState.FAILED or (state is BackendState.STOPPED and self.refused)
+        stopped = state is BackendState.STOPPED and (self.refused or self.guard_stopped)
+        down = state is BackendState.FAILED or stopped
         return down and not backend.lazy and backend.runtime.managed
 
     def retry_in(self) -> float:

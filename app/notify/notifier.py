@@ -2,8 +2,9 @@
 request path.
 
 The gateway's events (`app.events.EventLog`) are mapped to notification events (a
-`vram_yield` is `yield`, a backend's state `failed` is `backend_failed`...) and queued;
-`notify()` never waits: a full queue drops the notification (counted). One owned task
+`vram_yield` is `yield`, a backend's state `failed` is `backend_failed`, the sleep guard's
+stop is `sleep_guard`...) and queued; `notify()` never waits: a full queue drops the
+notification (counted). One owned task
 posts them, one at a time, each with its target's timeout and up to `ATTEMPTS` tries
 (backoff doubling from `BACKOFF_S`); a 5xx, 429 or a transport error is retried, any other
 4xx is not. Every outcome is counted in `microscheduler_notifications_total{result}`,
@@ -53,6 +54,7 @@ _TAGS: Final = {
     "budget_80": "warning",
     "budget_exhausted": "no_entry",
     "backend_failed": "rotating_light",
+    "sleep_guard": "warning",
     "config_reloaded": "gear",
 }
 _HIGH: Final = frozenset({"backend_failed", "budget_exhausted"})
@@ -73,7 +75,7 @@ def from_event(event: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         return "backend_failed", fields
     if kind == "config_reload" and fields.get("result") == "ok":
         return "config_reloaded", fields
-    if kind in ("fallback_to_cloud", "budget_80", "budget_exhausted"):
+    if kind in ("fallback_to_cloud", "budget_80", "budget_exhausted", "sleep_guard"):
         return str(kind), fields
     return None
 

@@ -329,7 +329,7 @@ class ChainCall:
         on_wait = notice.for_backend(name) if notice is not None else None
         try:
             return await backend.requests.acquire(
-                on_wait, max_wait_s=wait, priority=self._call.priority
+                on_wait, max_wait_s=wait, priority=self._call.priority, share=self._call.share
             )
         except GatewayError as err:
             verdict = classify_error(err)

@@ -281,7 +281,7 @@ class Dispatcher:
         backend = self._backends[name]
         if call.for_target(backend.serving.serves) is None:
             raise not_served(call, name, backend.serving.apis)
-        lease = await backend.requests.acquire(notice, priority=call.priority)
+        lease = await backend.requests.acquire(notice, priority=call.priority, share=call.share)
         target = served_target(call, backend, lease)
         if target is None:
             raise not_served(call, name, backend.serving.apis)

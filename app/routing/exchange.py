@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from app.errors import UpstreamError
 from app.keys.ring import KeyUse
+from app.lifecycle.key_turns import NO_KEY, KeyShare
 from app.lifecycle.lease import Lease, WaitNotice
 from app.routing.registry import Route
 from app.settings.endpoints import Api
@@ -47,6 +48,14 @@ class Call:
     key: KeyUse | None = None
     # The gateway asked for the stream's usage on the key's behalf: the relay strips it.
     usage_added: bool = False
+
+    @property
+    def share(self) -> KeyShare:
+        """Its client key as a backend's queue takes turns by it (name and weight)."""
+        if self.key is None:
+            return NO_KEY
+        key = self.key.key
+        return KeyShare(key.name, key.config.weight)
 
     def provider_request(self) -> ProviderRequest:
         return ProviderRequest(

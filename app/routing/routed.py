@@ -16,6 +16,7 @@ from typing import Protocol
 
 from app.lifecycle.admission import Admission, Claimant
 from app.lifecycle.blocks import Blocks
+from app.lifecycle.key_turns import NO_KEY, KeyShare
 from app.lifecycle.lease import Lease, WaitNotice
 from app.lifecycle.served import Served
 from app.lifecycle.state import BackendState
@@ -32,6 +33,7 @@ class Requests(Protocol):
         *,
         max_wait_s: float | None = None,
         priority: Priority = Priority.NORMAL,
+        share: KeyShare = NO_KEY,
     ) -> Lease: ...
     async def warm_up(self) -> bool: ...
     @property

@@ -289,6 +289,16 @@ class BackendConfig(StrictConfig):
             "footprint."
         ),
     )
+    # The sleep guard (app.lifecycle.sleep_guard): a sleep that holds this many MiB more
+    # asleep than its first since the last cold start (as the probe measured what each
+    # freed) stops the backend instead, and its next request starts it cold. 0: never.
+    sleep_leak_mib: NonNegativeInt = Field(
+        512,
+        description=(
+            "Stopped instead of left asleep once a sleep holds more than this many MiB more "
+            "than its first since a cold start (measured); 0: never."
+        ),
+    )
     # What the model is and how it is served, for the planner (app/planner/description.py):
     # the admission footprint without vram_mib, and `microscheduler plan profile`.
     model_info: ModelInfoConfig | None = Field(

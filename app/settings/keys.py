@@ -7,6 +7,7 @@
         cloud: false                # may its requests fall back to cloud providers
         lifecycle: true             # may load and unload its models (default false)
         priority: high              # high | normal | low
+        weight: 1                   # its share of turns against keys of its priority
         rpm: 600                    # requests per minute
         tpm: 200000                 # tokens per minute, counted from usage
         max_concurrent: 8           # requests in flight
@@ -54,6 +55,7 @@ class Priority(StrEnum):
 
 
 _RANK: Final = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+MAX_WEIGHT: Final = 1000  # a key's `weight`: 1 to this
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 # Names go into metric labels and logs: keep them short and plain.
 KeyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -83,6 +85,12 @@ class KeyConfig(StrictConfig):
     priority: Priority = Field(
         Priority.NORMAL,
         description="high, normal or low: the order of its requests in a backend's queue.",
+    )
+    # Within a priority, keys take turns in a backend's queue, `weight` turns each for a key
+    # against 1 of a key of weight 1 (app.lifecycle.key_turns).
+    weight: Annotated[int, Field(ge=1, le=MAX_WEIGHT)] = Field(
+        1,
+        description="Its share of a backend's turns against keys of its priority (1 to 1000).",
     )
     rpm: PositiveInt | None = Field(None, description="Requests per minute; null: no limit.")
     tpm: PositiveInt | None = Field(

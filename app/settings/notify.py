@@ -26,6 +26,7 @@ EVENTS: Final = (
     "budget_80",
     "budget_exhausted",
     "backend_failed",
+    "sleep_guard",
     "config_reloaded",
 )
 _LIKE = "an http(s) URL such as https://ntfy.sh/my-gpu-topic"

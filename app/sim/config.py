@@ -71,6 +71,13 @@ class FakeConfig:
     # `/wake_up` and read again by a level-2 `reload_weights`. 0: instant.
     wake_gib_per_s: float = 0.0
     weights_mib: int | None = None
+    # vLLM's sleep leaks (vLLM #21336): each sleep/wake cycle leaves this many MiB more held
+    # while asleep (app.sim.vram), up to the awake footprint. 0: none.
+    sleep_leak_mib: int = 0
+    # A bad wake (vLLM #50011, #48680): after this many sleep/wake cycles, every /wake_up
+    # answers 500 as vLLM does when the engine's wake_up raises, and the server stays
+    # asleep. None: wakes never fail.
+    wake_fail_after: int | None = None
 
     @property
     def tool_calling(self) -> bool:

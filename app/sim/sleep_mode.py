@@ -1,7 +1,8 @@
 """The fake vLLM's sleep mode (``VLLM_SERVER_DEV_MODE=1`` only): ``/sleep``, ``/wake_up``,
 ``/is_sleeping``, ``/collective_rpc`` (``reload_weights``) and ``/reset_prefix_cache``, as
 vllm/entrypoints/serve/dev/{sleep,rpc,cache}/api_router.py answer them, with a wake's
-modelled time (``--wake-gib-per-s``: ``FakeConfig.wake_s``)."""
+modelled time (``--wake-gib-per-s``: ``FakeConfig.wake_s``) and a failing wake after
+``--wake-fail-after`` cycles (a 500 as vLLM answers it; the server stays asleep)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ from app.sim.state import FakeState, error_response, json_response
 from app.sim.text import ApiError, dumps, query_error
 
 _PAUSE_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "wait", "keep": "keep"}
+
+
+# What vLLM 0.33 answers when the engine's wake_up raises, e.g. out of memory mapping the
+# weights back (vLLM #48680): the engine core reports "Call to wake_up method failed: ..."
+# (vllm/v1/engine/core.py:1850), the client raises it as a plain Exception
+# (vllm/v1/engine/core_client.py:941), and the server's catch-all handler answers 500
+# InternalServerError (vllm/entrypoints/serve/exception_handling/error_response.py:93-96).
+WAKE_FAILURE = "Call to wake_up method failed: CUDA Error: out of memory"
+
+
+def wake_failure() -> ApiError:
+    """The fake's failing wake (``--wake-fail-after``), as vLLM answers one."""
+    return ApiError(500, WAKE_FAILURE, "InternalServerError")
 
 
 class SleepMode(FakeState):
@@ -57,6 +71,9 @@ class SleepMode(FakeState):
         "sleeping" while some memory still sleeps (vllm/v1/engine/core.py ``wake_up``)."""
         self.record(request, None)
         tags: list[str] | None = request.query.getall("tags", []) or None
+        failing = self.config.wake_fail_after
+        if failing is not None and self.vram.cycles >= failing and self.engine.memory_sleeping:
+            return error_response(wake_failure())
         engine = self.engine
         weights = engine.sleep_level == 1 and "weights" in engine.sleeping_tags
         if weights and (tags is None or "weights" in tags):  # level 1: from host RAM

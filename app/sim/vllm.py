@@ -24,7 +24,8 @@ With ``--sim-gpu-dir DIR --vram-mib N`` it reports its GPU footprint to the simu
 ledger (``app.gpu.ledger``) from the moment loading begins, like vLLM, which allocates
 weights and KV cache before ``/health`` answers; ``--vram-asleep-mib`` while asleep (level 1
 or 2; default N/8: the CUDA context and graphs stay, 0.5-6 GiB on real GPUs); entry
-removed on clean shutdown (see ``app.sim.vram``).
+removed on clean shutdown (see ``app.sim.vram``). ``--sleep-leak-mib`` and
+``--wake-fail-after`` model vLLM's sleep leak and a failing wake (``app.sim.sleep_mode``).
 """
 
 from __future__ import annotations
@@ -549,6 +550,16 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         "--weights-mib", type=nn_int, metavar="N",
         help="the weights' size for --wake-gib-per-s (default: what a sleep frees, "
         "--vram-mib minus the asleep footprint)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sleep-leak-mib", type=nn_int, default=0, metavar="N",
+        help="model vLLM's sleep leak (#21336): each sleep/wake cycle leaves N MiB more held "
+        "while asleep, up to --vram-mib (default 0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wake-fail-after", type=nn_int, metavar="K",
+        help="model a bad wake (vLLM #50011, #48680): after K sleep/wake cycles every "
+        "/wake_up answers 500 as vLLM does and the server stays asleep (default: never)",
     )  # fmt: skip
     ns = p.parse_args(argv)
     if ns.fail_count is not None and ns.fail_status is None:

@@ -8,6 +8,10 @@ leftovers, measured at 0.5-6 GiB, hence ``--vram-asleep-mib`` (default one eight
 ``--vram-mib``). The footprint follows the engine: asleep while any tag sleeps, awake again
 after a full wake-up; level 0 only pauses scheduling and frees nothing. A heartbeat
 rewrites the entry every second; clean shutdown removes it.
+
+``--sleep-leak-mib N`` models vLLM's leak over sleep/wake cycles (vLLM #21336): each full
+wake-up leaves N MiB more held by the next sleep (never more than ``--vram-mib``); the
+awake footprint stays the same. A new server (a cold start) begins again without it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ class FakeVram:
 
     def __init__(self, config: FakeConfig) -> None:
         self.awake_mib = config.vram_mib
-        self.asleep_mib = asleep_mib(config)
+        self.base_asleep_mib = asleep_mib(config)
+        self.leak_mib = config.sleep_leak_mib
+        self.cycles = 0  # full wake-ups after a sleep (sleep/wake cycles) of this server
         self.gpus = tuple(config.gpus)
         self.directory = Path(config.sim_gpu_dir) if config.sim_gpu_dir else None
         self.model = config.models[0] if config.models else "fake-model"
@@ -42,6 +48,11 @@ class FakeVram:
         self._heartbeat: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
+
+    @property
+    def asleep_mib(self) -> int:
+        """What a sleep holds now: the residue, and the leak of the cycles so far."""
+        return min(self.awake_mib, self.base_asleep_mib + self.cycles * self.leak_mib)
 
     @property
     def enabled(self) -> bool:
@@ -75,6 +86,8 @@ class FakeVram:
         if sleeping == self.sleeping:
             return
         self.sleeping = sleeping
+        if not sleeping:
+            self.cycles += 1
         if not self._started or self._stopped:
             return
         self.held_mib = self.asleep_mib if sleeping else self.awake_mib

@@ -93,6 +93,11 @@ class ControlError(Exception):
     """The server did not do what was asked; the message says what it answered."""
 
 
+class ControlTimeout(ControlError):
+    """The server did not answer (or did not report the state asked for) within the
+    control timeout."""
+
+
 class SleepUnsupported(ControlError):
     """The server does not offer sleep mode (no `VLLM_SERVER_DEV_MODE=1`)."""
 
@@ -234,6 +239,11 @@ class VllmClient:
                 headers=self._headers,
                 timeout=self._timeout_s if timeout_s is None else timeout_s,
             )
+        except TimeoutException as exc:
+            wait = self._timeout_s if timeout_s is None else timeout_s
+            raise ControlTimeout(
+                f"{method} {path}: no answer within {wait:g}s ({type(exc).__name__})"
+            ) from None
         except HTTPError as exc:
             raise ControlError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         if response.status_code == 404:
@@ -252,7 +262,9 @@ class VllmClient:
         while await self.is_sleeping() != sleeping:
             if time.monotonic() >= deadline:
                 want = "asleep" if sleeping else "awake"
-                raise ControlError(f"the server did not report {want} within {self._timeout_s:g}s")
+                raise ControlTimeout(
+                    f"the server did not report {want} within {self._timeout_s:g}s"
+                )
             await asyncio.sleep(CONFIRM_POLL_S)
 
     # -- LoRA adapters ------------------------------------------------------------------

@@ -221,10 +221,19 @@ def test_quick_switch_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         assert phase["errors"] == 0, phase["error_kinds"]
         assert phase["requests"] == 16
         assert phase["max_wait_s"] <= phase["bound_s"]
+    fair = results["fairness"]
+    assert (fair["flood"], fair["later"], fair["requests"], fair["errors"]) == (100, 5, 105, 0)
+    # b's requests take turns with a's flood: each within a few slots (measured 11; the
+    # target's 12 is not enforced: a loaded machine's thread starts add slots), not behind
+    # a's queue (arrival order: 80 or more)
+    assert 0 <= fair["worst_position"] <= 30 < fair["queued_ahead"]
+    assert "| key a floods, key b after | 100 |" in done.stdout
     assert [t["name"] for t in results["targets"]] == [
         "gateway's share of a sleep switch, p95 <= 50 ms",
         "collation: fewer switches than max_hold_s 0",
         "no request waits past max_wait_s, none refused",
+        "a start nobody waits for is cancelled, its server stopped",
+        "fair turns: each of b's requests within 12 slots of its arrival",
     ]
 
 

@@ -38,6 +38,7 @@ FAMILIES = (
     "microscheduler_requests_waiting",
     "microscheduler_drain_timeouts",
     "microscheduler_backend_sleeps",
+    "microscheduler_sleep_guard",
     "microscheduler_swaps",
     "microscheduler_swap_wait_seconds",
     "microscheduler_gpu_probe_up",

@@ -209,6 +209,29 @@ tests:
 
   - interval: 1m
     input_series:
+      - series: 'microscheduler_sleep_guard_total{{backend="embed",cause="leak"}}'
+        values: '0x3 1x70'
+      - series: 'microscheduler_sleep_guard_total{{backend="embed",cause="wake_failed"}}'
+        values: '0x73'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: MicroschedulerSleepGuardStopped
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: MicroschedulerSleepGuardStopped
+        exp_alerts:
+          - exp_labels: {{severity: warning, backend: embed, cause: leak}}
+            exp_annotations:
+              summary: The sleep guard stopped backend embed (leak) in the last hour
+              description: >-
+                Its sleep_guard event in /status has the numbers. Again and again: free it
+                with method stop instead of sleep (idle:, eviction:, yield:).
+      - eval_time: 70m
+        alertname: MicroschedulerSleepGuardStopped
+        exp_alerts: []
+
+  - interval: 1m
+    input_series:
       - series: 'microscheduler_event_loop_lag_max_seconds'
         values: '0.002 0.8x6 0.8 0.8 0.003x3'
     alert_rule_test:

@@ -124,6 +124,10 @@ def test_keys_yaml_is_read_from_the_config_directory(
         ("keys:\n  a:\n    key_env: A_KEY\n    models: [nope]\n",
          "keys.yaml: keys.a.models: no model or alias 'nope'"),
         ("keys:\n  a:\n    key_env: A_KEY\n    rpm: -1\n", "keys.yaml: keys.a.rpm:"),
+        ("keys:\n  a:\n    key_env: A_KEY\n    weight: 0\n",
+         "keys.yaml: keys.a.weight: Input should be greater than or equal to 1"),
+        ("keys:\n  a:\n    key_env: A_KEY\n    weight: 1.5\n",
+         "keys.yaml: keys.a.weight: Input should be a valid integer"),
         ("keys:\n  a:\n    key_env: A_KEY\n  b:\n    key_env: A_KEY\n",
          "keys.yaml: keys a and b have the same secret"),
     ],
@@ -191,6 +195,13 @@ def test_a_refused_request_does_not_use_up_the_window() -> None:
     assert info.value.headers["retry-after"] == "60"
     keys.now[0] = 60.0  # type: ignore[attr-defined]
     key.admit().finish("served")
+
+
+def test_status_shows_a_keys_priority_and_weight() -> None:
+    keys = ring(a={"key_env": "K", "priority": "low", "weight": 3})
+    key = keys.identify(b"sk-k")
+    assert key is not None
+    assert (key.view()["priority"], key.view()["weight"]) == ("low", 3)
 
 
 def test_env_keys_and_no_keys() -> None:

@@ -1,6 +1,6 @@
-"""A backend's queue: the order held requests are served in (pure), and `max_inflight`,
-priorities, cancellation, timeouts and collation during a drain on a Backend with a
-gated fake runtime."""
+"""A backend's queue: the order held requests are served in (pure: priorities, aging, fair
+turns between keys), and `max_inflight`, priorities, cancellation, timeouts and collation
+during a drain on a Backend with a gated fake runtime."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 from app.errors import BackendUnavailable
 from app.lifecycle import request_holds as holding
 from app.lifecycle.backend import Backend
+from app.lifecycle.key_turns import KeyShare
 from app.lifecycle.lease import Lease, wait_without_owning
 from app.lifecycle.metrics import LifecycleMetrics as Metrics
-from app.lifecycle.queue import Ticket, next_ticket, serve_order
+from app.lifecycle.queue import Ticket, TicketQueue, next_ticket, serve_order
 from app.lifecycle.state import BackendState, StopReason
 from app.settings.keys import Priority
 from tests.fakes.waits import until
@@ -62,6 +63,92 @@ def test_a_ticket_ages_at_half_its_own_wait_a_chains_shorter_one_sooner() -> Non
     high = ticket(HIGH, 2, 4.0)
     assert next_ticket([low, high], now=4.9) is high
     assert next_ticket([low, high], now=5.0) is low
+
+
+# -- fair turns between keys of one priority (pure) --------------------------------------------
+
+
+def queue_of(*floods: tuple[str, int, int], now: float = 0.0) -> TicketQueue:
+    """A queue holding, in order, `count` tickets of each (key, weight, count)."""
+    queue = TicketQueue("b", Metrics())
+    return flood(queue, *floods, now=now)
+
+
+def flood(queue: TicketQueue, *floods: tuple[str, int, int], now: float = 0.0) -> TicketQueue:
+    for name, weight, count in floods:
+        for _ in range(count):
+            queue.enter(NORMAL, 120, now=now, share=KeyShare(name, weight))
+    return queue
+
+
+def served(queue: TicketQueue, slots: int | None = None, now: float = 1.0) -> list[str]:
+    """The keys of the next `slots` tickets served (None: until the queue is empty)."""
+    order: list[str] = []
+    while slots is None or len(order) < slots:
+        ticket = queue.take_first(now)
+        if ticket is None:
+            break
+        order.append(ticket.share.name)
+    return order
+
+
+def test_a_key_that_sent_after_a_flood_is_served_within_the_next_few_slots() -> None:
+    # Key a floods 100 requests, key b sends 5 after them: each of b's is served within
+    # the next few slots (a and b take turns), not after a's 100.
+    queue = queue_of(("a", 1, 100))
+    assert served(queue, 3) == ["a", "a", "a"]  # a alone: its own order
+    flood(queue, ("b", 1, 5), now=0.5)
+    order = served(queue)
+    assert [i for i, key in enumerate(order) if key == "b"] == [1, 3, 5, 7, 9]
+    assert order.count("a") == 97  # nothing lost: a's flood goes on after
+
+
+def test_a_key_of_weight_2_gets_two_turns_to_one() -> None:
+    queue = queue_of(("a", 2, 40), ("b", 1, 40))
+    first = served(queue, 30)
+    assert (first.count("a"), first.count("b")) == (20, 10)
+    assert first[:6] == ["a", "b", "a", "a", "b", "a"]
+
+
+@pytest.mark.parametrize(("weights", "rounds"), [
+    ((3, 2), "baaba"),
+    ((7, 5), "baababaababa"),
+    ((10, 1), "b" + "a" * 10),  # 10 x 1/10 is not 1 in floats: counted exactly, it is
+])  # fmt: skip
+def test_turns_follow_the_weights_exactly(weights: tuple[int, int], rounds: str) -> None:
+    # Each round the keys have had their weights' turns and tie again: b, first in, goes.
+    queue = queue_of(("b", weights[1], 50), ("a", weights[0], 50))
+    assert "".join(served(queue, 2 * len(rounds))) == rounds * 2
+
+
+def test_an_idle_key_does_not_bank_turns() -> None:
+    # b was served 5 times, then idle while a had 20 slots: when b comes back it takes
+    # turns with a, not 15 slots in a row to catch up.
+    queue = queue_of(("a", 1, 30), ("b", 1, 5))
+    assert served(queue, 10).count("b") == 5
+    assert served(queue, 10) == ["a"] * 10  # b idle: its virtual time stays behind
+    flood(queue, ("b", 1, 10), now=0.5)
+    assert served(queue, 6) == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_turns_start_again_once_the_queue_is_empty() -> None:
+    queue = queue_of(("a", 1, 10))
+    assert served(queue) == ["a"] * 10
+    flood(queue, ("b", 1, 3), ("a", 1, 3))  # a's 10 earlier turns are not held against it
+    assert served(queue) == ["b", "a", "b", "a", "b", "a"]
+
+
+def test_priorities_and_aging_still_come_before_turns() -> None:
+    queue = TicketQueue("b", Metrics())
+    for _ in range(3):
+        queue.enter(LOW, 120, now=0.0, share=KeyShare("low"))
+    old = queue.enter(NORMAL, 10, now=0.0, share=KeyShare("a"))  # ages at 5.0
+    for _ in range(3):
+        queue.enter(NORMAL, 120, now=0.0, share=KeyShare("a"))
+    queue.enter(HIGH, 120, now=1.0, share=KeyShare("high"))
+    queue.enter(NORMAL, 120, now=1.0, share=KeyShare("b"))
+    assert queue.take_first(6.0) is old  # aged: first, whatever the turns
+    assert served(queue, now=6.0) == ["high", "b", "a", "a", "a", "low", "low", "low"]
 
 
 # -- on a backend -----------------------------------------------------------------------------

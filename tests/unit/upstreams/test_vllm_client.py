@@ -7,7 +7,7 @@ import httpx
 import pytest
 import respx
 
-from app.upstreams.vllm import ControlError, SleepUnsupported, VllmClient
+from app.upstreams.vllm import ControlError, ControlTimeout, SleepUnsupported, VllmClient
 from tests.fakes.processes import free_port
 from tests.fakes.servers import fake_vllm
 
@@ -143,3 +143,25 @@ async def test_health_of_a_server_that_is_not_there_names_the_error() -> None:
         error = await VllmClient(client, f"http://127.0.0.1:{free_port()}").health()
     assert error is not None
     assert error.startswith("ConnectError")
+
+
+async def test_a_wake_without_an_answer_is_a_control_timeout() -> None:
+    """Told apart from a wake that answered an error (the sleep guard's `wake_timeout`)."""
+
+    def hangs(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(hangs)) as client:
+        control = VllmClient(client, BASE, timeout_s=7.0)
+        with pytest.raises(ControlTimeout, match=r"POST /wake_up: no answer within 7s"):
+            await control.wake_up(level=1)
+
+
+async def test_a_wake_answered_500_is_a_control_error_not_a_timeout() -> None:
+    def fails(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, json={"error": {"message": "Call to wake_up method failed"}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(fails)) as client:
+        with pytest.raises(ControlError, match="answered 500") as raised:
+            await VllmClient(client, BASE).wake_up(level=1)
+        assert not isinstance(raised.value, ControlTimeout)
