@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from app.api.ollama.translate import Timing, done_reason, ollama_tool_calls
+from app.api.ollama.translate import Timing, answer_text, done_reason, ollama_tool_calls
 from app.api.ollama.wire import Json, timestamp
 from app.jsonwire import json_bytes
-from app.upstreams.anthropic.relayed import TranslatedStream
+from app.upstreams.anthropic.relayed import ChunksTranslated
 from app.upstreams.http import Relayable
 
 NDJSON_TYPE: Final = b"application/x-ndjson"
@@ -94,20 +94,7 @@ class NdjsonTranslator:
         return self._fail("the upstream ended the stream before it was complete")
 
     def _piece(self, content: str, thinking: str = "", calls: list[Json] | None = None) -> bytes:
-        out: Json = {"model": self._model, "created_at": timestamp()}
-        if self._generate:
-            out["response"] = content
-            if thinking:
-                out["thinking"] = thinking
-            if calls:
-                out["tool_calls"] = calls
-        else:
-            message: Json = {"role": "assistant", "content": content}
-            if thinking:
-                message["thinking"] = thinking
-            if calls:
-                message["tool_calls"] = calls
-            out["message"] = message
+        out = answer_text(self._model, self._generate, content, thinking, calls)
         out["done"] = False
         return line(out)
 
@@ -153,7 +140,7 @@ class NdjsonTranslator:
         return [error_line(message)]
 
 
-class NdjsonStream(TranslatedStream):
+class NdjsonStream(ChunksTranslated):
     """An OpenAI chunk stream relayed as Ollama's NDJSON lines."""
 
     _translator: NdjsonTranslator
@@ -162,14 +149,6 @@ class NdjsonStream(TranslatedStream):
         super().__init__(response, translator)
         self.headers = [(b"content-type", NDJSON_TYPE)]
         self.first_chunk = self._translate(response.first_chunk)
-
-    def _translate(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
-        for _event, data in self._parser.feed(chunk):
-            out.extend(self._translator.feed(data))
-            if self._translator.done:
-                break
-        return b"".join(out)
 
 
 def request_clock(started: float, waited: Callable[[], float]) -> Callable[[], tuple[float, float]]:

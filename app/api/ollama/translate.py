@@ -303,18 +303,7 @@ def chat_answer(completion: Json, *, model: str, generate: bool, timing: Timing)
     content = message.get("content") or ""
     thinking = message.get("reasoning_content") or message.get("reasoning") or ""
     calls = ollama_tool_calls(message.get("tool_calls"))
-    out: Json = {"model": model, "created_at": timestamp()}
-    if generate:
-        out["response"] = content
-        if thinking:
-            out["thinking"] = thinking
-    else:
-        reply: Json = {"role": "assistant", "content": content}
-        if thinking:
-            reply["thinking"] = thinking
-        if calls:
-            reply["tool_calls"] = calls
-        out["message"] = reply
+    out = answer_text(model, generate, content, thinking, calls)
     out["done"] = True
     out["done_reason"] = done_reason(
         choice.get("finish_reason") if isinstance(choice, dict) else None
@@ -322,8 +311,6 @@ def chat_answer(completion: Json, *, model: str, generate: bool, timing: Timing)
     out.update(
         timing.metrics(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")))
     )
-    if generate and calls:
-        out["tool_calls"] = calls
     return out
 
 
@@ -366,3 +353,23 @@ def error_message(status: int, body: bytes) -> str:
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def answer_text(
+    model: str, generate: bool, content: str, thinking: str = "", calls: list[Json] | None = None
+) -> Json:
+    """An answer's text (or a stream's piece of it) as Ollama's `GenerateResponse` carries
+    it (`response`, `thinking`, `tool_calls`: types.go:891) or its `ChatResponse` (the
+    same in `message`: types.go:520); `done` and the counts are the caller's."""
+    out: Json = {"model": model, "created_at": timestamp()}
+    if generate:
+        out["response"] = content
+        carrier = out
+    else:
+        carrier = {"role": "assistant", "content": content}
+        out["message"] = carrier
+    if thinking:
+        carrier["thinking"] = thinking
+    if calls:
+        carrier["tool_calls"] = calls
+    return out

@@ -29,7 +29,7 @@ from app.anthropic.inbound import (
 )
 from app.anthropic.inbound_stream import MessagesStreamTranslator
 from app.upstreams.anthropic.bodies import whole_answer
-from app.upstreams.anthropic.relayed import TranslatedStream
+from app.upstreams.anthropic.relayed import ChunksTranslated
 from app.upstreams.http import BufferedResponse, Relayable
 
 Json = dict[str, Any]
@@ -68,7 +68,7 @@ async def _whole(
     )
 
 
-class MessagesStream(TranslatedStream):
+class MessagesStream(ChunksTranslated):
     """An OpenAI chunk stream relayed as Anthropic's Messages events."""
 
     _translator: MessagesStreamTranslator
@@ -76,11 +76,3 @@ class MessagesStream(TranslatedStream):
     def __init__(self, response: Relayable, model: str) -> None:
         super().__init__(response, MessagesStreamTranslator(model, message_id(uuid.uuid4().hex)))
         self.first_chunk = self._translate(response.first_chunk)
-
-    def _translate(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
-        for _event, data in self._parser.feed(chunk):
-            out.extend(self._translator.feed(data))
-            if self._translator.done:
-                break
-        return b"".join(out)

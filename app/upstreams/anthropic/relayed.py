@@ -65,3 +65,24 @@ class TranslatedStream:
 
     def release(self) -> None:
         self._response.release()
+
+
+class ChunkTranslating(Translating, Protocol):
+    """A translator fed the data of each OpenAI chunk event (`data: {...}`)."""
+
+    def feed(self, data: str) -> list[bytes]: ...
+
+
+class ChunksTranslated(TranslatedStream):
+    """An OpenAI chunk stream served in another API's stream (`MessagesStream`, Ollama's
+    `NdjsonStream`): each event's data to the translator, until it is done."""
+
+    _translator: ChunkTranslating
+
+    def _translate(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        for _event, data in self._parser.feed(chunk):
+            out.extend(self._translator.feed(data))
+            if self._translator.done:
+                break
+        return b"".join(out)

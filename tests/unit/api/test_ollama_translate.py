@@ -101,6 +101,11 @@ def test_a_whole_answer_in_ollamas_fields() -> None:
     assert answer["total_duration"] == 1_500_000_000
     assert answer["load_duration"] == 1_000_000_000
     assert answer["eval_duration"] == 500_000_000
+    # A generate's whole answer carries them too (`GenerateResponse.ToolCalls`,
+    # api/types.go), as its stream's lines do.
+    generated = chat_answer(completion, model="m:latest", generate=True, timing=timing)
+    assert generated["response"] == "Hello"
+    assert generated["tool_calls"] == answer["message"]["tool_calls"]
 
 
 def test_embeddings_both_ways() -> None:
