@@ -75,6 +75,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/switch.py
 	$(BIN)/python bench/chatty.py
 	$(BIN)/python bench/looplag.py
+	$(BIN)/python bench/stateput.py
 
 # requirements.lock: every runtime dependency of the image, transitive ones and the build
 # backend included, pinned with the sha256 of each of its files on PyPI. For the image's

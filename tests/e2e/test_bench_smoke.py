@@ -9,6 +9,7 @@ and CI machines are noisy. Without wrk the quick mode falls back to a Python loa
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +271,18 @@ def test_quick_looplag_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         assert part["max_bucket_ms"] >= part["p99_ms"] or part["p99_ms"] == 0, phase
         assert part["max_ms"] is None  # a 2 s rest: the max is known to its bucket only
     assert results["rounds"]["load_requests"] > 0
+
+
+@pytest.mark.e2e
+def test_the_state_save_benchmark_prints_the_loops_share() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "stateput.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = re.fullmatch(
+        r"loop held per put: median ([\d.]+) ms, max ([\d.]+) ms \(50 puts, 8 sections\)\n",
+        done.stdout,
+    )
+    assert found is not None, done.stdout
+    assert 0 < float(found.group(1)) <= float(found.group(2))
