@@ -53,6 +53,7 @@ from app.api.relay import SSE_TYPE, RelayResponse
 from app.errors import GatewayError, InvalidRequest
 from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
+from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.registry import Route as ModelRoute
 from app.services import Services
 from app.settings.endpoints import Api
@@ -140,6 +141,8 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
             except InvalidRequest:
                 if not services.dispatcher.can_serve(route, Api.MESSAGES):
                     raise
+        # Read before the key counts the request: a bad value is a 400 for any model.
+        wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
         call = Call(
             route,
             path,
@@ -150,6 +153,7 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
             api=Api.MESSAGES,
             translated=translated,
             priority=key.priority,
+            max_wait_s=wait_s,
             key=key.admit(),
         )
     except GatewayError as err:

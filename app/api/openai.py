@@ -24,6 +24,7 @@ from app.errors import EndpointNotServed, MethodNotAllowed, ModelNotFound, Unsup
 from app.jsonwire import json_bytes
 from app.keys.ring import ClientKey
 from app.routing.exchange import Call
+from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.registry import Route as RoutedModel
 from app.services import Services
 from app.settings.endpoints import Api
@@ -68,6 +69,8 @@ def _proxy(endpoint: Endpoint) -> Route:
         route = services.dispatcher.route(parsed.model)
         key.check_model(route.name)
         parsed, usage_added = usage_for(key, parsed, endpoint.api)
+        # Read before the key counts the request: a bad value is a 400 for any model.
+        wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
         call = Call(
             route,
             endpoint.path,
@@ -78,6 +81,7 @@ def _proxy(endpoint: Endpoint) -> Route:
             api=endpoint.api,
             content_type=parsed.content_type,
             priority=key.priority,
+            max_wait_s=wait_s,
             key=key.admit(),
             usage_added=usage_added,
         )
@@ -131,6 +135,8 @@ async def stored_response(request: Request) -> Response:
     body = await read_body(request, services.settings.max_body_bytes)
     query = request.url.query
     path = request.url.path + (f"?{query}" if query else "")
+    # Read before the key counts the request: a bad value is a 400 for any model.
+    wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
     call = Call(
         stored.route,
         path,
@@ -141,6 +147,7 @@ async def stored_response(request: Request) -> Response:
         api=Api.RESPONSES,
         method=request.method,
         priority=key.priority,
+        max_wait_s=wait_s,
         key=key.admit(),
     )
     return RelayResponse(

@@ -69,10 +69,8 @@ from app.routing.exchange import Call, Exchange, Notice
 from app.routing.local import is_json_post, open_entry, served_target
 from app.routing.patience import (
     EXPECTED_WAKE_HEADER,
-    MAX_WAIT_HEADER,
     accepted_wait,
     expected_wake_header,
-    parse_max_wait,
     priced_out,
 )
 from app.routing.policy import (
@@ -160,7 +158,7 @@ class ChainCall:
             excluded = {**kept_off, **excluded}
         key_triggers = frozenset(key.key.config.fallback_on) if key is not None else frozenset()
         self._accepted = accepted_wait(
-            parse_max_wait(self._call.headers.get(MAX_WAIT_HEADER)),
+            self._call.max_wait_s,
             None if key is None else key.key.config.max_wait_s,
             chain.config.max_wait_s,
         )

@@ -48,6 +48,9 @@ class Call:
     key: KeyUse | None = None
     # The gateway asked for the stream's usage on the key's behalf: the relay strips it.
     usage_added: bool = False
+    # What the caller accepts to wait for a cold chain entry (`x-microscheduler-max-wait`,
+    # read at the API's edge with the body: `app.routing.patience.parse_max_wait`).
+    max_wait_s: float | None = None
 
     @property
     def share(self) -> KeyShare:

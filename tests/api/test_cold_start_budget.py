@@ -151,19 +151,43 @@ async def test_without_a_learned_start_the_chain_waits_as_before(
 
 
 @pytest.mark.parametrize("value", ["-1", "abc", "3601", "1e3", "nan", " "])
+@pytest.mark.parametrize("model", ["reasoning", LOCAL_MODEL])
 async def test_a_bad_max_wait_header_is_refused(
-    value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    value: str, model: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """For any model, with or without a chain (read at the API's edge with the body; it
+    was read by the chain only, so a model without one served the request)."""
     async with world(monkeypatch, tmp_path) as (gw, cloud):
         response = await gw.client.post(
             "/v1/chat/completions",
-            json=chat("reasoning"),
+            json=chat(model),
             headers={"x-microscheduler-max-wait": value},
         )
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == "x-microscheduler-max-wait"
         assert cloud.calls == 0
+
+
+async def test_a_bad_max_wait_header_is_refused_before_the_key_counts_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The key saw the request before the chain read the header: it was counted."""
+    async with world(monkeypatch, tmp_path, key={"cloud": False}) as (gw, cloud):
+        response = await gw.client.post(
+            "/v1/chat/completions",
+            json=chat("reasoning"),
+            headers={"x-microscheduler-max-wait": "soon"},
+        )
+        assert response.status_code == 400, response.text
+        counted = [
+            sample
+            for family in gw.registry.collect()
+            if family.name == "microscheduler_key_requests"
+            for sample in family.samples
+            if sample.name.endswith("_total") and sample.labels["key"] == "agents" and sample.value
+        ]
+        assert counted == []
 
 
 async def test_the_last_entry_is_waited_for_whatever_the_caller_accepts(

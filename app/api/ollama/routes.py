@@ -37,6 +37,7 @@ from app.api.relay import RelayResponse
 from app.errors import GatewayError, InvalidRequest, ModelNotFound
 from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
+from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.registry import ModelEntry
 from app.routing.registry import Route as ModelRoute
 from app.services import Services
@@ -197,6 +198,8 @@ async def _model_call(request: Request, path: str) -> Response:
     )
     headers = forwardable_request_headers(request.scope["headers"])
     translated = _translated(path, payload, route, name, stream, max_len, clock, headers)
+    # Read before the key counts the request: a bad value is a 400 for any model.
+    wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
     call = Call(
         route,
         path,
@@ -207,6 +210,7 @@ async def _model_call(request: Request, path: str) -> Response:
         api=Api.OLLAMA,
         translated=translated,
         priority=key.priority,
+        max_wait_s=wait_s,
         key=key.admit(),
     )
     dialect = OllamaDialect(name, generate=path == GENERATE_PATH)
