@@ -173,7 +173,7 @@ async def test_a_bad_max_wait_header_is_refused_before_the_key_counts_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The key saw the request before the chain read the header: it was counted."""
-    async with world(monkeypatch, tmp_path, key={"cloud": False}) as (gw, cloud):
+    async with world(monkeypatch, tmp_path, key={"cloud": False}) as (gw, _cloud):
         response = await gw.client.post(
             "/v1/chat/completions",
             json=chat("reasoning"),
