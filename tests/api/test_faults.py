@@ -173,6 +173,7 @@ async def test_a_yield_that_cannot_be_saved_is_refused_and_changes_nothing(
     settings = gateway_settings({"lazy": lazy_backend(port)}, state_dir=state_dir)
     async with gateway(settings, seams=Seams(runtime_factory=runtime_for)) as gw:
         assert (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).status_code == 200
+        await gw.app.state.services.store.settled()  # the start's saves, before the fault
         os_error = fault(state_dir, monkeypatch)
         refused = await gw.client.post("/vram/yield", json={"reason": "game"})
         monkeypatch.undo()
@@ -334,6 +335,7 @@ async def test_a_release_and_an_expiry_go_ahead_when_the_state_cannot_be_saved(
             return await zones() == []
 
         assert await until(none_held)  # "held" released, "short" expired
+        await gw.app.state.services.store.settled()  # their saves tried (and failed)
         assert saved_sections(state_dir) == saved  # not rewritten (disk full)
         assert (await gw.client.get("/status")).json()["state"]["persisted"] is False
         monkeypatch.undo()
@@ -342,6 +344,7 @@ async def test_a_release_and_an_expiry_go_ahead_when_the_state_cannot_be_saved(
         assert (await gw.client.post("/vram/zones/again/acquire", json=short)).status_code == 200
         assert (await gw.client.get("/status")).json()["state"]["persisted"] is True
         assert await until(none_held)
+        await gw.app.state.services.store.settled()  # the expiry's save, queued
         on_disk = saved_sections(state_dir)
         assert on_disk["zones"] == []
         assert leftovers(state_dir) == []

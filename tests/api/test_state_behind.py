@@ -137,6 +137,7 @@ async def test_a_restore_works_when_the_state_cannot_be_saved(
         yielded = (await gw.client.post("/v1/chat/completions", json=chat(LAZY))).json()
         assert yielded["error"]["code"] == "backend_yielded"
 
+        await gw.app.state.services.store.settled()  # saves queued before the fault
         os_error = fault(rig.state_dir, monkeypatch)
         restored = await gw.client.post("/vram/restore")
         assert restored.status_code == 200, restored.text
@@ -176,6 +177,7 @@ async def test_a_zone_release_works_when_the_state_cannot_be_saved(
         assert [z["name"] for z in rig.saved_zones()] == ["img"]
         assert await served(gw) == 503
 
+        await gw.app.state.services.store.settled()  # saves queued before the fault
         os_error = fault(rig.state_dir, monkeypatch)
         released = await gw.client.post("/vram/zones/img/release")
         assert released.status_code == 200, released.text

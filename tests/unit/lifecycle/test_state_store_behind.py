@@ -111,6 +111,7 @@ async def test_close_saves_what_is_pending_or_says_it_could_not(
     store.update("zones", [{"name": "img"}])
     broken(directory)
     store.put("zones", [])
+    await store.settled()
     with caplog.at_level(logging.ERROR, logger="app.lifecycle.store"):
         await store.close()
     assert any("not saved at shutdown" in r.getMessage() for r in caplog.records)
@@ -119,6 +120,7 @@ async def test_close_saves_what_is_pending_or_says_it_could_not(
     store.update("zones", [{"name": "img"}])
     broken(tmp_path / "other")
     store.put("zones", [])
+    await store.settled()  # its save failed in the store's thread (not racing the repair)
     repaired(tmp_path / "other")
     await store.close()
     assert store.persisted is True
