@@ -18,14 +18,14 @@ import pytest
 from pydantic import SecretStr
 
 from app.api.ollama.keep_alive import REFUSED_EVENT
-from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
 from app.runtimes.base import Runtime
 from app.runtimes.external import ExternalRuntime
-from app.services import Seams, Services
+from app.services import Seams
 from app.settings.backends import BackendConfig
 from app.vram.holders import residents
 from tests.api.test_lifecycle_api import lazy, lifecycle_gateway
+from tests.api.test_model_verbs import services_of, state
 from tests.fakes.processes import free_port
 from tests.fakes.servers import (
     FakeServer,
@@ -47,15 +47,6 @@ MIB = 1024 * 1024
 def secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPS_KEY", OPS)
     monkeypatch.setenv("AGENT_KEY", AGENT)
-
-
-def services_of(gw: Gateway) -> Services:
-    services: Services = gw.app.state.services
-    return services
-
-
-def state(backend: Backend) -> BackendState:
-    return backend.state
 
 
 @asynccontextmanager
