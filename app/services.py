@@ -426,6 +426,7 @@ class Services:
             events=self.events,
             metrics=self.metrics,
             host=host,
+            policy=gpu.placement,
         )
         return arbiter
 

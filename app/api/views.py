@@ -479,7 +479,7 @@ def status_view(services: Services) -> Json:
     for name, backend in services.backends.items():
         planned = None
         if profile is not None:
-            key = (backend.config.host_name, backend.config.gpus[0])
+            key = (backend.config.host_name, backend.memory.gpus[0])
             planned = profile.planned_mib(name, totals.get(key))
         view = BackendView.of(backend)
         backends.append({**backend_view(view), "vram": backend_vram_view(view, planned)})

@@ -34,7 +34,7 @@ def cache_warnings(
             env = {**environ, **runtime.env}
             found += [f"backends.{name}: {w}" for w in process_warnings(env)]
         elif isinstance(runtime, DockerRuntimeConfig) and backend.host_name == LOCAL_HOST:
-            docker[name] = runtime.container
+            docker[name] = runtime.container_on(None)
     if docker:
         found += asyncio.run(_containers(settings, docker, docker_transport))
     return found

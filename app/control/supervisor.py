@@ -100,7 +100,7 @@ class Supervisor:
             host = self._hosts.get(backend.config.host_name)
             monitor = None if host is None else host.monitor
             snapshot = None if monitor is None else monitor.snapshot
-            stats = None if snapshot is None else snapshot.gpu(backend.config.gpus[0])
+            stats = None if snapshot is None else snapshot.gpu(backend.memory.gpus[0])
             total = None if stats is None else stats.total_mib
             chosen = None if profile is None else profile.models.get(name)
             backend.memory.plan(

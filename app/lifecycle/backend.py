@@ -255,7 +255,7 @@ class Backend:
         try:
             async with admitted:
                 level = self.memory.admitted()  # counted on its GPUs from now on
-                await self.server.launch(wake=wake, level=level)
+                await self.server.launch(wake=wake, level=level, gpus=self.memory.gpus)
                 await self.server.wait_healthy(self.config.start_timeout_s)
             if not wake or self._served.learned is None:  # a wake: the same server as before
                 await self.learn(self.config.served_model)  # before ready: routes its first request
@@ -266,7 +266,7 @@ class Backend:
                 self.last_start_s = duration
                 if self.server.loaded_weights_gib is not None:  # the host RAM a sleep holds
                     per_gpu = self.server.loaded_weights_gib * 2**30
-                    self.memory.record_loaded_weights(round(per_gpu * len(self.config.gpus)))
+                    self.memory.record_loaded_weights(round(per_gpu * len(self.memory.gpus)))
                 self.requests.leases.touch()
                 self.watcher.backoff.reset()
                 self._set_state(BackendState.READY, None)
@@ -484,15 +484,16 @@ class Backend:
         """At gateway start: take over a server that is already running (it outlived a
         previous gateway), without an admission check since its memory is already in
         use. Leaves a server that is not running stopped."""
-        may_sleep = self.memory.may_have_slept
-        running, asleep = await self.server.found_running(may_sleep=may_sleep)
-        if not running:
+        found = await self.server.found_running(may_sleep=self.memory.may_have_slept)
+        if not found.running:
             return
-        level = await self.server.asleep_level() if asleep else None
+        level = await self.server.asleep_level() if found.asleep else None
         async with self._lock:
             if self.state is not BackendState.STOPPED:
                 return
-            if asleep:
+            if found.gpus is not None and found.gpus != self.memory.gpus:
+                self.memory.place(found.gpus, "found running there at gateway start")
+            if found.asleep:
                 # `level` from its /metrics; None (not known): its wake reloads the weights.
                 self.memory.found_asleep(level)
                 known = "" if level is None else f" (level {level})"

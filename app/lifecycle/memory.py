@@ -1,5 +1,8 @@
 """A backend's memory (`Backend.memory`): what it holds, on its GPUs and (asleep) in host RAM.
 
+- Where: `gpus`, the GPUs it is placed on (its `gpus:` list; chosen at each start with
+  `gpus: auto` or a count: `place`, by admission, which says why in `placed_why`), until
+  its next start places it again (a wake stays where it sleeps).
 - On its GPUs: `footprint` (what admission counts: `vram_mib`, a GPU profile's share, or
   the planner's estimate; the supervisor keeps it current, `plan`), `measured_mib` (what
   the probe saw its last start take), and while asleep `asleep_mib` and `asleep_level`.
@@ -32,6 +35,9 @@ class Memory:
         self._backend = backend
         config = backend.config
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
+        # Where it is (or was last, or goes first: without admission, the first N GPUs).
+        self.gpus: tuple[int, ...] = config.first_gpus
+        self.placed_why = "gpus: in its config" if config.fixed_gpus else "not placed yet"
         # What admission counts for it: `vram_mib`, else the active profile's share, else
         # the planner's estimate from its model description (the supervisor keeps it current).
         self._footprint: Footprint | None = (
@@ -56,6 +62,10 @@ class Memory:
         self._yield_method_override: str | None = None
         # Its sleeps since its last cold start, for the sleep guard (app.lifecycle.sleep_guard).
         self.sleeps = SleepHistory()
+
+    def place(self, gpus: tuple[int, ...], why: str) -> None:
+        """Admission put its start on `gpus` (`why`: "GPU 1: 18.2 GiB free, pack")."""
+        self.gpus, self.placed_why = gpus, why
 
     def admitted(self) -> int | None:
         """Its start or wake was admitted: counted on its GPUs, its whole footprint again;

@@ -20,7 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final
 
 from app.errors import PORT_IN_USE_REASON
@@ -44,6 +44,15 @@ READINESS_POLL_S: Final = 0.05  # /health while starting: a refused connection i
 STATUS_POLL_S: Final = 0.5
 RECENT_LINES: Final = 200  # of a start's output, kept to explain its failure
 OUTPUT_GRACE_S: Final = 2.0  # after its exit, for the rest of its output to be read
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A server found at gateway start: running, asleep, on which GPUs (None: not known)."""
+
+    running: bool
+    asleep: bool = False
+    gpus: tuple[int, ...] | None = None
 
 
 class StartFailed(Exception):
@@ -178,11 +187,13 @@ class Server:
         self.runtime_detail = status.detail
         return None if status.running else status
 
-    async def launch(self, *, wake: bool, level: int | None = None) -> None:
-        """Start the server, or wake it from sleep mode at `level` (None: not known; see
-        `VllmClient.wake_up`). Raises `RuntimeFailure` or `StartFailed`."""
+    async def launch(
+        self, *, wake: bool, level: int | None = None, gpus: tuple[int, ...] = (0,)
+    ) -> None:
+        """Start the server on `gpus`, or wake it from sleep mode at `level` (None: not
+        known; see `VllmClient.wake_up`). Raises `RuntimeFailure` or `StartFailed`."""
         if not wake:
-            await self.runtime.start()
+            await self.runtime.start(gpus)
             await self._watch_output()
             return
         try:
@@ -381,23 +392,25 @@ class Server:
         self._sleeps.labels(self.name, outcome, reason).inc()
         return outcome
 
-    async def found_running(self, *, may_sleep: bool) -> tuple[bool, bool]:
-        """At gateway start: (runs, asleep) for a server that may have outlived an earlier
-        gateway. Asleep is only asked when it `may_sleep`; unknown counts as not running."""
+    async def found_running(self, *, may_sleep: bool) -> Found:
+        """At gateway start: whether a server that may have outlived an earlier gateway
+        runs, asleep or not, and where. Asleep is only asked when it `may_sleep`; unknown
+        counts as not running."""
         try:
             status = await self.runtime.status()
         except RuntimeFailure as exc:
             logger.warning("cannot tell whether it runs backend=%s error=%s", self.name, exc)
-            return False, False
+            return Found(running=False)
         if not status.running:
-            return False, False
+            return Found(running=False)
         logger.info("adopting running server backend=%s detail=%s", self.name, status.detail)
         if not may_sleep:
-            return True, False
+            return Found(running=True, gpus=status.gpus)
         try:
-            return True, await self.vllm.is_sleeping()
+            asleep = await self.vllm.is_sleeping()
         except ControlError:
-            return True, False  # no sleep mode, or not answering yet: treat it as awake
+            asleep = False  # no sleep mode, or not answering yet: treat it as awake
+        return Found(running=True, asleep=asleep, gpus=status.gpus)
 
     async def asleep_level(self) -> int | None:
         """At gateway start, for a server found asleep: the level it sleeps at, as its

@@ -129,7 +129,7 @@ def backend_instance(
     planned = resolve(config.model_info, config.hf_config)
     if planned is None:
         return None
-    return instance_spec(planned, gpus=len(config.gpus), name=name, cuda_graphs=cuda_graphs)
+    return instance_spec(planned, gpus=config.gpu_count, name=name, cuda_graphs=cuda_graphs)
 
 
 def footprint_of(spec: InstanceSpec, plan: InstancePlan | None) -> Footprint:

@@ -78,7 +78,9 @@ class PlannedBackend(Protocol):
     @property
     def lifecycle(self) -> str: ...
     @property
-    def gpus(self) -> Sequence[int]: ...
+    def gpu_count(self) -> int: ...  # its tensor-parallel size
+    @property
+    def first_gpus(self) -> Sequence[int]: ...  # where a profile plans it
     @property
     def vram_mib(self) -> int | None: ...
     @property

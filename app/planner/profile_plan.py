@@ -158,8 +158,8 @@ def vllm_command(
     port = urlsplit(config.url).port
     if port is not None:
         argv += ["--port", str(port)]
-    if len(config.gpus) > 1:
-        argv += ["--tensor-parallel-size", str(len(config.gpus))]
+    if config.gpu_count > 1:
+        argv += ["--tensor-parallel-size", str(config.gpu_count)]
     argv += plan.flags
     if planned.kv_dtype_flag is not None:
         argv += ["--kv-cache-dtype", planned.kv_dtype_flag]
@@ -226,18 +226,18 @@ def _plan(
         footprint = planned_footprint_mib(
             config, gpu_total_mib=total_mib, profile_planned_mib=share
         )
-        unplanned.append(Unplanned(backend, tuple(config.gpus), footprint))
+        unplanned.append(Unplanned(backend, tuple(config.first_gpus), footprint))
 
     instances: list[PlannedInstance] = []
     gpu_plans: list[GpuPlan] = []
-    used_gpus = sorted({gpu for backend in order for gpu in settings.backends[backend].gpus})
+    used_gpus = sorted({gpu for backend in order for gpu in settings.backends[backend].first_gpus})
     for gpu in used_gpus:
         held = sum(
             item.footprint.mib * MIB
             for item in unplanned
             if item.footprint is not None and gpu in item.gpus
         )
-        here = [(b, p) for b, p in described if gpu in settings.backends[b].gpus]
+        here = [(b, p) for b, p in described if gpu in settings.backends[b].first_gpus]
         gpu_plan, planned_here = _plan_gpu(settings, profile, gpu, here, held, total_bytes)
         gpu_plans.append(gpu_plan)
         instances.extend(planned_here)
@@ -368,7 +368,7 @@ def _spec(
     vram_pct = chosen.vram_pct if chosen is not None else None
     return instance_spec(
         planned,
-        gpus=len(config.gpus),
+        gpus=config.gpu_count,
         name=backend,
         cuda_graphs=chosen.cuda_graphs if chosen is not None else None,
         gpu_memory_utilization=None if vram_pct is None else vram_pct / 100,

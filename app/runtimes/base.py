@@ -56,6 +56,9 @@ class RuntimeStatus:
     detail: str = ""
     ready: bool | None = None
     stopped_by_owner: bool = False
+    # The GPUs the running server was started on, when the runtime knows (a placement's
+    # container, a process's record): where a server found at gateway start is.
+    gpus: tuple[int, ...] | None = None
 
 
 class Runtime(Protocol):
@@ -65,8 +68,11 @@ class Runtime(Protocol):
     # False: it outlives the gateway and is adopted when the gateway starts again.
     stop_on_shutdown: bool
 
-    async def start(self) -> None:
-        """Start the server; return once it was launched (not once it is ready).
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
+        """Start the server on `gpus` (where admission placed it: the process runtime
+        shows the child only those, the docker runtime starts the placement's container,
+        Kubernetes lets the cluster place it); return once it was launched (not once it is
+        ready).
 
         Starting a server that already runs is not an error."""
 

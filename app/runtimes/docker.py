@@ -41,12 +41,16 @@ class DockerRuntime:
         self._api = api
         self._config_key = f"backends.{backend}.runtime.container"
         self._fresh = True  # the last start started it (its earlier output is another run's)
+        # The container it runs (with placements: the last one started).
+        self._container = config.container_on(None)
 
     @property
     def container(self) -> str:
-        return self._config.container
+        return self._container
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
+        if self._config.placements is not None:
+            self._container = self._config.container_on(tuple(sorted(gpus)))
         already_running = await self._api.start(self.container, config_key=self._config_key)
         self._fresh = not already_running
         logger.info(

@@ -13,7 +13,7 @@ class ExternalRuntime:
     def __init__(self, url: str) -> None:
         self._url = url
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
         return None
 
     async def stop(self) -> None:

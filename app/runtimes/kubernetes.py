@@ -186,7 +186,7 @@ class KubernetesRuntime:
     def _external(self) -> bool:
         return self._config.scale == "external"
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:  # the cluster places it
         self.endpoints.ensure_running()
         replicas = _replicas(await self._scale())
         if self._external:

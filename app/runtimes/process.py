@@ -64,6 +64,7 @@ from app.runtimes.process_record import (
     verdict,
 )
 from app.settings import ProcessRuntimeConfig
+from app.settings.placement import child_gpus_env
 from app.tasks import spawn
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class ProcessRuntime:
             return self._adopted.pid
         return self._proc.pid if self._proc is not None else None
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
         if self._proc is not None and self._proc.returncode is None:
             return
         if self._adopted is not None and same_process(self._adopted, observe(self._adopted.pid)):
@@ -157,7 +158,7 @@ class ProcessRuntime:
         try:
             self._proc = await start_child(  # off the loop (`app.runtimes.child`)
                 command,
-                env=self._env,
+                env=child_gpus_env(gpus, self._env),  # it sees only where it was placed
                 cwd=self._config.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=write_end,
@@ -173,7 +174,7 @@ class ProcessRuntime:
             os.close(write_end)  # the server has it now (or nobody: the relay ends)
             os.close(read_end)
         logger.info("process started backend=%s pid=%d", self._backend, self._proc.pid)
-        self._record(self._proc.pid, tuple(command))
+        self._record(self._proc.pid, tuple(command), gpus)
         self._begin_tail()
 
     async def _start_relay(self) -> tuple[int, int]:
@@ -216,7 +217,7 @@ class ProcessRuntime:
                          self._backend, host, port)  # fmt: skip
             raise PortInUse(port_in_use_message(self._backend, host, port))
 
-    def _record(self, pid: int, cmdline: tuple[str, ...]) -> None:
+    def _record(self, pid: int, cmdline: tuple[str, ...], gpus: tuple[int, ...]) -> None:
         """`cmdline`: the argv it was started with, kept for logs (not what /proc shows:
         a `#!` script reads as its interpreter, then the script; and read now, the exec
         races this call). The start time is what identifies it."""
@@ -233,6 +234,7 @@ class ProcessRuntime:
                 port=self._port,
                 launch=self._launch,
                 stop_grace_s=self._config.stop_grace_s,
+                gpus=gpus,
             )
         )
 
@@ -318,7 +320,9 @@ class ProcessRuntime:
 
     def _adopted_status(self, record: ProcessRecord) -> RuntimeStatus:
         if same_process(record, observe(record.pid)):
-            return RuntimeStatus(running=True, detail=f"pid {record.pid} (adopted)")
+            return RuntimeStatus(
+                running=True, detail=f"pid {record.pid} (adopted)", gpus=record.gpus
+            )
         self._adopted = None
         self._book.drop(self._backend)
         # Not our child: its exit code went to whoever reaped it.

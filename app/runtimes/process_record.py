@@ -49,9 +49,12 @@ class ProcessRecord:
     port: int | None
     launch: str  # `launch_hash` of the backend's config when it was started
     stop_grace_s: float  # SIGTERM, then this long, then SIGKILL
+    # The GPUs it was shown (CUDA_VISIBLE_DEVICES); None: a record of an earlier version.
+    gpus: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "cmdline": list(self.cmdline)}
+        gpus = None if self.gpus is None else list(self.gpus)
+        return {**asdict(self), "cmdline": list(self.cmdline), "gpus": gpus}
 
     @classmethod
     def from_json(cls, data: object) -> ProcessRecord | None:
@@ -68,10 +71,19 @@ class ProcessRecord:
                 port=None if data["port"] is None else int(data["port"]),
                 launch=str(data["launch"]),
                 stop_grace_s=float(data["stop_grace_s"]),
+                gpus=_gpus(data.get("gpus")),
             )
         except (KeyError, TypeError, ValueError):
             return None
         return record if record.pid > 1 else None
+
+
+def _gpus(value: object) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(g, int) for g in value):
+        raise ValueError(f"gpus: {value!r}")
+    return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from app.settings.endpoints import (
 )
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
+from app.settings.placement import GpusSpec, check_runtime_gpus, command_tp, gpu_count
 from app.settings.runtimes import (
     ExternalRuntimeConfig,
     KubernetesRuntimeConfig,
@@ -245,8 +246,20 @@ class BackendConfig(StrictConfig):
     vram_mib: PositiveInt | None = Field(
         None, description="Its expected footprint per GPU in MiB, for admission."
     )
-    gpus: list[NonNegativeInt] = Field(
-        default_factory=lambda: [0], min_length=1, description="The GPU indexes it occupies."
+    # A list: those GPUs; `auto` or a count: chosen at each start (app.settings.placement).
+    gpus: GpusSpec = Field(
+        default_factory=lambda: [0],
+        description=(
+            "The GPU indexes it occupies; auto (or a count): chosen at each start among its "
+            "host's GPUs with room."
+        ),
+    )
+    tensor_parallel_size: PositiveInt | None = Field(
+        None,
+        description=(
+            "GPUs one instance spreads over (vLLM's --tensor-parallel-size); null: as its "
+            "command or gpus: says."
+        ),
     )
     start_timeout_s: PositiveFloat = Field(
         300.0, description="Its health check must answer 200 within this after a start."
@@ -439,8 +452,7 @@ class BackendConfig(StrictConfig):
         clash = sorted(set(self.adapters) & {*self.models, *self.aliases})
         if clash:
             raise ValueError(f"adapters: {', '.join(clash)} is also a model id or alias here")
-        if len(set(self.gpus)) != len(self.gpus):
-            raise ValueError(f"gpus: lists a GPU twice: {self.gpus}")
+        check_runtime_gpus(self.gpus, self.tensor_parallel_size, self.runtime)
         resolve(self.model_info, self.hf_config)  # a description must be usable
         return self
 
@@ -465,6 +477,21 @@ class BackendConfig(StrictConfig):
     def host_name(self) -> str:
         """The host whose GPUs it uses (`local`: the gateway's own machine)."""
         return self.host or LOCAL_HOST
+
+    @property
+    def fixed_gpus(self) -> tuple[int, ...] | None:
+        """The GPUs it always uses (`gpus:` a list); None: chosen at each start."""
+        return tuple(self.gpus) if isinstance(self.gpus, list) else None
+
+    @property
+    def first_gpus(self) -> tuple[int, ...]:
+        """Its `gpus:` list, else its first N GPUs (where a GPU profile plans it)."""
+        return self.fixed_gpus or tuple(range(self.gpu_count))
+
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs one instance of it uses (its tensor-parallel size)."""
+        return gpu_count(self.gpus, self.tensor_parallel_size or command_tp(self.runtime))
 
     @property
     def gpus_accounted(self) -> bool:
@@ -493,7 +520,7 @@ class BackendConfig(StrictConfig):
         if planned is not None:
             return planned.weight_bytes
         if self.vram_mib is not None:
-            return self.vram_mib * len(self.gpus) * 1024 * 1024
+            return self.vram_mib * self.gpu_count * 1024 * 1024
         return None
 
     @property

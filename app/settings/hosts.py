@@ -240,6 +240,14 @@ class GpuConfig(StrictConfig):
             "simulated; prometheus: dcgm-exporter via Prometheus; none: no admission."
         ),
     )
+    # Where a backend with `gpus: auto` (or a count) goes at each start (app.vram.choose).
+    placement: Literal["pack", "spread"] = Field(
+        "pack",
+        description=(
+            "gpus: auto: pack fills one GPU before the next (whole GPUs stay free for games and "
+            "big models); spread puts a start on the GPUs with the most free memory."
+        ),
+    )
     poll_interval_s: PositiveFloat = Field(1.0, description="How often the GPUs are sampled.")
     sample_timeout_s: PositiveFloat = Field(
         2.0, description="Timeout of one sample of every GPU (NVML can hang)."
@@ -490,10 +498,15 @@ def _gpus_problem(backend: str, cfg: BackendConfig, host: str, gpu: GpuConfig) -
     """On a simulated GPU, a backend's `gpus:` must be among the `gpu.sim.count` there."""
     if gpu.probe != "sim" or not cfg.gpus_accounted:
         return None
-    missing = [g for g in cfg.gpus if g >= gpu.sim.count]
+    where = "gpu.sim.count" if host == LOCAL_HOST else f"hosts.{host}.gpu.sim.count"
+    if cfg.gpu_count > gpu.sim.count:
+        return (
+            f"backends.{backend}.gpus: {cfg.gpu_count} GPUs at once, but host {host!r} has "
+            f"{gpu.sim.count} ({where})"
+        )
+    missing = [g for g in cfg.fixed_gpus or () if g >= gpu.sim.count]
     if not missing:
         return None
-    where = "gpu.sim.count" if host == LOCAL_HOST else f"hosts.{host}.gpu.sim.count"
     return (
         f"backends.{backend}.gpus: GPU {missing[0]} does not exist on host "
         f"{host!r} ({where} is {gpu.sim.count})"

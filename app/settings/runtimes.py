@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import (
     Field,
+    NonNegativeInt,
     PositiveFloat,
     model_validator,
 )
@@ -49,6 +50,15 @@ class ProcessRuntimeConfig(StrictConfig):
     )
 
 
+class DockerPlacement(StrictConfig):
+    """One created container of a Docker backend and the GPUs it was created with."""
+
+    gpus: list[NonNegativeInt] = Field(
+        min_length=1, description="The GPUs the container was created with (--gpus device=...)."
+    )
+    container: str = Field(min_length=1, description="The container's name.")
+
+
 class DockerRuntimeConfig(StrictConfig):
     """An existing container, started and stopped through the Docker Engine API.
 
@@ -61,13 +71,55 @@ class DockerRuntimeConfig(StrictConfig):
             "docker: an existing container, started and stopped through the Docker Engine API."
         )
     )
-    container: str = Field(
-        min_length=1, description="The container's name (create it with compose)."
+    container: str | None = Field(
+        None,
+        min_length=1,
+        description="The container's name (create it with compose); or give placements.",
+    )
+    # One created container per set of GPUs: the backend's `gpus: auto` (or a count) is
+    # chosen among them at each start (app.settings.placement).
+    placements: list[DockerPlacement] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Containers created on different GPUs (--gpus device=N): the gateway starts the one "
+            "whose GPUs have room; with gpus: auto."
+        ),
     )
     # Bounded: socket proxies cut requests after 10 minutes, and a stop call lasts `t`.
     stop_timeout_s: Annotated[int, Field(ge=0, le=300)] = Field(
         30, description="Docker's `t`: seconds after SIGTERM before the engine kills the container."
     )
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DockerRuntimeConfig:
+        if self.container is not None and self.placements is not None:
+            raise ValueError("give container: or placements:, not both")
+        if self.container is None and self.placements is None:
+            raise ValueError(
+                "container: is required (the container's name), or placements: (one created "
+                "container per set of GPUs)"
+            )
+        return self
+
+    def container_on(self, gpus: tuple[int, ...] | None) -> str:
+        """The container to run on `gpus` (sorted; None: the one container)."""
+        if self.container is not None:
+            return self.container
+        assert self.placements is not None  # one of the two (`_one_way`)
+        if gpus is None:
+            return self.placements[0].container
+        for placement in self.placements:
+            if tuple(sorted(placement.gpus)) == gpus:
+                return placement.container
+        raise KeyError(gpus)
+
+    @property
+    def containers(self) -> list[str]:
+        """Every container it may run."""
+        if self.placements is None:
+            return [self.container] if self.container else []
+        return [p.container for p in self.placements]
 
 
 class KubernetesRuntimeConfig(StrictConfig):

@@ -534,7 +534,11 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     p.add_argument(
         "--gpu", dest="gpus", type=_gpu_list, action="extend", metavar="N",
         help="GPU index(es) the footprint is on, each in full; repeatable or comma list "
-        "(default: 0)",
+        "(default: the first --tensor-parallel-size of CUDA_VISIBLE_DEVICES, else from 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+        help="vLLM's flag: the GPUs one instance spreads over (each holds --vram-mib)",
     )  # fmt: skip
     p.add_argument(
         "--enable-sleep-mode", action="store_true",
@@ -581,8 +585,36 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     if ns.num_labels < 1:
         p.error("--num-labels must be at least 1")
     kwargs["models"] = kwargs["models"] or ["fake-model"]
-    kwargs["gpus"] = list(dict.fromkeys(kwargs["gpus"] or [0]))
+    kwargs["gpus"] = _placed(p, ns.gpus, ns.tensor_parallel_size, os.environ.get(VISIBLE))
+    del kwargs["tensor_parallel_size"]
     return FakeConfig(**kwargs)
+
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+def _placed(
+    p: argparse.ArgumentParser, gpus: list[int] | None, tp: int, visible_env: str | None
+) -> list[int]:
+    """The (physical) GPUs the fake holds memory on: `--gpu`, else the first `tp` of
+    `CUDA_VISIBLE_DEVICES` (as a CUDA process sees them), else 0.. `tp`-1. A tensor-parallel
+    size beyond the visible GPUs fails as vLLM's does (vllm/config/parallel.py)."""
+    if tp < 1:
+        p.error("--tensor-parallel-size must be at least 1")
+    visible = None
+    if visible_env is not None:
+        try:
+            visible = [int(part) for part in visible_env.split(",") if part.strip()]
+        except ValueError:
+            p.exit(1, f"RuntimeError: {VISIBLE}={visible_env!r}: not GPU indexes\n")
+    if visible is not None and tp > len(visible):
+        p.exit(1, f"ValueError: World size ({tp}) is larger than the number of available "
+                  f"GPUs ({len(visible)}) in this node.\n")  # fmt: skip
+    if gpus:
+        if visible is not None and not set(gpus) <= set(visible):
+            p.exit(1, f"RuntimeError: --gpu {gpus} is not visible ({VISIBLE}={visible_env})\n")
+        return list(dict.fromkeys(gpus))
+    return visible[:tp] if visible is not None else list(range(tp))
 
 
 def main(argv: list[str] | None = None) -> None:

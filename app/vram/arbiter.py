@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -53,14 +53,16 @@ from app.gpu.poller import GpuMonitor
 from app.gpu.telemetry import GpuSnapshot, free_mib
 from app.lifecycle.admission import AdmissionRefused, Claimant, Freed, StartUnwanted, wake_mib
 from app.lifecycle.blocks import BlockKind
-from app.lifecycle.load import WAITING_FOR_TURN
 from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore
 from app.settings.base import LOCAL_HOST
+from app.vram.choose import Policy, candidate_sets, choose
+from app.vram.gpu_locks import GpuLocks
 from app.vram.holders import holders, residents
 from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
 from app.vram.residency import IdleSignal, may_evict, turn_text, wait_for_starts, wait_out
+from app.vram.sleep_meter import SleepMeter
 from app.vram.tenant import Tenant
 from app.vram.zone_book import ZoneBook
 from app.vram.zones import Zone, gpu_name
@@ -68,8 +70,6 @@ from app.vram.zones import Zone, gpu_name
 logger = logging.getLogger(__name__)
 
 RECLAIM_POLL_S: Final = 0.25
-# A GPU with this much free or less is full: its used memory is no measure of a sleep.
-FULL_MIB: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +89,13 @@ class VramArbiter:
         events: EventLog | None = None,
         metrics: LifecycleMetrics | None = None,
         host: str = LOCAL_HOST,
+        policy: Policy = "pack",
     ) -> None:
         """`gpus` None: no GPU telemetry, so admission is off (every start is allowed).
         `host`: the machine whose GPUs these are (its zones are saved in their own section
         of the state file, and refusals name it)."""
         self.host = host
+        self.policy: Policy = policy  # where `gpus: auto` starts go (app.vram.choose)
         self._events = events
         self.book = ZoneBook(store, host=host, events=events)  # its zones, kept and saved
         self._backends: Mapping[str, Tenant] = {}  # this host's (`attach`)
@@ -101,10 +103,8 @@ class VramArbiter:
         self._metrics = metrics
         self.probe_name = "none" if gpus is None else gpus.name
         self._reclaim_timeout_s = reclaim_timeout_s
-        self._gpu_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._lock_holders: dict[int, str] = {}  # GPU -> whose its lock is: "b's start"
-        # Sleeps are measured one at a time, so one's window does not see another's.
-        self._measuring = asyncio.Lock()
+        self._locks = GpuLocks(self._gpu)  # the turns on its GPUs
+        self._sleeps = SleepMeter(self.read_gpus, self._gpu)  # what sleeps free
         # A backend went idle: a start waiting for an equal's turn plans again at once.
         self._idle = IdleSignal()
         # The backends whose admission is under way (not yet admitted): their start is
@@ -137,7 +137,7 @@ class VramArbiter:
         for backend in self._backends.values():
             mib = backend.memory.held_mib if measured else backend.memory.counted_mib
             if backend.memory.holds_vram and mib:
-                for gpu in backend.config.gpus:
+                for gpu in backend.memory.gpus:
                     held[gpu] += mib
         return dict(held)
 
@@ -169,29 +169,35 @@ class VramArbiter:
         """Hold the backend's GPUs for its start, first making room for its `vram_mib`
         (a `wake` from sleep: for what it takes back, its residue being counted already)
         and afterwards record what a start used (`measured_mib`)."""
-        gpus = sorted(backend.config.gpus)
         whose = f"{backend.name}'s {'wake' if wake else 'start'}"
         self._admitting.add(backend.name)
         try:
-            async with self._room(backend, gpus, whose, wake=wake):
+            async with self._room(backend, whose, wake=wake):
                 self._admitting.discard(backend.name)
                 yield
         finally:
             self._admitting.discard(backend.name)
 
     @contextlib.asynccontextmanager
-    async def _room(
-        self, backend: Claimant, gpus: list[int], whose: str, *, wake: bool
-    ) -> AsyncIterator[None]:
-        """`admit` but its bookkeeping: room made, GPUs held, what it used measured."""
+    async def _room(self, backend: Claimant, whose: str, *, wake: bool) -> AsyncIterator[None]:
+        """`admit` but its bookkeeping: placed, room made, GPUs held, what it used measured."""
         # Waiting out others' min_resident_s is bounded like the rest of a start.
         deadline = time.monotonic() + backend.config.start_timeout_s
         short_since: float | None = None  # when it first found its memory held by others
+        memory = backend.memory
         while True:
-            async with self._locked(gpus, whose, waiter=backend):
-                memory = backend.memory
+            # Where it goes (`gpus: auto`: chosen by what is known now, then again once it
+            # holds those GPUs' turn: a start that went first may have changed the choice).
+            need = wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
+            gpus, _ = await self._where(backend, wake, need, None)
+            async with self._locks.hold(gpus, whose, waiter=backend):
                 need = wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
                 before = await self.read_gpus()
+                again, why = await self._where(backend, wake, need, before)
+                if again != gpus:
+                    continue  # its GPUs' turn came, but another set is better now
+                if not wake and backend.config.fixed_gpus is None:
+                    memory.place(tuple(gpus), why)
                 wait: _Protected | None = None
                 if need is not None and before is not None:
                     room = dict.fromkeys(gpus, need)
@@ -236,11 +242,44 @@ class VramArbiter:
             else:
                 await wait_out(backend, wait.plan, str(wait), deadline, self._idle)
 
+    async def _where(
+        self, backend: Claimant, wake: bool, need: int | None, reading: GpuSnapshot | None
+    ) -> tuple[list[int], str]:
+        """The GPUs its start goes to, and why: where it is (a fixed `gpus:`, or a wake,
+        which stays where it sleeps), else the set of its size on this host (or of its
+        Docker placements) that `app.vram.choose` picks by `reading` (None: a new one)."""
+        config = backend.config
+        if wake or config.fixed_gpus is not None or self.monitor is None:
+            return sorted(backend.memory.gpus), backend.memory.placed_why
+        reading = reading or await self.read_gpus()
+        present = [] if reading is None else reading.usable_indices
+        placements = config.runtime.placements if config.runtime.kind == "docker" else None
+        sets = candidate_sets(
+            config.gpu_count,
+            present,
+            None if placements is None else [tuple(p.gpus) for p in placements],
+        )
+        if not sets or need is None or reading is None:
+            why = "the first GPUs (no footprint or GPU reading to choose by)"
+            return list(sets[0] if sets else config.first_gpus), why
+        priority = backend.config.priority
+        choice = choose(
+            sets,
+            need,
+            self._admissible_free(reading),
+            self._residents(exclude=backend.name),
+            policy=self.policy,
+            below_priority=priority,
+            equal_priority=priority,
+        )
+        assert choice is not None  # `sets` is not empty
+        return list(choice.gpus), choice.why
+
     def _turn_text(self, gpus: list[int], starting: list[Tenant]) -> str:
         """`waiting for b's start on GPU 0`: the starts under way on `gpus`."""
         return turn_text(
             [
-                (f"{b.name}'s start", [self._gpu(g) for g in b.config.gpus if g in gpus])
+                (f"{b.name}'s start", [self._gpu(g) for g in b.memory.gpus if g in gpus])
                 for b in starting
             ]
         )
@@ -256,7 +295,7 @@ class VramArbiter:
         need = backend.memory.vram_mib
         if snapshot is None or need is None:
             return None
-        return self._fits(dict.fromkeys(backend.config.gpus, need), snapshot)
+        return self._fits(dict.fromkeys(backend.memory.gpus, need), snapshot)
 
     def _fits(self, need: dict[int, int], reading: GpuSnapshot) -> bool:
         """Whether `need` is free now, without evicting or waiting for anything."""
@@ -271,69 +310,16 @@ class VramArbiter:
         if short_since is not None:
             self._metrics.swap_wait.labels(name).observe(time.monotonic() - short_since)
 
-    @contextlib.asynccontextmanager
-    async def measure_sleep(self, backend: Claimant) -> AsyncIterator[Freed]:
-        """Around `POST /sleep`: GPU used before minus after on its first GPU (unknown
-        without readings). Not under the GPU locks: an eviction sleeps its victims while
-        holding them.
-
-        Unknown too when the GPU was full before the sleep (`FULL_MIB` free or less): its
-        reading stops at the total while more is asked for (a game beside the models), and
-        what the sleep frees is taken at once by what waited, so "before minus after"
-        would count the neighbour's memory as the sleeper's (issue 32: 7,607 MiB "held"
-        by a sleeper that kept 1,375)."""
-        freed = Freed()
-        gpu = backend.config.gpus[0]
-        async with self._measuring:
-            before = await self.read_gpus()
-            yield freed
-            after = await self.read_gpus()
-        first_before = None if before is None else before.usable(gpu)
-        first_after = None if after is None else after.usable(gpu)
-        if first_before is None or first_after is None:
-            return
-        if first_before.free_mib <= FULL_MIB:
-            logger.info("sleep not measured: the GPU was full backend=%s gpu=%s used_mib=%d "
-                        "total_mib=%d", backend.name, self._gpu(gpu), first_before.used_mib,
-                        first_before.total_mib)  # fmt: skip
-            return
-        freed.mib = first_before.used_mib - first_after.used_mib
+    def measure_sleep(self, backend: Claimant) -> AbstractAsyncContextManager[Freed]:
+        """Around `POST /sleep`: what its GPU showed freed (`app.vram.sleep_meter`)."""
+        return self._sleeps.measure(backend)
 
     @contextlib.asynccontextmanager
     async def locked(self, gpus: Iterable[int], whose: str) -> AsyncIterator[None]:
         """Hold the locks of `gpus`: no start, eviction or zone grant on them meanwhile.
         `whose`: what holds them, for the starts that wait (`the VRAM yield`)."""
-        async with self._locked(gpus, whose):
+        async with self._locks.hold(gpus, whose):
             yield
-
-    @contextlib.asynccontextmanager
-    async def _locked(
-        self, gpus: Iterable[int], whose: str, *, waiter: Claimant | None = None
-    ) -> AsyncIterator[None]:
-        """Hold the locks of `gpus` for `whose`; a `waiter` (a start) that waits for one
-        says for what meanwhile (`waiting for b's start on GPU 0`)."""
-        taken: list[int] = []
-        try:
-            for gpu in sorted(set(gpus)):  # one order everywhere: no deadlock
-                lock = self._gpu_locks[gpu]
-                if waiter is not None and lock.locked():
-                    with waiter.server.waiting_for_vram(
-                        functools.partial(self._lock_wait_text, gpu), phase=WAITING_FOR_TURN
-                    ):
-                        await lock.acquire()
-                else:
-                    await lock.acquire()
-                taken.append(gpu)
-                self._lock_holders[gpu] = whose
-            yield
-        finally:
-            for gpu in reversed(taken):
-                del self._lock_holders[gpu]
-                self._gpu_locks[gpu].release()
-
-    def _lock_wait_text(self, gpu: int) -> str:
-        whose = self._lock_holders.get(gpu, "another start")  # between two holders
-        return turn_text([(whose, [self._gpu(gpu)])])
 
     async def _make_room(
         self,
@@ -407,7 +393,7 @@ class VramArbiter:
             if b.state is BackendState.STOPPING
             and b.memory.holds_vram
             and b.name != requester
-            and any(g in need for g in b.config.gpus)
+            and any(g in need for g in b.memory.gpus)
         ]
 
     async def _evict(
@@ -536,7 +522,7 @@ class VramArbiter:
         ttl_s: float | None,
         below_priority: int | None,
     ) -> ZoneGrant:
-        async with self._locked([gpu], f"zone {name}"):
+        async with self._locks.hold([gpu], f"zone {name}"):
             now = time.time()
             expires = now + ttl_s if ttl_s is not None else None
             current = self.book.zones.get(name)

@@ -27,7 +27,7 @@ def residents(
     return [
         Resident(
             name=b.name,
-            gpus=tuple(b.config.gpus),
+            gpus=tuple(b.memory.gpus),
             vram_mib=b.memory.counted_mib,
             priority=b.config.priority,
             # A client's keep_alive until unloaded pins it (app.lifecycle.floor).

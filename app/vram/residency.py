@@ -71,7 +71,7 @@ def may_evict(starter: Tenant, victim: Tenant) -> bool:
         victim.lazy
         and victim is not starter
         and victim.config.priority <= starter.config.priority
-        and bool(set(victim.config.gpus) & set(starter.config.gpus))
+        and bool(set(victim.memory.gpus) & set(starter.memory.gpus))
     )
 
 

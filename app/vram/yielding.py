@@ -150,7 +150,7 @@ class VramYield:
         (out of its scope, or failed to stop), in words."""
         holding = []
         for backend in self._backends.values():
-            if request.gpu not in backend.config.gpus or not _holds_memory(backend):
+            if request.gpu not in backend.memory.gpus or not _holds_memory(backend):
                 continue
             if backend.state is BackendState.SLEEPING:
                 continue  # asleep: what it keeps is in the free memory's count
@@ -249,7 +249,7 @@ class VramYield:
         return [
             b
             for b in self._backends.values()
-            if request.gpu in b.config.gpus
+            if request.gpu in b.memory.gpus
             and b.runtime.managed
             and (b.lazy or request.include_pinned)
         ]

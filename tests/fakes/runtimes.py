@@ -52,6 +52,7 @@ class FakeRuntime:
         self.start_called = asyncio.Event()
         self.stop_called = asyncio.Event()
         self.starts = 0
+        self.started_on: list[tuple[int, ...]] = []  # the GPUs of each start
         self.stops = 0
         self.status_calls = 0
         self.running = False
@@ -61,8 +62,9 @@ class FakeRuntime:
         self.stop_error: RuntimeFailure | None = None
         self.status_error: RuntimeFailure | None = None
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
         self.starts += 1
+        self.started_on.append(gpus)
         self.start_called.set()
         await self.start_gate.wait()
         if self.start_error is not None:

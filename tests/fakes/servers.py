@@ -209,13 +209,15 @@ class FakeVllmRuntime:
         if open_at_start:
             self.listening.set()
         self.starts = 0
+        self.started_on: list[tuple[int, ...]] = []  # the GPUs of each start
         self.stops = 0
         self.exit_code: int | None = None
         self._runner: web.AppRunner | None = None
         self._opener: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
         self.starts += 1
+        self.started_on.append(gpus)
         if self._opener is not None:
             return  # already running: like `docker start` of a running container
         self.exit_code = None

@@ -55,12 +55,12 @@ def details(backend: Backend | None) -> Json:
 def footprint_bytes(backend: Backend | None) -> int:
     if backend is None or backend.memory.vram_mib is None:
         return 0
-    return backend.memory.vram_mib * MIB * max(1, len(backend.config.gpus))
+    return backend.memory.vram_mib * MIB * max(1, len(backend.memory.gpus))
 
 
 def held_bytes(backend: Backend) -> int:
     held = backend.memory.held_mib
-    return 0 if held is None else held * MIB * max(1, len(backend.config.gpus))
+    return 0 if held is None else held * MIB * max(1, len(backend.memory.gpus))
 
 
 def tags(

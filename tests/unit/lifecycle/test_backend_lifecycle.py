@@ -33,12 +33,14 @@ class GatedRuntime:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.starts = 0
+        self.started_on: list[tuple[int, ...]] = []  # the GPUs of each start
         self.stops = 0
         self.running = False
         self.code: int | None = None
 
-    async def start(self) -> None:
+    async def start(self, gpus: tuple[int, ...] = (0,)) -> None:
         self.starts += 1
+        self.started_on.append(gpus)
         self.running = True
         await self.gate.wait()
 
