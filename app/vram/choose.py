@@ -11,9 +11,11 @@ set, the usual eviction rules). Then, in this order:
      ties: the lowest GPUs), so whole GPUs stay free for a game or a big model;
    - `spread`: the one with the most free memory (on its fullest GPU), so models share
      no GPU while there is room;
-2. a set that fits by evicting: the one whose victims the usual rules value least (no
-   busy victim before a busy one, then the lower highest priority among them, then fewer
-   victims), then where eviction frees most (the most free after the start);
+2. a set that fits by evicting: one that evicts no busy backend before one that must
+   (a busy victim's requests are drained), then where eviction frees most (the most free
+   on its fullest GPU once the victims are gone and the start runs), then the lower
+   highest priority among the victims, then fewer victims; on that set the victims are
+   the usual rules' (idle first, lower priority, least recently used);
 3. a set that fits once protections end (`min_resident_s`, a busy equal's turn, a
    client's keep_alive): the shortest wait; then one that may fit once starts under way
    end;
@@ -126,7 +128,7 @@ def _victims_cost(
     busy = sum(1 for v in victims if v.busy)
     top = max(v.priority for v in victims)
     after = _free_after(gpus, plan, need_mib, free_mib, by_name)
-    return (busy, top, len(victims), -after, gpus)
+    return (busy, -after, top, len(victims), gpus)
 
 
 def _free_after(
