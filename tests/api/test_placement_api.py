@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.api.test_lifecycle_api import backend_state, lazy, lifecycle_gateway, pinned
 from tests.fakes.processes import free_port
-from tests.fakes.servers import FakeVllmRuntime
+from tests.fakes.servers import FakeVllmRuntime, until_backend
 
 GIB = 1024
 BOX = {"probe": "sim", "sim": {"total_mib": 24 * GIB, "count": 2}}
@@ -110,3 +110,20 @@ async def test_a_yield_of_gpu_1_touches_only_what_sits_there(tmp_path: Path) -> 
         assert (await backend_state(gw, "a"))["state"] == "ready"
         assert runtimes["a"].stops == 0
         await gw.client.post("/vram/restore")
+
+
+async def test_a_server_found_running_is_counted_on_the_gpus_its_runtime_names(
+    tmp_path: Path,
+) -> None:
+    ports, runtimes = fleet("a", "b")
+    await runtimes["a"].start((1,))  # it outlived an earlier gateway, on GPU 1
+    try:
+        backends = {n: auto(ports[n], n, 14 * GIB) for n in ports}
+        async with lifecycle_gateway(backends, runtimes, tmp_path, gpu=BOX) as gw:
+            view = await until_backend(gw, "a", state="ready")
+            assert view["holds_vram"] is True
+            await ask(gw, "b")
+            assert runtimes["b"].started_on == [(0,)]  # GPU 1 is a's
+            assert runtimes["a"].stops == 0
+    finally:
+        await runtimes["a"].stop()

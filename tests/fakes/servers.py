@@ -262,7 +262,8 @@ class FakeVllmRuntime:
     async def status(self) -> RuntimeStatus:
         if self.exit_code is not None:
             return RuntimeStatus(False, self.exit_code, f"exited ({self.exit_code})")
-        return RuntimeStatus(running=self._opener is not None)
+        running = self._opener is not None
+        return RuntimeStatus(running=running, gpus=self.started_on[-1] if running else None)
 
     def describe(self) -> str:
         return f"fake vLLM on port {self.port}"

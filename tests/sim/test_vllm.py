@@ -559,6 +559,25 @@ def test_cli_vram_flags() -> None:
             parse_args(bad)
 
 
+def test_the_fake_holds_memory_on_the_gpus_cuda_shows_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parse_args(["-tp", "2"]).gpus == [0, 1]  # nothing hidden: from 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert parse_args([]).gpus == [1]  # CUDA's device 0 is the first listed
+    assert parse_args(["--tensor-parallel-size", "2"]).gpus == [1, 0]
+    assert parse_args(["--gpu", "0"]).gpus == [0]
+    for bad, said in (
+        (["--tensor-parallel-size", "3"], "ValueError: World size (3) is larger than the "
+         "number of available GPUs (2) in this node."),  # vllm/config/parallel.py's words
+        (["--gpu", "2"], "RuntimeError: --gpu [2] is not visible (CUDA_VISIBLE_DEVICES=1,0)"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            parse_args(bad)
+        assert exited.value.code == 1
+        assert said in capsys.readouterr().err
+
+
 async def test_footprint_follows_sleep_state(
     make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

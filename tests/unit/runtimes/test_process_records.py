@@ -91,6 +91,14 @@ def test_a_record_an_earlier_version_wrote_still_loads() -> None:
     )
 
 
+def test_a_record_keeps_the_gpus_its_process_was_shown() -> None:
+    placed = dataclasses.replace(RECORD, gpus=(1, 0))
+    assert placed.to_json()["gpus"] == [1, 0]
+    assert ProcessRecord.from_json(placed.to_json()) == placed
+    assert ProcessRecord.from_json(RECORD.to_json()) == RECORD  # gpus None: not known
+    assert ProcessRecord.from_json({**placed.to_json(), "gpus": ["x"]}) is None
+
+
 def test_the_same_process_no_longer_wanted_is_stopped() -> None:
     assert verdict(RECORD, SAME, None) is Verdict.STOP  # backend removed
     assert verdict(RECORD, SAME, "hash-2") is Verdict.STOP  # launch settings changed

@@ -31,9 +31,11 @@ def test_pack_fills_the_fuller_gpu_that_still_fits_and_spread_the_emptier() -> N
                     equal_priority=50)  # fmt: skip
     spread = choose([(0,), (1,)], 4 * GIB, room, [], policy="spread", below_priority=50,
                     equal_priority=50)  # fmt: skip
-    assert packed is not None and packed.gpus == (0,)
+    assert packed is not None
+    assert packed.gpus == (0,)
     assert packed.why == "GPU 0: 10.0 GiB free, pack"
-    assert spread is not None and spread.gpus == (1,)
+    assert spread is not None
+    assert spread.gpus == (1,)
     assert spread.why == "GPU 1: 24.0 GiB free, spread"
 
 
@@ -86,7 +88,8 @@ def test_a_higher_priority_holder_is_never_evicted_and_the_refusal_names_the_set
     assert (choice.gpus, choice.plan.evict) == ((0,), ("a",))
     nothing = choose([(1,)], 14 * GIB, free(20 * GIB, 20 * GIB), [a, high], policy="pack",
                      below_priority=50, equal_priority=50)  # fmt: skip
-    assert nothing is not None and not nothing.plan.fits
+    assert nothing is not None
+    assert not nothing.plan.fits
     assert nothing.why == "GPU 1: does not fit"
     assert choose([], GIB, free(0), [], policy="pack", below_priority=50, equal_priority=50) is None
 
@@ -97,4 +100,5 @@ def test_a_protected_holder_is_waited_for_on_the_set_whose_wait_is_shortest() ->
     choice = choose([(0,), (1,)], 14 * GIB, free(20 * GIB, 20 * GIB), [a, b], policy="pack",
                     below_priority=50, equal_priority=50)  # fmt: skip
     assert choice is not None
-    assert choice.gpus == (1,) and choice.plan.wait_s == 5.0
+    assert choice.gpus == (1,)
+    assert choice.plan.wait_s == 5.0
