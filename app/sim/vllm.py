@@ -45,6 +45,7 @@ from aiohttp import web
 
 from app.sim.audio import AudioApi
 from app.sim.config import FakeConfig
+from app.sim.devices import VISIBLE, gpu_list, placed_gpus
 from app.sim.generation import GenerationApi
 from app.sim.messages import MessagesApi
 from app.sim.metrics import CONTENT_TYPE
@@ -432,16 +433,6 @@ def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def _gpu_list(text: str) -> list[int]:
-    try:
-        gpus = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a GPU index list: {text!r}") from None
-    if any(g < 0 for g in gpus):
-        raise argparse.ArgumentTypeError(f"GPU indexes must be >= 0: {text!r}")
-    return gpus
-
-
 def parse_args(argv: list[str] | None = None) -> FakeConfig:
     p = argparse.ArgumentParser(prog="python -m app.sim.vllm", description=__doc__)
     nn_int, nn_float = _non_negative(int), _non_negative(float)
@@ -532,7 +523,7 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
         help="the simulated GPU's ledger directory to report to (default: report nothing)",
     )  # fmt: skip
     p.add_argument(
-        "--gpu", dest="gpus", type=_gpu_list, action="extend", metavar="N",
+        "--gpu", dest="gpus", type=gpu_list, action="extend", metavar="N",
         help="GPU index(es) the footprint is on, each in full; repeatable or comma list "
         "(default: the first --tensor-parallel-size of CUDA_VISIBLE_DEVICES, else from 0)",
     )  # fmt: skip
@@ -585,36 +576,9 @@ def parse_args(argv: list[str] | None = None) -> FakeConfig:
     if ns.num_labels < 1:
         p.error("--num-labels must be at least 1")
     kwargs["models"] = kwargs["models"] or ["fake-model"]
-    kwargs["gpus"] = _placed(p, ns.gpus, ns.tensor_parallel_size, os.environ.get(VISIBLE))
+    kwargs["gpus"] = placed_gpus(p, ns.gpus, ns.tensor_parallel_size, os.environ.get(VISIBLE))
     del kwargs["tensor_parallel_size"]
     return FakeConfig(**kwargs)
-
-
-VISIBLE = "CUDA_VISIBLE_DEVICES"
-
-
-def _placed(
-    p: argparse.ArgumentParser, gpus: list[int] | None, tp: int, visible_env: str | None
-) -> list[int]:
-    """The (physical) GPUs the fake holds memory on: `--gpu`, else the first `tp` of
-    `CUDA_VISIBLE_DEVICES` (as a CUDA process sees them), else 0.. `tp`-1. A tensor-parallel
-    size beyond the visible GPUs fails as vLLM's does (vllm/config/parallel.py)."""
-    if tp < 1:
-        p.error("--tensor-parallel-size must be at least 1")
-    visible = None
-    if visible_env is not None:
-        try:
-            visible = [int(part) for part in visible_env.split(",") if part.strip()]
-        except ValueError:
-            p.exit(1, f"RuntimeError: {VISIBLE}={visible_env!r}: not GPU indexes\n")
-    if visible is not None and tp > len(visible):
-        p.exit(1, f"ValueError: World size ({tp}) is larger than the number of available "
-                  f"GPUs ({len(visible)}) in this node.\n")  # fmt: skip
-    if gpus:
-        if visible is not None and not set(gpus) <= set(visible):
-            p.exit(1, f"RuntimeError: --gpu {gpus} is not visible ({VISIBLE}={visible_env})\n")
-        return list(dict.fromkeys(gpus))
-    return visible[:tp] if visible is not None else list(range(tp))
 
 
 def main(argv: list[str] | None = None) -> None:

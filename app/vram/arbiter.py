@@ -196,7 +196,10 @@ class VramArbiter:
                 again, why = await self._where(backend, wake, need, before)
                 if again != gpus:
                     continue  # its GPUs' turn came, but another set is better now
-                if not wake and backend.config.fixed_gpus is None:
+                if not wake:
+                    if backend.config.fixed_gpus is None or tuple(gpus) != memory.gpus:
+                        logger.info("placed host=%s backend=%s gpus=%s why=%s", self.host,
+                                    backend.name, ",".join(map(str, gpus)), why)  # fmt: skip
                     memory.place(tuple(gpus), why)
                 wait: _Protected | None = None
                 if need is not None and before is not None:
@@ -249,8 +252,12 @@ class VramArbiter:
         which stays where it sleeps), else the set of its size on this host (or of its
         Docker placements) that `app.vram.choose` picks by `reading` (None: a new one)."""
         config = backend.config
-        if wake or config.fixed_gpus is not None or self.monitor is None:
+        if wake:
             return sorted(backend.memory.gpus), backend.memory.placed_why
+        if config.fixed_gpus is not None:
+            return list(config.fixed_gpus), "gpus: in its config"  # in its order: CUDA's
+        if self.monitor is None:
+            return list(config.first_gpus), "its first GPUs (no GPU probe to choose by)"
         reading = reading or await self.read_gpus()
         present = [] if reading is None else reading.usable_indices
         placements = config.runtime.placements if config.runtime.kind == "docker" else None
