@@ -206,7 +206,7 @@ class Reloader:
             built[name].take_over(going[name], leaving=BLOCK_KEY)
             self._register(built[name])
         if plan.restart or plan.removed:
-            # Its per-backend parts (LoRA adapters, token counters) for the new objects.
+            # Its per-backend parts (token counters) for the new objects.
             self._swap(settings, settings, keep=(*plan.unchanged, *plan.in_place))
         # Added backends get the GPU profile's blocks and yield methods (rebuilt ones took
         # them over above; the profile itself needs a restart to change).
@@ -252,7 +252,6 @@ class Reloader:
             replicas=running.replicas,
             rebuilds=services.rebuilds,
         )
-        dispatcher.adapters.update({n: a for n, a in running.adapters.items() if n in keep})
         auth = Authenticator(keys, settings.admin_key, OriginPolicy.from_settings(settings))
         # The swap: no await from here to the end.
         services.registry = registry

@@ -43,7 +43,6 @@ from app.errors import (
     UpstreamError,
     WakeTimeout,
 )
-from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
@@ -98,11 +97,6 @@ class Dispatcher:
         )
         # Backends whose tool refusal was logged (a reload's dispatcher logs afresh).
         self._tool_hinted: set[str] = set()
-        self.adapters = {
-            name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
-            for name, b in backends.items()
-            if b.config.adapters
-        }
 
     def route(self, model: str) -> Route:
         route = self._registry.resolve(model)
@@ -300,11 +294,16 @@ class Dispatcher:
         """Load the LoRA adapter `call` names on `backend` unless it is loaded
         (`app.lifecycle.adapters`); the lease is released if it cannot be."""
         route = call.route
-        loaded = self.adapters.get(backend.name)
-        if route.adapter is None or loaded is None or call.payload.get("model") is None:
+        if (
+            route.adapter is None
+            or not backend.config.adapters
+            or call.payload.get("model") is None
+        ):
             return
         try:
-            await loaded.ensure(route.upstream_model, route.adapter, backend.adapters_epoch)
+            await backend.adapters.ensure(
+                route.upstream_model, route.adapter, backend.adapters_epoch
+            )
         except BaseException as exc:
             lease.release()
             if isinstance(exc, UpstreamError):

@@ -7,13 +7,14 @@ narrow interface to a local backend, after llama-swap's `Process`.
   (`ready_in_s`), its `config`, `state` and `blocks`;
 - for a replica group's pick: its requests in flight or held, its footprint and whether
   it fits now (`admission.fits_now`, which reads it as a `Claimant`);
-- for LoRA adapters: its server's vLLM client and `adapters_epoch`.
+- for LoRA adapters: the adapters loaded on its server (`adapters`) and `adapters_epoch`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.admission import Admission, Claimant
 from app.lifecycle.blocks import Blocks
 from app.lifecycle.key_turns import NO_KEY, KeyShare
@@ -58,6 +59,8 @@ class RoutedBackend(Claimant, Protocol):
     def requests(self) -> Requests: ...
     @property
     def admission(self) -> Admission: ...
+    @property
+    def adapters(self) -> LoadedAdapters: ...
     @property
     def adapters_epoch(self) -> int: ...
     def ready_in_s(self) -> float | None: ...
