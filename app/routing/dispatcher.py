@@ -35,11 +35,13 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from app.errors import (
+    BackendUnavailable,
     EndpointNotServed,
     GatewayError,
     MethodNotAllowed,
     ModelNotFound,
     ResponseNotFound,
+    UnavailableKind,
     UpstreamError,
     WakeTimeout,
 )
@@ -206,7 +208,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return any(self._cloud.serves(entry, api) for entry in chain.entries)
-        return self._backends[route.backend].serving.serves(api)
+        return self._backend(route.backend).serving.serves(api)
 
     def serves_everywhere(self, route: Route, api: Api) -> bool:
         """Whether every target `route` may reach (its backend or replica group, or every
@@ -214,7 +216,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return all(self._cloud.serves(entry, api) for entry in chain.entries)
-        return all(self._backends[name].serving.serves(api) for name in route.members)
+        return all(self._backend(name).serving.serves(api) for name in route.members)
 
     def stored_response(self, response_id: str, key: str | None = None) -> StoredAt:
         """Where a response created through the gateway lives; `ResponseNotFound` if unknown
@@ -271,8 +273,20 @@ class Dispatcher:
                 return exchange
             exchange.finish()
 
+    def _backend(self, name: str) -> RoutedBackend:
+        """The backend `name` is now. A request routed on a plane a reload has replaced
+        since (`app.routing.plane`) may name one the reload removed: refused as the
+        reload's block refused it while it was drained."""
+        backend = self._backends.get(name)
+        if backend is None:
+            raise BackendUnavailable(
+                f"backend {name!r} is disabled by a configuration reload",
+                kind=UnavailableKind.DISABLED,
+            )
+        return backend
+
     async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:
-        backend = self._backends[name]
+        backend = self._backend(name)
         if call.for_target(backend.serving.serves) is None:
             raise not_served(call, name, backend.serving.apis)
         lease = await backend.requests.acquire(notice, priority=call.priority, share=call.share)
