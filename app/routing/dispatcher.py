@@ -35,13 +35,11 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from app.errors import (
-    BackendUnavailable,
     EndpointNotServed,
     GatewayError,
     MethodNotAllowed,
     ModelNotFound,
     ResponseNotFound,
-    UnavailableKind,
     UpstreamError,
     WakeTimeout,
 )
@@ -55,7 +53,7 @@ from app.routing.rebuilds import Rebuilds
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberAttempts, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
-from app.routing.routed import RoutedBackend
+from app.routing.routed import RoutedBackend, removed
 from app.routing.tool_hint import hint, hinted, is_json
 from app.settings.endpoints import Api
 from app.upstreams.http import BufferedResponse
@@ -279,10 +277,7 @@ class Dispatcher:
         reload's block refused it while it was drained."""
         backend = self._backends.get(name)
         if backend is None:
-            raise BackendUnavailable(
-                f"backend {name!r} is disabled by a configuration reload",
-                kind=UnavailableKind.DISABLED,
-            )
+            raise removed(name)
         return backend
 
     async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from app.errors import BackendUnavailable, UnavailableKind
 from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.admission import Admission, Claimant
 from app.lifecycle.blocks import Blocks
@@ -64,3 +65,12 @@ class RoutedBackend(Claimant, Protocol):
     @property
     def adapters_epoch(self) -> int: ...
     def ready_in_s(self) -> float | None: ...
+
+
+def removed(name: str) -> BackendUnavailable:
+    """The refusal of backend `name` when a request meets it after a reload removed it: a
+    request keeps the routing plane it arrived on (`app.routing.plane`), which may name
+    it still. The same answer as the reload's block gave while it was drained."""
+    return BackendUnavailable(
+        f"backend {name!r} is disabled by a configuration reload", kind=UnavailableKind.DISABLED
+    )

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from app.services import Services
 from app.settings import load_settings
-from tests.fakes.servers import Gateway, chat, fake_vllm, gateway
+from tests.fakes.servers import FakeServer, Gateway, chat, fake_vllm, gateway
 
 AGENTS = "sk-agents-1f2e"
 
@@ -30,6 +31,12 @@ def write(config_dir: Path, models: dict[str, Any], keys: dict[str, Any] | None 
     (config_dir / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
     if keys is not None:
         (config_dir / "keys.yaml").write_text(yaml.safe_dump({"keys": keys}, sort_keys=False))
+
+
+async def chats(server: FakeServer) -> int:
+    """The chat requests `server` received."""
+    requests = (await server.stats())["requests"]
+    return sum(r["path"] == "/v1/chat/completions" for r in requests)
 
 
 def services_of(gw: Gateway) -> Services:
@@ -244,3 +251,91 @@ async def test_an_in_place_reload_keeps_the_backends_loaded_adapters(tmp_path: P
             third = await gw.client.post("/v1/chat/completions", json=chat("sql-lora"))
             assert third.status_code == 200, third.text
             assert await loads() == 2
+
+
+class Held:
+    """A chat request for `model` whose body is held half sent: the handler has read the
+    plane (and the key) and waits for the rest until `go_on()`."""
+
+    def __init__(self, gw: Gateway, model: str) -> None:
+        self.reading, self._go_on = asyncio.Event(), asyncio.Event()
+        self._task = asyncio.create_task(
+            gw.client.post(
+                "/v1/chat/completions",
+                content=self._body(model),
+                headers={"content-type": "application/json"},
+            )
+        )
+
+    async def _body(self, model: str) -> AsyncIterator[bytes]:
+        yield b'{"model": "' + model.encode() + b'", '
+        self.reading.set()
+        await self._go_on.wait()
+        yield b'"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+
+    async def answer(self) -> httpx.Response:
+        self._go_on.set()
+        return await asyncio.wait_for(self._task, 10)
+
+
+async def test_a_request_of_an_old_plane_walks_its_chain_past_a_removed_backend(
+    tmp_path: Path,
+) -> None:
+    """The request's chain is its plane's: an entry a reload removed meanwhile is passed
+    over as disabled (`local_disabled`), the next entry serves. The old code routed it on
+    the next plane's chain (no fallback); without the check, a KeyError (500)."""
+    config_dir = tmp_path / "config"
+    async with (
+        fake_vllm(models=["home-model"], max_tokens=2) as home,
+        fake_vllm(models=["gone-model"], max_tokens=2) as gone,
+    ):
+        models: dict[str, Any] = {
+            "backends": {
+                "home": {"url": home.url, "models": ["home-model"], "aliases": ["chained"]},
+                "gone": {"url": gone.url, "models": ["gone-model"]},
+            }
+        }
+        chains = {"chains": {"chained": {"entries": ["gone", "home"]}}}
+        write(config_dir, models)
+        (config_dir / "cloud_providers.yaml").write_text(yaml.safe_dump(chains))
+        async with gateway(load_settings(config_dir)) as gw:
+            held = Held(gw, "chained")
+            await asyncio.wait_for(held.reading.wait(), 10)
+            del models["backends"]["gone"]
+            write(config_dir, models)
+            chains["chains"]["chained"]["entries"] = ["home"]
+            (config_dir / "cloud_providers.yaml").write_text(yaml.safe_dump(chains))
+            assert (await reload(gw))["removed"] == ["gone"]
+            answer = await held.answer()
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-microscheduler-route"] == "home"
+            assert answer.headers["x-microscheduler-fallbacks"] == "1; gone=local_disabled"
+
+
+async def test_a_request_of_an_old_plane_picks_a_replica_the_reload_kept(
+    tmp_path: Path,
+) -> None:
+    """A replica group whose member a reload removed while a request of the old plane
+    waited: the pick leaves the removed member out (not a KeyError, 500)."""
+    config_dir = tmp_path / "config"
+    async with (
+        fake_vllm(models=["shared"], max_tokens=2) as kept,
+        fake_vllm(models=["shared"], max_tokens=2) as gone,
+    ):
+        group = {"models": ["shared"], "replica_of": "pool"}
+        models: dict[str, Any] = {
+            "backends": {
+                "gone": {"url": gone.url, **group},
+                "kept": {"url": kept.url, **group},
+            }
+        }
+        write(config_dir, models)
+        async with gateway(load_settings(config_dir)) as gw:
+            held = Held(gw, "shared")
+            await asyncio.wait_for(held.reading.wait(), 10)
+            del models["backends"]["gone"]
+            write(config_dir, models)
+            assert (await reload(gw))["removed"] == ["gone"]
+            answer = await held.answer()
+            assert answer.status_code == 200, answer.text
+            assert await chats(kept) == 1
