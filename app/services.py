@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from app.access.auth import Authenticator
-from app.access.origins import OriginPolicy
 from app.activity import Activity
 from app.control.schedule import zone
 from app.control.scheduler import Clock, Scheduler, SystemClock
@@ -39,7 +37,6 @@ from app.gpu.prometheus import PrometheusSource
 from app.gpu.sim import SimSource
 from app.gpu.telemetry import GpuSource
 from app.keys.metrics import KeyMetrics
-from app.keys.ring import KeyRing
 from app.lifecycle.admission import Unchecked
 from app.lifecycle.backend import Backend
 from app.lifecycle.load import StartDurations
@@ -49,11 +46,9 @@ from app.lifecycle.served import LearnedRecords
 from app.lifecycle.store import RETRY_FIRST_S, ProcessRecords, StateStore, earlier_shared_state
 from app.metrics import OutputMetrics, PoolMetrics
 from app.notify.notifier import Notifier
-from app.routing.cloud import Cloud, build_cloud
-from app.routing.dispatcher import Dispatcher
+from app.routing.cloud import Cloud
+from app.routing.plane import PlaneInputs, build_plane
 from app.routing.rebuilds import Rebuilds
-from app.routing.registry import Registry
-from app.routing.responses import ResponseIds
 from app.runtimes.base import Runtime
 from app.runtimes.child_env import child_environment
 from app.runtimes.docker import DockerRuntime
@@ -140,7 +135,6 @@ class Services:
         # The last requests (`GET /activity`); the access middleware records them.
         self.activity = activity if activity is not None else Activity(settings.activity_size)
         self.started_at = time.time()
-        self.registry = Registry.from_backends(settings.backends)
         # The control plane's HTTP client (health, sleep mode, scrapes); client requests
         # go through each backend's own `HttpUpstream`.
         self.control_client = async_client(
@@ -154,31 +148,28 @@ class Services:
         self.key_metrics = KeyMetrics(metrics.registry)
         self.relays = OpenRelays()  # ended in-band when the gateway stops (app.main)
         self.loads = OwnedTasks()  # loads a client began without waiting (app.api.model_verbs)
-        self._build_access()
         self._build_clients()
         self._build_store()
         self._build_hosts()
         self._build_loops()
-        self._build_routing()
+        self.rebuilds = Rebuilds()  # the backends a reload is rebuilding: requests wait
+        # What every routing plane of this gateway is built over (the same objects).
+        self.plane_inputs = PlaneInputs(
+            self.backends,
+            metrics,
+            self.key_metrics,
+            self.events,
+            self.rebuilds,
+            self.vllm_load.load_of,
+            self._fell_to_cloud,
+        )
+        # The routing plane (registry, cloud, keys, auth, dispatcher): built here and by a
+        # reload with the one `build_plane`; a reload replaces it in one assignment, and a
+        # request reads it once (`app.api.deps.plane_of`).
+        self.plane = build_plane(settings, self.plane_inputs)
         self.retired: list[Cloud] = []  # clouds a reload replaced: closed with the gateway
-        self.wire_hooks()
         # The configuration running (`/status` config); `app.reload` reloads it.
         self.config_record = ConfigRecord(settings.config_dir, metrics.registry)
-
-    def _build_access(self) -> None:
-        """The client keys (`keys.yaml` and `MICROSCHEDULER_API_KEYS`) and who may ask what."""
-        settings = self.settings
-        providers = settings.cloud_providers.providers if settings.cloud_providers else {}
-        self.keys = KeyRing.build(
-            (key.get_secret_value() for key in settings.api_keys),
-            settings.client_keys,
-            self.key_metrics,
-            [*settings.backends, *providers],
-            on_change=self.events.changed,
-        )
-        self.auth = Authenticator(
-            self.keys, settings.admin_key, OriginPolicy.from_settings(settings)
-        )
 
     def _build_clients(self) -> None:
         """The runtimes' API clients: one Docker client per host that runs docker
@@ -284,33 +275,6 @@ class Services:
             backends=self.backends,
             events=self.events,
         )
-
-    def _build_routing(self) -> None:
-        """The cloud (providers, chains, circuits) and the dispatcher over the backends."""
-        settings = self.settings
-        self.rebuilds = Rebuilds()  # the backends a reload is rebuilding: requests wait
-        self.cloud = build_cloud(
-            settings, self.registry, self.backends, self.metrics, on_event=self.events.record
-        )
-        self.dispatcher = Dispatcher(
-            self.registry,
-            self.backends,
-            self.metrics,
-            self.cloud,
-            ResponseIds(
-                ttl_s=settings.responses_ttl_s,
-                max_ids=settings.responses_max_ids,
-                max_ids_per_key=settings.responses_max_ids_per_key,
-            ),
-            load_of=self.vllm_load.load_of,
-            rebuilds=self.rebuilds,
-        )
-
-    def wire_hooks(self) -> None:
-        """The notifications' hooks on the cloud and the keys (again after a reload)."""
-        self.cloud.on_cloud_fallback = self._fell_to_cloud
-        for key in self.keys.keys:
-            key.on_budget = self.events.record
 
     def _fell_to_cloud(self, **fields: object) -> None:
         # The first per key per hour is an event (and so a notification), not every one.
@@ -524,7 +488,7 @@ class Services:
     async def start(self) -> None:
         self.notifier.start()
         await self.usage.start(
-            self.keys, self.activity, restore_activity=self.settings.store.activity_restore
+            self.plane.keys, self.activity, restore_activity=self.settings.store.activity_restore
         )
         await self.supervisor.start()
         self.scheduler.start()  # after the saved yield and profile are back
@@ -539,7 +503,7 @@ class Services:
         await self.usage.close()  # the last usage and activity written; the store closed
         for backend in self.backends.values():
             await backend.upstream.close()
-        await self.cloud.close()
+        await self.plane.cloud.close()
         for cloud in self.retired:
             await cloud.close()
         await self.control_client.aclose()

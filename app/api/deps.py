@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, Final, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from starlette.requests import HTTPConnection
 
 from app.api.protocol import json_object
 from app.errors import PermissionDenied
 from app.notify.notifier import LOOP_HEADER
+from app.routing.plane import RoutingPlane
 from app.services import Services
 from app.settings.root import is_loopback
 
@@ -28,6 +30,19 @@ def get_services(request: Request) -> Services:
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 
+PLANE_KEY: Final = "microscheduler.plane"  # the request's plane, in its ASGI scope
+
+
+def plane_of(request: HTTPConnection) -> RoutingPlane:
+    """The routing plane this request uses (`app.routing.plane`): the running one, read
+    on the request's first ask and kept in its scope, so its key, route, cloud and
+    dispatcher come from one plane whatever a reload swaps while it runs."""
+    plane: RoutingPlane | None = request.scope.get(PLANE_KEY)
+    if plane is None:
+        services: Services = request.app.state.services
+        plane = request.scope[PLANE_KEY] = services.plane
+    return plane
+
 
 def require_admin(request: Request, services: ServicesDep) -> None:
     """Admin endpoints: the admin key when configured, else loopback clients (naming the
@@ -42,7 +57,7 @@ def require_admin(request: Request, services: ServicesDep) -> None:
             "gateway itself (by another name or through a proxy). Refused, or each post "
             "would act and notify again, in a loop."
         )
-    services.auth.check_admin(headers.get("authorization"), client, headers.get("host"))
+    plane_of(request).auth.check_admin(headers.get("authorization"), client, headers.get("host"))
 
 
 AdminDep = Depends(require_admin)
@@ -55,7 +70,7 @@ def require_metrics_access(request: Request, services: ServicesDep) -> None:
     if settings.metrics_admin_only:
         require_admin(request, services)
     elif is_loopback(settings.host) and not settings.metrics_public:
-        services.auth.check_local_read(request.headers.get("host"))
+        plane_of(request).auth.check_local_read(request.headers.get("host"))
 
 
 MetricsDep = Depends(require_metrics_access)

@@ -40,6 +40,7 @@ from app.anthropic.inbound import (
     tokenize_request,
 )
 from app.anthropic.inbound_stream import error_event, ping_event
+from app.api.deps import plane_of
 from app.api.handlers import JSONBody
 from app.api.openai import client_key, read_body
 from app.api.protocol import (
@@ -124,22 +125,23 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
     `translation` says. A request the translation refuses is refused only when no target
     would take it as sent."""
     services: Services = request.app.state.services
+    plane = plane_of(request)  # one plane for the whole request, across the body's read
     try:
         key = client_key(request, _credentials(request))
         body = await read_body(request, services.settings.max_body_bytes)
         payload = json_object(body)
         model = model_of(payload)
         stream = stream_of(payload) if path == MESSAGES_PATH else False
-        route = services.dispatcher.route(model)
+        route = plane.dispatcher.route(model)
         key.check_model(route.name)
         parsed = ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
         headers = forwardable_request_headers(request.scope["headers"])
         translated: Translated | None = None
-        if not services.dispatcher.serves_everywhere(route, Api.MESSAGES):
+        if not plane.dispatcher.serves_everywhere(route, Api.MESSAGES):
             try:
                 translated = translation(parsed, route, headers)
             except InvalidRequest:
-                if not services.dispatcher.can_serve(route, Api.MESSAGES):
+                if not plane.dispatcher.can_serve(route, Api.MESSAGES):
                     raise
         # Read before the key counts the request: a bad value is a 400 for any model.
         wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
@@ -158,7 +160,7 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         )
     except GatewayError as err:
         return ANTHROPIC.error_response(err)
-    return RelayResponse(services.dispatcher, call, dialect=ANTHROPIC, relays=services.relays)
+    return RelayResponse(plane.dispatcher, call, dialect=ANTHROPIC, relays=services.relays)
 
 
 def _as_chat(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:

@@ -106,11 +106,12 @@ def backend_statuses(backends: Mapping[str, Backend]) -> dict[str, Json]:
     return {name: backend_status(backend) for name, backend in backends.items()}
 
 
-def listed(services: Services, allowed: Callable[[str], bool]) -> Json:
-    """`GET /v1/models` and `GET /models`: the names `allowed`, each with its state."""
+def listed(services: Services, registry: Registry, allowed: Callable[[str], bool]) -> Json:
+    """`GET /v1/models` and `GET /models`: the names of `registry` (the request's plane's)
+    `allowed`, each with its state."""
     statuses = backend_statuses(services.backends)
     return model_list(
-        services.registry,
+        registry,
         services.started_at,
         allowed=allowed,
         max_len=lambda entry: max_model_len_of(entry, services.backends),

@@ -20,10 +20,11 @@ from typing import Final
 
 from starlette.requests import Request
 
-from app.api.deps import require_admin
+from app.api.deps import plane_of, require_admin
 from app.errors import AuthenticationFailed, Conflict, ModelNotFound, PermissionDenied
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState, StopReason
+from app.routing.registry import Registry
 from app.services import Services
 
 logger = logging.getLogger(__name__)
@@ -32,11 +33,13 @@ _AT_REST: Final = frozenset({BackendState.STOPPED, BackendState.SLEEPING, Backen
 _BEGIN_TURNS: Final = 10
 
 
-def lifecycle_target(services: Services, model: str) -> Backend:
-    """The backend `model` names: an id, alias or adapter of one local backend, or the
-    backend's name. 404 for an unknown name; 409 for a replica group (which replica is
-    the client's to say) or a backend the gateway does not manage."""
-    entry = next((e for e in services.registry.entries if e.id == model), None)
+def lifecycle_target(services: Services, model: str, registry: Registry | None = None) -> Backend:
+    """The backend `model` names in `registry` (the request's plane's; None: the running
+    one): an id, alias or adapter of one local backend, or the backend's name. 404 for an
+    unknown name; 409 for a replica group (which replica is the client's to say) or a
+    backend the gateway does not manage."""
+    names = registry if registry is not None else services.plane.registry
+    entry = next((e for e in names.entries if e.id == model), None)
     if entry is not None and entry.group is not None:
         raise Conflict(
             f"model '{model}' is served by the replica group '{entry.group}' "
@@ -62,7 +65,7 @@ def check_lifecycle(request: Request, services: Services, model: str) -> None:
         return
     except (AuthenticationFailed, PermissionDenied):
         pass  # not the admin: a client key may still be allowed
-    key = services.auth.check_client(request.headers.get("authorization"))
+    key = plane_of(request).auth.check_client(request.headers.get("authorization"))
     key.check_model(model)
     if not key.lifecycle:
         raise PermissionDenied(

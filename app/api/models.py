@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from app.api import model_verbs
-from app.api.deps import ServicesDep, json_body, require_admin
+from app.api.deps import ServicesDep, json_body, plane_of, require_admin
 from app.api.middleware import context_of
 from app.api.model_cards import Json, backend_status, backend_statuses, listed, model_status
 from app.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
@@ -70,7 +70,7 @@ def reader_scope(request: Request, services: Services) -> Callable[[str], bool]:
         return lambda _: True
     except (AuthenticationFailed, PermissionDenied):
         pass
-    key = services.auth.check_client(request.headers.get("authorization"))
+    key = plane_of(request).auth.check_client(request.headers.get("authorization"))
     ctx = context_of(request.scope)
     if ctx is not None:
         ctx.key = key.name  # named in the request's access line, as for /v1/models
@@ -80,7 +80,8 @@ def reader_scope(request: Request, services: Services) -> Callable[[str], bool]:
 @router.get("/models")
 async def list_models(request: Request, services: ServicesDep) -> dict[str, Any]:
     """As `GET /v1/models`: each model the caller may use, with its `status`."""
-    return listed(services, reader_scope(request, services))
+    allowed = reader_scope(request, services)
+    return listed(services, plane_of(request).registry, allowed)
 
 
 @router.post("/models/load", openapi_extra=_documented(LoadBody))
@@ -95,7 +96,7 @@ async def load_model(
     if body is None:
         raise InvalidRequest("The body needs 'model': the model to load.", param="model")
     model_verbs.check_lifecycle(request, services, body.model)
-    backend = model_verbs.lifecycle_target(services, body.model)
+    backend = model_verbs.lifecycle_target(services, body.model, plane_of(request).registry)
     await model_verbs.load(services, backend, wait=body.wait)
     return answer(backend, body.model)
 
@@ -110,7 +111,7 @@ async def unload_model(
     if body is None:
         raise InvalidRequest("The body needs 'model': the model to unload.", param="model")
     model_verbs.check_lifecycle(request, services, body.model)
-    backend = model_verbs.lifecycle_target(services, body.model)
+    backend = model_verbs.lifecycle_target(services, body.model, plane_of(request).registry)
     await model_verbs.unload(backend)
     return answer(backend, body.model)
 
@@ -133,11 +134,12 @@ async def model_events(request: Request, services: ServicesDep) -> StreamingResp
 
 
 def statuses(services: Services, allowed: Callable[[str], bool]) -> dict[str, Json]:
-    """Each visible model's status now (a model whose backend is gone left out)."""
+    """Each visible model's status now (a model whose backend is gone left out), by the
+    running plane's names: a stream that outlives a reload lists the new ones."""
     by_backend = backend_statuses(services.backends)
     now = {
         entry.id: model_status(entry, by_backend)
-        for entry in services.registry.entries
+        for entry in services.plane.registry.entries
         if allowed(entry.id)
     }
     return {name: status for name, status in now.items() if status is not None}

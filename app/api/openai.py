@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from app.api.deps import plane_of
 from app.api.middleware import context_of, too_large
 from app.api.model_cards import card, listed
 from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
@@ -25,6 +26,7 @@ from app.jsonwire import json_bytes
 from app.keys.ring import ClientKey
 from app.routing.exchange import Call
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
+from app.routing.plane import RoutingPlane
 from app.routing.registry import Route as RoutedModel
 from app.services import Services
 from app.settings.endpoints import Api
@@ -51,8 +53,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def client_key(request: Request, authorization: str | None) -> ClientKey:
     """The caller's key (401 without a known one), named in the request's access line."""
-    services: Services = request.app.state.services
-    key = services.auth.check_client(authorization)
+    key = plane_of(request).auth.check_client(authorization)
     ctx = context_of(request.scope)
     if ctx is not None:
         ctx.key = key.name
@@ -62,11 +63,12 @@ def client_key(request: Request, authorization: str | None) -> ClientKey:
 def _proxy(endpoint: Endpoint) -> Route:
     async def handle(request: Request) -> Response:
         services: Services = request.app.state.services
+        plane = plane_of(request)  # one plane for the whole request, across the body's read
         key = client_key(request, request.headers.get("authorization"))
         body = await read_body(request, services.settings.max_body_bytes)
         content_type = request.headers.get("content-type", "")
         parsed = parse_request(body, endpoint, content_type)
-        route = services.dispatcher.route(parsed.model)
+        route = plane.dispatcher.route(parsed.model)
         key.check_model(route.name)
         parsed, usage_added = usage_for(key, parsed, endpoint.api)
         # Read before the key counts the request: a bad value is a 400 for any model.
@@ -85,14 +87,14 @@ def _proxy(endpoint: Endpoint) -> Route:
             key=key.admit(),
             usage_added=usage_added,
         )
-        stored = continued(services, parsed, route, key) if endpoint.api is Api.RESPONSES else None
-        return RelayResponse(services.dispatcher, call, stored=stored, relays=services.relays)
+        stored = continued(plane, parsed, route, key) if endpoint.api is Api.RESPONSES else None
+        return RelayResponse(plane.dispatcher, call, stored=stored, relays=services.relays)
 
     return Route(endpoint.path, handle, methods=["POST"], name=f"{endpoint.name}:{endpoint.path}")
 
 
 def continued(
-    services: Services, parsed: ParsedRequest, route: RoutedModel, key: ClientKey
+    plane: RoutingPlane, parsed: ParsedRequest, route: RoutedModel, key: ClientKey
 ) -> tuple[str, str] | None:
     """(previous response id, entry) for a create that continues a response made through
     the gateway (`previous_response_id`): it must reach the entry (replica, chain entry)
@@ -100,7 +102,7 @@ def continued(
     previous = parsed.payload.get("previous_response_id")
     if not isinstance(previous, str):
         return None
-    entry = services.dispatcher.pinned_entry(route, previous, key.name)
+    entry = plane.dispatcher.pinned_entry(route, previous, key.name)
     return None if entry is None else (previous, entry)
 
 
@@ -123,14 +125,15 @@ async def stored_response(request: Request) -> Response:
     (`app.routing.responses`); 404 `response_not_found` for an id it did not create. For a
     local backend (vLLM) DELETE and input_items are answered here (`not_offered`)."""
     services: Services = request.app.state.services
+    plane = plane_of(request)
     key = client_key(request, request.headers.get("authorization"))
     ctx = context_of(request.scope)
     if ctx is not None:
         ctx.endpoint = "responses_stored"
     response_id = request.path_params["response_id"]
-    stored = services.dispatcher.stored_response(response_id, key.name)
+    stored = plane.dispatcher.stored_response(response_id, key.name)
     key.check_model(stored.route.name)
-    if services.dispatcher.is_local(stored.entry):
+    if plane.dispatcher.is_local(stored.entry):
         not_offered(request.method, request.url.path, stored.entry)
     body = await read_body(request, services.settings.max_body_bytes)
     query = request.url.query
@@ -151,7 +154,7 @@ async def stored_response(request: Request) -> Response:
         key=key.admit(),
     )
     return RelayResponse(
-        services.dispatcher, call, stored=(response_id, stored.entry), relays=services.relays
+        plane.dispatcher, call, stored=(response_id, stored.entry), relays=services.relays
     )
 
 
@@ -179,7 +182,7 @@ async def list_models(request: Request) -> Response:
     (`app.api.model_cards`)."""
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
-    body = json_bytes(listed(services, key.allows))
+    body = json_bytes(listed(services, plane_of(request).registry, key.allows))
     return Response(body, media_type="application/json")
 
 
@@ -189,7 +192,7 @@ async def retrieve_model(request: Request) -> Response:
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
     name = request.path_params["model"]
-    entry = next((e for e in services.registry.entries if e.id == name), None)
+    entry = next((e for e in plane_of(request).registry.entries if e.id == name), None)
     if entry is None:
         raise ModelNotFound(name)
     key.check_model(name)

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from app.api.deps import ServicesDep, require_admin
+from app.api.deps import ServicesDep, plane_of, require_admin
 from app.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from app.services import Services
 from app.store.base import UsageQuery
@@ -34,7 +34,7 @@ GroupBy = Literal["model", "key", "route", "day"]
 def reader_scope(request: Request, services: Services) -> str | None:
     """The client key's name when a client key reads (its own rows only); None for the
     admin. Anything else: the admin check's 401 or 403."""
-    auth = services.auth
+    auth = plane_of(request).auth
     header = request.headers.get("authorization")
     if auth.keys.anonymous is None and header:
         try:

@@ -484,6 +484,7 @@ def status_view(services: Services) -> Json:
         view = BackendView.of(backend)
         backends.append({**backend_view(view), "vram": backend_vram_view(view, planned)})
     local = hosts[0]
+    plane = services.plane  # the fallback and the keys of one plane
     return {
         "gateway": {
             "started_at": services.started_at,
@@ -500,9 +501,9 @@ def status_view(services: Services) -> Json:
         # Whether the state file holds what the gateway holds (an ended hold waits for
         # its save to be retried while it does not).
         "state": services.store.status(),
-        "fallback": fallback_view(services.cloud.status()),
+        "fallback": fallback_view(plane.cloud.status()),
         # Client keys: scope, limits and use in this process (names only, never secrets).
-        "keys": [key.view() for key in services.keys.keys],
+        "keys": [key.view() for key in plane.keys.keys],
         "events": services.events.recent(),
         # The configuration running: its files' hash, when and how it was (re)loaded.
         "config": services.config_record.view(),

@@ -29,6 +29,7 @@ import time
 from app.errors import BackendUnavailable, GatewayError, UnavailableKind
 from app.events import EventLog
 from app.lifecycle import admission as rules
+from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.admission import Admission, AdmissionRefused, StartUnwanted, Unchecked
 from app.lifecycle.blocks import BlockKind, Blocks
 from app.lifecycle.load import WAITING_FOR_VRAM, LoadStatus, StartClock, StartDurations
@@ -93,6 +94,7 @@ class Backend:
         # Moves when the server loses what was loaded at runtime (LoRA adapters,
         # app.lifecycle.adapters): stopped, failed, or asleep at any level but 1.
         self.adapters_epoch = 0
+        self.adapters = LoadedAdapters(name, vllm, config.max_loras)  # loaded on its server
         self._metrics = metrics
         self.state = BackendState.STOPPED
         self.reason: str | None = None  # why it is in its state, for errors and /backends

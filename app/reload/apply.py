@@ -11,11 +11,12 @@ A valid one is applied as its plan (`app.reload.plan`) says, in this order:
    then go to it: never to a paid provider, never a 503 for a rebuild.
 2. Backends updated in place get their new config object; added ones are built and
    registered (new names: nothing routes to them yet).
-3. The routing pieces are built anew and swapped at once, with no await between the
-   assignments: registry, dispatcher, keys (a key whose name, secret and settings stayed
-   keeps its object: its windows and daily budget), authenticator, and the cloud when its
-   inputs changed (providers, chains, names, roles, groups; its circuits start closed).
-   A request in flight keeps the objects it started with.
+3. The routing plane is built anew by the start's own function (`app.routing.plane.
+   build_plane`) and swapped in by one assignment (`services.plane`): registry,
+   dispatcher, keys (a key whose name, secret and settings stayed keeps its object: its
+   windows and daily budget), authenticator, and the cloud when its inputs changed
+   (providers, chains, names, roles, groups; its circuits start closed). A request in
+   flight keeps the plane it read, whole: its key, route, cloud and dispatcher.
 4. What goes is drained (each backend's `drain_timeout_s`) and stopped, then unregistered;
    rebuilt ones are registered with their new config.
 5. A rebuilt backend takes over its old object's holds (blocks of a yield, a zone or the
@@ -38,17 +39,12 @@ import logging
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from app.access.auth import Authenticator
-from app.access.origins import OriginPolicy
 from app.errors import BackendUnavailable, ErrorCode, InvalidRequest
-from app.keys.ring import KeyRing
 from app.lifecycle.blocks import BlockKind
 from app.lifecycle.state import BackendState, StopReason
 from app.reload.plan import ReloadPlan, effective, plan_reload
 from app.reload.watch import WATCH_INTERVAL_S, ConfigWatcher
-from app.routing.cloud import build_cloud
-from app.routing.dispatcher import Dispatcher
-from app.routing.registry import Registry
+from app.routing.plane import build_plane
 from app.services import Services
 from app.settings import ConfigError, Settings, load_settings
 from app.settings.record import config_digest
@@ -173,7 +169,7 @@ class Reloader:
         # meeting the old one's block (503, or a paid provider): until it is registered.
         services.rebuilds.begin(plan.restart)
         try:
-            await self._replace(plan, settings, old, built, going)
+            await self._replace(plan, settings, built, going)
         finally:
             services.rebuilds.end_all()
 
@@ -181,7 +177,6 @@ class Reloader:
         self,
         plan: ReloadPlan,
         settings: Settings,
-        old: Settings,
         built: dict[str, Backend],
         going: dict[str, Backend],
     ) -> None:
@@ -197,7 +192,7 @@ class Reloader:
             backend.upstream.timeouts = settings.backend_timeouts(name)
         for name in plan.added:
             self._register(built[name])
-        self._swap(old, settings, keep=(*plan.unchanged, *plan.in_place))
+        self._swap(settings)
         await asyncio.gather(*(self._take_down(b) for b in going.values()))
         for name in plan.removed:
             await self._unregister(name)
@@ -205,9 +200,6 @@ class Reloader:
             await self._unregister(name)
             built[name].take_over(going[name], leaving=BLOCK_KEY)
             self._register(built[name])
-        if plan.restart or plan.removed:
-            # Its per-backend parts (LoRA adapters, token counters) for the new objects.
-            self._swap(settings, settings, keep=(*plan.unchanged, *plan.in_place))
         # Added backends get the GPU profile's blocks and yield methods (rebuilt ones took
         # them over above; the profile itself needs a restart to change).
         services.profiles.reapply()
@@ -217,50 +209,16 @@ class Reloader:
             if not backend.lazy and backend.state is BackendState.STOPPED:
                 self._tasks.spawn(_bring_up(backend), name=f"reload-start:{name}")
 
-    def _swap(self, old: Settings, settings: Settings, *, keep: tuple[str, ...]) -> None:
-        """Build the routing pieces for `settings` and swap them in at once."""
+    def _swap(self, settings: Settings) -> None:
+        """Build the routing plane of `settings` from the running one and swap it in: one
+        assignment. A request in flight keeps the plane it read (`app.routing.plane`)."""
         services = self._services
-        registry = Registry.from_backends(settings.backends)
-        cloud = services.cloud
-        if _cloud_inputs(old) != _cloud_inputs(settings):
-            cloud = build_cloud(
-                settings,
-                registry,
-                services.backends,
-                services.metrics,
-                on_event=services.events.record,
-                fallback_metrics=services.cloud.metrics,
-            )
-            services.retired.append(services.cloud)  # its sessions may serve requests in flight
+        running = services.plane
+        plane = build_plane(settings, services.plane_inputs, running)
+        if plane.cloud is not running.cloud:
+            services.retired.append(running.cloud)  # its sessions may serve requests in flight
             services.usage.set_providers(prices_of(settings))  # what counts as cloud
-        providers = settings.cloud_providers.providers if settings.cloud_providers else {}
-        keys = KeyRing.build(
-            (key.get_secret_value() for key in settings.api_keys),
-            settings.client_keys,
-            services.key_metrics,
-            [*settings.backends, *providers],
-            on_change=services.events.changed,
-        ).keeping(services.keys)
-        running = services.dispatcher
-        dispatcher = Dispatcher(
-            registry,
-            services.backends,
-            services.metrics,
-            cloud,
-            running.response_ids,
-            load_of=services.vllm_load.load_of,
-            replicas=running.replicas,
-            rebuilds=services.rebuilds,
-        )
-        dispatcher.adapters.update({n: a for n, a in running.adapters.items() if n in keep})
-        auth = Authenticator(keys, settings.admin_key, OriginPolicy.from_settings(settings))
-        # The swap: no await from here to the end.
-        services.registry = registry
-        services.cloud = cloud
-        services.keys = keys
-        services.auth = auth
-        services.dispatcher = dispatcher
-        services.wire_hooks()
+        services.plane = plane
         services.notifier.configure(settings.notify)
 
     def _register(self, backend: Backend) -> None:
@@ -300,15 +258,6 @@ async def _bring_up(backend: Backend) -> None:
     await backend.adopt()
     if not backend.lazy and backend.state is BackendState.STOPPED:
         await backend.start_logged("reload")
-
-
-def _cloud_inputs(settings: Settings) -> tuple[object, ...]:
-    """What the cloud is built from: rebuilt when any of it changed."""
-    backends = {
-        name: (tuple(cfg.names), cfg.role, cfg.replica_of, cfg.apis)
-        for name, cfg in settings.backends.items()
-    }
-    return (settings.cloud_providers, settings.timeouts, backends)
 
 
 def _names(names: Iterable[str]) -> str:

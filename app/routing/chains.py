@@ -82,6 +82,7 @@ from app.routing.policy import (
     first_byte_timeout,
 )
 from app.routing.replicas import MemberAttempts, Replicas
+from app.routing.routed import removed
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.provider import AnthropicStream
 from app.upstreams.http import BufferedResponse, Relayable
@@ -247,6 +248,8 @@ class ChainCall:
         group; default: itself)."""
         entry = name if circuit is None else circuit
         cloud = self._cloud
+        if name not in cloud.backends:  # removed by a reload since the request's plane
+            return self._refused(name, entry, permit, removed(name))
         backend = cloud.backends[name]
         wait = await self._wait_for(name, entry, permit, budget, last)
         if isinstance(wait, Passed):
@@ -330,15 +333,9 @@ class ChainCall:
                 on_wait, max_wait_s=wait, priority=self._call.priority, share=self._call.share
             )
         except GatewayError as err:
-            verdict = classify_error(err)
-            if isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s:
-                # The chain's impatience, not the backend's failure: its start goes on.
-                verdict = Verdict("next", R.LOCAL_WAKE_TIMEOUT)
-            if verdict.action == "relay":
-                cloud.release(entry, permit)
-                raise
-            cloud.record(entry, permit, verdict)
-            return Passed(name, verdict.reason, err.message, refusal=err)
+            # The chain's impatience, not the backend's failure: its start goes on.
+            impatient = isinstance(err, WakeTimeout) and wait < backend.config.max_wait_s
+            return self._refused(name, entry, permit, err, impatient=impatient)
         except BaseException:
             cloud.release(entry, permit)
             raise
@@ -391,6 +388,20 @@ class ChainCall:
             # A translated stream's usage comes from the translator (`_Hooks.finished`).
             tail_usage=not isinstance(response, AnthropicStream),
         )
+
+    def _refused(
+        self, name: str, entry: str, permit: Permit, err: GatewayError, *, impatient: bool = False
+    ) -> Passed:
+        """Backend `name` refused a lease: passed over with the refusal's reason, or the
+        refusal raised when the policy relays it. `impatient`: a wake the chain stopped
+        waiting for (`local_wake_timeout`)."""
+        cloud = self._cloud
+        verdict = Verdict("next", R.LOCAL_WAKE_TIMEOUT) if impatient else classify_error(err)
+        if verdict.action == "relay":
+            cloud.release(entry, permit)
+            raise err
+        cloud.record(entry, permit, verdict)
+        return Passed(name, verdict.reason, err.message, refusal=err)
 
     def _raised(
         self, entry: str, permit: Permit, err: UpstreamError, cut: bool, name: str | None = None

@@ -153,9 +153,17 @@ class Cloud:
         for entry in chain.entries:
             if entry in self.missing_keys:
                 found[entry] = FallbackReason.NO_API_KEY
+            elif self._removed(entry):
+                found[entry] = FallbackReason.LOCAL_DISABLED
             elif not any(self.serves(entry, api) for api in apis):
                 found[entry] = FallbackReason.UNSUPPORTED_ENDPOINT
         return found
+
+    def _removed(self, entry: str) -> bool:
+        """Whether `entry` is a backend a reload removed since this cloud was built (a
+        request keeps the routing plane it arrived on, `app.routing.plane`)."""
+        known = (self.backends, self.providers, self.groups, self.apis)
+        return not any(entry in names for names in known)
 
     def served_by(self, entry: str) -> frozenset[Api]:
         """What `entry` serves: a provider's APIs, a backend's (`Backend.serving`), a replica

@@ -43,7 +43,6 @@ from app.errors import (
     UpstreamError,
     WakeTimeout,
 )
-from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.lease import Lease, WaitNotice
 from app.metrics import Metrics
 from app.routing.chains import ChainCall
@@ -54,7 +53,7 @@ from app.routing.rebuilds import Rebuilds
 from app.routing.registry import Registry, Route
 from app.routing.replicas import MemberAttempts, Replicas
 from app.routing.responses import ResponseIds, StoredAt, created_response_id, not_stored
-from app.routing.routed import RoutedBackend
+from app.routing.routed import RoutedBackend, removed
 from app.routing.tool_hint import hint, hinted, is_json
 from app.settings.endpoints import Api
 from app.upstreams.http import BufferedResponse
@@ -98,11 +97,6 @@ class Dispatcher:
         )
         # Backends whose tool refusal was logged (a reload's dispatcher logs afresh).
         self._tool_hinted: set[str] = set()
-        self.adapters = {
-            name: LoadedAdapters(name, b.server.vllm, b.config.max_loras)
-            for name, b in backends.items()
-            if b.config.adapters
-        }
 
     def route(self, model: str) -> Route:
         route = self._registry.resolve(model)
@@ -212,7 +206,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return any(self._cloud.serves(entry, api) for entry in chain.entries)
-        return self._backends[route.backend].serving.serves(api)
+        return self._backend(route.backend).serving.serves(api)
 
     def serves_everywhere(self, route: Route, api: Api) -> bool:
         """Whether every target `route` may reach (its backend or replica group, or every
@@ -220,7 +214,7 @@ class Dispatcher:
         chain = self._chains.get(route.name)
         if chain is not None and self._cloud is not None:
             return all(self._cloud.serves(entry, api) for entry in chain.entries)
-        return all(self._backends[name].serving.serves(api) for name in route.members)
+        return all(self._backend(name).serving.serves(api) for name in route.members)
 
     def stored_response(self, response_id: str, key: str | None = None) -> StoredAt:
         """Where a response created through the gateway lives; `ResponseNotFound` if unknown
@@ -277,8 +271,17 @@ class Dispatcher:
                 return exchange
             exchange.finish()
 
+    def _backend(self, name: str) -> RoutedBackend:
+        """The backend `name` is now. A request routed on a plane a reload has replaced
+        since (`app.routing.plane`) may name one the reload removed: refused as the
+        reload's block refused it while it was drained."""
+        backend = self._backends.get(name)
+        if backend is None:
+            raise removed(name)
+        return backend
+
     async def _open_backend(self, name: str, call: Call, notice: WaitNotice | None) -> Exchange:
-        backend = self._backends[name]
+        backend = self._backend(name)
         if call.for_target(backend.serving.serves) is None:
             raise not_served(call, name, backend.serving.apis)
         lease = await backend.requests.acquire(notice, priority=call.priority, share=call.share)
@@ -300,11 +303,16 @@ class Dispatcher:
         """Load the LoRA adapter `call` names on `backend` unless it is loaded
         (`app.lifecycle.adapters`); the lease is released if it cannot be."""
         route = call.route
-        loaded = self.adapters.get(backend.name)
-        if route.adapter is None or loaded is None or call.payload.get("model") is None:
+        if (
+            route.adapter is None
+            or not backend.config.adapters
+            or call.payload.get("model") is None
+        ):
             return
         try:
-            await loaded.ensure(route.upstream_model, route.adapter, backend.adapters_epoch)
+            await backend.adapters.ensure(
+                route.upstream_model, route.adapter, backend.adapters_epoch
+            )
         except BaseException as exc:
             lease.release()
             if isinstance(exc, UpstreamError):

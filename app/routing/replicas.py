@@ -151,7 +151,8 @@ class Replicas:
         """The member of `group` to try (not one of `skip`), counted; None: every one left
         is blocked (or skipped)."""
         turn = self._turns.get(group, 0)
-        states = [self.state(m) for m in members if m not in skip]
+        # A member a reload removed since the request's plane was built is not picked.
+        states = [self.state(m) for m in members if m not in skip and m in self._backends]
         if not any(s.state is BackendState.READY and not s.blocked for s in states):
             states = [self.state(s.name, room=True) for s in states]  # one to wake: where
         chosen = pick_replica(states, turn)

@@ -7,13 +7,15 @@ narrow interface to a local backend, after llama-swap's `Process`.
   (`ready_in_s`), its `config`, `state` and `blocks`;
 - for a replica group's pick: its requests in flight or held, its footprint and whether
   it fits now (`admission.fits_now`, which reads it as a `Claimant`);
-- for LoRA adapters: its server's vLLM client and `adapters_epoch`.
+- for LoRA adapters: the adapters loaded on its server (`adapters`) and `adapters_epoch`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from app.errors import BackendUnavailable, UnavailableKind
+from app.lifecycle.adapters import LoadedAdapters
 from app.lifecycle.admission import Admission, Claimant
 from app.lifecycle.blocks import Blocks
 from app.lifecycle.key_turns import NO_KEY, KeyShare
@@ -59,5 +61,16 @@ class RoutedBackend(Claimant, Protocol):
     @property
     def admission(self) -> Admission: ...
     @property
+    def adapters(self) -> LoadedAdapters: ...
+    @property
     def adapters_epoch(self) -> int: ...
     def ready_in_s(self) -> float | None: ...
+
+
+def removed(name: str) -> BackendUnavailable:
+    """The refusal of backend `name` when a request meets it after a reload removed it: a
+    request keeps the routing plane it arrived on (`app.routing.plane`), which may name
+    it still. The same answer as the reload's block gave while it was drained."""
+    return BackendUnavailable(
+        f"backend {name!r} is disabled by a configuration reload", kind=UnavailableKind.DISABLED
+    )

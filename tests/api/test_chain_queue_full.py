@@ -63,7 +63,7 @@ async def test_a_full_local_queue_does_not_spill_to_the_provider_by_default(
             assert response.headers["retry-after"] == "5"
         assert (await w.cloud.stats())["requests"] == []  # nothing paid for
         assert runtime.starts == 1
-        circuit = w.services.cloud.status().circuits["reasoning"]
+        circuit = w.services.plane.cloud.status().circuits["reasoning"]
         assert circuit.consecutive_failures == 0
 
 

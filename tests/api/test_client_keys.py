@@ -155,7 +155,7 @@ async def test_max_concurrent_refuses_a_request_beyond_the_key_s_in_flight_limit
     keys = {"agents": {"key_env": "AGENTS_KEY", "max_concurrent": 1}}
     async with two_models(keys, tokens_per_second=20, max_tokens=10) as (gw, client):
         sdk = client(AGENTS)
-        (key,) = gw.app.state.services.keys.keys
+        (key,) = gw.app.state.services.plane.keys.keys
         first = asyncio.create_task(
             sdk.chat.completions.create(model="orchestrator", messages=HI)
         )  # about 0.5 s of generation

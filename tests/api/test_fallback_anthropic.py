@@ -304,7 +304,7 @@ async def test_an_error_event_after_content_ends_in_band_and_asks_no_one_else(
             await read_all()
         assert "".join(received) == "Hello"
         assert (await w.local.stats())["requests"] == []
-        circuit = w.services.cloud.status().circuits["claude"]
+        circuit = w.services.plane.cloud.status().circuits["claude"]
         assert (circuit.consecutive_failures, circuit.last_reason) == (1, "stream_error")
         outcome = w.gw.registry.get_sample_value(
             "microscheduler_provider_requests_total",
@@ -352,7 +352,7 @@ async def test_anthropic_failures_fall_back(
         provider={"first_byte_timeout_s": 0.3},
         **faults,
     ) as w:
-        cloud = w.services.cloud
+        cloud = w.services.plane.cloud
         raw = await w.sdk.chat.completions.with_raw_response.create(
             model="reasoning", messages=MESSAGES, stream=stream
         )

@@ -35,7 +35,7 @@ async def clocked(
     options.setdefault("entries", ["cloud", "reasoning"])
     async with world(monkeypatch, tmp_path, **options) as w:
         clock = Clock()
-        w.services.cloud.clock = clock
+        w.services.plane.cloud.clock = clock
         yield w, clock
 
 
@@ -65,12 +65,12 @@ async def test_a_circuit_opens_skips_half_opens_and_closes(
         assert w.cloud.calls == 2
 
         clock.offset += 11  # past the cooldown: one trial may go
-        assert w.services.cloud.status().circuits["cloud"].state == "half_open"
+        assert w.services.plane.cloud.status().circuits["cloud"].state == "half_open"
         assert gauge(w, "cloud") == 0
         response = await ask(w.gw, stream=True)
         assert response.headers["x-microscheduler-route"] == "cloud"
         assert w.cloud.calls == 3
-        assert w.services.cloud.status().circuits["cloud"].state == "closed"
+        assert w.services.plane.cloud.status().circuits["cloud"].state == "closed"
         assert [e["entry"] for e in events_of(w, "circuit_closed")] == ["cloud"]
 
 
@@ -84,7 +84,7 @@ async def test_a_failed_trial_opens_the_circuit_again_for_longer(
         clock.offset += 11
         response = await ask(w.gw, stream=False)
         assert response.headers["x-microscheduler-fallbacks"] == "1; cloud=http_5xx"
-        circuit = w.services.cloud.status().circuits["cloud"]
+        circuit = w.services.plane.cloud.status().circuits["cloud"]
         assert circuit.state == "open"
         assert 18 < circuit.retry_in_s <= 20  # 10 s doubled after a failed trial
 
@@ -165,7 +165,7 @@ async def test_one_deadline_for_the_whole_chain(
             {"entry": "reasoning", "reason": "deadline_unreached"},
         ]
         # The deadline cut the wait short: not the provider's failure.
-        assert w.services.cloud.status().circuits["cloud"].consecutive_failures == 0
+        assert w.services.plane.cloud.status().circuits["cloud"].consecutive_failures == 0
         assert (await w.local.stats())["requests"] == []
 
 

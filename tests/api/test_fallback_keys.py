@@ -69,9 +69,9 @@ async def test_keys_appear_in_no_log_status_metrics_or_error_body(
             assert status.status_code == 200
             assert status.json()["fallback"]["providers"]["cloud"]["key_present"] is True
             texts.append(status.text)
-            texts.append(json.dumps(fallback_view(services.cloud.status())))
-            texts.append(repr(services.cloud.status()))
-            assert services.cloud.status().providers["cloud"].key_present is True
+            texts.append(json.dumps(fallback_view(services.plane.cloud.status())))
+            texts.append(repr(services.plane.cloud.status()))
+            assert services.plane.cloud.status().providers["cloud"].key_present is True
     texts += [caplog.text, *(record.getMessage() for record in caplog.records)]
     for text in texts:
         assert LEAK not in text
@@ -105,7 +105,7 @@ async def test_a_provider_whose_key_is_unset_is_skipped_with_a_warning(
                 response = await gw.client.post("/v1/chat/completions", json=CHAT)
                 assert response.status_code == 200
                 assert response.headers["x-microscheduler-fallbacks"] == "1; cloud=no_api_key"
-                described = services.cloud.status().providers["cloud"]
+                described = services.plane.cloud.status().providers["cloud"]
                 assert described.key_present is False
                 assert described.active is False
                 assert described.api_key_env == "UNSET_CLOUD_KEY"

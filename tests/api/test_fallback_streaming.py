@@ -32,7 +32,7 @@ async def test_a_local_stream_cut_after_content_ends_in_band_and_asks_no_one_els
         assert json.loads(found[1].removeprefix("data: "))["choices"][0]["delta"]["content"]
         assert in_band_error(response.text)["type"] == "server_error"
         assert w.cloud.calls == 0  # never switch providers mid-stream
-        circuit = w.services.cloud.status().circuits["reasoning"]
+        circuit = w.services.plane.cloud.status().circuits["reasoning"]
         assert (circuit.consecutive_failures, circuit.last_reason) == (1, "stream_error")
 
 

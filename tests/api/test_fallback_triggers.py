@@ -216,7 +216,7 @@ async def test_a_local_backend_too_slow_to_wake_falls_back_and_keeps_starting(
         assert response.headers["x-microscheduler-fallbacks"] == "1; reasoning=local_wake_timeout"
         assert runtime.starts == 1  # the start goes on for later requests
         # The chain's impatience is not the backend's failure: its circuit stays closed.
-        circuit = w.services.cloud.status().circuits["reasoning"]
+        circuit = w.services.plane.cloud.status().circuits["reasoning"]
         assert (circuit.state, circuit.consecutive_failures) == ("closed", 0)
         runtime.listening.set()
         await w.services.backends["reasoning"].start()
@@ -341,7 +341,7 @@ async def test_a_failing_provider_falls_back_to_the_next_entry(
         assert response.headers["x-microscheduler-route"] == "reasoning"
         assert response.headers["x-microscheduler-fallbacks"] == f"1; cloud={case.reason}"
         assert "set-cookie" not in response.headers
-        circuit = w.services.cloud.status().circuits["cloud"]
+        circuit = w.services.plane.cloud.status().circuits["cloud"]
         if case.retry_in is not None:
             assert circuit.state == "open"
             assert case.retry_in - 2 < circuit.retry_in_s <= case.retry_in
@@ -384,7 +384,7 @@ async def test_provider_client_errors_are_relayed_and_never_retried_elsewhere(
         assert response.headers["x-microscheduler-fallbacks"] == "0"
         assert "set-cookie" not in response.headers  # a provider's cookies stay there
         assert (await w.local.stats())["requests"] == []
-        circuit = w.services.cloud.status().circuits["cloud"]
+        circuit = w.services.plane.cloud.status().circuits["cloud"]
         assert (circuit.state, circuit.consecutive_failures) == ("closed", 0)
 
 
@@ -468,5 +468,5 @@ async def test_local_admission_refusals_fall_back(
         response = await ask(w.gw, stream=stream)
         assert answer(response, stream)[0] == CLOUD_MODEL
         assert response.headers["x-microscheduler-fallbacks"] == f"1; reasoning={reason}"
-        circuit = w.services.cloud.status().circuits["reasoning"]
+        circuit = w.services.plane.cloud.status().circuits["reasoning"]
         assert circuit.consecutive_failures == 0  # a healthy system's refusal is no failure

@@ -337,7 +337,7 @@ async def test_an_unexpected_failure_on_the_fast_path_is_a_logged_500_in_the_env
     def broken(model: str) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(services.dispatcher, "route", broken)
+    monkeypatch.setattr(services.plane.dispatcher, "route", broken)
     response = await gw.client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 500
     assert_openai_error(response.json(), "internal_error", "server_error")

@@ -77,7 +77,7 @@ async def test_queued_requests_reach_a_priority_backend_in_key_order_with_its_pr
         }
         async with gateway(gateway_settings(backends)) as gw:
             services: Services = gw.app.state.services
-            route = services.dispatcher.route("m")
+            route = services.plane.dispatcher.route("m")
 
             def call(priority: Priority) -> Call:
                 payload = chat("m", priority=-7)  # the client's own: never sent
@@ -86,9 +86,9 @@ async def test_queued_requests_reach_a_priority_backend_in_key_order_with_its_pr
                             priority=priority)  # fmt: skip
 
             held = await hold_one(gw, fake)
-            low = asyncio.create_task(services.dispatcher.open(call(Priority.LOW)))
+            low = asyncio.create_task(services.plane.dispatcher.open(call(Priority.LOW)))
             await until_backend(gw, "b", queued=1)
-            high = asyncio.create_task(services.dispatcher.open(call(Priority.HIGH)))
+            high = asyncio.create_task(services.plane.dispatcher.open(call(Priority.HIGH)))
             await until_backend(gw, "b", queued=2)
             held.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -132,7 +132,7 @@ async def test_a_chains_local_entry_queues_by_the_calls_priority(
 ) -> None:
     backend = {"max_inflight": 1, "timeouts": {"first_byte_s": 30}}
     async with world(monkeypatch, tmp_path, entries=["reasoning", "cloud"], backend=backend) as w:
-        dispatcher = w.services.dispatcher
+        dispatcher = w.services.plane.dispatcher
         route = dispatcher.route("reasoning")
 
         def call(priority: Priority) -> Call:

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from app.api.deps import plane_of
 from app.api.model_verbs import check_lifecycle, lifecycle_target, load, unload
 from app.api.ollama.wire import Json, nanoseconds, timestamp
 from app.errors import GatewayError
@@ -65,10 +66,10 @@ async def load_or_unload(
     answer["done"] = True
     if stay == 0:
         check_lifecycle(request, services, model)
-        await unload(lifecycle_target(services, model))
+        await unload(lifecycle_target(services, model, plane_of(request).registry))
         answer["done_reason"] = "unload"
     else:
-        backend = lifecycle_target(services, model)
+        backend = lifecycle_target(services, model, plane_of(request).registry)
         await load(services, backend, wait=True)
         if stay is not None and _permitted(request, services, model) is not None:
             keep(backend, stay)
@@ -96,7 +97,7 @@ def _permitted(request: Request, services: Services, model: str) -> Backend | No
     recorded (`REFUSED_EVENT`): Ollama has no error for a keep_alive it does not honour."""
     try:
         check_lifecycle(request, services, model)
-        return lifecycle_target(services, model)
+        return lifecycle_target(services, model, plane_of(request).registry)
     except GatewayError as err:
         logger.warning("keep_alive not honoured model=%s reason=%s", model, err.message)
         services.events.record(REFUSED_EVENT, model=model, reason=err.message)

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from app.api.deps import plane_of
 from app.api.handlers import JSONBody
 from app.api.middleware import context_of
 from app.api.model_cards import max_model_len_of
@@ -38,7 +39,8 @@ from app.errors import GatewayError, InvalidRequest, ModelNotFound
 from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
-from app.routing.registry import ModelEntry
+from app.routing.plane import RoutingPlane
+from app.routing.registry import ModelEntry, Registry
 from app.routing.registry import Route as ModelRoute
 from app.services import Services
 from app.settings.endpoints import Api
@@ -114,7 +116,8 @@ async def version(request: Request) -> Response:
 async def tags(request: Request) -> Response:
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
-    return _json(listing.tags(services.registry.entries, services.backends, allowed=key.allows,
+    entries = plane_of(request).registry.entries
+    return _json(listing.tags(entries, services.backends, allowed=key.allows,
                               modified_at=services.started_at))  # fmt: skip
 
 
@@ -123,7 +126,7 @@ async def ps(request: Request) -> Response:
     key = client_key(request, request.headers.get("authorization"))
     return _json(
         listing.ps(
-            services.registry.entries,
+            plane_of(request).registry.entries,
             services.backends,
             allowed=key.allows,
             max_len=lambda entry: max_model_len_of(entry, services.backends),
@@ -138,19 +141,20 @@ async def show(request: Request) -> Response:
     name = payload.get("model") or payload.get("name")  # `name`: deprecated, still sent
     if not isinstance(name, str) or not name:
         raise InvalidRequest("model is required", param="model")
-    entry = _entry(services, untagged(name, partial(_listed, services)))
+    registry = plane_of(request).registry
+    entry = _entry(registry, untagged(name, partial(_listed, registry)))
     key.check_model(entry.id)
     backend = services.backends.get(entry.backend)
     max_len = max_model_len_of(entry, services.backends)
     return _json(listing.show(entry, backend, max_len=max_len, modified_at=services.started_at))
 
 
-def _listed(services: Services, name: str) -> bool:
-    return any(e.id == name for e in services.registry.entries)
+def _listed(registry: Registry, name: str) -> bool:
+    return any(e.id == name for e in registry.entries)
 
 
-def _entry(services: Services, name: str) -> ModelEntry:
-    entry = next((e for e in services.registry.entries if e.id == name), None)
+def _entry(registry: Registry, name: str) -> ModelEntry:
+    entry = next((e for e in registry.entries if e.id == name), None)
     if entry is None:
         raise ModelNotFound(name)
     return entry
@@ -173,14 +177,15 @@ async def embed(request: Request) -> Response:
 
 async def _model_call(request: Request, path: str) -> Response:
     services: Services = request.app.state.services
+    plane = plane_of(request)  # one plane for the whole request, across the body's read
     key = client_key(request, request.headers.get("authorization"))
     raw = await read_body(request, services.settings.max_body_bytes)
     payload = json_object(raw)
     name = payload.get("model")
     if not isinstance(name, str) or not name:
         raise InvalidRequest("model is required", param="model")
-    model = untagged(name, partial(_routable, services))
-    route = services.dispatcher.route(model)
+    model = untagged(name, partial(_routable, plane))
+    route = plane.dispatcher.route(model)
     key.check_model(route.name)
     stay = keep_alive_s(payload.get("keep_alive"))
     stream = path != EMBED_PATH and _stream_of(payload)
@@ -189,7 +194,7 @@ async def _model_call(request: Request, path: str) -> Response:
         return await keep_alive.load_or_unload(request, services, model, name, stay)
     if path == CHAT_PATH and not payload.get("messages"):  # likewise a chat without messages
         return await keep_alive.load_or_unload(request, services, model, name, stay, chat=True)
-    entry = next((e for e in services.registry.entries if e.id == route.name), None)
+    entry = next((e for e in plane.registry.entries if e.id == route.name), None)
     max_len = None if entry is None else max_model_len_of(entry, services.backends)
     ctx = context_of(request.scope)
     clock = request_clock(
@@ -214,13 +219,13 @@ async def _model_call(request: Request, path: str) -> Response:
         key=key.admit(),
     )
     dialect = OllamaDialect(name, generate=path == GENERATE_PATH)
-    relay = RelayResponse(services.dispatcher, call, dialect=dialect, relays=services.relays)
+    relay = RelayResponse(plane.dispatcher, call, dialect=dialect, relays=services.relays)
     return keep_alive.after_answer(request, services, model, stay, relay)
 
 
-def _routable(services: Services, name: str) -> bool:
+def _routable(plane: RoutingPlane, name: str) -> bool:
     try:
-        services.dispatcher.route(name)
+        plane.dispatcher.route(name)
     except ModelNotFound:
         return False
     return True
