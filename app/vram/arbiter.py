@@ -11,6 +11,8 @@
   end or the equal to go idle (out of the GPUs' locks, up to its own `start_timeout_s`),
   then evicts it. A backend still starting (ready only after it has learned what it
   serves, out of the locks) is waited for the same way, then planned for again.
+- Placement: a `gpus: auto` start goes to the GPU set `app.vram.choose` picks (pack or
+  spread, else where eviction frees most) and holds only those GPUs' turns.
 - A lazy start whose requests all left (`Claimant.want`) evicts nobody: it ends instead
   (`StartUnwanted`), whatever it would have evicted.
 - A start waiting for its turn on a GPU (another model's start, a zone grant or the yield
@@ -57,7 +59,7 @@ from app.lifecycle.metrics import LifecycleMetrics
 from app.lifecycle.state import BackendState, SleepOutcome, StopReason
 from app.lifecycle.store import StateStore
 from app.settings.base import LOCAL_HOST
-from app.vram.choose import Policy, candidate_sets, choose
+from app.vram.choose import Policy, choose, gpu_sets
 from app.vram.gpu_locks import GpuLocks
 from app.vram.holders import holders, residents
 from app.vram.placement import Holder, Placement, Resident, describe_holders, plan_eviction
@@ -259,13 +261,7 @@ class VramArbiter:
         if self.monitor is None:
             return list(config.first_gpus), "its first GPUs (no GPU probe to choose by)"
         reading = reading or await self.read_gpus()
-        present = [] if reading is None else reading.usable_indices
-        placements = config.runtime.placements if config.runtime.kind == "docker" else None
-        sets = candidate_sets(
-            config.gpu_count,
-            present,
-            None if placements is None else [tuple(p.gpus) for p in placements],
-        )
+        sets = gpu_sets(config, None if reading is None else reading.usable_indices)
         if not sets or need is None or reading is None:
             why = "the first GPUs (no footprint or GPU reading to choose by)"
             return list(sets[0] if sets else config.first_gpus), why
@@ -302,7 +298,12 @@ class VramArbiter:
         need = backend.memory.vram_mib
         if snapshot is None or need is None:
             return None
-        return self._fits(dict.fromkeys(backend.memory.gpus, need), snapshot)
+        if backend.config.fixed_gpus is not None:
+            return self._fits(dict.fromkeys(backend.config.fixed_gpus, need), snapshot)
+        return any(
+            self._fits(dict.fromkeys(s, need), snapshot)
+            for s in gpu_sets(backend.config, snapshot.usable_indices)
+        )
 
     def _fits(self, need: dict[int, int], reading: GpuSnapshot) -> bool:
         """Whether `need` is free now, without evicting or waiting for anything."""

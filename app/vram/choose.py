@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from app.settings import BackendConfig
 from app.vram.placement import Placement, Resident, plan_eviction
 
 Policy = Literal["pack", "spread"]
@@ -50,6 +51,15 @@ def candidate_sets(
         here = set(present)
         return [tuple(sorted(p)) for p in placements if set(p) <= here]
     return list(itertools.combinations(sorted(present), count))
+
+
+def gpu_sets(config: BackendConfig, present: Sequence[int] | None) -> list[tuple[int, ...]]:
+    """The GPU sets a `gpus: auto` backend may start on, among the GPUs `present` (None:
+    no reading): every set of its size, or its Docker placements."""
+    runtime = config.runtime
+    placements = runtime.placements if runtime.kind == "docker" else None
+    made = None if placements is None else [tuple(p.gpus) for p in placements]
+    return candidate_sets(config.gpu_count, present or [], made)
 
 
 def choose(
