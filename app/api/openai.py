@@ -9,7 +9,6 @@ no per-request dependency solving.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Final
 
 from starlette.requests import Request
@@ -18,7 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from app.api.middleware import context_of, too_large
 from app.api.model_cards import card, listed
-from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
+from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request
 from app.api.relay import RelayResponse
 from app.errors import EndpointNotServed, MethodNotAllowed, ModelNotFound, UnsupportedMediaType
 from app.jsonwire import json_bytes
@@ -26,10 +25,9 @@ from app.keys.ring import ClientKey
 from app.routing.exchange import Call
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.registry import Route as RoutedModel
+from app.routing.shaping import upstream_body, upstream_headers, with_stream_usage
 from app.services import Services
 from app.settings.endpoints import Api
-from app.upstreams.http import forwardable_request_headers
-from app.upstreams.usage import USAGE_OPTION_APIS, asks_usage, with_usage
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -53,9 +51,7 @@ def client_key(request: Request, authorization: str | None) -> ClientKey:
     """The caller's key (401 without a known one), named in the request's access line."""
     services: Services = request.app.state.services
     key = services.auth.check_client(authorization)
-    ctx = context_of(request.scope)
-    if ctx is not None:
-        ctx.key = key.name
+    context_of(request.scope).key = key.name
     return key
 
 
@@ -68,16 +64,18 @@ def _proxy(endpoint: Endpoint) -> Route:
         parsed = parse_request(body, endpoint, content_type)
         route = services.dispatcher.route(parsed.model)
         key.check_model(route.name)
-        parsed, usage_added = usage_for(key, parsed, endpoint.api)
+        payload, usage_added = with_stream_usage(
+            parsed.payload, stream=parsed.stream, api=endpoint.api, counts_tokens=key.counts_tokens
+        )
         # Read before the key counts the request: a bad value is a 400 for any model.
         wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
         call = Call(
             route,
             endpoint.path,
-            parsed.payload,
+            payload,
             parsed.stream,
             upstream_body(parsed, route),
-            forwardable_request_headers(request.scope["headers"]),
+            upstream_headers(request.scope["headers"]),
             api=endpoint.api,
             content_type=parsed.content_type,
             priority=key.priority,
@@ -104,19 +102,6 @@ def continued(
     return None if entry is None else (previous, entry)
 
 
-def usage_for(key: ClientKey, parsed: ParsedRequest, api: Api) -> tuple[ParsedRequest, bool]:
-    """The request asking for its stream's usage when `key` has a limit that counts tokens
-    and the client did not ask (`app.upstreams.usage`); True when it was added. Only the
-    payload changes here: the body is written once, where it is sent (`local_body`, a
-    provider's `body_for`)."""
-    if not (key.counts_tokens and parsed.stream and api in USAGE_OPTION_APIS):
-        return parsed, False
-    if asks_usage(parsed.payload):
-        return parsed, False
-    payload = with_usage(parsed.payload)
-    return replace(parsed, payload=payload), True
-
-
 async def stored_response(request: Request) -> Response:
     """`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
     /v1/responses/{id}/input_items`: relayed to the entry that created the response
@@ -124,9 +109,7 @@ async def stored_response(request: Request) -> Response:
     local backend (vLLM) DELETE and input_items are answered here (`not_offered`)."""
     services: Services = request.app.state.services
     key = client_key(request, request.headers.get("authorization"))
-    ctx = context_of(request.scope)
-    if ctx is not None:
-        ctx.endpoint = "responses_stored"
+    context_of(request.scope).endpoint = "responses_stored"
     response_id = request.path_params["response_id"]
     stored = services.dispatcher.stored_response(response_id, key.name)
     key.check_model(stored.route.name)
@@ -143,7 +126,7 @@ async def stored_response(request: Request) -> Response:
         {},
         request.query_params.get("stream") == "true",
         body,
-        forwardable_request_headers(request.scope["headers"]),
+        upstream_headers(request.scope["headers"]),
         api=Api.RESPONSES,
         method=request.method,
         priority=key.priority,
