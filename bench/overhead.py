@@ -425,16 +425,16 @@ def python_load(port: int, secs: float, conns: int, key: str | None = None) -> d
 def phase_throughput(
     fake: Proc, gw: Proc, load: Load, runs: int, bare: Proc | None = None
 ) -> dict[str, Any]:
-    """`runs` rounds of (direct, [bare relay,] gateway); the best of each, and the servers'
-    CPU per request. With `bare`: the gateway's CPU per request over all its rounds as a
-    ratio to the bare relay's (`cpu_vs_bare`)."""
+    """`runs` rounds of (direct, [bare relay,] gateway), the order reversed every other
+    round; the best of each, and the servers' CPU per request. With `bare`: the gateway's
+    CPU per request over all its rounds as a ratio to the bare relay's (`cpu_vs_bare`)."""
     targets = [("direct", fake), ("gateway", gw)]
     if bare is not None:
         targets.insert(1, ("bare", bare))
     rounds = []
-    for _ in range(runs):
+    for r in range(runs):
         row = {}
-        for label, target in targets:
+        for label, target in targets if r % 2 == 0 else targets[::-1]:  # who goes last swaps
             before = fake.cpu_s(), target.cpu_s()
             res = load(target.port)
             n = max(res["requests"], 1)
@@ -667,7 +667,8 @@ def render(res: dict[str, Any]) -> str:
         "client, one keep-alive connection per target, the targets alternated request by "
         "request after a warm-up (the bare relay in the sequential phase only); added = "
         "percentile - direct percentile; first chunk = first body chunk (the role event). "
-        f"Throughput: {runs} alternating rounds (direct, bare relay, gateway), each shown; "
+        f"Throughput: {runs} rounds (direct, bare relay, gateway; reversed every other "
+        "round), each shown; "
         "the best of each is compared. Per API: the same sequential method for "
         "each API; for /v1/messages, direct is the chat request the gateway sends upstream "
         "(so added includes both translations). keys.yaml rows: Direct is the gateway "
