@@ -1,10 +1,15 @@
-"""What does the gateway add? The same requests, direct to a fake vLLM and through the gateway.
+"""What the gateway adds: the same requests direct to a fake vLLM, via a bare relay, via it.
 
 Run `.venv/bin/python bench/overhead.py` (or `make bench`); `--quick` for a smoke run,
-`--json PATH` to keep the numbers. Both servers are real processes on 127.0.0.1 started
+`--json PATH` to keep the numbers. The servers are real processes on 127.0.0.1 started
 (and always stopped) by this script; the phases run one at a time. Targets are reported,
 not enforced: the exit code is 1 only when something broke (a process did not start, a
 response was wrong or failed), 2 when wrk is missing outside `--quick`.
+
+The targets are relative, so they measure the code rather than the machine: the bare
+relay (`bench.bare_relay`: uvicorn + aiohttp, no logic) runs beside the gateway in the
+same run, and the gateway's CPU per request under load is stated as a ratio to it (at
+most 2x); its added p50 is stated against direct (at most 0.4 ms).
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ MODEL = "bench-model"
 CHAT_PATH = "/v1/chat/completions"
 TOKENS = 16  # a stream is a role event, one event per token (the last has finish_reason), [DONE]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": TOKENS}
-# Issue 23's: reported, not enforced (the exit code says only whether something broke).
-TARGETS = {"added_p50_ms": 0.4, "gateway_rps": 4000.0, "added_first_p50_ms": 1.0}
+# Reported, not enforced (the exit code says only whether something broke). Issue 35: the
+# gateway's CPU per request at most 2x the bare relay's, measured in the same run (it was
+# ">= 4,000 req/s on 2 cores", a figure of the machine as much as of the code).
+TARGETS = {"added_p50_ms": 0.4, "cpu_vs_bare": 2.0, "added_first_p50_ms": 1.0}
 
 Load = Callable[[int], dict[str, Any]]
 
@@ -226,6 +233,15 @@ BENCH_SECRETS = {"BENCH_KEY_1": "sk-bench-1", "BENCH_KEY_2": "sk-bench-2",
 BENCH_KEY = BENCH_SECRETS["BENCH_KEY_1"]
 
 
+def start_bare(tmp: Path, fake: Proc, procs: list[Proc]) -> Proc:
+    """The bare relay (`bench.bare_relay`) in front of the same fake vLLM."""
+    args = ["bench.bare_relay", "--upstream", f"http://{HOST}:{fake.port}"]
+    proc = Proc("bare relay", args, dict(os.environ), "", tmp / "bare.log")
+    procs.append(proc)
+    proc.wait_ready(["/health"])
+    return proc
+
+
 def start_gateway(
     tmp: Path, fake: Proc, procs: list[Proc], *, access_log: bool, keys: bool = False
 ) -> Proc:
@@ -299,19 +315,27 @@ def alternate(
     return out
 
 
-def phase_latency(fake: Proc, gw: Proc, n: int, warmup: int, *, stream: bool) -> dict[str, Any]:
-    """Sequential requests on one connection per target; percentiles and gateway - direct."""
+def phase_latency(
+    fake: Proc, gw: Proc, n: int, warmup: int, *, stream: bool, bare: Proc | None = None
+) -> dict[str, Any]:
+    """Sequential requests on one connection per target; percentiles and gateway - direct
+    (and `bare` relay - direct, when given: the three alternated)."""
     body = {**BODY, "stream": True} if stream else BODY  # the very body wrk sends, when not
-    d, g = alternate([fake.port, gw.port], body, n, warmup)
+    procs = [fake, gw] if bare is None else [fake, bare, gw]
+    replies = alternate([proc.port for proc in procs], body, n, warmup)
+    d, g = replies[0], replies[-1]
     res: dict[str, Any] = {"requests": n, "warmup": warmup}
     stats = {"first_p50": ("first_s", 50), "end_p50": ("total_s", 50)}
     if not stream:
         stats = {"p50": ("total_s", 50), "p99": ("total_s", 99)}
     for name, (attr, p) in stats.items():
-        dv, gv = (pct([getattr(r, attr) for r in replies], p) for replies in (d, g))
+        dv, gv = (pct([getattr(r, attr) for r in side], p) for side in (d, g))
         res |= {f"direct_{name}_ms": ms(dv), f"gateway_{name}_ms": ms(gv)}
         res[f"added_{name}_ms"] = ms(gv - dv)
-    res["errors"] = sum(not valid(r, stream=stream) for r in d + g)
+        if bare is not None:
+            bv = pct([getattr(r, attr) for r in replies[1]], p)
+            res |= {f"bare_{name}_ms": ms(bv), f"bare_added_{name}_ms": ms(bv - dv)}
+    res["errors"] = sum(not valid(r, stream=stream) for side in replies for r in side)
     return res
 
 
@@ -398,29 +422,49 @@ def python_load(port: int, secs: float, conns: int, key: str | None = None) -> d
     return {"rps": rps, "requests": ok, "errors": sum(c[1] for c in counts)}
 
 
-def phase_throughput(fake: Proc, gw: Proc, load: Load, runs: int) -> dict[str, Any]:
-    """`runs` rounds of (direct, gateway); the best of each, and the servers' CPU per request."""
+def phase_throughput(
+    fake: Proc, gw: Proc, load: Load, runs: int, bare: Proc | None = None
+) -> dict[str, Any]:
+    """`runs` rounds of (direct, [bare relay,] gateway), the order reversed every other
+    round; the best of each, and the servers' CPU per request. With `bare`: the gateway's
+    CPU per request over all its rounds as a ratio to the bare relay's (`cpu_vs_bare`)."""
+    targets = [("direct", fake), ("gateway", gw)]
+    if bare is not None:
+        targets.insert(1, ("bare", bare))
     rounds = []
-    for _ in range(runs):
+    for r in range(runs):
         row = {}
-        for label, target in (("direct", fake), ("gateway", gw)):
-            before = fake.cpu_s(), gw.cpu_s()
+        for label, target in targets if r % 2 == 0 else targets[::-1]:  # who goes last swaps
+            before = fake.cpu_s(), target.cpu_s()
             res = load(target.port)
             n = max(res["requests"], 1)
             res["fake_cpu_us_per_req"] = round((fake.cpu_s() - before[0]) / n * 1e6, 1)
-            if target is gw:
-                res["gateway_cpu_us_per_req"] = round((gw.cpu_s() - before[1]) / n * 1e6, 1)
+            if target is not fake:
+                res["relay_cpu_s"] = round(target.cpu_s() - before[1], 3)
+                res[f"{label}_cpu_us_per_req"] = round(res["relay_cpu_s"] / n * 1e6, 1)
             row[label] = res
         rounds.append(row)
-    best_d = max(r["direct"]["rps"] for r in rounds)
-    best_g = max(r["gateway"]["rps"] for r in rounds)
-    return {
+    best = {label: max(r[label]["rps"] for r in rounds) for label, _ in targets}
+    out: dict[str, Any] = {
         "runs": rounds,
-        "direct_rps": round(best_d, 1),
-        "gateway_rps": round(best_g, 1),
-        "ratio": round(best_g / best_d, 3),
-        "errors": sum(r[k]["errors"] for r in rounds for k in ("direct", "gateway")),
+        "direct_rps": round(best["direct"], 1),
+        "gateway_rps": round(best["gateway"], 1),
+        "ratio": round(best["gateway"] / best["direct"], 3),
+        "errors": sum(r[k]["errors"] for r in rounds for k, _ in targets),
     }
+    if bare is not None:
+        per_req = {
+            label: sum(r[label]["relay_cpu_s"] for r in rounds)
+            / max(sum(r[label]["requests"] for r in rounds), 1)
+            for label in ("bare", "gateway")
+        }
+        out |= {
+            "bare_rps": round(best["bare"], 1),
+            "bare_cpu_us_per_req": round(per_req["bare"] * 1e6, 1),
+            "gateway_cpu_us_per_req": round(per_req["gateway"] * 1e6, 1),
+            "cpu_vs_bare": round(per_req["gateway"] / max(per_req["bare"], 1e-9), 2),
+        }
+    return out
 
 
 def phase_keys(
@@ -491,12 +535,12 @@ def machine(use_wrk: bool) -> dict[str, Any]:
 def judge(res: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
     values = {
         "added_p50_ms": res["sequential"]["added_p50_ms"],
-        "gateway_rps": res["throughput"]["gateway_rps"],
+        "cpu_vs_bare": res["throughput"]["cpu_vs_bare"],
         "added_first_p50_ms": res["streaming"]["added_first_p50_ms"],
     }
     out = []
     for key, limit in TARGETS.items():
-        ok = values[key] >= limit if key == "gateway_rps" else values[key] <= limit
+        ok = values[key] <= limit
         # A quick run never judges: its counts are far too small.
         out.append(
             {"name": key, "limit": limit, "value": values[key], "pass": None if quick else ok}
@@ -510,11 +554,17 @@ def _at_most(target: str) -> str:
 
 def lat_row(label: str, part: dict[str, Any], key: str, *target: str) -> list[str]:
     d, g, add = (part[f"{side}_{key}_ms"] for side in ("direct", "gateway", "added"))
-    return [label, f"{d:.3f}", f"{g:.3f}", f"+{add:.3f} ms", *target]
+    bare = part.get(f"bare_{key}_ms")
+    if bare is None:
+        return [label, f"{d:.3f}", "-", f"{g:.3f}", f"+{add:.3f} ms", *target]
+    bare_add = part[f"bare_added_{key}_ms"]
+    added = f"+{add:.3f} ms (bare +{bare_add:.3f})"
+    return [label, f"{d:.3f}", f"{bare:.3f}", f"{g:.3f}", added, *target]
 
 
-def rate_row(label: str, d: float, g: float, *target: str) -> list[str]:
-    return [label, f"{d:.0f}", f"{g:.0f}", f"x{g / d:.2f}", *target]
+def rate_row(label: str, d: float, g: float, *target: str, bare: float | None = None) -> list[str]:
+    shown = "-" if bare is None else f"{bare:.0f}"
+    return [label, f"{d:.0f}", shown, f"{g:.0f}", f"x{g / d:.2f}", *target]
 
 
 def render(res: dict[str, Any]) -> str:
@@ -535,16 +585,29 @@ def render(res: dict[str, Any]) -> str:
     ]
     for i, r in enumerate(t["runs"], 1):
         table.append(
-            rate_row(f"Throughput round {i} (req/s)", r["direct"]["rps"], r["gateway"]["rps"])
+            rate_row(
+                f"Throughput round {i} (req/s)",
+                r["direct"]["rps"],
+                r["gateway"]["rps"],
+                bare=r.get("bare", {}).get("rps"),
+            )
         )
     table += [
         rate_row(
-            f"**Throughput, best of {runs} (req/s)**",
+            f"Throughput, best of {runs} (req/s)",
             t["direct_rps"],
             t["gateway_rps"],
-            f">= {TARGETS['gateway_rps']:.0f} req/s via gateway",
-            verdict["gateway_rps"],
+            bare=t.get("bare_rps"),
         ),
+        [
+            f"**Relay CPU per request under load (us, all {runs} rounds)**",
+            "-",
+            f"{t['bare_cpu_us_per_req']:.0f}",
+            f"{t['gateway_cpu_us_per_req']:.0f}",
+            f"**x{t['cpu_vs_bare']:.2f} of bare**",
+            f"<= {TARGETS['cpu_vs_bare']:g}x bare",
+            verdict["cpu_vs_bare"],
+        ],
         lat_row(
             f"Streaming first chunk p50 (ms, n={ns})",
             st,
@@ -562,7 +625,7 @@ def render(res: dict[str, Any]) -> str:
         for label, key in (("sequential p50", "p50"), ("stream end p50", "stream_end_p50")):
             n_keys = keys["requests"]
             table.append([f"keys.yaml (3 keys, limits on) vs none: {label} (ms, n={n_keys})",
-                          f"{keys[f'plain_{key}_ms']:.3f}", f"{keys[f'keyed_{key}_ms']:.3f}",
+                          f"{keys[f'plain_{key}_ms']:.3f}", "-", f"{keys[f'keyed_{key}_ms']:.3f}",
                           f"+{keys[f'added_{key}_ms']:.3f} ms"])  # fmt: skip
         table.append(rate_row(f"keys.yaml vs none: throughput, best of {len(keys['runs'])} (req/s)",
                               keys["plain_rps"], keys["keyed_rps"]))  # fmt: skip
@@ -577,6 +640,7 @@ def render(res: dict[str, Any]) -> str:
             )
         )
     cpu = " / ".join(f"{r['gateway']['gateway_cpu_us_per_req']:.0f}" for r in t["runs"])
+    bare = " / ".join(f"{r['bare']['bare_cpu_us_per_req']:.0f}" for r in t["runs"])
     fake = " / ".join(f"{r['gateway']['fake_cpu_us_per_req']:.0f}" for r in t["runs"])
     kind = "QUICK smoke run (counts too small to mean much)" if res["quick"] else "full run"
     packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
@@ -587,21 +651,25 @@ def render(res: dict[str, Any]) -> str:
         f"{m['loadavg_1m_at_start']} at start (other load skews the numbers); {m['python']}; "
         f"{m['platform']}; {packages}; {m['wrk'] or 'wrk not used'}",
         "",
-        "| Measurement | Direct | Gateway | Added / ratio | Target | Result |",
-        "|---|---:|---:|---:|---|---|",
-        *("| " + " | ".join([*cells, "-", "-"][:6]) + " |" for cells in table),
+        "| Measurement | Direct | Bare relay | Gateway | Added / ratio | Target | Result |",
+        "|---|---:|---:|---:|---:|---|---|",
+        *("| " + " | ".join([*cells, "-", "-"][:7]) + " |" for cells in table),
         "",
-        f"Throughput load: {tool}. Server CPU per request in the gateway rounds: gateway {cpu} us, "
-        f"fake vLLM {fake} us (from /proc, 10 ms ticks).",
+        f"Throughput load: {tool}. Server CPU per request, round by round: gateway {cpu} us, "
+        f"bare relay {bare} us, fake vLLM (gateway rounds) {fake} us (from /proc, 10 ms "
+        "ticks); the ratio row divides all rounds' CPU seconds by all their requests.",
         "",
-        "How: one fake vLLM (--ttft 0 --tokens-per-second 0: the upstream answers at once) and "
-        "one gateway with default settings (access log on, written to a file), both started "
-        "by this script, sharing all CPUs with the client and wrk; nothing pinned, phases one "
-        "at a time. Latency and streaming: a raw-socket HTTP/1.1 client, one keep-alive "
-        "connection per target, direct and gateway requests alternated one by one after a "
-        "warm-up; added = gateway percentile - direct percentile; first chunk = first body "
-        f"chunk (the role event). Throughput: {runs} alternating rounds (direct, gateway), "
-        "each shown; the best of each is compared. Per API: the same sequential method for "
+        "How: one fake vLLM (--ttft 0 --tokens-per-second 0: the upstream answers at once), "
+        "one bare relay in front of it (bench/bare_relay.py: uvicorn httptools + one aiohttp "
+        "session, no logic) and one gateway with default settings (access log on, written to "
+        "a file), all started by this script, sharing all CPUs with the client and wrk; "
+        "nothing pinned, phases one at a time. Latency and streaming: a raw-socket HTTP/1.1 "
+        "client, one keep-alive connection per target, the targets alternated request by "
+        "request after a warm-up (the bare relay in the sequential phase only); added = "
+        "percentile - direct percentile; first chunk = first body chunk (the role event). "
+        f"Throughput: {runs} rounds (direct, bare relay, gateway; reversed every other "
+        "round), each shown; "
+        "the best of each is compared. Per API: the same sequential method for "
         "each API; for /v1/messages, direct is the chat request the gateway sends upstream "
         "(so added includes both translations). keys.yaml rows: Direct is the gateway "
         "without keys, Gateway the same gateway with keys.yaml (three keys, rpm/tpm/"
@@ -659,16 +727,18 @@ def run(a: argparse.Namespace, tmp: Path, procs: list[Proc]) -> dict[str, Any]:
         keyed_load = functools.partial(wrk_load, secs=d, conns=c, threads=th, script=keyed_script)
         tool = f"wrk -t{th} -c{c} -d{d:g}s"
     fake = start_fake(tmp, procs)
+    bare = start_bare(tmp, fake, procs)
     gw = start_gateway(tmp, fake, procs, access_log=True)
     res: dict[str, Any] = {"quick": a.quick, "machine": machine(use_wrk), "load_tool": tool}
-    url = f"http://{HOST}:{{{fake.port},{gw.port}}}{CHAT_PATH}"
+    url = f"http://{HOST}:{{{fake.port},{bare.port},{gw.port}}}{CHAT_PATH}"
     load_cmd = f"{tool} -s post.lua {url}" if use_wrk else tool
-    res["commands"] = [fake.command_line(), gw.command_line(), load_cmd]
+    res["commands"] = [fake.command_line(), bare.command_line(), gw.command_line(), load_cmd]
     res["commands"] += [f"post.lua: {' '.join(script.read_text().splitlines())}"]
     log(f"sequential: {a.requests} requests to each target ...")
-    res["sequential"] = phase_latency(fake, gw, a.requests, a.warmup, stream=False)
-    log(f"throughput: {a.runs} x 2 runs of {a.duration:g} s ...")
-    res["throughput"] = phase_throughput(fake, gw, load, a.runs)
+    res["sequential"] = phase_latency(fake, gw, a.requests, a.warmup, stream=False, bare=bare)
+    log(f"throughput: {a.runs} x 3 runs of {a.duration:g} s ...")
+    res["throughput"] = phase_throughput(fake, gw, load, a.runs, bare=bare)
+    bare.stop()
     log(f"streaming: {a.streams} streams from each target ...")
     res["streaming"] = phase_latency(fake, gw, a.streams, a.stream_warmup, stream=True)
     per_api = max(a.requests // 4, 10)

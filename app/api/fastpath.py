@@ -104,6 +104,18 @@ class GatewayApp(FastAPI):
         self._fast = post_handlers(fast_routes)
         self._origins = (origins, client_keys, admin_key)
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An HTTP request goes straight to the stack built at start-up: FastAPI's own
+        `__call__` asks OpenTelemetry's three global providers on every request whether its
+        telemetry is on (the gateway configures none; its metrics are Prometheus'), and
+        Starlette's sets `scope["app"]`, as here."""
+        stack = self.middleware_stack
+        if scope["type"] == "http" and stack is not None and not self.root_path:
+            scope["app"] = self
+            await stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
     def build_middleware_stack(self) -> ASGIApp:
         rest = super().build_middleware_stack()
         max_body_bytes, body_timeout_s = self._body_limits

@@ -61,9 +61,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 def client_gone(scope: Scope) -> None:
     """The client closed its connection before its request body was all read: nobody is
     left to answer. Counted as a client's close (499), logged without a traceback."""
-    ctx = context_of(scope)
-    if ctx is not None:
-        ctx.client_gone = True
+    context_of(scope).client_gone = True
     logger.info("client disconnected before its request body was read path=%s", scope["path"])
 
 

@@ -48,7 +48,6 @@ from app.api.protocol import (
     json_object,
     model_of,
     stream_of,
-    upstream_body,
 )
 from app.api.relay import SSE_TYPE, RelayResponse
 from app.errors import GatewayError, InvalidRequest
@@ -56,10 +55,10 @@ from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.registry import Route as ModelRoute
+from app.routing.shaping import upstream_body, upstream_headers
 from app.services import Services
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.inbound_relay import as_messages, as_token_count
-from app.upstreams.http import forwardable_request_headers
 
 MESSAGES_PATH: Final = "/v1/messages"
 COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
@@ -135,7 +134,7 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
         route = plane.dispatcher.route(model)
         key.check_model(route.name)
         parsed = ParsedRequest(model=model, stream=stream, payload=payload, raw=body)
-        headers = forwardable_request_headers(request.scope["headers"])
+        headers = upstream_headers(request.scope["headers"])
         translated: Translated | None = None
         if not plane.dispatcher.serves_everywhere(route, Api.MESSAGES):
             try:

@@ -11,11 +11,12 @@ metrics, the access line, and an `app.activity` entry for each request to a mode
 (not `/v1/models`). The context's `Waits` is the request's `app.activity.current_waits`
 while it is served.
 
-One `send` wrapper serves the whole stack: the observer's, which also keeps how far the
-response got (`app.api.relay.Progress`: status line out, event stream, last chunk,
-ended; the relay's end of a response cut short reads it) and adds `BodyGuard`'s
-`connection: close` when a response starts before the body was read (`body_pending`).
-`BodyGuard` wraps `send` itself only when no observer is above it.
+The observer is always the outermost layer (`app.api.fastpath.GatewayApp`), so every
+request below it has its context (`context_of`). One `send` wrapper serves the whole
+stack: the observer's, which also keeps how far the response got (status line out, event
+stream, last chunk, ended; the relay's end of a response cut short reads it) and adds
+`BodyGuard`'s `connection: close` when a response starts before the body was read
+(`body_pending`).
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ class RequestContext:
         return self.status != 0
 
 
-def context_of(scope: Scope) -> RequestContext | None:
-    ctx = scope.get(CONTEXT_KEY)
-    return ctx if isinstance(ctx, RequestContext) else None
+def context_of(scope: Scope) -> RequestContext:
+    """The request's context, which `RequestObserver` (always above every route) put in
+    its scope."""
+    ctx: RequestContext = scope[CONTEXT_KEY]
+    return ctx
 
 
 class RequestObserver:
@@ -226,8 +229,7 @@ class BodyGuard:
         size = 0
         deadline: float | None = None
         ctx = context_of(scope)
-        if ctx is not None:
-            ctx.body_pending = True  # the observer's `send` says `connection: close`
+        ctx.body_pending = True  # the observer's `send` says `connection: close`
 
         async def guarded_receive() -> Message:
             nonlocal done, size, deadline
@@ -250,20 +252,11 @@ class BodyGuard:
                 done = not message.get("more_body", False)
             else:
                 done = True
-            if done and ctx is not None:
+            if done:
                 ctx.body_pending = False
             return message
 
-        if ctx is not None:
-            await self.app(scope, guarded_receive, send)
-            return
-
-        async def guarded_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and not done and _has_body(scope):
-                message["headers"] = [*message.get("headers", ()), _CLOSE]
-            await send(message)
-
-        await self.app(scope, guarded_receive, guarded_send)
+        await self.app(scope, guarded_receive, send)
 
 
 def too_large(limit: int) -> PayloadTooLarge:

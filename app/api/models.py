@@ -71,9 +71,7 @@ def reader_scope(request: Request, services: Services) -> Callable[[str], bool]:
     except (AuthenticationFailed, PermissionDenied):
         pass
     key = plane_of(request).auth.check_client(request.headers.get("authorization"))
-    ctx = context_of(request.scope)
-    if ctx is not None:
-        ctx.key = key.name  # named in the request's access line, as for /v1/models
+    context_of(request.scope).key = key.name  # in the request's access line, as for /v1/models
     return key.allows
 
 

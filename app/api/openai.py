@@ -9,7 +9,6 @@ no per-request dependency solving.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Final
 
 from starlette.requests import Request
@@ -19,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 from app.api.deps import plane_of
 from app.api.middleware import context_of, too_large
 from app.api.model_cards import card, listed
-from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request, upstream_body
+from app.api.protocol import PROXIED, Endpoint, ParsedRequest, parse_request
 from app.api.relay import RelayResponse
 from app.errors import EndpointNotServed, MethodNotAllowed, ModelNotFound, UnsupportedMediaType
 from app.jsonwire import json_bytes
@@ -28,10 +27,9 @@ from app.routing.exchange import Call
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.plane import RoutingPlane
 from app.routing.registry import Route as RoutedModel
+from app.routing.shaping import upstream_body, upstream_headers, with_stream_usage
 from app.services import Services
 from app.settings.endpoints import Api
-from app.upstreams.http import forwardable_request_headers
-from app.upstreams.usage import USAGE_OPTION_APIS, asks_usage, with_usage
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -39,24 +37,44 @@ async def read_body(request: Request, limit: int) -> bytes:
     when it is compressed (415: nothing in the stack inflates request bodies, and relaying
     one would hide its size from `limit`). While it is read, `BodyGuard` bounds its size
     and the time it may take."""
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    headers = request.headers
+    encoding = headers.get("content-encoding", "identity")
+    return await _read_body(request, limit, encoding, headers.get("content-length"))
+
+
+async def _read_body(request: Request, limit: int, encoding: str, declared: str | None) -> bytes:
+    encoding = encoding.strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaType(
             f"Compressed request bodies are not accepted (content-encoding: {encoding[:40]}); "
             "send the body uncompressed."
         )
-    declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
     return await request.body()
 
 
+_MAX_WAIT: Final = MAX_WAIT_HEADER.encode()
+# The headers a proxied request's handler reads (`_proxy`), found in one pass.
+_READ: Final = frozenset(
+    {b"authorization", b"content-encoding", b"content-length", b"content-type", _MAX_WAIT}
+)
+
+
+def _headers_read(raw: list[tuple[bytes, bytes]]) -> dict[bytes, str]:
+    """The first value of each of `_READ` in an ASGI scope's headers (names lower-case
+    there), as Starlette's `Headers.get` reads them: one pass instead of one a header."""
+    found: dict[bytes, str] = {}
+    for name, value in raw:
+        if name in _READ and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
+
+
 def client_key(request: Request, authorization: str | None) -> ClientKey:
     """The caller's key (401 without a known one), named in the request's access line."""
     key = plane_of(request).auth.check_client(authorization)
-    ctx = context_of(request.scope)
-    if ctx is not None:
-        ctx.key = key.name
+    context_of(request.scope).key = key.name
     return key
 
 
@@ -64,22 +82,27 @@ def _proxy(endpoint: Endpoint) -> Route:
     async def handle(request: Request) -> Response:
         services: Services = request.app.state.services
         plane = plane_of(request)  # one plane for the whole request, across the body's read
-        key = client_key(request, request.headers.get("authorization"))
-        body = await read_body(request, services.settings.max_body_bytes)
-        content_type = request.headers.get("content-type", "")
-        parsed = parse_request(body, endpoint, content_type)
+        raw_headers = request.scope["headers"]
+        headers = _headers_read(raw_headers)
+        key = client_key(request, headers.get(b"authorization"))
+        limit = services.settings.max_body_bytes
+        encoding = headers.get(b"content-encoding", "identity")
+        body = await _read_body(request, limit, encoding, headers.get(b"content-length"))
+        parsed = parse_request(body, endpoint, headers.get(b"content-type", ""))
         route = plane.dispatcher.route(parsed.model)
         key.check_model(route.name)
-        parsed, usage_added = usage_for(key, parsed, endpoint.api)
+        payload, usage_added = with_stream_usage(
+            parsed.payload, stream=parsed.stream, api=endpoint.api, counts_tokens=key.counts_tokens
+        )
         # Read before the key counts the request: a bad value is a 400 for any model.
-        wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
+        wait_s = parse_max_wait(headers.get(_MAX_WAIT))
         call = Call(
             route,
             endpoint.path,
-            parsed.payload,
+            payload,
             parsed.stream,
             upstream_body(parsed, route),
-            forwardable_request_headers(request.scope["headers"]),
+            upstream_headers(raw_headers),
             api=endpoint.api,
             content_type=parsed.content_type,
             priority=key.priority,
@@ -106,19 +129,6 @@ def continued(
     return None if entry is None else (previous, entry)
 
 
-def usage_for(key: ClientKey, parsed: ParsedRequest, api: Api) -> tuple[ParsedRequest, bool]:
-    """The request asking for its stream's usage when `key` has a limit that counts tokens
-    and the client did not ask (`app.upstreams.usage`); True when it was added. Only the
-    payload changes here: the body is written once, where it is sent (`local_body`, a
-    provider's `body_for`)."""
-    if not (key.counts_tokens and parsed.stream and api in USAGE_OPTION_APIS):
-        return parsed, False
-    if asks_usage(parsed.payload):
-        return parsed, False
-    payload = with_usage(parsed.payload)
-    return replace(parsed, payload=payload), True
-
-
 async def stored_response(request: Request) -> Response:
     """`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
     /v1/responses/{id}/input_items`: relayed to the entry that created the response
@@ -127,9 +137,7 @@ async def stored_response(request: Request) -> Response:
     services: Services = request.app.state.services
     plane = plane_of(request)
     key = client_key(request, request.headers.get("authorization"))
-    ctx = context_of(request.scope)
-    if ctx is not None:
-        ctx.endpoint = "responses_stored"
+    context_of(request.scope).endpoint = "responses_stored"
     response_id = request.path_params["response_id"]
     stored = plane.dispatcher.stored_response(response_id, key.name)
     key.check_model(stored.route.name)
@@ -146,7 +154,7 @@ async def stored_response(request: Request) -> Response:
         {},
         request.query_params.get("stream") == "true",
         body,
-        forwardable_request_headers(request.scope["headers"]),
+        upstream_headers(request.scope["headers"]),
         api=Api.RESPONSES,
         method=request.method,
         priority=key.priority,

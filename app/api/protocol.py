@@ -14,10 +14,8 @@ from typing import Any, Final
 
 from app.errors import ErrorCode, InvalidRequest
 from app.jsonwire import too_deep
-from app.routing.registry import Route
 from app.settings.endpoints import Api
 from app.upstreams.multipart import boundary_of, form_fields, part_names
-from app.upstreams.provider import body_with_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,17 +230,6 @@ def parse_form(body: bytes, endpoint: Endpoint, content_type: str) -> ParsedRequ
 def _missing(param: str, instead: str | None = None) -> InvalidRequest:
     either = f" (or '{instead}')" if instead else ""
     return InvalidRequest(f"Missing required parameter: '{param}'{either}.", param=param)
-
-
-def upstream_body(request: ParsedRequest, route: Route) -> bytes:
-    """The body for the route's backend, as raw bytes: the client's, untouched, unless a
-    form names an alias (its `model` field replaced in place). A JSON body is never written
-    here: where it is sent, `app.routing.local.local_body` writes it once from the payload
-    when anything in it changes (an alias's model, usage asked for, the key's priority, a
-    lowered `max_tokens`), and relays these bytes otherwise."""
-    if not route.rewrites or boundary_of(request.content_type) is None:
-        return request.raw
-    return body_with_model(request.payload, request.raw, request.content_type, route.upstream_model)
 
 
 _TYPE_NAMES: Final = {list: "an array", str: "a string", dict: "an object", bool: "a boolean"}

@@ -44,7 +44,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.activity import WAIT_HEADER, Waits
 from app.api.handlers import error_response
-from app.api.middleware import STREAM_TYPES, RequestContext, context_of
+from app.api.middleware import RequestContext, context_of
 from app.errors import GatewayError, GatewayStopping, UpstreamError, UpstreamUnavailable
 from app.jsonwire import sse_data
 from app.lifecycle.lease import WaitNotice
@@ -116,6 +116,9 @@ OPENAI: Final = OpenAIDialect()
 
 class RelayResponse(Response):
     # A Response only so routes can return it; it builds its own messages in __call__.
+    _ctx: RequestContext  # set first thing in __call__
+    _waits: Waits
+
     def __init__(
         self,
         dispatcher: Dispatcher,
@@ -133,28 +136,20 @@ class RelayResponse(Response):
         self._dialect = dialect
         self._stored = stored
         self._relays = relays
-        self._waits: Waits | None = None
-        self._ctx: RequestContext | None = None
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = context_of(scope)
+        # The observer's context: the request's record, its waits, and how far the
+        # response got (its `send` keeps that).
+        ctx = self._ctx = context_of(scope)
+        self._waits = ctx.waits
         route = self._call.route
-        if ctx is not None:
-            ctx.model, ctx.backend = route.name, route.backend
-            self._waits = ctx.waits
-            self._ctx = ctx
+        ctx.model, ctx.backend = route.name, route.backend
         relays = self._relays
         if relays is not None and relays.stopping:
             self._key_done("error")
             await self._dialect.error_response(_stopping())(scope, receive, send)
             return
-        # How far the response got: the observer's context keeps it, where there is one.
-        out: Progress
-        if ctx is None:
-            send = out = _Progress(send)
-        else:
-            out = ctx
         watch = _DisconnectWatch(receive)
         if relays is not None:
             relays.add(watch.task)
@@ -174,8 +169,7 @@ class RelayResponse(Response):
         except asyncio.CancelledError:
             if watch.disconnected:
                 watch.absorb_cancel()
-                if ctx is not None:
-                    ctx.client_gone = True
+                ctx.client_gone = True
                 logger.info(
                     "client disconnected, upstream request cancelled backend=%s",
                     route.backend,
@@ -184,32 +178,30 @@ class RelayResponse(Response):
                 watch.absorb_cancel()
                 watch.stop()
                 logger.info("gateway stopping, response ended backend=%s", route.backend)
-                await self._end(scope, receive, send, out, _stopping())
+                await self._end(scope, receive, send, ctx, _stopping())
             else:
                 raise
         except Exception:
             watch.stop()
             logger.exception("relay failed unexpectedly backend=%s", route.backend)
-            await self._end(scope, receive, send, out, GatewayError(UNEXPECTED))
+            await self._end(scope, receive, send, ctx, GatewayError(UNEXPECTED))
         finally:
             if relays is not None:
                 relays.discard(watch.task)
             watch.stop()
             if exchange is not None:
                 exchange.finish()
-                if ctx is not None:
-                    _took(ctx, exchange)
+                _took(ctx, exchange)
             self._key_done("served" if exchange is not None else "cancelled")
 
-    async def _open(self, ctx: RequestContext | None, notice: _WakeNotice | None) -> Exchange:
+    async def _open(self, ctx: RequestContext, notice: _WakeNotice | None) -> Exchange:
         """The exchange with the upstream the dispatcher chose (a stored response's
         follow-up: the entry that created it); raises `GatewayError`."""
         if self._stored is not None:
             exchange = await self._dispatcher.open_stored(*self._stored, self._call, notice)
         else:
             exchange = await self._dispatcher.open(self._call, notice)
-        if ctx is not None:
-            ctx.backend = exchange.backend
+        ctx.backend = exchange.backend
         exchange.key = self._call.key
         return exchange
 
@@ -218,16 +210,15 @@ class RelayResponse(Response):
         scope: Scope,
         receive: Receive,
         send: Send,
-        ctx: RequestContext | None,
+        ctx: RequestContext,
         notice: _WakeNotice | None,
         err: GatewayError,
     ) -> None:
         """No upstream answered: `err` as the client's error response (in-band when wake
         notices began the stream), with the wait and the fallbacks it took."""
         self._key_done("error")
-        if ctx is not None:
-            _note_fallbacks(ctx, err.headers.get(FALLBACKS_HEADER.decode()),
-                            err.headers.get(EXPECTED_WAKE_HEADER.decode()))  # fmt: skip
+        _note_fallbacks(ctx, err.headers.get(FALLBACKS_HEADER.decode()),
+                        err.headers.get(EXPECTED_WAKE_HEADER.decode()))  # fmt: skip
         wait = self._wait_header()
         if wait is not None:  # a new dict: the error's may be shared
             err.headers = {**err.headers, WAIT_HEADER.decode(): wait.decode()}
@@ -241,7 +232,7 @@ class RelayResponse(Response):
         """The response ended with an error after its status line went out (`label`: the
         error's code; None: it did not): its activity entry and access line say so, its
         status stays what went out."""
-        if label is not None and self._ctx is not None and self._ctx.stream_error is None:
+        if label is not None and self._ctx.stream_error is None:
             self._ctx.stream_error = label
 
     def _key_done(self, outcome: str) -> None:
@@ -249,10 +240,10 @@ class RelayResponse(Response):
             self._call.key.finish(outcome)
 
     def _wait_header(self) -> bytes | None:
-        return None if self._waits is None else self._waits.header()
+        return self._waits.header()
 
     async def _end(
-        self, scope: Scope, receive: Receive, send: Send, out: Progress, err: GatewayError
+        self, scope: Scope, receive: Receive, send: Send, out: RequestContext, err: GatewayError
     ) -> None:
         """End the response with `err`, however far it got: an error response if nothing
         was sent, the in-band error if a stream was begun. A body other than a stream
@@ -513,48 +504,6 @@ def _stopping() -> GatewayStopping:
     return GatewayStopping(
         "The gateway is shutting down and ended this response before it was complete; retry."
     )
-
-
-class Progress(Protocol):
-    """How far a response got: whether its status line went out, whether it is an event
-    stream, its last body chunk, whether it ended (`RequestContext` keeps it)."""
-
-    @property
-    def head_sent(self) -> bool: ...
-
-    @property
-    def sse(self) -> bool: ...
-
-    @property
-    def last(self) -> bytes: ...
-
-    @property
-    def ended(self) -> bool: ...
-
-
-class _Progress:
-    """`send`, remembering how far the response got, for a relay without the observer's
-    context above it."""
-
-    __slots__ = ("_send", "ended", "head_sent", "last", "sse")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.head_sent = self.sse = self.ended = False
-        self.last = b""
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.head_sent = True
-            self.sse = any(
-                name == b"content-type" and value.startswith(STREAM_TYPES)
-                for name, value in message.get("headers", ())
-            )
-        else:
-            if body := message.get("body", b""):
-                self.last = body
-            self.ended = not message.get("more_body", False)
-        await self._send(message)
 
 
 class _DisconnectWatch:

@@ -16,7 +16,6 @@ headers as given). `keep_alive` is `app.api.ollama.keep_alive`'s.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Final
@@ -42,10 +41,11 @@ from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.plane import RoutingPlane
 from app.routing.registry import ModelEntry, Registry
 from app.routing.registry import Route as ModelRoute
+from app.routing.shaping import upstream_headers
 from app.services import Services
 from app.settings.endpoints import Api
 from app.upstreams.anthropic.bodies import whole_answer
-from app.upstreams.http import BufferedResponse, Relayable, forwardable_request_headers
+from app.upstreams.http import BufferedResponse, Relayable
 
 logger = logging.getLogger(__name__)
 
@@ -197,11 +197,8 @@ async def _model_call(request: Request, path: str) -> Response:
     entry = next((e for e in plane.registry.entries if e.id == route.name), None)
     max_len = None if entry is None else max_model_len_of(entry, services.backends)
     ctx = context_of(request.scope)
-    clock = request_clock(
-        ctx.started if ctx is not None else time.perf_counter(),
-        (lambda: ctx.waits.total_s) if ctx is not None else (lambda: 0.0),
-    )
-    headers = forwardable_request_headers(request.scope["headers"])
+    clock = request_clock(ctx.started, lambda: ctx.waits.total_s)
+    headers = upstream_headers(request.scope["headers"])
     translated = _translated(path, payload, route, name, stream, max_len, clock, headers)
     # Read before the key counts the request: a bad value is a 400 for any model.
     wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.api.protocol import PROXIED, parse_request, upstream_body
+from app.api.protocol import PROXIED, parse_request
 from app.errors import InvalidRequest
 from app.routing.registry import Route
 from app.routing.responses import ResponseIds, created_response_id
+from app.routing.shaping import upstream_body
 from app.upstreams.multipart import boundary_of, form_fields, part_names, replace_field
 
 TRANSCRIPTIONS = next(e for e in PROXIED if e.path == "/v1/audio/transcriptions")

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, parse_request, upstream_body
+from app.api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, parse_request
 from app.errors import InvalidRequest
 from app.routing.registry import Route
+from app.routing.shaping import upstream_body
 
 
 def body(**fields: object) -> bytes:
