@@ -461,3 +461,24 @@ def test_placements_that_cannot_be_created_are_refused(
     assert code == 2
     assert said in err
     assert not directory.exists()
+
+
+def test_the_first_model_page_shows_what_add_writes_and_prints_for_placements(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/first-model.md, One container per placement: its command, what it prints (in
+    order, "..." elided) and the models.yaml it writes."""
+    for name in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/home/me")
+    monkeypatch.chdir(tmp_path)
+    text = section(page("first-model"), "One container per placement")
+    command, printed, written = re.findall(r"```(?:sh|text|yaml)\n(.*?)```", text, re.DOTALL)
+    argv = shlex.split(command)
+    assert argv[:2] == ["microscheduler", "add"]
+    code, out, err = run(argv[2:], capsys)
+    assert (code, err) == (0, "")
+    shown = [line for line in printed.splitlines() if line.strip() != "..."]
+    printed_lines = iter(out.splitlines())
+    assert all(line in printed_lines for line in shown), out  # in order, "..." elided
+    assert (tmp_path / "my-gpus" / "models.yaml").read_text() == written
