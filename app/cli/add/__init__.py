@@ -308,8 +308,8 @@ def _summary(
         f" (the model takes up to {limit:,}: --context)" if limit else ""
     )
     where = f"alone on a {args.gpu_gib:g} GiB GPU"
-    if len(request.gpus) > 1:  # the planner's numbers are per GPU
-        where = f"tensor parallel {len(request.gpus)}, alone on each {args.gpu_gib:g} GiB GPU"
+    if (n := len(request.gpus)) > 1:  # the planner's numbers are per GPU
+        where = f"per GPU (tensor parallel {n}, alone on {n} GPUs of {args.gpu_gib:g} GiB)"
     if plan.ok:
         print(
             f"  plan {where}: {' '.join(plan.flags)}; {context}; "

@@ -423,7 +423,7 @@ def test_tensor_parallel_placements_quote_the_device_list_as_dockers_cli_reads_i
     assert first[first.index("--gpus") + 1] == '"device=0,1"'
     assert second[second.index("--gpus") + 1] == '"device=2,3"'
     assert first[first.index("--tensor-parallel-size") + 1] == "2"
-    assert "tensor parallel 2, alone on each 24 GiB GPU" in out
+    assert "  plan per GPU (tensor parallel 2, alone on 2 GPUs of 24 GiB): " in out
 
 
 def test_a_gpu_list_is_one_tensor_parallel_container(
