@@ -34,6 +34,7 @@ from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
 from app.settings.placement import GpusSpec, check_runtime_gpus, command_tp, gpu_count
 from app.settings.runtimes import (
+    DockerRuntimeConfig,
     ExternalRuntimeConfig,
     KubernetesRuntimeConfig,
     ProcessRuntimeConfig,
@@ -485,7 +486,12 @@ class BackendConfig(StrictConfig):
 
     @property
     def first_gpus(self) -> tuple[int, ...]:
-        """Its `gpus:` list, else its first N GPUs (where a GPU profile plans it)."""
+        """Its `gpus:` list, else its first Docker placement's GPUs (it can run nowhere
+        else), else its first N GPUs (where a GPU profile plans it, and where it starts
+        when there is no GPU reading to choose by)."""
+        runtime = self.runtime
+        if isinstance(runtime, DockerRuntimeConfig) and runtime.placements:
+            return tuple(sorted(runtime.placements[0].gpus))  # with gpus: auto (checked)
         return self.fixed_gpus or tuple(range(self.gpu_count))
 
     @property
