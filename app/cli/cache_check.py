@@ -1,5 +1,6 @@
 """`check-config`'s look at where each backend keeps its caches (`app.runtimes.cache_dirs`):
-a process backend from its environment, a Docker backend from its container, inspected
+a process backend from its environment, a Docker backend from its container (each
+placement's, with `runtime.placements`), inspected
 through the configured Docker API (a few seconds at most; when it cannot be reached, the
 check says so and is skipped). Kubernetes and external backends are not checked: their
 volumes are the cluster's and the server's own business."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from app.runtimes.cache_dirs import container_warnings, process_warnings
 from app.runtimes.docker_api import DockerApi, DockerError
@@ -27,21 +28,29 @@ def cache_warnings(
     """`backends.NAME: ...` for each cache that does not outlive its server."""
     environ = os.environ if environ is None else environ
     found: list[str] = []
-    docker: dict[str, str] = {}  # backend -> container
+    docker: list[tuple[str, str]] = []  # (where, container): each placement's container
     for name, backend in settings.backends.items():
         runtime = backend.runtime
         if isinstance(runtime, ProcessRuntimeConfig):
             env = {**environ, **runtime.env}
             found += [f"backends.{name}: {w}" for w in process_warnings(env)]
         elif isinstance(runtime, DockerRuntimeConfig) and backend.host_name == LOCAL_HOST:
-            docker[name] = runtime.container_on(None)
+            if runtime.placements is None:
+                docker += [(f"backends.{name}", container) for container in runtime.containers]
+            else:  # each was created on its own: each is checked, and named
+                docker += [
+                    (f"backends.{name}.runtime.placements[{i}] ({container})", container)
+                    for i, container in enumerate(runtime.containers)
+                ]
     if docker:
         found += asyncio.run(_containers(settings, docker, docker_transport))
     return found
 
 
 async def _containers(
-    settings: Settings, containers: Mapping[str, str], transport: AsyncBaseTransport | None
+    settings: Settings,
+    containers: Sequence[tuple[str, str]],
+    transport: AsyncBaseTransport | None,
 ) -> list[str]:
     config = settings.docker.model_copy(
         update={"timeout_s": min(settings.docker.timeout_s, INSPECT_TIMEOUT_S)}
@@ -49,7 +58,7 @@ async def _containers(
     api = DockerApi(config, transport=transport)
     found: list[str] = []
     try:
-        for name, container in containers.items():
+        for where, container in containers:
             try:
                 info = await api.inspect(container)
             except DockerError as exc:
@@ -61,7 +70,7 @@ async def _containers(
                     f"({exc})",
                 ]
             env = info.environment()
-            found += [f"backends.{name}: {w}" for w in container_warnings(env, info.mounts)]
+            found += [f"{where}: {w}" for w in container_warnings(env, info.mounts)]
     finally:
         await api.aclose()
     return found

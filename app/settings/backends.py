@@ -32,7 +32,7 @@ from app.settings.endpoints import (
 )
 from app.settings.hf_config import HfConfigField
 from app.settings.model_info import ModelInfoConfig
-from app.settings.placement import GpusSpec, check_runtime_gpus, command_tp, gpu_count
+from app.settings.placement import GpusSpec, check_runtime_gpus, command_tp, first_placed, gpu_count
 from app.settings.runtimes import (
     ExternalRuntimeConfig,
     KubernetesRuntimeConfig,
@@ -485,8 +485,8 @@ class BackendConfig(StrictConfig):
 
     @property
     def first_gpus(self) -> tuple[int, ...]:
-        """Its `gpus:` list, else its first N GPUs (where a GPU profile plans it)."""
-        return self.fixed_gpus or tuple(range(self.gpu_count))
+        """Its `gpus:` list, else its first Docker placement's, else its first N GPUs."""
+        return self.fixed_gpus or first_placed(self.runtime) or tuple(range(self.gpu_count))
 
     @property
     def gpu_count(self) -> int:

@@ -80,6 +80,15 @@ def check_runtime_gpus(gpus: GpusSpec, tensor_parallel: int | None, runtime: Run
     )
 
 
+def first_placed(runtime: RuntimeConfig) -> tuple[int, ...] | None:
+    """The GPUs of a Docker runtime's first placement (None: no placements). A backend
+    with placements runs nowhere else: this is where it starts when nothing chooses (no
+    GPU reading) and where a GPU profile plans it, not GPUs 0..N-1."""
+    if isinstance(runtime, DockerRuntimeConfig) and runtime.placements:
+        return tuple(sorted(runtime.placements[0].gpus))
+    return None
+
+
 def gpu_count(gpus: GpusSpec, tensor_parallel: int | None) -> int:
     """How many GPUs one instance uses."""
     if isinstance(gpus, list):

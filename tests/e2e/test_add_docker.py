@@ -152,3 +152,66 @@ async def test_the_pages_docker_create_line_is_accepted_and_found_by_the_gateway
         assert (status.running, status.detail) == (False, "created (never started)")
     finally:
         docker_env.remove_container(docker_engine, CONTAINER)
+
+
+async def test_the_placements_docker_create_lines_give_each_container_its_gpus(
+    tmp_path: Path, docker_engine: docker_env.DockerEngine, fake_vllm_image: str
+) -> None:
+    """docs/first-model.md, One container per placement, tensor parallel: the lines `add
+    --placements 0,1 2,3` prints, run by Docker's CLI, create two containers with GPUs
+    0 and 1, and 2 and 3 (the quoted device list), both publishing the backend's port; the
+    gateway's runtime reads them as the backend's placements."""
+    docker = docker_cli()
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    text = section(page("first-model"), "One container per placement")
+    assert "`--placements 0,1 2,3`" in text
+    assert "`--gpus '\"device=0,1\"'`" in text
+    [command] = sh_blocks(text)
+    command = command.strip().replace("--placements 0 1", "--placements 0,1 2,3")
+    added = microscheduler(command, tmp_path, env)
+    assert added.returncode == 0, added.stderr
+    lines = [block for block in added.stdout.split("\n\n") if block.startswith("docker create")]
+    names = ["vllm-qwen3-8b-gpu0-1", "vllm-qwen3-8b-gpu2-3"]
+    assert [shlex.split(line.replace("\\\n", ""))[3] for line in lines] == names
+    for name in names:
+        with docker_engine.client() as client:
+            found = client.get(f"/containers/{name}/json")
+        if found.status_code == 200:
+            labels = found.json()["Config"]["Labels"] or {}
+            if labels.get(docker_env.TEST_LABEL) != "1":
+                pytest.fail(f"a container {name} this test did not make exists; not touching it")
+            docker_env.remove_container(docker_engine, name)
+    try:
+        for line in lines:
+            line = line.replace(DEFAULT_IMAGE, fake_vllm_image)
+            line = line.replace(" \\\n", f" --label {docker_env.TEST_LABEL}=1 \\\n", 1)
+            made = subprocess.run(
+                ["bash", "-c", line.replace("docker create", shlex.quote(docker) + " create", 1)],
+                env=env, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert made.returncode == 0, made.stderr
+        hosts = [docker_env.inspect_container(docker_engine, n)["HostConfig"] for n in names]
+        assert [host["DeviceRequests"][0]["DeviceIDs"] for host in hosts] == [
+            ["0", "1"],
+            ["2", "3"],
+        ]
+        assert [host["DeviceRequests"][0]["Count"] for host in hosts] == [0, 0]
+        binding = {"8001/tcp": [{"HostIp": "127.0.0.1", "HostPort": "8001"}]}
+        assert [host["PortBindings"] for host in hosts] == [binding, binding]
+
+        settings = load_settings(tmp_path / "my-gpus")
+        runtime = settings.backends["qwen3-8b"].runtime
+        assert isinstance(runtime, DockerRuntimeConfig)
+        api = DockerApi(settings.docker)
+        try:
+            status = await DockerRuntime("qwen3-8b", runtime, api).status()
+        finally:
+            await api.aclose()
+        assert (status.running, status.detail, status.gpus) == (
+            False,
+            "vllm-qwen3-8b-gpu0-1: created (never started)",
+            (0, 1),
+        )
+    finally:
+        for name in names:
+            docker_env.remove_container(docker_engine, name)

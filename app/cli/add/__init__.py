@@ -17,6 +17,10 @@ append it as a backend to `DIR/models.yaml`, and print the command that creates 
   variable, the tool flags, the port on 127.0.0.1, the Hugging Face and vLLM caches on
   volumes and the backend's label (Docker runtime); `vllm serve` (process runtime, which
   the gateway runs itself from `runtime.command`).
+- GPUs: `--gpu 1` (one container on GPU 1; `--gpu 0,1`: tensor parallel across both), or
+  `--placements 0 1` (Docker, `gpus: auto`): one container per placement, written as
+  `runtime.placements` and printed as one `docker create` each, the gateway starting the
+  one whose GPUs have room (`--placements 0,1 2,3`: two tensor-parallel placements).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from app.cli.add.launch import (
     DEFAULT_IMAGE,
     Mounts,
     container_model_path,
-    docker_create,
+    docker_creates,
     shell_text,
     vllm_serve,
 )
@@ -92,7 +96,20 @@ def add_add_command(subparsers: Subparsers) -> None:
         type=positive_int,
         help=f"the server's port (default: the first free from {FIRST_PORT})",
     )
-    add.add_argument("--gpu", type=int, default=0, help="the GPU's index (default 0)")
+    add.add_argument(
+        "--gpu",
+        type=gpu_list,
+        help="the GPU's index (default 0); a comma list (0,1): tensor parallel across them",
+    )
+    add.add_argument(
+        "--placements",
+        nargs="+",
+        type=gpu_list,
+        metavar="GPUS",
+        help="docker: one container per placement, the gateway starts the one whose GPUs have "
+        "room (gpus: auto): --placements 0 1 (a GPU each), --placements 0,1 2,3 (tensor "
+        "parallel 2)",
+    )
     add.add_argument(
         "--lifecycle",
         choices=("lazy", "pinned", "standby"),
@@ -127,6 +144,41 @@ def add_add_command(subparsers: Subparsers) -> None:
     add.set_defaults(func=guarded(run_add, lambda _: "add"))
 
 
+def gpu_list(text: str) -> tuple[int, ...]:
+    """An argparse type: GPU indexes, comma-separated (`0`, `0,1`), each listed once."""
+    try:
+        gpus = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        gpus = ()
+    if not gpus or min(gpus) < 0:
+        raise argparse.ArgumentTypeError(f"GPU indexes (0, 1, ... or 0,1), got {text!r}")
+    if len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"lists a GPU twice: {text!r}")
+    return tuple(sorted(gpus))
+
+
+def placements_of(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
+    """`--placements`, checked: docker only, not with --gpu, each of one size, none twice."""
+    placements: list[tuple[int, ...]] = args.placements or []
+    if not placements:
+        return ()
+    if args.runtime != "docker":
+        raise UsageError(
+            "--placements is for --runtime docker (a container's GPUs are fixed when it is "
+            "created); a process backend is told its GPUs at each start: write gpus: auto"
+        )
+    if args.gpu is not None:
+        raise UsageError("give --gpu (one container) or --placements (one per placement), not both")
+    if len({len(p) for p in placements}) != 1:
+        raise UsageError(
+            f"--placements {' '.join(','.join(map(str, p)) for p in placements)}: every "
+            "placement has as many GPUs (the tensor-parallel size)"
+        )
+    if len(set(placements)) != len(placements):
+        raise UsageError("--placements lists a placement twice")
+    return tuple(placements)
+
+
 def config_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
     if args.config is not None:
         return Path(args.config)
@@ -152,8 +204,6 @@ def run_add(args: argparse.Namespace) -> int:
             f"{args.name!r} cannot name a backend and its container: use letters, digits, "
             "and . _ - (not first)"
         )
-    if args.gpu < 0:
-        raise UsageError(f"--gpu is a GPU's index (0, 1, ...), got {args.gpu}")
     if args.gpu_gib <= 0:
         raise UsageError(f"--gpu-gib must be a positive number, got {args.gpu_gib:g}")
     directory = config_dir(args, env)
@@ -188,11 +238,18 @@ def run_add(args: argparse.Namespace) -> int:
         print(
             f"\nnote: the gateway reaches Docker through {settings.docker.url}: when it runs in "
             f"a container itself (docker-compose.yml), it cannot reach {request.url}; put "
-            f"{request.container} on its network (--network) and set the backend's url to "
+            f"{_on_network(request)} on its network (--network) and set the backend's url to "
             f"http://{request.container}:{request.port}"
         )
     _next_steps(args, request, directory, settings.port)
     return OK
+
+
+def _on_network(request: Request) -> str:
+    if not request.placements:
+        return request.container
+    # One runs at a time: the name they share is a network alias of each.
+    return f"each placement's container, with --network-alias {request.container},"
 
 
 def _find(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Found | None, Path | None]:
@@ -221,11 +278,13 @@ def _request(
     else:
         model_ref = str(local)
     repo_name = local.name if local is not None else args.model
+    placements = placements_of(args)
     return Request(
         name=args.name,
         runtime=args.runtime,
         port=free_port(settings, args.port),
-        gpu=args.gpu,
+        gpus=placements[0] if placements else args.gpu or (0,),
+        placements=placements,
         model_ref=model_ref,
         context=context,
         kv_dtype=args.kv_dtype,
@@ -248,14 +307,17 @@ def _summary(
     context = f"context {model.max_model_len:,} tokens" + (
         f" (the model takes up to {limit:,}: --context)" if limit else ""
     )
+    where = f"alone on a {args.gpu_gib:g} GiB GPU"
+    if (n := len(request.gpus)) > 1:  # the planner's numbers are per GPU
+        where = f"per GPU (tensor parallel {n}, alone on {n} GPUs of {args.gpu_gib:g} GiB)"
     if plan.ok:
         print(
-            f"  plan alone on a {args.gpu_gib:g} GiB GPU: {' '.join(plan.flags)}; {context}; "
+            f"  plan {where}: {' '.join(plan.flags)}; {context}; "
             f"KV cache {bytes_to_gib(plan.kv_bytes):.2f} GiB ({model.kv_dtype.name}); "
             f"expected use {bytes_to_gib(plan.expected_used_bytes):.2f} GiB"
         )
     else:
-        print(f"  plan alone on a {args.gpu_gib:g} GiB GPU: {context}, {model.kv_dtype.name} KV")
+        print(f"  plan {where}: {context}, {model.kv_dtype.name} KV")
     for note in plan.notes:
         print(f"  note: {note}")
     if request.tool_parser is not None:
@@ -339,11 +401,20 @@ def _launch(
         vllm_cache=vllm_cache_root(env),
         local_model=local,
     )
-    lines = docker_create(request, planned.serve_args, planned.env, mounts, image=args.image)
+    creates = docker_creates(request, planned.serve_args, planned.env, mounts, image=args.image)
+    if not request.placements:
+        print(
+            f"\nCreate its container (the gateway starts and stops it by name, "
+            f"{request.container}):\n"
+        )
+        print(shell_text(creates[0]))
+        return
+    names = ", ".join(name for _, name in request.containers)
     print(
-        f"\nCreate its container (the gateway starts and stops it by name, {request.container}):\n"
+        f"\nCreate its containers, one per placement ({names}): the gateway starts the one "
+        "whose GPUs have room, one at a time (they share the port):\n"
     )
-    print(shell_text(lines))
+    print("\n\n".join(shell_text(lines) for lines in creates))
 
 
 def _next_steps(args: argparse.Namespace, request: Request, directory: Path, port: int) -> None:

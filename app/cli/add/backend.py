@@ -38,7 +38,7 @@ class Request:
     name: str
     runtime: RuntimeKind
     port: int
-    gpu: int
+    gpus: tuple[int, ...]  # its GPUs (more than one: tensor parallel across them)
     model_ref: str  # what vLLM loads: a repository id, or a path as the server sees it
     context: int | None
     kv_dtype: str | None
@@ -47,10 +47,21 @@ class Request:
     tool_parser: ToolParser | None
     vllm: str = "vllm"  # the process runtime's executable
     utilization: float | None = None  # pins --gpu-memory-utilization; None: the planner's
+    # Docker, `gpus: auto`: one container per set of GPUs (each as many as `gpus`), the
+    # gateway starts the one whose GPUs have room; empty: one container on `gpus`.
+    placements: tuple[tuple[int, ...], ...] = ()
 
     @property
     def container(self) -> str:
         return f"vllm-{self.name}"
+
+    @property
+    def containers(self) -> list[tuple[tuple[int, ...], str]]:
+        """Each container to create: its GPUs and its name (`vllm-NAME-gpu1`, and
+        `vllm-NAME-gpu0-1` for a placement on GPUs 0 and 1)."""
+        if not self.placements:
+            return [(self.gpus, self.container)]
+        return [(p, f"{self.container}-gpu{'-'.join(map(str, p))}") for p in self.placements]
 
     @property
     def url(self) -> str:
@@ -86,7 +97,14 @@ def backend_data(
 ) -> dict[str, object]:
     """The backend's mapping (`command`: the process runtime's, once planned)."""
     runtime: dict[str, object]
-    if request.runtime == "docker":
+    if request.placements:
+        runtime = {
+            "kind": "docker",
+            "placements": [
+                {"gpus": list(gpus), "container": name} for gpus, name in request.containers
+            ],
+        }
+    elif request.runtime == "docker":
         runtime = {"kind": "docker", "container": request.container}
     else:
         runtime = {"kind": "process", "command": command or ["vllm", "serve"]}
@@ -97,9 +115,11 @@ def backend_data(
         "models": [request.name],
         "runtime": runtime,
         "lifecycle": request.lifecycle,
-        "gpus": [request.gpu],
+        "gpus": "auto" if request.placements else list(request.gpus),
         "start_timeout_s": 900,  # the first start downloads the weights
     }
+    if request.placements and len(request.gpus) > 1:  # `auto` is one GPU unless told
+        data["tensor_parallel_size"] = len(request.gpus)
     if request.sleep_mode:
         data["sleep_mode"] = True  # a container's environment is not seen by the gateway
     data["model_info"] = model_info(request, description)

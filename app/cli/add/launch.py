@@ -49,11 +49,48 @@ def docker_create(
     """`docker create` for the backend: its name and label, the GPU, the port on
     127.0.0.1 only (vLLM's sleep routes have no authentication), the caches, the
     environment, the image and vLLM's arguments (the image's entrypoint is `vllm serve`;
-    `--model` as docker-compose.yml passes it)."""
+    `--model` as docker-compose.yml passes it). One per placement: `docker_creates`."""
+    return docker_creates(request, serve_args, env, mounts, image=image)[0]
+
+
+def docker_creates(
+    request: Request,
+    serve_args: Sequence[str],
+    env: dict[str, str],
+    mounts: Mounts,
+    *,
+    image: str = DEFAULT_IMAGE,
+) -> list[list[list[str]]]:
+    """`docker create` of each container (one per placement), alike but for the name
+    and the GPUs; every one publishes the backend's one port (one runs at a time)."""
+    return [
+        _create(request, name, gpus, serve_args, env, mounts, image)
+        for gpus, name in request.containers
+    ]
+
+
+def gpus_flag(gpus: Sequence[int]) -> str:
+    """`--gpus`'s value for these GPUs. Docker's CLI reads the value as CSV, so a list of
+    devices is quoted inside it, as Docker's and NVIDIA's docs write it: `--gpus
+    '"device=0,1"'`. Unquoted, `device=0,1` is cut at the comma into `device=0` and a
+    count of 1: the container gets GPU 0 alone (Docker 28.2 CLI: DeviceIDs ["0"], Count 1)."""
+    devices = ",".join(map(str, gpus))
+    return f"device={devices}" if len(gpus) == 1 else f'"device={devices}"'
+
+
+def _create(
+    request: Request,
+    name: str,
+    gpus: Sequence[int],
+    serve_args: Sequence[str],
+    env: dict[str, str],
+    mounts: Mounts,
+    image: str,
+) -> list[list[str]]:
     lines = [
-        ["docker", "create", "--name", request.container],
+        ["docker", "create", "--name", name],
         ["--label", f"{BACKEND_LABEL}={request.name}"],
-        ["--gpus", f"device={request.gpu}", "--ipc=host"],
+        ["--gpus", gpus_flag(gpus), "--ipc=host"],
         ["-p", f"127.0.0.1:{request.port}:{request.port}"],
         ["-v", f"{mounts.hf_home}:{CONTAINER_HF_HOME}"],
     ]

@@ -16,7 +16,7 @@ import yaml
 
 from app.cli import build_parser
 from app.cli.serve import run_check_config
-from app.settings import load_settings
+from app.settings import DockerRuntimeConfig, load_settings
 from tests.docs import page, section
 from tests.fakes.nvml import NoNvml
 
@@ -365,3 +365,120 @@ def test_the_gpu_share_can_be_pinned(tmp_path: Path, capsys: pytest.CaptureFixtu
     info = load_settings(directory).backends["qwen3-8b"].model_info
     assert info is not None
     assert info.gpu_memory_utilization == 0.95
+
+
+# --- several GPUs: placements and tensor parallel ----------------------------------------------
+
+
+def create_lines(out: str) -> list[list[str]]:
+    """Each printed `docker create` command, as the shell would split it."""
+    blocks = [b for b in out.split("\n\n") if b.startswith("docker create")]
+    return [shlex.split(block.replace("\\\n", "")) for block in blocks]
+
+
+def test_placements_write_gpus_auto_and_print_one_create_per_placement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "my-gpus"
+    argv = ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    code, out, err = run([*argv, "--placements", "0", "1"], capsys)
+
+    assert (code, err) == (0, "")
+    backend = load_settings(directory).backends["qwen3-8b"]
+    assert backend.gpus == "auto"
+    assert backend.runtime.kind == "docker"
+    assert [(p.gpus, p.container) for p in backend.runtime.placements or []] == [
+        ([0], "vllm-qwen3-8b-gpu0"),
+        ([1], "vllm-qwen3-8b-gpu1"),
+    ]
+    first, second = create_lines(out)
+    assert first[:4] == ["docker", "create", "--name", "vllm-qwen3-8b-gpu0"]
+    assert second[:4] == ["docker", "create", "--name", "vllm-qwen3-8b-gpu1"]
+    assert (first[first.index("--gpus") + 1], second[second.index("--gpus") + 1]) == (
+        "device=0",
+        "device=1",
+    )
+    # Alike but for the name and the GPU: one port, one label, one vLLM command.
+    assert first[5:] == [*second[5:7], "device=0", *second[8:]]
+    assert "--tensor-parallel-size" not in first
+    assert "one per placement (vllm-qwen3-8b-gpu0, vllm-qwen3-8b-gpu1)" in out
+    check_config(directory, capsys)
+
+
+def test_tensor_parallel_placements_quote_the_device_list_as_dockers_cli_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "my-gpus"
+    argv = ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    code, out, err = run([*argv, "--placements", "0,1", "2,3"], capsys)
+
+    assert (code, err) == (0, "")
+    backend = load_settings(directory).backends["qwen3-8b"]
+    assert (backend.gpus, backend.tensor_parallel_size, backend.gpu_count) == ("auto", 2, 2)
+    assert isinstance(backend.runtime, DockerRuntimeConfig)
+    assert [p.gpus for p in backend.runtime.placements or []] == [[0, 1], [2, 3]]
+    assert "--gpus '\"device=0,1\"' --ipc=host" in out  # as Docker's docs write it
+    first, second = create_lines(out)
+    assert first[3] == "vllm-qwen3-8b-gpu0-1"
+    assert first[first.index("--gpus") + 1] == '"device=0,1"'
+    assert second[second.index("--gpus") + 1] == '"device=2,3"'
+    assert first[first.index("--tensor-parallel-size") + 1] == "2"
+    assert "  plan per GPU (tensor parallel 2, alone on 2 GPUs of 24 GiB): " in out
+
+
+def test_a_gpu_list_is_one_tensor_parallel_container(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "tp"
+    argv = ["qwen3-8b", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    code, out, err = run([*argv, "--gpu", "1,0"], capsys)
+
+    assert (code, err) == (0, "")
+    backend = load_settings(directory).backends["qwen3-8b"]
+    assert isinstance(backend.runtime, DockerRuntimeConfig)
+    assert (backend.gpus, backend.runtime.container) == ([0, 1], "vllm-qwen3-8b")
+    [line] = create_lines(out)
+    assert line[line.index("--gpus") + 1] == '"device=0,1"'
+    assert line[line.index("--tensor-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--placements", "0", "1", "--runtime", "process"], "is for --runtime docker"),
+        (["--placements", "0", "1,2"], "every placement has as many GPUs"),
+        (["--placements", "0", "0"], "--placements lists a placement twice"),
+        (["--placements", "0", "1", "--gpu", "0"], "give --gpu (one container) or --placements"),
+    ],
+)
+def test_placements_that_cannot_be_created_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
+) -> None:
+    directory = tmp_path / "refused"
+    argv = ["q", "--model", "Qwen/Qwen3-8B", "--gpu-gib", "24", "--config", str(directory)]
+    code, _, err = run([*argv, *flags], capsys)
+
+    assert code == 2
+    assert said in err
+    assert not directory.exists()
+
+
+def test_the_first_model_page_shows_what_add_writes_and_prints_for_placements(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/first-model.md, One container per placement: its command, what it prints (in
+    order, "..." elided) and the models.yaml it writes."""
+    for name in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/home/me")
+    monkeypatch.chdir(tmp_path)
+    text = section(page("first-model"), "One container per placement")
+    command, printed, written = re.findall(r"```(?:sh|text|yaml)\n(.*?)```", text, re.DOTALL)
+    argv = shlex.split(command)
+    assert argv[:2] == ["microscheduler", "add"]
+    code, out, err = run(argv[2:], capsys)
+    assert (code, err) == (0, "")
+    shown = [line for line in printed.splitlines() if line.strip() != "..."]
+    printed_lines = iter(out.splitlines())
+    assert all(line in printed_lines for line in shown), out  # in order, "..." elided
+    assert (tmp_path / "my-gpus" / "models.yaml").read_text() == written

@@ -15,7 +15,15 @@ import yaml
 from app.cli.add.backend import Request, plan_backend
 from app.cli.add.describe import Description
 from app.cli.add.family import tool_parser
-from app.cli.add.launch import Mounts, argv, docker_create, shell_text, vllm_serve
+from app.cli.add.launch import (
+    Mounts,
+    argv,
+    docker_create,
+    docker_creates,
+    gpus_flag,
+    shell_text,
+    vllm_serve,
+)
 from app.cli.add.source import find_model, hub_cache, vllm_cache_root, weights_size
 from app.cli.add.yaml_text import insert_backend
 from app.planner.catalog import catalog_model
@@ -129,7 +137,7 @@ def request(**changes: Any) -> Request:
         "name": "qwen3-8b",
         "runtime": "docker",
         "port": 8001,
-        "gpu": 0,
+        "gpus": (0,),
         "model_ref": "Qwen/Qwen3-8B",
         "context": None,
         "kv_dtype": None,
@@ -179,6 +187,23 @@ def test_a_hub_cache_of_its_own_and_a_local_model_are_mounted_too() -> None:
     volumes = [args[i + 1] for i, arg in enumerate(args) if arg == "-v"]
     assert "/big/hub:/root/.cache/huggingface/hub" in volumes
     assert "/models/mine:/models/qwen3-8b:ro" in volumes
+
+
+def test_a_device_list_is_quoted_inside_the_gpus_value() -> None:
+    """Docker's CLI reads `--gpus` as CSV: `"device=0,1"` keeps the list whole."""
+    assert gpus_flag([1]) == "device=1"
+    assert gpus_flag([0, 1]) == '"device=0,1"'
+    lines = docker_create(request(gpus=(0, 1)), SERVE_ARGS, {}, MOUNTS)
+    assert "--gpus '\"device=0,1\"' --ipc=host" in shell_text(lines)
+
+
+def test_one_create_per_placement_differs_only_in_name_and_gpus() -> None:
+    creates = docker_creates(request(gpus=(0,), placements=((0,), (1,))), SERVE_ARGS, {}, MOUNTS)
+    first, second = (argv(lines) for lines in creates)
+    assert (first[3], second[3]) == ("vllm-qwen3-8b-gpu0", "vllm-qwen3-8b-gpu1")
+    assert [a for a in first if a not in ("vllm-qwen3-8b-gpu0", "device=0")] == [
+        a for a in second if a not in ("vllm-qwen3-8b-gpu1", "device=1")
+    ]
 
 
 def test_vllm_serve_puts_the_environment_first() -> None:

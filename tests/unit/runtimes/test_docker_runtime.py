@@ -272,3 +272,180 @@ async def test_status_when_docker_times_out_is_a_runtime_error(
         await runtime.status()
 
     assert "did not answer GET /containers/vllm-reasoning/json within 10s" in str(caught.value)
+
+
+# --- placements: one container per set of GPUs ------------------------------------------------
+
+GPU0, GPU1 = "qwen-gpu0", "qwen-gpu1"
+
+
+def placed_answer(name: str, status: str, *, exit_code: int = 0) -> httpx.Response:
+    answer = inspect_answer(status, exit_code=exit_code)
+    body = answer.json()
+    body["Name"] = f"/{name}"
+    return httpx.Response(200, json=body)
+
+
+def route(docker: respx.MockRouter, method: str, name: str, action: str) -> respx.Route:
+    path = f"/v1.41/containers/{name}/{action}"
+    return docker.get(path) if method == "GET" else docker.post(path)
+
+
+@pytest.fixture
+def placed(api: DockerApi) -> DockerRuntime:
+    config = DockerRuntimeConfig.model_validate(
+        {
+            "kind": "docker",
+            "placements": [{"gpus": [0], "container": GPU0}, {"gpus": [1], "container": GPU1}],
+            "stop_timeout_s": 20,
+        }
+    )
+    return DockerRuntime("qwen", config, api)
+
+
+async def test_start_starts_the_container_of_the_chosen_gpus(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "exited"))
+    start0 = route(docker, "POST", GPU0, "start").mock(return_value=httpx.Response(204))
+    start1 = route(docker, "POST", GPU1, "start").mock(return_value=httpx.Response(204))
+
+    await placed.start((1,))
+
+    assert (start0.call_count, start1.call_count) == (0, 1)
+    assert placed.describe() == "docker container 'qwen-gpu1' via http://docker-proxy:2375"
+
+
+async def test_start_is_refused_while_another_placement_runs(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU1, "json").mock(return_value=placed_answer(GPU1, "running"))
+    start0 = route(docker, "POST", GPU0, "start").mock(return_value=httpx.Response(204))
+
+    with pytest.raises(RuntimeFailure) as caught:
+        await placed.start((0,))
+
+    assert not start0.called  # never two placements of one backend at once
+    assert str(caught.value) == (
+        "cannot start container 'qwen-gpu0' of backend qwen: container 'qwen-gpu1' "
+        "(backends.qwen.runtime.placements[1].container, GPU 1) is running, started outside "
+        "this gateway, and both serve on the backend's URL; stop it (docker stop qwen-gpu1) "
+        "and the gateway starts the one it chose"
+    )
+
+
+async def test_start_on_gpus_without_a_placement_names_the_placements(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    with pytest.raises(RuntimeFailure) as caught:
+        await placed.start((2,))
+
+    assert str(caught.value) == (
+        "no container of backends.qwen.runtime.placements is on GPUs [2] "
+        "(its placements: qwen-gpu0 on GPU 0, qwen-gpu1 on GPU 1)"
+    )
+
+
+async def test_status_after_a_restart_finds_the_running_placement_and_its_gpus(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "exited"))
+    route(docker, "GET", GPU1, "json").mock(return_value=placed_answer(GPU1, "running"))
+
+    status = await placed.status()
+
+    assert status == RuntimeStatus(running=True, detail="qwen-gpu1: running", gpus=(1,))
+    assert placed.describe() == "docker container 'qwen-gpu1' via http://docker-proxy:2375"
+
+
+async def test_status_with_none_running_is_the_first_placements(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "created"))
+    route(docker, "GET", GPU1, "json").mock(return_value=placed_answer(GPU1, "exited"))
+
+    status = await placed.status()
+
+    assert status == RuntimeStatus(
+        running=False, detail="qwen-gpu0: created (never started)", gpus=(0,)
+    )
+
+
+async def test_status_with_two_placements_up_is_a_runtime_error(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "running"))
+    route(docker, "GET", GPU1, "json").mock(return_value=placed_answer(GPU1, "running"))
+
+    with pytest.raises(RuntimeFailure) as caught:
+        await placed.status()
+
+    assert str(caught.value) == (
+        "containers 'qwen-gpu0' and 'qwen-gpu1' of backend qwen are all up, and they serve "
+        "on one URL: stop all but one (docker stop NAME)"
+    )
+
+
+async def test_status_of_a_missing_placement_names_its_config_key(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "exited"))
+    route(docker, "GET", GPU1, "json").mock(
+        return_value=httpx.Response(404, json={"message": f"No such container: {GPU1}"})
+    )
+
+    with pytest.raises(RuntimeFailure) as caught:
+        await placed.status()
+
+    assert str(caught.value) == (
+        "container 'qwen-gpu1' not found (backends.qwen.runtime.placements[1].container): "
+        "No such container: qwen-gpu1"
+    )
+
+
+async def test_status_after_a_start_is_the_started_placements(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "exited"))
+    inspect1 = route(docker, "GET", GPU1, "json").mock(
+        return_value=placed_answer(GPU1, "exited", exit_code=1)
+    )
+    route(docker, "POST", GPU1, "start").mock(return_value=httpx.Response(204))
+    await placed.start((1,))
+
+    status = await placed.status()
+
+    assert status == RuntimeStatus(
+        running=False, exit_code=1, detail="qwen-gpu1: exited (1)", gpus=(1,)
+    )
+    assert inspect1.call_count == 1  # the started one only: no search
+
+
+async def test_stop_after_a_restart_stops_the_running_placement(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "exited"))
+    route(docker, "GET", GPU1, "json").mock(
+        side_effect=[placed_answer(GPU1, "running"), placed_answer(GPU1, "exited")]
+    )
+    stop0 = route(docker, "POST", GPU0, "stop").mock(return_value=httpx.Response(304))
+    stop1 = route(docker, "POST", GPU1, "stop").mock(return_value=httpx.Response(204))
+
+    await placed.stop()
+
+    assert (stop0.call_count, stop1.call_count) == (0, 1)
+    assert stop1.calls.last.request.url.params["t"] == "20"
+
+
+async def test_logs_after_a_restart_are_the_running_placements(
+    docker: respx.MockRouter, placed: DockerRuntime
+) -> None:
+    route(docker, "GET", GPU0, "json").mock(return_value=placed_answer(GPU0, "exited"))
+    route(docker, "GET", GPU1, "json").mock(return_value=placed_answer(GPU1, "running"))
+    frame = b"\x01\x00\x00\x00\x00\x00\x00\x06ready\n"
+    logs1 = route(docker, "GET", GPU1, "logs").mock(return_value=httpx.Response(200, content=frame))
+
+    lines = [line async for line in await placed.logs(tail=10, follow=False)]
+
+    assert lines == ["ready\n"]
+    assert logs1.call_count == 1
