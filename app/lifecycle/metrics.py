@@ -195,8 +195,8 @@ class Placed(Protocol):
 class BackendGpuCollector(Collector):
     """`microscheduler_backend_gpu{backend,host,gpu}`: 1 for each GPU a backend holds
     memory on now (`Backend.memory.gpus` while `holds_vram`, as `/status` `gpus`), 0 for
-    each other GPU it may sit on: its `gpus:` list, and every GPU it held since the
-    gateway started (`gpus: auto` or a count). A GPU it left goes to 0, not away, so a
+    each other GPU it may sit on: its `gpus:` list, and every GPU a scrape saw it hold
+    since the gateway started (`gpus: auto` or a count). A GPU it left goes to 0, not away, so a
     graph shows the move and `changes()` counts it; the series stay bounded by the
     backends x their host's GPUs. A kubernetes backend without `host:` has none (the
     cluster places it); a backend a reload removed loses its series.
@@ -207,7 +207,7 @@ class BackendGpuCollector(Collector):
 
     def __init__(self, backends: Mapping[str, Placed]) -> None:
         self._backends = backends
-        self._seen: dict[str, set[int]] = {}  # backend -> GPUs it held since start
+        self._seen: dict[str, set[int]] = {}  # backend -> GPUs a scrape saw it hold
 
     def describe(self) -> Iterator[Metric]:
         yield self._family()
@@ -232,6 +232,6 @@ class BackendGpuCollector(Collector):
         return GaugeMetricFamily(
             series_name("backend_gpu"),
             "1 for each GPU the backend holds memory on now, 0 for the others it may use "
-            "(its gpus: list, or those it held since the gateway started).",
+            "(its gpus: list, or those a scrape saw it hold since the gateway started).",
             labels=["backend", "host", "gpu"],
         )
