@@ -5,6 +5,7 @@ admission places on GPU 1 is drawn in GPU 1's bar, and its card says `GPUs 1` an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -15,13 +16,13 @@ from tests.fakes.processes import gateway_process, sim_gpu_models
 pytestmark = pytest.mark.e2e
 
 
-def two_gpu_models(ledger: Path) -> dict[str, object]:
+def two_gpu_models(ledger: Path) -> dict[str, Any]:
     """`sim_gpu_models` on two GPUs: pinned on GPU 0 (14,000 MiB), lazy chosen at each
     start (14,000 MiB: no room beside pinned, so GPU 1)."""
     models = sim_gpu_models(ledger, pinned_mib=14000, lazy_mib=14000)
-    models["gpu"]["sim"]["count"] = 2  # type: ignore[index]
-    models["backends"]["pinned"]["gpus"] = [0]  # type: ignore[index]
-    models["backends"]["lazy"]["gpus"] = "auto"  # type: ignore[index]
+    models["gpu"]["sim"]["count"] = 2
+    models["backends"]["pinned"]["gpus"] = [0]
+    models["backends"]["lazy"]["gpus"] = "auto"
     return models
 
 

@@ -61,7 +61,9 @@ def test_even_splits_and_even_replicas_are_accepted(
 def test_mla_checks_the_attention_heads_only() -> None:
     model = catalog_model("deepseek-v2-lite")  # MLA: one latent every GPU keeps whole
     assert model.shape.is_mla
-    assert accepted_sizes(model) == [n for n in range(1, 9) if model.attention_heads % n == 0]
+    heads = model.attention_heads
+    assert heads is not None
+    assert accepted_sizes(model) == [n for n in range(1, 9) if heads % n == 0]
 
 
 def test_a_backend_on_3_gpus_of_a_32_head_model_is_a_config_error(tmp_path: Path) -> None:
