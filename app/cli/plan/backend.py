@@ -165,7 +165,7 @@ def run_backend(args: argparse.Namespace) -> int:
         cuda_context_gib=gib3(parts.cuda_context_bytes),
         gpu_memory_utilization=parts.gpu_memory_utilization,
         problems=list(parts.problems),
-        placed=placement_text(config, tp, footprint.mib, gpu.placement),
+        placed=placement_text(config, config.gpu_count, footprint.mib, gpu.placement),
         admission_mib=config.vram_mib if config.vram_mib is not None else footprint.mib,
     )
     total = "" if total_mib is None else f" of {total_mib:,} MiB"
@@ -177,6 +177,11 @@ def run_backend(args: argparse.Namespace) -> int:
     flags.append(f"--max-model-len {planned.max_model_len}")
     lines.append(f"vllm flags: {' '.join(flags)}")
     lines.append(f"placement: {data['placed']}")
+    if tp != config.gpu_count:
+        lines.append(
+            f"note: on {gpus_count(tp)} it needs tensor_parallel_size: {tp} with gpus: auto "
+            f"(or a list of {tp} GPUs)"
+        )
     if config.vram_mib is not None:
         lines.append(f"note: admission counts its vram_mib {config.vram_mib:,} MiB on each GPU")
     lines += [f"problem: {text}" for text in parts.problems]
