@@ -422,6 +422,8 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
     return {
         "name": host.name,
         "probe": host.arbiter.probe_name,
+        # Where its `gpus: auto` (or counted) backends go at each start: pack or spread.
+        "placement": host.arbiter.policy,
         "gpu": gpu_status_view(status, probe=host.arbiter.probe_name, warning=host.probe_warning),
         "holds": {
             "yield": yield_view(host.vram_yield.current),

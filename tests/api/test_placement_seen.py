@@ -44,7 +44,9 @@ async def test_status_and_backends_say_which_gpus_each_backend_holds_and_why(
 ) -> None:
     backends, runtimes = two_models()
     async with lifecycle_gateway(backends, runtimes, tmp_path, gpu=TWO_GPUS) as gw:
-        before = by_name((await gw.client.get("/status")).json()["backends"])
+        first = (await gw.client.get("/status")).json()
+        assert [(h["name"], h["placement"]) for h in first["hosts"]] == [("local", "pack")]
+        before = by_name(first["backends"])
         assert where(before["a"]) == ([], [0], [0], "gpus: in its config")
         assert where(before["b"]) == ([], None, "auto", "not placed yet")
 
