@@ -227,6 +227,7 @@ class Services:
             name: self._build_backend(name, cfg, self._runtime_factory(name, cfg), arbiters, books)
             for name, cfg in settings.backends.items()
         }
+        self.metrics.watch_placements(self.backends)  # backend_gpu, read at each scrape
         # Each host's backends (the dicts its arbiter, RAM book and yield read; a reload
         # adds and removes entries in place).
         self.host_backends: dict[str, dict[str, Backend]] = {}

@@ -14,6 +14,7 @@ from app.api.sleeps import sleeps_view
 from app.gpu.poller import GpuStatus
 from app.gpu.telemetry import MIB, GpuStats
 from app.lifecycle.load import LoadStatus
+from app.lifecycle.memory import NOT_PLACED
 from app.lifecycle.state import BackendState
 from app.lifecycle.view import BackendView
 from app.planner.footprint import Footprint
@@ -79,9 +80,10 @@ def backend_view(backend: BackendView) -> Json:
         # The last failure to reach it, in full (address, exception): clients get a summary.
         "upstream_error": backend.upstream.last_error,
         "vram_mib": backend.vram_mib,
-        "gpus": cfg.gpus,
         # The machine whose GPUs it uses; None: a kubernetes backend the cluster places.
         "host": cfg.host_name if cfg.gpus_accounted else None,
+        # Where it sits: `gpus`, `last_gpus`, `placement`, `placed_why` (`placement_view`).
+        **placement_view(backend),
         "holds_vram": backend.holds_vram,
         # MiB per GPU it holds now (None: none): asleep, what it kept; else what its last
         # start measured, else what admission counts. `ps` and `status` show this.
@@ -111,6 +113,32 @@ def backend_view(backend: BackendView) -> Json:
         "host_ram_charge_mib": backend.ram_charge[0],
         "host_ram_charge_from": backend.ram_charge[1],
         "sleeps": sleeps_view(backend.sleeps, backend.config.sleep_leak_mib),  # the sleep guard
+    }
+
+
+def placement_view(backend: BackendView) -> Json:
+    """Where a backend sits, in `/status` and `/backends`:
+
+    - `gpus`: the GPUs it holds memory on now (running, starting once admitted, asleep
+      with what it keeps); `[]` while it holds none (stopped, failed, waiting for room);
+    - `last_gpus`: where it runs now or ran last (a `gpus:` list: that list, from the
+      start); null for `gpus: auto` or a count before its first start placed it;
+    - `placement`: its `gpus:` as configured: `auto`, a count (chosen at each start by its
+      host's `gpu.placement:`) or the list;
+    - `placed_why`: why it went there ("GPU 1: 18.2 GiB free, pack").
+
+    A kubernetes backend without `host:` (the cluster places it): `[]`, null, null and
+    what says so."""
+    cfg = backend.config
+    if not cfg.gpus_accounted:
+        why = "placed by the cluster's scheduler (no host:)"
+        return {"gpus": [], "last_gpus": None, "placement": None, "placed_why": why}
+    placed = cfg.fixed_gpus is not None or backend.placed_why != NOT_PLACED
+    return {
+        "gpus": list(backend.gpus) if backend.holds_vram else [],
+        "last_gpus": list(backend.gpus) if placed else None,
+        "placement": cfg.gpus,
+        "placed_why": backend.placed_why,
     }
 
 
@@ -394,6 +422,8 @@ def host_view(host: Host, status: GpuStatus | None) -> Json:
     return {
         "name": host.name,
         "probe": host.arbiter.probe_name,
+        # Where its `gpus: auto` (or counted) backends go at each start: pack or spread.
+        "placement": host.arbiter.policy,
         "gpu": gpu_status_view(status, probe=host.arbiter.probe_name, warning=host.probe_warning),
         "holds": {
             "yield": yield_view(host.vram_yield.current),

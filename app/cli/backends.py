@@ -8,7 +8,9 @@ has begun), `unload` drains it, then sleeps or stops it as its `idle:` method sa
 and `stop` are the low-level verbs of the admin API (`POST /backends/{name}/start`,
 `.../stop`): NAME is a backend, and `stop` always stops (whatever `idle:` says).
 
-`ps` columns: the backend, its state, its lifecycle, the VRAM it holds now (`held_mib`,
+`ps` columns: the backend, its state, its lifecycle, the GPUs it holds memory on now
+(`gpus`, e.g. `0,1`; `-` when none: `status` says why it went there), the VRAM it holds
+now on each of them (`held_mib`,
 MiB per GPU: measured at its last start, else what admission counts; asleep, what it
 keeps; `-` when it holds none; `status` shows the same), the requests in flight, those
 queued (held for its start or for a slot), and when idle: what its idle stop will do
@@ -140,12 +142,32 @@ def countdown(value: Any) -> str:
 def render_ps(backends: list[JsonDict]) -> str:
     if not backends:
         return "no backends"
-    rows = [["backend", "state", "lifecycle", "VRAM MiB", "in flight", "queued", "when idle"]]
+    rows = [
+        ["backend", "state", "lifecycle", "GPUs", "VRAM MiB", "in flight", "queued", "when idle"]
+    ]
     for b in backends:
         mib = held_mib(b)
-        rows.append([b["name"], b["state"], b["lifecycle"], "-" if mib is None else f"{mib:,}",
-                     str(b["in_flight"]), str(b["waiting"]), when_idle(b)])  # fmt: skip
+        rows.append([b["name"], b["state"], b["lifecycle"], gpus_text(b),
+                     "-" if mib is None else f"{mib:,}", str(b["in_flight"]), str(b["waiting"]),
+                     when_idle(b)])  # fmt: skip
     return "\n".join(table(rows))
+
+
+def gpus_text(backend: JsonDict) -> str:
+    """`0,1`: the GPUs it holds memory on now (`gpus`); `-` when none."""
+    gpus = backend.get("gpus")
+    if not isinstance(gpus, list) or not gpus:  # a gateway before issue 37 said its config
+        return "-"
+    return ",".join(str(g) for g in gpus)
+
+
+def placed_text(backend: JsonDict) -> str | None:
+    """`on GPU 1: 18.2 GiB free, pack` for a backend placed at each start that holds its
+    GPUs now (`placed_why`); None otherwise (a `gpus:` list says it all)."""
+    why = backend.get("placed_why")
+    if not why or isinstance(backend.get("placement"), list) or not backend.get("gpus"):
+        return None
+    return f"placed {why}" if why.startswith("GPU") else str(why)
 
 
 def when_idle(backend: JsonDict) -> str:

@@ -3,8 +3,10 @@
 With models.yaml `hosts:`, the GPUs, the yields and the zones of every host, and a host
 column for the backends.
 
-The backends' `VRAM MiB` is what each holds now, as `ps` shows it (`held_mib`: asleep,
-what it kept; `-` when it holds none).
+The backends' `GPUs` are those each holds memory on now and `VRAM MiB` what it holds on
+each, as `ps` shows them (`held_mib`: asleep, what it kept; `-` when it holds none); for
+a backend placed at each start (`gpus: auto` or a count), `why` says why it went there
+(`placed GPU 1: 18.2 GiB free, pack`).
 
 `--watch` follows `GET /status/stream` and prints the table again on every change (in
 place on a terminal) until Ctrl-C.
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli.backends import held_mib
+from app.cli.backends import gpus_text, held_mib, placed_text
 from app.cli.common import OK, UNREACHABLE, Subparsers, error
 from app.cli.common import table as _table
 from app.cli.gateway import (
@@ -52,6 +54,13 @@ def _load(load: JsonDict | None) -> str | None:
     return f"{load.get('phase')} {load.get('percent')}%{left}"
 
 
+def _why(backend: JsonDict) -> str:
+    """What it waits for or why it is in its state, and why it sits on its GPUs."""
+    reasons = [_load(backend.get("load")), backend.get("starting"), backend.get("reason"),
+               *(backend.get("blocked_by") or []), placed_text(backend)]  # fmt: skip
+    return "; ".join(x for x in reasons if x) or "-"
+
+
 def _mib(value: Any) -> str:
     return "-" if value is None else f"{value:,}"
 
@@ -77,14 +86,11 @@ def render(status: JsonDict, url: str) -> str:
         )
     for zone in status.get("holds", {}).get("zones", []):
         lines.append(f"zone {zone['zone']}: {_mib(zone['mib'])} MiB for {zone['holder']}")
-    rows = [["backend", "state", "lifecycle", "in flight", "waiting", "VRAM MiB", "why"]]
+    rows = [["backend", "state", "lifecycle", "in flight", "waiting", "GPUs", "VRAM MiB", "why"]]
     for b in status.get("backends", []):
         mib = held_mib(b)
-        reasons = [_load(b.get("load")), b.get("starting"), b.get("reason"),
-                   *(b.get("blocked_by") or [])]  # fmt: skip
-        why = "; ".join(x for x in reasons if x)
         rows.append([b["name"], b["state"], b["lifecycle"], str(b["in_flight"]),
-                     str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
+                     str(b["waiting"]), gpus_text(b), _mib(mib), _why(b)])  # fmt: skip
     lines.append("")
     lines += _table(rows)
     return "\n".join(lines)
@@ -130,14 +136,14 @@ def _render_hosts(status: JsonDict, hosts: list[JsonDict], url: str) -> str:
                 f"zone {zone['zone']} on {host['name']}: {_mib(zone['mib'])} MiB "
                 f"for {zone['holder']}"
             )
-    rows = [["backend", "host", "state", "lifecycle", "in flight", "waiting", "VRAM MiB", "why"]]
+    rows = [
+        ["backend", "host", "state", "lifecycle", "in flight", "waiting", "GPUs", "VRAM MiB", "why"]
+    ]
     for b in status.get("backends", []):
         mib = held_mib(b)
-        reasons = [_load(b.get("load")), b.get("starting"), b.get("reason"),
-                   *(b.get("blocked_by") or [])]  # fmt: skip
-        why = "; ".join(x for x in reasons if x)
         rows.append([b["name"], b.get("host") or "cluster", b["state"], b["lifecycle"],
-                     str(b["in_flight"]), str(b["waiting"]), _mib(mib), why or "-"])  # fmt: skip
+                     str(b["in_flight"]), str(b["waiting"]), gpus_text(b), _mib(mib),
+                     _why(b)])  # fmt: skip
     lines.append("")
     lines += _table(rows)
     return "\n".join(lines)

@@ -22,12 +22,17 @@ config (`Stateful`).
 
 from __future__ import annotations
 
+from typing import Final
+
 from app.lifecycle import admission as rules
 from app.lifecycle.release import ram_charge
 from app.lifecycle.sleep_guard import Leak, SleepHistory, leak_of
 from app.lifecycle.state import BackendState, Stateful
 from app.planner.footprint import Footprint
 from app.settings import ReleaseConfig
+
+# `placed_why` of a backend chosen at each start before its first start placed it.
+NOT_PLACED: Final = "not placed yet"
 
 
 class Memory:
@@ -37,7 +42,7 @@ class Memory:
         self.holds_vram = False  # admitted and not yet stopped: counted on its GPUs
         # Where it is (or was last, or goes first: without admission, the first N GPUs).
         self.gpus: tuple[int, ...] = config.first_gpus
-        self.placed_why = "gpus: in its config" if config.fixed_gpus else "not placed yet"
+        self.placed_why = "gpus: in its config" if config.fixed_gpus else NOT_PLACED
         # What admission counts for it: `vram_mib`, else the active profile's share, else
         # the planner's estimate from its model description (the supervisor keeps it current).
         self._footprint: Footprint | None = (

@@ -5,7 +5,8 @@
     drain_timeouts, backend_sleeps{backend,outcome,reason}, sleep_guard{backend,cause},
     swaps{backend,evicted}, swap_wait_seconds,
     vram_yield_active/vram_yields/vram_yield_freed_bytes{host}, state_save_failures,
-    state_persisted, profile_active{profile}, backend_enabled{backend}
+    state_persisted, profile_active{profile}, backend_enabled{backend},
+    backend_gpu{backend,host,gpu} (`BackendGpuCollector`, read at scrape time)
 
 Their label sets are the lifecycle's own enums (`app.lifecycle.state`), which is why they
 live here and not in `app.metrics` (the ground floor, which imports nothing of the app).
@@ -13,9 +14,12 @@ live here and not in `app.metrics` (the ground floor, which imports nothing of t
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterator, Mapping
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from app.lifecycle.sleep_guard import GuardCause
 from app.lifecycle.state import (
@@ -25,7 +29,8 @@ from app.lifecycle.state import (
     StartOutcome,
     StopReason,
 )
-from app.metrics import LATENCY_BUCKETS, Declare, Metrics
+from app.metrics import LATENCY_BUCKETS, Declare, Metrics, series_name
+from app.settings import BackendConfig
 
 YIELD_OUTCOMES: Final = ("yielded", "already", "restored", "expired", "failed")
 
@@ -164,3 +169,69 @@ class LifecycleMetrics(Metrics):
     def set_backend_state(self, backend: str, state: BackendState) -> None:
         for name in BackendState:
             self.backend_state.labels(backend, name).set(1 if name is state else 0)
+
+    def watch_placements(self, backends: Mapping[str, Placed]) -> None:
+        """Export `backend_gpu` for `backends` (read at each scrape: a reload that adds or
+        removes entries of the mapping in place is seen)."""
+        self.registry.register(BackendGpuCollector(backends))
+
+
+class PlacedMemory(Protocol):
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
+    @property
+    def holds_vram(self) -> bool: ...
+
+
+class Placed(Protocol):
+    """What `BackendGpuCollector` reads of a backend (`app.lifecycle.backend.Backend`)."""
+
+    @property
+    def config(self) -> BackendConfig: ...
+    @property
+    def memory(self) -> PlacedMemory: ...
+
+
+class BackendGpuCollector(Collector):
+    """`microscheduler_backend_gpu{backend,host,gpu}`: 1 for each GPU a backend holds
+    memory on now (`Backend.memory.gpus` while `holds_vram`, as `/status` `gpus`), 0 for
+    each other GPU it may sit on: its `gpus:` list, and every GPU a scrape saw it hold
+    since the gateway started (`gpus: auto` or a count). A GPU it left goes to 0, not away, so a
+    graph shows the move and `changes()` counts it; the series stay bounded by the
+    backends x their host's GPUs. A kubernetes backend without `host:` has none (the
+    cluster places it); a backend a reload removed loses its series.
+
+    Read at scrape time, like the GPU and host RAM collectors: nothing to keep in step
+    with the starts, stops and placements (a placement happens inside an admission,
+    before any state change)."""
+
+    def __init__(self, backends: Mapping[str, Placed]) -> None:
+        self._backends = backends
+        self._seen: dict[str, set[int]] = {}  # backend -> GPUs a scrape saw it hold
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for name in set(self._seen) - set(self._backends):
+            del self._seen[name]  # removed by a reload
+        for name, backend in self._backends.items():
+            config, memory = backend.config, backend.memory
+            if not config.gpus_accounted:
+                continue
+            held = set(memory.gpus) if memory.holds_vram else set()
+            seen = self._seen.setdefault(name, set())
+            seen |= held | set(config.fixed_gpus or ())
+            for gpu in sorted(seen):
+                family.add_metric([name, config.host_name, str(gpu)], 1.0 if gpu in held else 0.0)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            series_name("backend_gpu"),
+            "1 for each GPU the backend holds memory on now, 0 for the others it may use "
+            "(its gpus: list, or those a scrape saw it hold since the gateway started).",
+            labels=["backend", "host", "gpu"],
+        )

@@ -52,6 +52,8 @@ class BackendView:
     idle: float  # seconds since the last request ended
     idle_stop_in: float | None
     # its memory
+    gpus: tuple[int, ...]  # where it is placed (or was last, or goes first: `Memory.gpus`)
+    placed_why: str  # why there ("GPU 1: 18.2 GiB free, pack")
     vram_mib: int | None
     footprint: Footprint | None
     measured_mib: int | None
@@ -91,6 +93,8 @@ class BackendView:
             queued=requests.queued,
             idle=requests.idle_s(),
             idle_stop_in=requests.idle_stop_in_s(),
+            gpus=memory.gpus,
+            placed_why=memory.placed_why,
             vram_mib=memory.vram_mib,
             footprint=memory.footprint,
             measured_mib=memory.measured_mib,

@@ -176,6 +176,12 @@ def planned_footprint_mib(
     spec = backend_instance(config, name="backend", cuda_graphs=cuda_graphs)
     if spec is None:
         return None
+    return spec_footprint(spec, gpu_total_mib)
+
+
+def spec_footprint(spec: InstanceSpec, gpu_total_mib: int | None) -> Footprint:
+    """The planner's footprint of one GPU's share `spec`, alone on a GPU of
+    `gpu_total_mib` (None: not known, the sum of its parts)."""
     if gpu_total_mib is None:
         return footprint_of(spec, None)
     alone = ShareRequest(total_bytes=gpu_total_mib * MIB, instances=(spec,))

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from app.planner.description import resolve
+from app.planner.parallel import check_tensor_parallel
 from app.settings.base import LOCAL_HOST, StrictConfig, http_url
 from app.settings.endpoints import (
     RUNNER_APIS,
@@ -453,7 +454,9 @@ class BackendConfig(StrictConfig):
         if clash:
             raise ValueError(f"adapters: {', '.join(clash)} is also a model id or alias here")
         check_runtime_gpus(self.gpus, self.tensor_parallel_size, self.runtime)
-        resolve(self.model_info, self.hf_config)  # a description must be usable
+        planned = resolve(self.model_info, self.hf_config)  # a description must be usable
+        if planned is not None:  # and run on its GPUs as vLLM splits the model over them
+            check_tensor_parallel(planned.model, self.gpu_count, planned.source)
         return self
 
     def _scaled_externally(self, runtime: KubernetesRuntimeConfig) -> None:

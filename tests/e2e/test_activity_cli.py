@@ -36,19 +36,19 @@ def test_ps_start_stop_and_activity(gateway: GatewayProcess) -> None:
     assert ps.returncode == 0, ps.stderr
     print(ps.stdout)
     table = rows(ps.stdout)
-    assert table["backend"] == ["backend", "state", "lifecycle", "VRAM MiB", "in flight",
-                                "queued", "when idle"]  # fmt: skip
-    assert table["pinned"] == ["pinned", "ready", "pinned", "8,000", "0", "0", "-"]
-    assert table["lazy"] == ["lazy", "stopped", "lazy", "-", "0", "0", "-"]
+    assert table["backend"] == ["backend", "state", "lifecycle", "GPUs", "VRAM MiB",
+                                "in flight", "queued", "when idle"]  # fmt: skip
+    assert table["pinned"] == ["pinned", "ready", "pinned", "0", "8,000", "0", "0", "-"]
+    assert table["lazy"] == ["lazy", "stopped", "lazy", "-", "-", "0", "0", "-"]
 
     started = cli("start", "lazy", url=gateway.url)
     assert started.returncode == 0, started.stderr
     print(started.stdout)
     assert started.stdout.startswith("lazy: ready (its last start took ")
     table = rows(cli("ps", url=gateway.url).stdout)
-    assert table["lazy"][:6] == ["lazy", "ready", "lazy", "6,000", "0", "0"]
+    assert table["lazy"][:7] == ["lazy", "ready", "lazy", "0", "6,000", "0", "0"]
     # 600 s counting; a stop (its fake offers no sleep mode), as the page says it.
-    assert re.fullmatch(r"stop in (9|10)m \d+s", table["lazy"][6]), table["lazy"]
+    assert re.fullmatch(r"stop in (9|10)m \d+s", table["lazy"][7]), table["lazy"]
 
     body = {"model": "lazy-model", "max_tokens": 5,
             "messages": [{"role": "user", "content": CANARY}]}  # fmt: skip

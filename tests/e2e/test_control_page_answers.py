@@ -40,7 +40,10 @@ def during_a_wake(status: dict[str, Any]) -> dict[str, Any]:
     s = copy.deepcopy(status)
     views = {b["name"]: b for b in s["backends"]}
     lazy, pinned = views["lazy"], views["pinned"]
-    lazy.update(state="starting", holds_vram=True, starting="waiting for the server to listen")
+    # Admitted: it holds its GPU (`gpus`, where the page's bar draws it).
+    lazy.update(
+        state="starting", holds_vram=True, gpus=[0], starting="waiting for the server to listen"
+    )
     lazy["load"] = {"phase": "launching", "percent": 0, "eta_s": 4}
     pinned.update(idle_stop_in_s=250.0, idle_ttl_s=300)
     pinned["idle"] = {"method": "sleep", "level": 1, "action": "sleep"}

@@ -32,6 +32,7 @@ FAMILIES = (
     "microscheduler_requests_in_flight",
     "microscheduler_backend_up",
     "microscheduler_backend_state",
+    "microscheduler_backend_gpu",
     "microscheduler_backend_starts",
     "microscheduler_backend_start_duration_seconds",
     "microscheduler_backend_stops",

@@ -85,6 +85,24 @@ function fact(name, ...value) {
   return el("div", { class: "fact" }, el("span", { class: "muted", text: name }), el("span", {}, ...value));
 }
 
+function gpusFact(b) {
+  // Where it sits: the GPUs it holds now ("0,1"); stopped, where it ran last; the why
+  // (placed_why: "GPU 1: 18.2 GiB free, pack") as the title.
+  const chosen = !Array.isArray(b.placement);
+  const held = b.gpus ?? [];
+  let text = held.join(",");
+  if (!held.length) text = b.last_gpus ? `last ${b.last_gpus.join(",")}` : (chosen ? "at its start" : "-");
+  const title = b.placed_why ? `${chosen ? `gpus: ${b.placement ?? "cluster"}: ` : ""}${b.placed_why}` : "";
+  return fact("GPUs", el("span", { "data-field": "gpus", title, text }));
+}
+
+function placedLine(b) {
+  // A backend placed at each start says why it went there, on the card (a title is not
+  // seen on a phone); one with a gpus: list needs no words.
+  if (Array.isArray(b.placement) || !(b.gpus ?? []).length || !b.placed_why) return null;
+  return el("p", { class: "placed muted", "data-field": "placed-why", text: `placed: ${b.placed_why}` });
+}
+
 function backendCard(b, many) {
   const now = heldNow(b);
   const planned = b.vram.footprint ? b.vram.footprint.mib : b.vram.admission_mib;
@@ -112,6 +130,7 @@ function backendCard(b, many) {
       fact("holds now", el("span", { "data-field": "holds", "data-mib": now.mib, text: mib(now.mib) }),
         now.how === "none" ? "" : ` ${HOW[now.how]}`,
         now.how === "asleep" && b.asleep_level ? el("span", { class: "nowrap", text: ` (level ${b.asleep_level})` }) : ""),
+      gpusFact(b),
       fact("planned / measured", `${mib(planned)} / ${mib(b.vram.measured_mib)}`),
       fact("in flight", el("span", { "data-field": "in-flight",
         text: b.max_inflight ? `${b.in_flight} / ${b.max_inflight}` : String(b.in_flight) })),
@@ -121,6 +140,7 @@ function backendCard(b, many) {
       fact("queued", el("span", { "data-field": "queued", text: String(b.queued ?? 0) })),
       fact("last start", b.last_start_s === null ? "-" : `${b.last_start_s.toFixed(1)} s`),
       timers.length ? fact("timers", ...timers) : null),
+    placedLine(b),
     why ? el("p", { class: "why", "data-field": "why", text: why }) : null,
     el("div", { class: "actions" }, list.map((a) => el("button", {
       "data-action": a.action, text: a.text, disabled: Boolean(a.why), title: a.why, onclick: a.run }))),

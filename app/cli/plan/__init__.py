@@ -1,7 +1,7 @@
 """``microscheduler plan ...``: the command-line face of the GPU memory planners.
 
-This module wires the parser; the commands live in `sizing` (kv, context, gpus), `share`
-and `profile`, the model flags in `model_args`. Files are read here, never in
+This module wires the parser; the commands live in `sizing` (kv, context, gpus), `share`,
+`profile` and `backend`, the model flags in `model_args`. Files are read here, never in
 `app.planner` (``--hf-config``, the configuration for ``plan profile``). Every handler
 returns 0 on success and 2 on bad input after one ``error: plan <command>: ...`` line on
 stderr; an invalid configuration lists every problem and exits 1 (see `app.cli.common`).
@@ -15,6 +15,7 @@ import argparse
 from collections.abc import Callable
 
 from app.cli.common import Handler, Subparsers, add_config_option, add_json_option, guarded
+from app.cli.plan.backend import add_backend_args, run_backend
 from app.cli.plan.model_args import add_shape_args
 from app.cli.plan.profile import run_profile
 from app.cli.plan.share import run_share
@@ -36,14 +37,15 @@ from app.planner.units import bytes_to_gib
 
 
 def add_plan_command(subparsers: Subparsers) -> None:
-    """Add ``plan`` with its ``kv``, ``context``, ``gpus``, ``share`` and ``profile`` commands."""
+    """Add ``plan`` with its ``kv``, ``context``, ``gpus``, ``share``, ``profile`` and
+    ``backend`` commands."""
     plan = subparsers.add_parser(
         "plan",
         help="size KV caches, context lengths, GPU counts and shared-GPU vLLM flags",
         description="GPU memory planning for vLLM instances (no GPU needed).",
     )
     commands = plan.add_subparsers(
-        dest="plan_command", metavar="{kv,context,gpus,share,profile}", required=True
+        dest="plan_command", metavar="{kv,context,gpus,share,profile,backend}", required=True
     )
     for add_parser, handler in _SUBCOMMANDS:
         parser = add_parser(commands)
@@ -72,7 +74,15 @@ def _add_context(commands: Subparsers) -> argparse.ArgumentParser:
         "overhead; tokens = remaining / (bytes per token / N), clamped and aligned to 256.",
     )
     _add_sizing_args(context)
-    context.add_argument("--gpus", type=int, default=1, help="GPUs (tensor parallel), default 1")
+    context.add_argument(
+        "--gpus",
+        "--tensor-parallel-size",
+        "-tp",
+        dest="gpus",
+        type=int,
+        default=1,
+        help="GPUs (tensor parallel), default 1",
+    )
     context.add_argument(
         "--model-limit", type=int, help="context limit (default: the model's max positions)"
     )
@@ -190,6 +200,22 @@ def _add_profile(commands: Subparsers) -> argparse.ArgumentParser:
     return profile
 
 
+def _add_backend(commands: Subparsers) -> argparse.ArgumentParser:
+    backend = commands.add_parser(
+        "backend",
+        help="a configured backend's footprint on each of its GPUs, and where it goes",
+        description="For a backend of models.yaml described by model_info: / hf_config:: "
+        "per GPU, weights x 1.02 / its tensor-parallel size, the KV cache (at least one "
+        "request of max_model_len tokens, split over the KV heads), CUDA graphs, overhead "
+        "and CUDA context; where it goes (its gpus: list, or at each start on N GPUs by its "
+        "host's gpu.placement:); and whether vLLM accepts the tensor-parallel size for the "
+        "model (exit 1 when not, or when it does not fit the GPU).",
+    )
+    add_backend_args(backend)
+    add_config_option(backend)
+    return backend
+
+
 #: Each subcommand: its parser (every one ends with `--json`) and its handler.
 _SUBCOMMANDS: tuple[tuple[Callable[[Subparsers], argparse.ArgumentParser], Handler], ...] = (
     (_add_kv, run_kv),
@@ -197,6 +223,7 @@ _SUBCOMMANDS: tuple[tuple[Callable[[Subparsers], argparse.ArgumentParser], Handl
     (_add_gpus, run_gpus),
     (_add_share, run_share),
     (_add_profile, run_profile),
+    (_add_backend, run_backend),
 )
 
 

@@ -8,6 +8,7 @@ import argparse
 import shlex
 
 from app.cli.common import JsonDict, UsageError, emit_plan, load_config
+from app.cli.plan.backend import chosen_note
 from app.cli.plan.render import gib3, table
 from app.cli.plan.share import instance_json
 from app.planner.footprint import ceil_mib
@@ -106,7 +107,7 @@ def _profile_json(plan: ProfilePlan, gpu_source: str) -> JsonDict:
     }
 
 
-def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
+def _profile_table(plan: ProfilePlan, gpu_source: str, settings: Settings) -> str:
     profile = plan.profile
     many = len(plan.gpus) > 1
     if plan.implicit:
@@ -163,6 +164,9 @@ def _profile_table(plan: ProfilePlan, gpu_source: str) -> str:
                 f"{item.plan.max_concurrency:.2f}x for {planned.max_model_len:,} tokens per "
                 "request"
             )
+        chosen = chosen_note(settings, item.backend)
+        if chosen is not None:
+            lines.append(f"  note: {chosen}")
         if item.sleep_mode:
             lines.append("  note: sleep mode needs VLLM_SERVER_DEV_MODE=1 in the server's env")
         if item.config.vram_mib is not None:
@@ -209,7 +213,7 @@ def _all_backends(args: argparse.Namespace, settings: Settings) -> int:
         )
     total = _profile_gpu_bytes(args, "", None)
     plan = plan_all_backends(settings, total_bytes=total)
-    text = _profile_table(plan, "--gpu-gib")
+    text = _profile_table(plan, "--gpu-gib", settings)
     data = _profile_json(plan, "--gpu-gib")
     return emit_plan(args, data, text, fits=plan.fits)
 
@@ -227,5 +231,5 @@ def run_profile(args: argparse.Namespace) -> int:
     total = _profile_gpu_bytes(args, name, profile.gpu_total_gb)
     gpu_source = "--gpu-gib" if args.gpu_gib is not None else "the profile's gpu_total_gb"
     plan = plan_profile(settings, name, total_bytes=total)
-    text = _profile_table(plan, gpu_source)
+    text = _profile_table(plan, gpu_source, settings)
     return emit_plan(args, _profile_json(plan, gpu_source), text, fits=plan.fits)

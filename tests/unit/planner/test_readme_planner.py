@@ -43,7 +43,7 @@ def matches(expected: list[str], actual: list[str]) -> bool:
 
 def test_the_section_has_the_worked_examples() -> None:
     commands = [argv[:2] for argv, _ in console_blocks()]
-    assert commands == [["plan", "share"], ["plan", "profile"]]
+    assert commands == [["plan", "share"], ["plan", "profile"], ["plan", "backend"]]
 
 
 @pytest.mark.parametrize(("argv", "expected"), console_blocks())
