@@ -454,8 +454,8 @@ class BackendConfig(StrictConfig):
         if clash:
             raise ValueError(f"adapters: {', '.join(clash)} is also a model id or alias here")
         check_runtime_gpus(self.gpus, self.tensor_parallel_size, self.runtime)
-        planned = resolve(self.model_info, self.hf_config)  # a description must be usable
-        if planned is not None:  # and run on its GPUs as vLLM splits the model over them
+        # A description must be usable, and split over its GPUs as vLLM splits the model.
+        if (planned := resolve(self.model_info, self.hf_config)) is not None:
             check_tensor_parallel(planned.model, self.gpu_count, planned.source)
         return self
 
