@@ -256,11 +256,7 @@ class BackendConfig(StrictConfig):
         ),
     )
     tensor_parallel_size: PositiveInt | None = Field(
-        None,
-        description=(
-            "GPUs one instance spreads over (vLLM's --tensor-parallel-size); null: as its "
-            "command or gpus: says."
-        ),
+        None, description="GPUs one instance spreads over (vLLM's --tensor-parallel-size)."
     )
     start_timeout_s: PositiveFloat = Field(
         300.0, description="Its health check must answer 200 within this after a start."
