@@ -31,6 +31,7 @@ import aiohttp
 from app.activity import WaitKind, add_wait
 from app.errors import UpstreamBadStatus, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from app.settings import TimeoutsConfig
+from app.upstreams.idle_watch import IdleWatch
 from app.upstreams.sse_comments import MAX_PEEK_BYTES, content_start, may_start_with_comment
 
 logger = logging.getLogger(__name__)
@@ -206,27 +207,35 @@ class UpstreamResponse:
     async def rest(self) -> AsyncIterator[bytes]:
         """The body after the first chunk, as it arrives; raises `UpstreamError`."""
         content = self._response.content
-        while not self._eof:
-            try:
-                async with asyncio.timeout(self._idle_s):
+        watch = IdleWatch(self._idle_s)  # only the reads count, not the client's writes
+        try:
+            while not self._eof:
+                watch.reading()
+                try:
                     chunk = await content.readany()
-            except TimeoutError:
-                raise UpstreamTimeout(
-                    f"{self._role} {self._backend!r} sent nothing for {self._idle_s:g}s "
-                    "mid-response",
-                    kind="idle_timeout",
-                ) from None
-            except aiohttp.ClientError as exc:
-                if self._on_error is not None:
-                    self._on_error("disconnected", exc)
-                raise UpstreamUnavailable(
-                    f"{self._role} {self._backend!r} broke off the response: {failure(exc)}",
-                    kind="disconnected",
-                ) from None
-            if not chunk:
-                self._eof = True
-                return
-            yield chunk
+                except asyncio.CancelledError:
+                    if not watch.expired():
+                        raise
+                    raise UpstreamTimeout(
+                        f"{self._role} {self._backend!r} sent nothing for {self._idle_s:g}s "
+                        "mid-response",
+                        kind="idle_timeout",
+                    ) from None
+                except aiohttp.ClientError as exc:
+                    if self._on_error is not None:
+                        self._on_error("disconnected", exc)
+                    raise UpstreamUnavailable(
+                        f"{self._role} {self._backend!r} broke off the response: {failure(exc)}",
+                        kind="disconnected",
+                    ) from None
+                finally:
+                    watch.read()
+                if not chunk:
+                    self._eof = True
+                    return
+                yield chunk
+        finally:
+            watch.close()
 
     def release(self) -> None:
         """Pool the connection if the body was read to its end; otherwise close it, so the
