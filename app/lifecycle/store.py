@@ -170,8 +170,8 @@ class StateStore:
         `StateWriteError` and changes nothing. What other sections `put()` changed during
         the wait is kept; a change of this same section meanwhile is the caller's to
         merge (its save was queued after this one)."""
+        data = {**self._loaded(), name: value}  # first: a store not read refuses below
         self._refuse_unread()
-        data = {**self._loaded(), name: value}
         saved = asyncio.wrap_future(self.writer.submit(self.writer.store.write_sections, data))
         try:
             await saved

@@ -154,3 +154,13 @@ async def test_a_hold_that_cannot_be_saved_raises_and_changes_nothing(tmp_path: 
     assert store.section("zones") == [zone("old").to_json()]
     assert store.persisted is True  # nothing was changed, so nothing is behind
     await store.close()
+
+
+async def test_a_hold_on_a_store_not_read_at_start_is_refused_as_such(tmp_path: Path) -> None:
+    directory = tmp_path / "var"
+    broken(directory)  # before the first read: the gateway runs on empty state
+    store = StateStore(directory)
+    with pytest.raises(StateWriteError, match="could not be read at start"):
+        await within(store.hold("zones", [{"name": "img"}]))
+    assert store.section("zones") is None
+    await store.close()
