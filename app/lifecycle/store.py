@@ -28,9 +28,10 @@ missing or full):
   with empty state; a restart reads it once the directory is usable.
 
 Every store operation runs in the store's thread (`app.store.writer.StoreWriter`).
-`update()` waits for its save (a new hold is saved before it is acted on); `put()` on the
-event loop queues its one-section upsert behind the operations before it and goes on
-(a start, a wake, a release never wait for the disk).
+`update()` waits for its save (a new hold is saved before it is acted on), blocking its
+thread; `hold()` is the same awaited on the event loop (the loop serves while the store's
+thread saves); `put()` on the event loop queues its one-section upsert behind the
+operations before it and goes on (a start, a wake, a release never wait for the disk).
 """
 
 from __future__ import annotations
@@ -161,6 +162,31 @@ class StateStore:
         self.save(data)  # raises StateWriteError: then nothing changed
         self._data = data
         self._saved()
+
+    async def hold(self, name: str, value: Any) -> None:
+        """`update()` awaited on the event loop: the save runs on the store's thread, in
+        order with every store operation queued before it, and the loop serves meanwhile
+        (the caller waits, a hold is still saved before it acts). A save that fails raises
+        `StateWriteError` and changes nothing. What other sections `put()` changed during
+        the wait is kept; a change of this same section meanwhile is the caller's to
+        merge (its save was queued after this one)."""
+        data = {**self._loaded(), name: value}  # first: a store not read refuses below
+        self._refuse_unread()
+        saved = asyncio.wrap_future(self.writer.submit(self.writer.store.write_sections, data))
+        try:
+            await saved
+        except (StoreError, TypeError, ValueError) as exc:
+            raise self._failed(exc) from None
+        self._data = {**self._loaded(), name: value}
+        self._saved()
+
+    async def ensure_writable(self) -> None:
+        """`check_writable()` awaited on the event loop (the store's thread does it)."""
+        self._refuse_unread()
+        try:
+            await asyncio.wrap_future(self.writer.submit(self.writer.store.check_writable))
+        except StoreError as exc:
+            raise StateWriteError(exc.message) from None
 
     def put(self, name: str, value: Any) -> None:
         """Replace a section now and save it when the store can be written: never raises

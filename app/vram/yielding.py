@@ -102,7 +102,7 @@ class VramYield:
             current = self.current
             if current is not None:
                 self._metrics.yields.labels(self.host, "already").inc()
-                return self._join(current, request)
+                return await self._join(current, request)
             await cancel_and_wait(self._waking)  # a restore's starts: not one more
             try:
                 zone = await self._yield(request)
@@ -117,7 +117,7 @@ class VramYield:
             self.sync_metrics()
             return YieldOutcome(zone, already=False, hold=zone.holds[0])
 
-    def _join(self, current: Zone, request: YieldRequest) -> YieldOutcome:
+    async def _join(self, current: Zone, request: YieldRequest) -> YieldOutcome:
         """Add (or renew) the caller's hold of the yield that holds; nothing more is taken
         (its `min_free_mib`, `include_pinned` and `gpu` are not acted on). Saved first:
         when that fails (`StateWriteError`), nothing changes."""
@@ -130,7 +130,7 @@ class VramYield:
         )
         others = tuple(h for h in current.holds if h.holder != request.reason)
         zone = current.with_holds((*others, hold))
-        self._arbiter.book.set_zone(zone)
+        await self._arbiter.book.hold_zone(zone)
         self._block(zone)
         logger.info("vram yield hold host=%s holder=%s holders=%s renewed=%s", self.host,
                     request.reason, ",".join(zone.holders), mine is not None)  # fmt: skip
@@ -190,7 +190,7 @@ class VramYield:
         draft = self._draft(request)
         scope = self._scope(request)
         # A yield that could not be saved is refused before anything is blocked or stopped.
-        self._arbiter.book.check_state_writable()
+        await self._arbiter.book.ensure_state_writable()
         # Block first: from here on, nothing in scope starts or wakes.
         for backend in scope:
             backend.block(draft.block_key, draft.describe(), draft.block_kind, draft.expires_at)
@@ -218,7 +218,8 @@ class VramYield:
                     duration_s=time.monotonic() - began,
                 )
                 zone = _held_zone(draft, request, taken, blocked, report)
-                self._arbiter.book.set_zone(zone)
+                # Awaited: the loop serves while the store's thread saves the hold.
+                await self._arbiter.book.hold_zone(zone)
         except BaseException:
             for backend in scope:
                 backend.unblock(draft.block_key)

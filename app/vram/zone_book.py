@@ -9,6 +9,7 @@ gateway's own machine, `zones@NAME` for another host.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -126,6 +127,30 @@ class ZoneBook:
         changes."""
         self._save({**self.zones, zone.name: zone})
         self.zones[zone.name] = zone
+
+    async def hold_zone(self, zone: Zone) -> None:
+        """`set_zone()` with the save awaited (`StateStore.hold`): the loop serves while
+        the store's thread saves; the zone is held once it is saved (`StateWriteError`:
+        nothing changes). A zone dropped or kept meanwhile (an expiry, another hold of the
+        yield ended) is saved again after this one, so the state file ends as memory is."""
+        wanted = {**self.zones, zone.name: zone}
+        try:
+            await self.store.hold(self._section, [z.to_json() for z in wanted.values()])
+        except asyncio.CancelledError:
+            # The save may run on in the store's thread: queued after it, this puts the
+            # file back to what memory holds (the zone is not held).
+            self._persist(self.zones)
+            raise
+        self.zones[zone.name] = zone
+        if self.zones != wanted:  # changed during the save: its save, queued after this
+            # one's, left this zone out: save what memory holds now
+            self._persist(self.zones)
+        if self._events is not None:
+            self._events.changed()
+
+    async def ensure_state_writable(self) -> None:
+        """`check_state_writable()` awaited on the loop (the store's thread checks)."""
+        await self.store.ensure_writable()
 
     def keep_zone(self, zone: Zone) -> None:
         """Hold `zone` in place of the one of its name, less than before (a hold of the
