@@ -156,7 +156,7 @@ class ProfileSwitch:
         async with self._lock:
             previous = self.active
             change = diff(self._backends, self.profile, new)
-            self._store.update(STATE_SECTION, name)  # StateWriteError: nothing changed
+            await self._store.hold(STATE_SECTION, name)  # StateWriteError: nothing changed
             self.active = name
             self._apply(new)  # blocks first: requests during the drain do not wake them
             if self._on_switch is not None:

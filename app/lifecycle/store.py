@@ -156,7 +156,8 @@ class StateStore:
 
     def update(self, name: str, value: Any) -> None:
         """Replace a section and save; a save that fails raises `StateWriteError` and
-        changes nothing. For what starts a hold."""
+        changes nothing. Waits for the disk: for start-up and tools, off the event loop
+        (on the loop, a hold is `hold()`)."""
         data = {**self._loaded(), name: value}
         self._refuse_unread()
         self.save(data)  # raises StateWriteError: then nothing changed

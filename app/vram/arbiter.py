@@ -541,7 +541,7 @@ class VramArbiter:
                         f"(asked: {mib} MiB on {self._gpu(gpu)} for {holder!r})"
                     )
                 renewed = replace(current, expires_at=expires)
-                self.book.set_zone(renewed)
+                await self.book.hold_zone(renewed)  # saved off the loop, then held
                 return ZoneGrant(renewed, 0, renewed=True)
             reading = await self.read_gpus()
             if reading is not None and reading.usable(gpu) is None:
@@ -552,7 +552,7 @@ class VramArbiter:
             before = free_mib(reading, gpu)
             draft = Zone(name, holder, gpu, mib, now, expires, (), host=self.host)
             # A zone that cannot be saved is refused before anything is stopped for it.
-            self.book.store.check_writable()
+            await self.book.ensure_state_writable()
             try:
                 stopped, last = await self._make_room(
                     {gpu: mib},
@@ -567,7 +567,9 @@ class VramArbiter:
                 raise Conflict(f"cannot grant {draft.describe()}: {exc}") from None
             zone = replace(draft, stopped=stopped)
             try:
-                self.book.set_zone(zone)  # no await since the eviction: its blocks belong to it now
+                # Saved off the loop, then held; meanwhile the victims stay blocked by the
+                # draft's key (the same as the zone's), so nothing wakes them.
+                await self.book.hold_zone(zone)
             except BaseException:
                 for backend in self._backends.values():
                     backend.unblock(draft.block_key)  # what it stopped wakes on demand

@@ -121,18 +121,12 @@ class ZoneBook:
             self._persist(self.zones)  # drop what expired or was malformed (retried if need be)
         return list(self.zones.values())
 
-    def set_zone(self, zone: Zone) -> None:
-        """Hold `zone` (replacing one of the same name) and save. Its blocks are the
-        caller's to place. Saved first: when that fails (`StateWriteError`), nothing
-        changes."""
-        self._save({**self.zones, zone.name: zone})
-        self.zones[zone.name] = zone
-
     async def hold_zone(self, zone: Zone) -> None:
-        """`set_zone()` with the save awaited (`StateStore.hold`): the loop serves while
-        the store's thread saves; the zone is held once it is saved (`StateWriteError`:
-        nothing changes). A zone dropped or kept meanwhile (an expiry, another hold of the
-        yield ended) is saved again after this one, so the state file ends as memory is."""
+        """Hold `zone` (replacing one of the same name) once it is saved, the save awaited
+        (`StateStore.hold`): the loop serves while the store's thread saves
+        (`StateWriteError`: nothing changes). Its blocks are the caller's to place. A zone
+        dropped or kept meanwhile (an expiry, another hold of the yield ended) is saved
+        again after this one, so the state file ends as memory is."""
         wanted = {**self.zones, zone.name: zone}
         try:
             await self.store.hold(self._section, [z.to_json() for z in wanted.values()])
@@ -149,7 +143,8 @@ class ZoneBook:
             self._events.changed()
 
     async def ensure_state_writable(self) -> None:
-        """`check_state_writable()` awaited on the loop (the store's thread checks)."""
+        """Raises `StateWriteError` when a zone could not be saved now (the store's
+        thread checks; the loop serves meanwhile)."""
         await self.store.ensure_writable()
 
     def keep_zone(self, zone: Zone) -> None:
@@ -161,22 +156,12 @@ class ZoneBook:
         if self._events is not None:
             self._events.changed()
 
-    def check_state_writable(self) -> None:
-        """Raises `StateWriteError` when a zone could not be saved now."""
-        self.store.check_writable()
-
     def drop_zone(self, name: str, why: str) -> Zone | None:
         """Forget zone `name` and unblock what it blocked; None when it is not held."""
         zone = self.zones.get(name)
         if zone is not None:
             self._drop([zone], why)
         return zone
-
-    def _save(self, zones: Mapping[str, Zone]) -> None:
-        """Save `zones` as this host's (a new hold): `StateWriteError` when it cannot."""
-        self.store.update(self._section, [z.to_json() for z in zones.values()])
-        if self._events is not None:
-            self._events.changed()  # zones and the yield are part of the live status
 
     def _persist(self, zones: Mapping[str, Zone]) -> None:
         """Save `zones` as this host's (a hold ended): never refused, retried when the

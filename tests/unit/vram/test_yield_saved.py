@@ -94,7 +94,7 @@ async def test_a_zone_dropped_while_another_is_saved_is_gone_from_the_file_too(
     directory = tmp_path / "var"
     store = StateStore(directory)
     book = ZoneBook(store)
-    book.set_zone(zone("old"))
+    await book.hold_zone(zone("old"))
     gate, _ = hold_the_store(store)
     task = asyncio.create_task(book.hold_zone(zone("new")))
     await settle()
@@ -164,3 +164,21 @@ async def test_a_hold_on_a_store_not_read_at_start_is_refused_as_such(tmp_path: 
         await within(store.hold("zones", [{"name": "img"}]))
     assert store.section("zones") is None
     await store.close()
+
+
+async def test_a_zone_grant_waits_for_its_save_while_the_loop_serves(rig: Rig) -> None:
+    await rig.ready("a", vram_mib=3000)
+    gate, opened = hold_the_store(rig.store)
+    task = asyncio.create_task(
+        rig.arbiter.acquire_zone(
+            "img", holder="comfy", mib=22000, gpu=0, ttl_s=None, below_priority=None
+        )
+    )
+    await settle()
+    assert not task.done()  # its writability check waits for the store's thread
+    assert state_of(rig.backends["a"]) is BackendState.READY  # nothing stopped before it
+    gate.set()  # this test ran while the grant waited: the loop was not blocked
+    grant = await within(task)
+    assert opened == [True]  # the old code blocked the loop until the wait ran out: [False]
+    assert grant.zone.stopped == ("a",)
+    assert rig.store.load()["zones"] == [grant.zone.to_json()]
