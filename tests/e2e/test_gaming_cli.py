@@ -276,7 +276,8 @@ def test_yield_and_restore_another_host_and_status_shows_each_host(
     assert ["local", "sim", "0", "Simulated", "GPU", "8,000", "24,576", "16,576"] in rows
     assert ["node-c", "sim", "0", "Simulated", "GPU", "12,000", "32,768", "20,768"] in rows
     remote = next(r for r in rows if r[:1] == ["remote"])
-    assert remote[:7] == ["remote", "node-c", "ready", "pinned", "0", "0", "12,000"]
+    # backend, host, state, lifecycle, in flight, waiting, GPUs, VRAM MiB
+    assert remote[:8] == ["remote", "node-c", "ready", "pinned", "0", "0", "0", "12,000"]
     assert next(r for r in rows if r[:1] == ["pinned"])[:3] == ["pinned", "local", "ready"]
     assert "yield" not in status.stdout
 
