@@ -41,9 +41,12 @@ def gateway(real_vllm: RealVllm) -> Iterator[GatewayProcess]:
 
 
 @pytest.fixture(scope="module")
-def client(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=120)  # fmt: skip
+def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
+    # Closed with the module: its pool's keep-alive sockets would be left to the garbage
+    # collector, which reports them (the collection after each module, tests/conftest.py).
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=120) as sdk:  # fmt: skip
+        yield sdk
 
 
 def test_the_first_request_wakes_it_and_status_shows_the_load(gateway: GatewayProcess) -> None:
@@ -115,16 +118,16 @@ def test_responses_stream_and_not(client: openai.OpenAI) -> None:
 
 
 def test_anthropic_messages_pass_through_stream_and_not(gateway: GatewayProcess) -> None:
-    claude = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0)
-    message = claude.messages.create(
-        model=MODEL_ID, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-    )
-    assert message.type == "message"
-    assert message.usage.output_tokens == 5
-    with claude.messages.stream(
-        model=MODEL_ID, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-    ) as stream:
-        final = stream.get_final_message()
+    with anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0) as claude:
+        message = claude.messages.create(
+            model=MODEL_ID, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert message.type == "message"
+        assert message.usage.output_tokens == 5
+        with claude.messages.stream(
+            model=MODEL_ID, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            final = stream.get_final_message()
     assert final.usage.output_tokens == 5
     # The real server serves /v1/messages itself (learned from its /openapi.json), so the
     # gateway passes it through instead of translating it to chat.
