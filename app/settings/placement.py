@@ -122,7 +122,7 @@ def check_gpus(
     if tp is not None and tp != count:
         raise ValueError(
             f"tensor_parallel_size {tp} needs {tp} GPUs at once, but gpus: gives {count} "
-            f"({_spec(gpus)}); make them agree"
+            f"({gpus}); make them agree"
         )
     chosen = not isinstance(gpus, list)
     if runtime == "docker":
@@ -131,14 +131,14 @@ def check_gpus(
         raise ValueError("runtime.placements: only a docker runtime has containers to choose from")
     elif chosen and runtime == "kubernetes":
         raise ValueError(
-            f"gpus: {_spec(gpus)}: a kubernetes pod's GPUs are chosen by the cluster's device "
+            f"gpus: {gpus}: a kubernetes pod's GPUs are chosen by the cluster's device "
             "plugin, not by the gateway (list the GPUs of its host, or remove host:)"
         )
     visible = env.get(CUDA_VISIBLE_DEVICES)
     if visible is not None and runtime == "process":
         if chosen:
             raise ValueError(
-                f"runtime.env.{CUDA_VISIBLE_DEVICES}: {visible!r} with gpus: {_spec(gpus)}: the "
+                f"runtime.env.{CUDA_VISIBLE_DEVICES}: {visible!r} with gpus: {gpus}: the "
                 "gateway sets it to the GPUs it chooses at each start; remove it"
             )
         if isinstance(gpus, list) and visible.replace(" ", "") != ",".join(map(str, gpus)):
@@ -155,7 +155,7 @@ def _check_placements(
     if not placements:
         if not isinstance(gpus, list):
             raise ValueError(
-                f"gpus: {_spec(gpus)} with runtime docker: a container's GPUs are fixed when "
+                f"gpus: {gpus} with runtime docker: a container's GPUs are fixed when "
                 "it is created, so list one created container per placement in "
                 "runtime.placements (e.g. [{gpus: [0], container: qwen-gpu0}, {gpus: [1], "
                 "container: qwen-gpu1}]), or give the container's GPUs as a list"
@@ -184,10 +184,6 @@ def _check_placements(
             raise ValueError(f"{where}.container: {placement.container!r} is listed twice")
         sets.add(key)
         names.add(placement.container)
-
-
-def _spec(gpus: GpusSpec) -> str:
-    return str(gpus) if not isinstance(gpus, list) else str(list(gpus))
 
 
 def child_gpus_env(gpus: Sequence[int], env: Mapping[str, str]) -> dict[str, str]:

@@ -187,13 +187,16 @@ class VramArbiter:
         deadline = time.monotonic() + backend.config.start_timeout_s
         short_since: float | None = None  # when it first found its memory held by others
         memory = backend.memory
+
+        def needed() -> int | None:  # read again after each wait: a plan may change it
+            return wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
+
         while True:
             # Where it goes (`gpus: auto`: chosen by what is known now, then again once it
             # holds those GPUs' turn: a start that went first may have changed the choice).
-            need = wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
-            gpus, _ = await self._where(backend, wake, need, None)
+            gpus, _ = await self._where(backend, wake, needed(), None)
             async with self._locks.hold(gpus, whose, waiter=backend):
-                need = wake_mib(memory.vram_mib, memory.asleep_mib) if wake else memory.vram_mib
+                need = needed()
                 before = await self.read_gpus()
                 again, why = await self._where(backend, wake, need, before)
                 if again != gpus:
