@@ -78,8 +78,10 @@ def gw(upstreams: Upstreams) -> Iterator[GatewayProcess]:
 
 
 @pytest.fixture
-def client(gw: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=20)
+def client(gw: GatewayProcess) -> Iterator[openai.OpenAI]:
+    # Closed after the test: its keep-alive sockets are not left to the garbage collector.
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=20) as sdk:
+        yield sdk
 
 
 def fake_stats(url: str) -> dict[str, int]:
