@@ -27,6 +27,9 @@ default).
 - A refusal (408, 431, 503) is answered outside the parser and lingers
   (`app.api.refusals`), so the client reads it instead of a TCP reset.
 
+- Each request's scope holds its `ClientLink` (`app.api.client_link`): the relay learns
+  there that its client left, and `BodyGuard` that the body is all in, without a task
+  or a timer of their own per request.
 - A response's status line and headers wait for its first body bytes (`OneWrite`, at
   most until the loop's next turn): uvicorn writes them apart, so an answer ready at once
   cost two writes, two segments and two wake-ups of the client; now one.
@@ -44,6 +47,7 @@ from typing import Any, ClassVar, Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.capacity import ConnectionCap, current_file_limit, sized
+from app.api.client_link import LINK_KEY, ClientLink
 from app.api.intake import Intake
 from app.api.one_write import OneWrite
 from app.api.refusals import Lingering, linger, raw_response
@@ -195,6 +199,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self.opened = 0.0  # the loop's time when it connected
         self.reserved = False  # admitted over the cap (a reserve slot)
         self.held: bytes | None = None  # a new request's bytes, waiting for its turn (`Intake`)
+        self.watched: set[ClientLink] = set()  # its requests' links a relay watches
 
     @classmethod
     def configured(cls, limits: ServerConfig, cap: int | None = None) -> type[GatewayProtocol]:
@@ -218,6 +223,8 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._leave_slots()
         super().connection_lost(exc)
+        for link in tuple(self.watched):
+            link.lost()
         if not self.reserved and self.slots.queue:  # its room goes to a queued request
             self.slots.let_in()
 
@@ -271,8 +278,10 @@ class GatewayProtocol(HttpToolsProtocol):
         self._enter(None)
         before = self.cycle
         super().on_headers_complete()
-        if self.cycle is not None and self.cycle is not before:
-            self.cycle.transport = OneWrite(self.transport, self.cycle, self.loop)  # type: ignore[assignment]
+        cycle = self.cycle
+        if cycle is not None and cycle is not before:
+            cycle.transport = OneWrite(self.transport, cycle, self.loop)  # type: ignore[assignment]
+            cycle.scope[LINK_KEY] = ClientLink(cycle, self.flow, self.watched)  # type: ignore[typeddict-unknown-key]
         if self.reserved and self.cycle is not None:
             self.cycle.keep_alive = False  # a probe over the cap: one request, then close
 

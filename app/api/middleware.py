@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import logs
 from app.activity import Activity, Entry, Waits, current_waits, entry_at
+from app.api.client_link import link_of
 from app.api.protocol import ENDPOINT_BY_PATH
 from app.errors import PayloadTooLarge, RequestTimeout
 from app.metrics import Metrics
@@ -230,21 +231,25 @@ class BodyGuard:
         deadline: float | None = None
         ctx = context_of(scope)
         ctx.body_pending = True  # the observer's `send` says `connection: close`
+        link = link_of(scope)
 
         async def guarded_receive() -> Message:
             nonlocal done, size, deadline
             if done:  # afterwards: only http.disconnect, awaited as long as the response
                 return await receive()
-            if deadline is None:
-                deadline = asyncio.get_running_loop().time() + self.body_timeout_s
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise RequestTimeout(
-                    f"The request body did not arrive within {self.body_timeout_s:g} s "
-                    f"({size} bytes received; see MICROSCHEDULER_SERVER__BODY_TIMEOUT_S)."
-                ) from None
+            if link is not None and link.body_in():  # all read: `receive()` does not wait
+                message = await receive()
+            else:
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + self.body_timeout_s
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    raise RequestTimeout(
+                        f"The request body did not arrive within {self.body_timeout_s:g} s "
+                        f"({size} bytes received; see MICROSCHEDULER_SERVER__BODY_TIMEOUT_S)."
+                    ) from None
             if message["type"] == "http.request":
                 size += len(message.get("body", b""))
                 if size > self.max_body_bytes:

@@ -3,9 +3,10 @@
 An ASGI callable rather than a Starlette StreamingResponse because it must:
 - open the upstream before anything is sent, so errors before the first byte are still
   ordinary OpenAI error responses (and, later, fallback points);
-- watch `receive()` for the client going away during the whole exchange, the wait for the
-  first byte included, and then abort the upstream request (uvicorn's `send` silently
-  drops messages after a disconnect, so writing alone would never notice);
+- watch for the client going away during the whole exchange, the wait for the first
+  byte included (its connection says so, `app.api.client_link`; under another ASGI
+  server, `receive()` does), and then abort the upstream request (uvicorn's `send`
+  silently drops messages after a disconnect, so writing alone would never notice);
 - end a stream that breaks after its first byte with one in-band error event and
   `data: [DONE]`;
 - keep a streaming client that is held while its backend wakes from timing out: after
@@ -43,6 +44,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from app.activity import WAIT_HEADER, Waits
+from app.api.client_link import link_of
 from app.api.handlers import error_response
 from app.api.middleware import RequestContext, context_of
 from app.errors import GatewayError, GatewayStopping, UpstreamError, UpstreamUnavailable
@@ -150,7 +152,7 @@ class RelayResponse(Response):
             self._key_done("error")
             await self._dialect.error_response(_stopping())(scope, receive, send)
             return
-        watch = _DisconnectWatch(receive)
+        watch = _DisconnectWatch(receive, scope)
         if relays is not None:
             relays.add(watch.task)
         notice = _WakeNotice(send, route.backend, self._dialect) if self._call.stream else None
@@ -509,18 +511,27 @@ def _stopping() -> GatewayStopping:
 class _DisconnectWatch:
     """Cancels the current task when the client disconnects, until `stop()`.
 
-    The request body has been read already, so the next `receive()` only returns once
-    the client has gone (or the response is complete, which `stop()` covers first).
+    Told by the connection itself where the gateway's server runs the request (its
+    `ClientLink`); under another ASGI server, by a task awaiting `receive()`: the body
+    has been read already, so the next `receive()` only returns once the client has
+    gone (or the response is complete, which `stop()` covers first).
     """
 
-    def __init__(self, receive: Receive) -> None:
+    __slots__ = ("_link", "_stopped", "_waiter", "disconnected", "task")
+
+    def __init__(self, receive: Receive, scope: Scope) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.task = task
         self.disconnected = False
         self._stopped = False
-        self._waiter = asyncio.ensure_future(receive())
-        self._waiter.add_done_callback(self._on_message)
+        self._link = link_of(scope)
+        self._waiter: asyncio.Future[Message] | None = None
+        if self._link is not None:
+            self._link.watch(self._lost)
+        else:
+            self._waiter = asyncio.ensure_future(receive())
+            self._waiter.add_done_callback(self._on_message)
 
     def _on_message(self, waiter: asyncio.Future[Message]) -> None:
         if waiter.cancelled():
@@ -528,6 +539,9 @@ class _DisconnectWatch:
         # A server whose receive() fails has lost the client too; retrieving the error
         # keeps it from being reported as never retrieved.
         waiter.exception()
+        self._lost()
+
+    def _lost(self) -> None:
         if not self._stopped:
             self.disconnected = True
             self.task.cancel()
@@ -535,8 +549,11 @@ class _DisconnectWatch:
     def stop(self) -> None:
         if not self._stopped:
             self._stopped = True
-            self._waiter.remove_done_callback(self._on_message)
-            self._waiter.cancel()
+            if self._link is not None:
+                self._link.unwatch()
+            if self._waiter is not None:
+                self._waiter.remove_done_callback(self._on_message)
+                self._waiter.cancel()
 
     def absorb_cancel(self) -> None:
         """The cancellation came from us: undo it so the task can finish cleanly."""

@@ -153,13 +153,18 @@ class IdleSignal:
     again at once (no poll delay added to a switch)."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        # The next pulse's event, made by its first waiter: a pulse nobody waits for (the
+        # end of every request's last lease) makes nothing.
+        self._event: asyncio.Event | None = None
 
     def pulse(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        event, self._event = self._event, None
+        if event is not None:
+            event.set()
 
     async def wait(self, timeout_s: float) -> None:
         """Until the next pulse, at most `timeout_s`."""
+        if self._event is None:
+            self._event = asyncio.Event()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), timeout_s)
