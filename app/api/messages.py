@@ -14,9 +14,12 @@ Where the request goes (`Call.for_target`):
   `native_messages`), one that lists `messages` in its `endpoints:`, an Anthropic
   provider in a chain. Usage is read from the end of the answer (`Exchange.body_done`:
   Anthropic's `input_tokens`/`output_tokens`, a stream's last `message_delta`);
-- any other gets it as OpenAI chat (`app.anthropic.inbound`), and its answer,
-  stream or not, is translated back (`inbound_relay.as_messages`). `count_tokens` goes
-  to vLLM's `/tokenize` in its chat form and answers `{"input_tokens": N}`.
+- any other gets it as OpenAI chat, and its answer, stream or not, is translated
+  back; `count_tokens` goes to vLLM's `/tokenize` in its chat form and answers
+  `{"input_tokens": N}`. This module only picks which translation; the translated call
+  (its body, headers and path, and the way back) is shaped in `app.routing.translation`,
+  like the rest of what goes on the wire (`app.routing.shaping`): nothing here writes
+  upstream bytes.
 The translation is built only when a target may need it (`Dispatcher.serves_everywhere`).
 A request it cannot carry (a server tool, an unknown block) is a 400 only when no target
 would take it as sent.
@@ -25,20 +28,13 @@ would take it as sent.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from functools import partial
-from typing import Any, Final
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from app.anthropic.inbound import (
-    anthropic_error,
-    anthropic_error_from_openai,
-    to_openai_chat,
-    tokenize_request,
-)
+from app.anthropic.inbound import anthropic_error, anthropic_error_from_openai
 from app.anthropic.inbound_stream import error_event, ping_event
 from app.api.deps import plane_of
 from app.api.handlers import JSONBody
@@ -51,18 +47,15 @@ from app.api.protocol import (
 )
 from app.api.relay import SSE_TYPE, RelayResponse
 from app.errors import GatewayError, InvalidRequest
-from app.jsonwire import json_bytes
 from app.routing.exchange import Call, Translated
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
-from app.routing.registry import Route as ModelRoute
 from app.routing.shaping import upstream_body, upstream_headers
+from app.routing.translation import Translation, count_tokens_as_tokenize, messages_as_chat
 from app.services import Services
 from app.settings.endpoints import Api
-from app.upstreams.anthropic.inbound_relay import as_messages, as_token_count
 
 MESSAGES_PATH: Final = "/v1/messages"
 COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
-_JSON: Final = {"content-type": "application/json"}
 
 
 class AnthropicDialect:
@@ -109,14 +102,11 @@ def _credentials(request: Request) -> str | None:
 
 
 async def messages(request: Request) -> Response:
-    return await _relay(request, MESSAGES_PATH, _as_chat)
+    return await _relay(request, MESSAGES_PATH, messages_as_chat)
 
 
 async def count_tokens(request: Request) -> Response:
-    return await _relay(request, COUNT_TOKENS_PATH, _as_tokenize)
-
-
-Translation = Callable[[ParsedRequest, ModelRoute, dict[str, str]], Translated]
+    return await _relay(request, COUNT_TOKENS_PATH, count_tokens_as_tokenize)
 
 
 async def _relay(request: Request, path: str, translation: Translation) -> Response:
@@ -160,24 +150,6 @@ async def _relay(request: Request, path: str, translation: Translation) -> Respo
     except GatewayError as err:
         return ANTHROPIC.error_response(err)
     return RelayResponse(plane.dispatcher, call, dialect=ANTHROPIC, relays=services.relays)
-
-
-def _as_chat(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:
-    chat = to_openai_chat(parsed.payload, model=route.upstream_model, stream=parsed.stream)
-    call = Call(route, "/v1/chat/completions", chat, parsed.stream, json_bytes(chat),
-                headers | _JSON, api=Api.CHAT)  # fmt: skip
-    return Translated(call, partial(_as_messages, model=parsed.model, stream=parsed.stream))
-
-
-def _as_tokenize(parsed: ParsedRequest, route: ModelRoute, headers: dict[str, str]) -> Translated:
-    tokenize = tokenize_request(parsed.payload, model=route.upstream_model)
-    call = Call(route, "/tokenize", tokenize, False, json_bytes(tokenize), headers | _JSON,
-                api=Api.TOKENIZE)  # fmt: skip
-    return Translated(call, as_token_count)
-
-
-async def _as_messages(response: Any, within_s: float, *, model: str, stream: bool) -> Any:
-    return await as_messages(response, model=model, stream=stream, within_s=within_s)
 
 
 routes: list[BaseRoute] = [

@@ -4,8 +4,11 @@ The API reads a request (its body, its model, its key) and hands it here for wha
 the upstream sees: the headers passed on (`upstream_headers`: hop-by-hop ones, the
 gateway's credentials and the client's request id dropped, `app.upstreams.http`), the
 stream's usage asked for on a key's behalf (`with_stream_usage`, `app.upstreams.usage`),
-and the body for the route's own backend (`upstream_body`). So `app.api` never builds
-what goes on the wire.
+and the body for the route's own backend (`upstream_body`). A request that goes to a
+target in another API (Anthropic's Messages as OpenAI chat or vLLM's `/tokenize`) is
+shaped next door, in `app.routing.translation`: its body written once, as JSON, for the
+route's upstream model, with these headers. So `app.api` never builds what goes on the
+wire, but for Ollama's translated calls (still written in `app.api.ollama.routes`).
 """
 
 from __future__ import annotations

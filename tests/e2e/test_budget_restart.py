@@ -17,7 +17,7 @@ import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.fakes.processes import fake_vllm_process, free_port, gateway_process
+from tests.fakes.processes import GatewayProcess, fake_vllm_process, free_port, gateway_process
 
 pytestmark = pytest.mark.e2e
 
@@ -54,11 +54,18 @@ def config(tmp_path: Path) -> Iterator[Path]:
         yield config
 
 
+def sdk_of(gw: GatewayProcess) -> openai.OpenAI:
+    """The agents' client (closed by its `with`, before the gateway stops)."""
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=AGENTS, max_retries=0, timeout=20)
+
+
 def test_a_restart_does_not_reset_the_daily_cloud_budget(config: Path, tmp_path: Path) -> None:
     state_dir = tmp_path / "var"
     spent = 0
-    with gateway_process(config_dir=config, env=ENV, state_dir=state_dir) as gw:
-        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key=AGENTS, max_retries=0, timeout=20)
+    with (
+        gateway_process(config_dir=config, env=ENV, state_dir=state_dir) as gw,
+        sdk_of(gw) as sdk,
+    ):
         while spent < 30:  # admitted while under the budget: the last one goes over it
             answer = sdk.chat.completions.create(model="reasoning", messages=HI)
             assert answer.usage is not None
@@ -67,8 +74,10 @@ def test_a_restart_does_not_reset_the_daily_cloud_budget(config: Path, tmp_path:
     assert spent >= 30
     assert (state_dir / "state.db").exists()
 
-    with gateway_process(config_dir=config, env=ENV, state_dir=state_dir) as gw:
-        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key=AGENTS, max_retries=0, timeout=20)
+    with (
+        gateway_process(config_dir=config, env=ENV, state_dir=state_dir) as gw,
+        sdk_of(gw) as sdk,
+    ):
         with pytest.raises(openai.APIStatusError) as info:
             sdk.chat.completions.create(model="reasoning", messages=HI)
         assert info.value.status_code == 503

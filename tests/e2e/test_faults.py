@@ -183,8 +183,8 @@ def test_a_non_json_200_reaches_the_client_as_an_error_not_an_answer(
     assert response.content == b"<html>upstream crashed</html>"
     # What a client sees: the SDK fails to parse it, visibly (a bare JSONDecodeError,
     # not an openai.APIError: the gateway does not turn it into a 502).
-    with pytest.raises(json.JSONDecodeError):
-        client(broken_gw).chat.completions.create(model="garbage-json", messages=MESSAGES)
+    with client(broken_gw) as sdk, pytest.raises(json.JSONDecodeError):
+        sdk.chat.completions.create(model="garbage-json", messages=MESSAGES)
     assert time.monotonic() - began < 5
 
 
@@ -289,8 +289,10 @@ def exited_after(gw: GatewayProcess, sent: float, timeout_s: float) -> float:
 
 def test_sigterm_lets_streams_finish_refuses_new_connections_and_exits(paced: str) -> None:
     grace = 5.0
-    with draining_gateway(paced, grace) as gw:
-        pooled = httpx.Client(base_url=gw.url, timeout=2)
+    with (
+        draining_gateway(paced, grace) as gw,
+        httpx.Client(base_url=gw.url, timeout=2) as pooled,
+    ):
         assert pooled.get("/health").status_code == 200  # an idle keep-alive connection
         streams = [Stream(gw, max_tokens=30) for _ in range(2)]  # about 1.5 s each
         sent = sigterm(gw)
@@ -302,11 +304,8 @@ def test_sigterm_lets_streams_finish_refuses_new_connections_and_exits(paced: st
         until_sync(lambda: "Shutting down" in gw.log(), timeout_s=5)
         with pytest.raises(httpx.ConnectError):
             httpx.post(gw.url + "/v1/chat/completions", json={"model": "paced"}, timeout=2)
-        try:
-            with pytest.raises(httpx.ConnectError):
-                pooled.get("/health")
-        finally:
-            pooled.close()
+        with pytest.raises(httpx.ConnectError):
+            pooled.get("/health")
         refused_at = time.monotonic() - sent
         for stream in streams:
             stream.join(grace + 5)

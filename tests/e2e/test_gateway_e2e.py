@@ -143,11 +143,11 @@ def test_completions_embeddings_and_models(client: openai.OpenAI) -> None:
 
 def test_wrong_or_missing_key_is_401(gw: GatewayProcess) -> None:
     for key in ("wrong", ""):
-        bad = openai.OpenAI(base_url=gw.url + "/v1", api_key=key or "x", max_retries=0)
-        if not key:
-            bad = bad.with_options(default_headers={"Authorization": ""})
-        with pytest.raises(openai.AuthenticationError) as info:
-            bad.models.list()
+        # `with_options` copies the client onto the same connection pool: closed with it.
+        with openai.OpenAI(base_url=gw.url + "/v1", api_key=key or "x", max_retries=0) as sdk:
+            bad = sdk if key else sdk.with_options(default_headers={"Authorization": ""})
+            with pytest.raises(openai.AuthenticationError) as info:
+                bad.models.list()
         assert info.value.status_code == 401
         assert info.value.code == "invalid_api_key"
     assert httpx.get(gw.url + "/health").status_code == 200  # open

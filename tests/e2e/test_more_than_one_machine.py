@@ -14,7 +14,6 @@ processes, and the official `openai` SDK:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.kube_api import FakeKube, fake_kube, write_kubeconfig
-from tests.fakes.processes import fake_vllm_process, gateway_process
+from tests.fakes.processes import GatewayProcess, fake_vllm_process, gateway_process
 from tests.fakes.prometheus import FakePrometheus, dcgm_gpu, fake_prometheus
 from tests.fakes.threaded import LoopThread
 from tests.fakes.waits import until_sync
@@ -77,6 +76,11 @@ def config(tmp: Path, stand_ins: StandIns, pod: str, replicas: tuple[str, str]) 
     return models
 
 
+def sdk_of(gw: GatewayProcess) -> openai.OpenAI:
+    """A client of the gateway (closed by its `with`, before the gateway stops)."""
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
 @pytest.mark.e2e
 def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
     stand_ins: StandIns, tmp_path: Path
@@ -88,9 +92,8 @@ def test_a_cluster_backend_a_remote_gpu_and_a_replica_group(
         fake_vllm_process("pool-model", *slow) as r1,
         fake_vllm_process("pool-model", *slow) as r2,
         gateway_process(config(tmp_path, stand_ins, pod, (r1, r2))) as gw,
+        sdk_of(gw) as sdk,
     ):
-        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0,
-                            timeout=30)  # fmt: skip
         # The Deployment is at 0: the request is held through the scale-up and the wait
         # for a ready endpoint (the stand-in makes it ready 1 s after the pod appears).
         assert workload.replicas == 0
@@ -151,13 +154,10 @@ def test_a_cluster_backend_with_a_host_is_admitted_on_that_hosts_gpu(
     workload = stand_ins.loop.run(_add_workload(stand_ins.kube))
     stand_ins.prometheus.series = dcgm_gpu(0, host="node-c", used_mib=30000, free_mib=51048)
     with (
-        contextlib.ExitStack() as closing,
         fake_vllm_process("cluster-model") as pod,
         gateway_process(hosts_config(tmp_path, stand_ins, pod)) as gw,
+        sdk_of(gw) as sdk,
     ):
-        sdk = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0,
-                            timeout=30)  # fmt: skip
-        closing.callback(sdk.close)
         # 30000 of node-c's 81534 MiB are used by something else (plus the 486 the driver
         # reserves, counted as used as NVML does): 60000 do not fit.
         with pytest.raises(openai.APIStatusError) as refused:

@@ -44,14 +44,14 @@ def test_demo_config_wakes_the_lazy_backend_and_stops_both(tmp_path: Path) -> No
     with gateway_process(config_dir=config, wait_ready=True) as gw:
         assert port_is_open(orchestrator)  # pinned: started with the gateway
         assert not port_is_open(reasoning)  # lazy: until a request wakes it
-        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
-        for model in ("default", "reasoning"):
-            reply = client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": "hi"}],
-                max_tokens=2,
-            )
-            assert reply.choices[0].message.content
+        with openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0) as client:
+            for model in ("default", "reasoning"):
+                reply = client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=2,
+                )
+                assert reply.choices[0].message.content
         assert port_is_open(reasoning)
         claude_code_is_served(gw.url)
         # The default yield frees what the woken lazy backend holds, as measured: asleep,

@@ -2,8 +2,9 @@
 (`TYPE_CHECKING` imports included), no module over 600 lines, at most 10 modules at the top
 of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`,
 no import that runs back up the floors of `FLOORS`, no class over 40 public members (its
-bases in app/ counted with it); and `tests/unit/` mirrors `app/`'s packages. Read with
-`ast`; nothing is imported or run."""
+bases in app/ counted with it), no request translated nor upstream body written in the API
+(Messages); and `tests/unit/` mirrors `app/`'s packages. Read with `ast`; nothing is
+imported or run."""
 
 from __future__ import annotations
 
@@ -150,6 +151,51 @@ def test_the_httpx_check_catches_an_import(tmp_path: Path) -> None:
 def test_only_the_control_http_module_imports_httpx() -> None:
     assert "httpx" in set(imported(HTTPX_OWNER, MODULES[HTTPX_OWNER]))
     assert [o for m, p in MODULES.items() for o in httpx_offences(m, p)] == []
+
+
+# The API reads a request and hands it over; what goes on the wire is shaped in routing
+# (`app.routing.shaping`, `app.routing.translation`): no API module translates a request
+# into another API, and the Messages API, whose answers are written by `JSONBody` and the
+# relay, writes no JSON body itself (`json_bytes` there would be an upstream body).
+# (Ollama's API still writes its translated calls: `app.api.ollama.routes`.)
+API_NEVER_IMPORTS = frozenset(
+    {"app.anthropic.inbound.to_openai_chat", "app.anthropic.inbound.tokenize_request",
+     "app.anthropic.to_openai_chat", "app.anthropic.tokenize_request"}
+)  # fmt: skip
+API_MODULE_NEVER_IMPORTS = {"app.api.messages": frozenset({"app.jsonwire.json_bytes"})}
+
+
+def api_wire_offences(module: str, path: Path) -> list[str]:
+    if not module.startswith("app.api"):
+        return []
+    never = API_NEVER_IMPORTS | API_MODULE_NEVER_IMPORTS.get(module, frozenset())
+    return [f"{module} imports {name}" for name in imported(module, path) if name in never]
+
+
+def test_the_api_wire_check_catches_a_translation_or_a_body_written(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from app.jsonwire import json_bytes, too_deep\n"
+        "from app.anthropic.inbound import anthropic_error, to_openai_chat\n"
+        "from app.anthropic import tokenize_request\n"
+    )
+    assert api_wire_offences("app.api.messages", bad) == [
+        "app.api.messages imports app.jsonwire.json_bytes",
+        "app.api.messages imports app.anthropic.inbound.to_openai_chat",
+        "app.api.messages imports app.anthropic.tokenize_request",
+    ]
+    assert api_wire_offences("app.api.ollama.routes", bad) == [
+        "app.api.ollama.routes imports app.anthropic.inbound.to_openai_chat",
+        "app.api.ollama.routes imports app.anthropic.tokenize_request",
+    ]
+    assert api_wire_offences("app.routing.translation", bad) == []
+
+
+def test_the_api_never_writes_what_goes_on_the_wire() -> None:
+    assert "app.anthropic.inbound.to_openai_chat" in set(
+        imported("app.routing.translation", MODULES["app.routing.translation"])
+    )
+    assert [o for m, p in MODULES.items() for o in api_wire_offences(m, p)] == []
 
 
 # The planner is pure math: no I/O library, no file reading, nothing of the app but errors.
