@@ -55,6 +55,15 @@ _ACTIVITY_COLUMNS: Final = (
     "wait_reason, fallbacks, duration_s"
 )
 
+# A batch's activity rows in one statement, as one JSON array that SQLite reads
+# (`json_each`): `executemany` steps once a row, and takes the interpreter's lock back
+# after each step, a wait for the event loop's thread each time while it serves requests.
+_ACTIVITY_FROM_JSON: Final = (
+    f"INSERT INTO activity ({_ACTIVITY_COLUMNS}) SELECT "
+    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(_ACTIVITY_COLUMNS.count(",") + 1))
+    + " FROM json_each(?)"
+)
+
 
 def _v1(db: sqlite3.Connection) -> None:
     db.execute("CREATE TABLE sections (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -344,13 +353,11 @@ class SqliteStore:
                 "cloud_tokens = cloud_tokens + excluded.cloud_tokens",
                 summed_usage(usage),
             )
-            db.executemany(
-                f"INSERT INTO activity ({_ACTIVITY_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(e.at, e.key, e.model, e.route, e.api, e.status, e.prompt_tokens,
-                  e.completion_tokens, e.wait_s, str(e.wait_reason), e.fallbacks,
-                  e.duration_s) for e in activity],
-            )  # fmt: skip
+            if activity:
+                rows = [(e.at, e.key, e.model, e.route, e.api, e.status, e.prompt_tokens,
+                         e.completion_tokens, e.wait_s, str(e.wait_reason), e.fallbacks,
+                         e.duration_s) for e in activity]  # fmt: skip
+                db.execute(_ACTIVITY_FROM_JSON, (json.dumps(rows),))
 
         self._run("save usage to", write, kept=True)
 

@@ -1,4 +1,5 @@
-"""The relay's disconnect watch, with a gated receive(): no server, no sleeps."""
+"""The relay's disconnect watch: told by the request's `ClientLink` under the gateway's
+own server, by a gated receive() under another. No server, no sleeps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 from starlette.types import Message
 
+from app.api.client_link import LINK_KEY, ClientLink
 from app.api.relay import _DisconnectWatch
 
 
@@ -23,7 +25,7 @@ class GatedReceive:
 
 
 async def relay_until_cancelled(receive: GatedReceive, *, stop_first: bool = False) -> str:
-    watch = _DisconnectWatch(receive)
+    watch = _DisconnectWatch(receive, {})  # no link in the scope: receive() is watched
     if stop_first:
         watch.stop()
     receive.watching.set()
@@ -64,3 +66,86 @@ async def test_a_stopped_watch_never_cancels() -> None:
     await receive.watching.wait()
     receive.gate.set()
     assert await task == "not cancelled"
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.more_body = True
+        self.response_complete = False
+
+
+class Flow:
+    def __init__(self) -> None:
+        self.resumed = 0
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
+
+
+def never_receive() -> GatedReceive:
+    """A receive() the link's watch must not use: awaited, it would never return."""
+    return GatedReceive()
+
+
+async def watched_by_link(
+    link: ClientLink, ready: asyncio.Event, *, stop_first: bool = False
+) -> str:
+    watch = _DisconnectWatch(never_receive(), {LINK_KEY: link})
+    if stop_first:
+        watch.stop()
+    ready.set()
+    try:
+        await asyncio.wait_for(asyncio.Event().wait(), 0.2)
+    except asyncio.CancelledError:
+        assert watch.disconnected
+        watch.absorb_cancel()
+        return "cancelled by the watch"
+    except TimeoutError:
+        return "not cancelled"
+    finally:
+        watch.stop()
+    return "unreachable"
+
+
+async def test_the_connection_tells_the_watch_through_the_link() -> None:
+    cycle, flow, watched = Cycle(), Flow(), set[ClientLink]()
+    link = ClientLink(cycle, flow, watched)
+    ready = asyncio.Event()
+    task = asyncio.create_task(watched_by_link(link, ready))
+    await ready.wait()
+    assert watched == {link}  # the connection will tell it when lost
+    assert flow.resumed == 1  # reading resumed, as receive() resumes it: a close is seen
+    link.lost()
+    assert await task == "cancelled by the watch"
+    assert task.cancelling() == 0
+    assert watched == set()
+
+
+async def test_a_stopped_link_watch_is_not_told() -> None:
+    cycle, flow, watched = Cycle(), Flow(), set[ClientLink]()
+    link = ClientLink(cycle, flow, watched)
+    ready = asyncio.Event()
+    task = asyncio.create_task(watched_by_link(link, ready, stop_first=True))
+    await ready.wait()
+    assert watched == set()
+    link.lost()
+    assert await task == "not cancelled"
+
+
+async def test_a_connection_lost_after_its_response_is_no_disconnect() -> None:
+    cycle, flow, watched = Cycle(), Flow(), set[ClientLink]()
+    link = ClientLink(cycle, flow, watched)
+    told: list[str] = []
+    link.watch(lambda: told.append("lost"))
+    cycle.response_complete = True
+    link.lost()
+    assert told == []
+    assert watched == set()
+
+
+def test_the_link_says_when_the_body_is_all_in() -> None:
+    cycle = Cycle()
+    link = ClientLink(cycle, Flow(), set())
+    assert not link.body_in()
+    cycle.more_body = False
+    assert link.body_in()

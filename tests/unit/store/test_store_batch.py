@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from app.activity import Entry, WaitKind
 from app.store.base import StoreError, UsageQuery, UsageRow
 from app.store.sqlite import SqliteStore, summed_usage
 
@@ -75,3 +76,24 @@ def test_a_batch_after_the_file_was_replaced_writes_to_the_new_one(tmp_path: Pat
     store.write_batch([row("d", 1, 1)], [])
     assert [r["key"] for r in store.usage(UsageQuery(group_by="key"))] == ["d"]
     store.close()
+
+
+def test_a_batch_of_activity_reads_back_exactly_as_written(tmp_path: Path) -> None:
+    """The batch's activity goes in as one statement (one JSON array SQLite reads): every
+    value comes back with its type, None as None, floats to the last bit, any text."""
+    entries = [
+        Entry(1764400000.123456789, "family", "qwen", "local", "chat", 200, 12, 34, 0.0,
+              WaitKind.NONE, 0, 0.0123456789),
+        Entry(1764400001.5, None, None, None, "messages", 401, None, None, 2.31,
+              WaitKind.WAKE, 2, 3.0),
+        Entry(1764400002.0, "k", 'mo"del\\ é ☃ \n', "cloud", "responses", 200, 0, 0,
+              1e-9, WaitKind.LIMIT, 1, 1e6),
+    ]  # fmt: skip
+    store = SqliteStore(tmp_path)
+    store.open()
+    store.write_batch([], entries)
+    store.write_batch([], [])  # nothing to write: no statement, no error
+    back = store.recent_activity(10)
+    assert back == entries
+    assert [type(e.status) for e in back] == [int, int, int]
+    assert [type(e.at) for e in back] == [float, float, float]
