@@ -5,10 +5,10 @@ the upstream sees: the headers passed on (`upstream_headers`: hop-by-hop ones, t
 gateway's credentials and the client's request id dropped, `app.upstreams.http`), the
 stream's usage asked for on a key's behalf (`with_stream_usage`, `app.upstreams.usage`),
 and the body for the route's own backend (`upstream_body`). A request that goes to a
-target in another API (Anthropic's Messages as OpenAI chat or vLLM's `/tokenize`) is
-shaped next door, in `app.routing.translation`: its body written once, as JSON, for the
-route's upstream model, with these headers. So `app.api` never builds what goes on the
-wire, but for Ollama's translated calls (still written in `app.api.ollama.routes`).
+target in another API (Anthropic's Messages as OpenAI chat or vLLM's `/tokenize`,
+Ollama's `/api/*` as chat or embeddings) is shaped next door, in `app.routing.translation`:
+its body written once, as JSON, for the route's upstream model, with these headers. So
+`app.api` never builds what goes on the wire (`tests/unit/test_layout.py` checks it).
 """
 
 from __future__ import annotations

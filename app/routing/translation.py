@@ -1,16 +1,24 @@
 """A request in another API, for a target that does not serve the client's: the
 upstream call and the way back for its answer (`Translated`). Pure: no I/O.
 
-Anthropic's Messages API (`app.api.messages`) reads a request and picks the translation;
-what goes on the wire is shaped here, like the rest of a request (`app.routing.shaping`):
+The API reads a request and picks the translation; what goes on the wire is shaped here,
+like the rest of a request (`app.routing.shaping`). Anthropic's Messages API
+(`app.api.messages`):
 - `messages_as_chat`: `POST /v1/messages` as OpenAI's `/v1/chat/completions`
   (`app.anthropic.inbound.to_openai_chat`), its answer, stream or not, translated back
   (`app.upstreams.anthropic.inbound_relay.as_messages`);
 - `count_tokens_as_tokenize`: `/v1/messages/count_tokens` as vLLM's `/tokenize` in its chat
   form (`tokenize_request`), answered as `{"input_tokens": N}` (`as_token_count`).
+Ollama's API (`app.api.ollama`), which no backend serves:
+- `ollama_chat_as_chat`: `POST /api/chat` or `/api/generate` as `/v1/chat/completions`
+  (`app.ollama.requests`), its answer, a stream as NDJSON or whole, translated back
+  (`app.ollama.relayed.chat_answer`);
+- `ollama_embed_as_embeddings`: `POST /api/embed` as `/v1/embeddings`
+  (`app.ollama.relayed.embed_answer`).
 The body is written once here, for the route's upstream model, and sent as JSON; the
-client's forwardable headers (`shaping.upstream_headers`) go with it. A request the
-translation cannot carry is `InvalidRequest`."""
+client's forwardable headers (`shaping.upstream_headers`) go with it. The answer is named
+as the client asked (`ClientRequest.model`). A request the translation cannot carry is
+`InvalidRequest`."""
 
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ from typing import Any, Final, Protocol
 
 from app.anthropic.inbound import to_openai_chat, tokenize_request
 from app.jsonwire import json_bytes
+from app.ollama.relayed import Clock, chat_answer, embed_answer
+from app.ollama.requests import chat_request, embed_request, generate_request
 from app.routing.exchange import Call, Translated
 from app.routing.registry import Route
 from app.settings.endpoints import Api
@@ -27,6 +37,7 @@ from app.upstreams.anthropic.inbound_relay import as_messages, as_token_count
 from app.upstreams.http import Relayable
 
 CHAT_PATH: Final = "/v1/chat/completions"
+EMBEDDINGS_PATH: Final = "/v1/embeddings"
 TOKENIZE_PATH: Final = "/tokenize"
 _JSON: Final = {"content-type": "application/json"}
 
@@ -64,6 +75,39 @@ def count_tokens_as_tokenize(
     call = Call(route, TOKENIZE_PATH, tokenize, False, json_bytes(tokenize), headers | _JSON,
                 api=Api.TOKENIZE)  # fmt: skip
     return Translated(call, as_token_count)
+
+
+def ollama_chat_as_chat(
+    request: ClientRequest,
+    route: Route,
+    headers: dict[str, str],
+    *,
+    generate: bool,
+    max_model_len: int | None,
+    clock: Clock,
+) -> Translated:
+    """Ollama's `/api/chat` (`/api/generate` when `generate`) as a chat completion for
+    `route`'s upstream model; `options.num_ctx` is checked against `max_model_len` (the
+    model's context, when known), and the durations of the answer read from `clock`."""
+    build = generate_request if generate else chat_request
+    chat = build(request.payload, model=route.upstream_model, stream=request.stream,
+                 max_model_len=max_model_len)  # fmt: skip
+    call = Call(route, CHAT_PATH, chat.body, request.stream, json_bytes(chat.body),
+                headers | _JSON, api=Api.CHAT)  # fmt: skip
+    answer = partial(chat_answer, model=request.model, generate=generate, clock=clock,
+                     images=chat.images)  # fmt: skip
+    return Translated(call, answer)
+
+
+def ollama_embed_as_embeddings(
+    request: ClientRequest, route: Route, headers: dict[str, str], *, clock: Clock
+) -> Translated:
+    """Ollama's `/api/embed` as `/v1/embeddings` for `route`'s upstream model (never a
+    stream)."""
+    embed = embed_request(request.payload, model=route.upstream_model)
+    call = Call(route, EMBEDDINGS_PATH, embed, False, json_bytes(embed), headers | _JSON,
+                api=Api.EMBEDDINGS)  # fmt: skip
+    return Translated(call, partial(embed_answer, model=request.model, clock=clock))
 
 
 async def _as_messages(

@@ -3,7 +3,7 @@
 of `app/`, FastAPI only in the API layer, httpx only behind `app.upstreams.control_http`,
 no import that runs back up the floors of `FLOORS`, no class over 40 public members (its
 bases in app/ counted with it), no request translated nor upstream body written in the API
-(Messages); and `tests/unit/` mirrors `app/`'s packages. Read with `ast`; nothing is
+(Messages, Ollama); and `tests/unit/` mirrors `app/`'s packages. Read with `ast`; nothing is
 imported or run."""
 
 from __future__ import annotations
@@ -155,20 +155,27 @@ def test_only_the_control_http_module_imports_httpx() -> None:
 
 # The API reads a request and hands it over; what goes on the wire is shaped in routing
 # (`app.routing.shaping`, `app.routing.translation`): no API module translates a request
-# into another API, and the Messages API, whose answers are written by `JSONBody` and the
-# relay, writes no JSON body itself (`json_bytes` there would be an upstream body).
-# (Ollama's API still writes its translated calls: `app.api.ollama.routes`.)
+# into another API (Anthropic's request translators, `app.ollama.requests` whole), and the
+# Messages and Ollama APIs, whose answers are written by `JSONBody`, the relay and the
+# translated streams, write no JSON body themselves (`json_bytes` there would be an
+# upstream body). `API_MODULE_NEVER_IMPORTS` holds for a module and the modules under it.
 API_NEVER_IMPORTS = frozenset(
     {"app.anthropic.inbound.to_openai_chat", "app.anthropic.inbound.tokenize_request",
-     "app.anthropic.to_openai_chat", "app.anthropic.tokenize_request"}
+     "app.anthropic.to_openai_chat", "app.anthropic.tokenize_request", "app.ollama.requests"}
 )  # fmt: skip
-API_MODULE_NEVER_IMPORTS = {"app.api.messages": frozenset({"app.jsonwire.json_bytes"})}
+API_MODULE_NEVER_IMPORTS = {
+    "app.api.messages": frozenset({"app.jsonwire.json_bytes"}),
+    "app.api.ollama": frozenset({"app.jsonwire.json_bytes"}),
+}
 
 
 def api_wire_offences(module: str, path: Path) -> list[str]:
     if not module.startswith("app.api"):
         return []
-    never = API_NEVER_IMPORTS | API_MODULE_NEVER_IMPORTS.get(module, frozenset())
+    never = API_NEVER_IMPORTS.union(
+        *(names for owner, names in API_MODULE_NEVER_IMPORTS.items()
+          if module == owner or module.startswith(owner + "."))
+    )  # fmt: skip
     return [f"{module} imports {name}" for name in imported(module, path) if name in never]
 
 
@@ -178,23 +185,27 @@ def test_the_api_wire_check_catches_a_translation_or_a_body_written(tmp_path: Pa
         "from app.jsonwire import json_bytes, too_deep\n"
         "from app.anthropic.inbound import anthropic_error, to_openai_chat\n"
         "from app.anthropic import tokenize_request\n"
+        "from app.ollama.requests import chat_request\n"
+        "from app.ollama import requests, wire\n"
     )
-    assert api_wire_offences("app.api.messages", bad) == [
-        "app.api.messages imports app.jsonwire.json_bytes",
-        "app.api.messages imports app.anthropic.inbound.to_openai_chat",
-        "app.api.messages imports app.anthropic.tokenize_request",
+    translators = [
+        "imports app.anthropic.inbound.to_openai_chat",
+        "imports app.anthropic.tokenize_request",
+        "imports app.ollama.requests",
+        "imports app.ollama.requests",
     ]
-    assert api_wire_offences("app.api.ollama.routes", bad) == [
-        "app.api.ollama.routes imports app.anthropic.inbound.to_openai_chat",
-        "app.api.ollama.routes imports app.anthropic.tokenize_request",
-    ]
+    body = ["imports app.jsonwire.json_bytes"]
+    for module in ("app.api.messages", "app.api.ollama", "app.api.ollama.routes"):
+        assert api_wire_offences(module, bad) == [f"{module} {o}" for o in body + translators]
+    for module in ("app.api.openai", "app.api.ollamas", "app.api.messages_x"):
+        assert api_wire_offences(module, bad) == [f"{module} {o}" for o in translators]
     assert api_wire_offences("app.routing.translation", bad) == []
 
 
 def test_the_api_never_writes_what_goes_on_the_wire() -> None:
-    assert "app.anthropic.inbound.to_openai_chat" in set(
-        imported("app.routing.translation", MODULES["app.routing.translation"])
-    )
+    translation = set(imported("app.routing.translation", MODULES["app.routing.translation"]))
+    assert {"app.anthropic.inbound.to_openai_chat", "app.ollama.requests"} <= translation
+    assert [m for m in MODULES if m.startswith("app.api.ollama.")]  # the rule has its modules
     assert [o for m, p in MODULES.items() for o in api_wire_offences(m, p)] == []
 
 
@@ -252,7 +263,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("settings", "jsonwire", "logs"),
     ("anthropic",),
     ("upstreams",),
-    ("gpu", "keys", "notify", "runtimes"),
+    ("gpu", "keys", "notify", "ollama", "runtimes"),
     ("access", "sim", "store"),
     ("lifecycle",),
     ("vram",),

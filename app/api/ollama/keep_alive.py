@@ -34,11 +34,11 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import plane_of
+from app.api.handlers import JSONBody
 from app.api.model_verbs import check_lifecycle, lifecycle_target, load, unload
-from app.api.ollama.wire import Json, nanoseconds, timestamp
 from app.errors import GatewayError
-from app.jsonwire import json_bytes
 from app.lifecycle.backend import Backend
+from app.ollama.wire import Json, nanoseconds, timestamp
 from app.services import Services
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ async def load_or_unload(
             time.perf_counter() - started
         )
     answer["created_at"] = timestamp()
-    return Response(json_bytes(answer), media_type="application/json")
+    return JSONBody(answer)
 
 
 def after_answer(

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from app.api.ollama.wire import Json, tagged, timestamp
 from app.gpu.telemetry import MIB
 from app.lifecycle.backend import Backend
 from app.lifecycle.state import BackendState
+from app.ollama.wire import Json, tagged, timestamp
 from app.routing.registry import ModelEntry
 
 # Far in the future, as a Go time for "forever" (Ollama keeps a runner with a negative

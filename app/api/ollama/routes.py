@@ -5,9 +5,11 @@ work unmodified: `GET /api/version`, `GET /api/tags`, `GET /api/ps`, `POST /api/
 The model calls go through the same data plane as `/v1/chat/completions`
 (`RelayResponse` and the dispatcher: keys, limits, queueing, wake, fallback, metrics,
 activity, usage): the request is a `Call` in `Api.OLLAMA`, which no backend serves, with
-its chat or embeddings translation (`app.api.ollama.translate`) and the way back for the
-answer (a whole answer translated, a stream as NDJSON: `app.api.ollama.stream`). Every
-error the gateway writes here is Ollama's `{"error": "..."}` with the status.
+its chat or embeddings translation and the way back for the answer (a whole answer
+translated, a stream as NDJSON). This module only reads the request and picks which
+translation; the translated call is shaped in `app.routing.translation` (Ollama's words
+in and out are `app.ollama`'s): nothing here writes upstream bytes. Every error the
+gateway writes here is Ollama's `{"error": "..."}` with the status.
 
 The client's key is the gateway's, as `Authorization: Bearer` (Ollama's clients send
 headers as given). `keep_alive` is `app.api.ollama.keep_alive`'s.
@@ -28,28 +30,25 @@ from app.api.deps import plane_of
 from app.api.handlers import JSONBody
 from app.api.middleware import context_of
 from app.api.model_cards import max_model_len_of
-from app.api.ollama import keep_alive, listing, translate
-from app.api.ollama.stream import NdjsonStream, NdjsonTranslator, error_line, line, request_clock
-from app.api.ollama.wire import VERSION, Json, error_body, keep_alive_s, timestamp, untagged
+from app.api.ollama import keep_alive, listing
 from app.api.openai import client_key, read_body
-from app.api.protocol import json_object
+from app.api.protocol import ParsedRequest, json_object
 from app.api.relay import RelayResponse
 from app.errors import GatewayError, InvalidRequest, ModelNotFound
-from app.jsonwire import json_bytes
-from app.routing.exchange import Call, Translated
+from app.ollama.answers import error_message
+from app.ollama.stream import error_line, line, request_clock
+from app.ollama.wire import VERSION, Json, error_body, keep_alive_s, timestamp, untagged
+from app.routing.exchange import Call
 from app.routing.patience import MAX_WAIT_HEADER, parse_max_wait
 from app.routing.plane import RoutingPlane
 from app.routing.registry import ModelEntry, Registry
-from app.routing.registry import Route as ModelRoute
 from app.routing.shaping import upstream_headers
+from app.routing.translation import ollama_chat_as_chat, ollama_embed_as_embeddings
 from app.services import Services
 from app.settings.endpoints import Api
-from app.upstreams.anthropic.bodies import whole_answer
-from app.upstreams.http import BufferedResponse, Relayable
 
 logger = logging.getLogger(__name__)
 
-_JSON: Final = {"content-type": "application/json"}
 CHAT_PATH: Final = "/api/chat"
 GENERATE_PATH: Final = "/api/generate"
 EMBED_PATH: Final = "/api/embed"
@@ -74,7 +73,7 @@ class OllamaDialect:
         return (b"" if ended else b"\n") + error_line(err.message)
 
     def upstream_stream_error(self, status: int, body: bytes) -> bytes:
-        return error_line(translate.error_message(status, body))
+        return error_line(error_message(status, body))
 
     def keepalive(self, backend: str, waited_s: float, detail: str | None) -> bytes:
         piece: Json = {"model": self._model, "created_at": timestamp()}
@@ -91,7 +90,7 @@ def ollama_error(err: GatewayError) -> Response:
 
 
 def _json(payload: Json) -> Response:
-    return Response(json_bytes(payload), media_type="application/json")
+    return JSONBody(payload)
 
 
 def _guarded(
@@ -199,7 +198,12 @@ async def _model_call(request: Request, path: str) -> Response:
     ctx = context_of(request.scope)
     clock = request_clock(ctx.started, lambda: ctx.waits.total_s)
     headers = upstream_headers(request.scope["headers"])
-    translated = _translated(path, payload, route, name, stream, max_len, clock, headers)
+    read = ParsedRequest(model=name, stream=stream, payload=payload, raw=raw)  # answered as `name`
+    if path == EMBED_PATH:
+        translated = ollama_embed_as_embeddings(read, route, headers, clock=clock)
+    else:
+        translated = ollama_chat_as_chat(read, route, headers, generate=path == GENERATE_PATH,
+                                         max_model_len=max_len, clock=clock)  # fmt: skip
     # Read before the key counts the request: a bad value is a 400 for any model.
     wait_s = parse_max_wait(request.headers.get(MAX_WAIT_HEADER))
     call = Call(
@@ -236,83 +240,6 @@ def _stream_of(payload: Json) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest.wrong_type("stream", "a boolean", value)
     return value
-
-
-Clock = Callable[[], tuple[float, float]]
-
-
-def _translated(
-    path: str,
-    payload: Json,
-    route: ModelRoute,
-    name: str,
-    stream: bool,
-    max_len: int | None,
-    clock: Clock,
-    headers: dict[str, str],
-) -> Translated:
-    upstream = route.upstream_model
-    if path == EMBED_PATH:
-        body = translate.embed_request(payload, model=upstream)
-        call = Call(route, "/v1/embeddings", body, False, json_bytes(body), headers | _JSON,
-                    api=Api.EMBEDDINGS)  # fmt: skip
-        return Translated(call, partial(_embed_answer, model=name, clock=clock))
-    build = translate.generate_request if path == GENERATE_PATH else translate.chat_request
-    request = build(payload, model=upstream, stream=stream, max_model_len=max_len)
-    call = Call(route, "/v1/chat/completions", request.body, stream, json_bytes(request.body),
-                headers | _JSON, api=Api.CHAT)  # fmt: skip
-    answer = partial(_chat_answer, model=name, generate=path == GENERATE_PATH, clock=clock,
-                     images=request.images)  # fmt: skip
-    return Translated(call, answer)
-
-
-async def _chat_answer(
-    response: Relayable, within_s: float, *, model: str, generate: bool, clock: Clock, images: int
-) -> Relayable:
-    if response.status == 200 and response.is_event_stream:
-        return NdjsonStream(response, NdjsonTranslator(model, generate=generate, clock=clock))
-
-    def answer(body: Json) -> Json:
-        total, load = clock()
-        timing = translate.Timing(total=total, load=load, prompt=0.0)
-        return translate.chat_answer(body, model=model, generate=generate, timing=timing)
-
-    return await _whole(response, within_s, answer, _envelope(model, images), "a chat completion")
-
-
-async def _embed_answer(
-    response: Relayable, within_s: float, *, model: str, clock: Clock
-) -> Relayable:
-    def answer(body: Json) -> Json:
-        total, load = clock()
-        timing = translate.Timing(total=total, load=load, prompt=0.0)
-        return translate.embed_answer(body, model=model, timing=timing)
-
-    return await _whole(response, within_s, answer, _envelope(model, 0), "an embeddings answer")
-
-
-def _envelope(model: str, images: int) -> Callable[[int, bytes], Json]:
-    def envelope(status: int, body: bytes) -> Json:
-        message = translate.error_message(status, body)
-        if (images and 400 <= status < 500) or (images and status >= 500 and "image" in message):
-            message = (
-                f"model '{model}' did not take the {images} image(s) of this request (a model "
-                f"without vision cannot): {message}"
-            )
-        return error_body(message)
-
-    return envelope
-
-
-async def _whole(
-    response: Relayable,
-    within_s: float,
-    answer: Callable[[Json], Json],
-    envelope: Callable[[int, bytes], Json],
-    what: str,
-) -> BufferedResponse:
-    return await whole_answer(response, within_s, envelope=envelope, translate=answer,
-                              who="the upstream", what=what)  # fmt: skip
 
 
 def _route(

@@ -7,16 +7,9 @@ import json
 
 import pytest
 
-from app.api.ollama.translate import (
-    Timing,
-    chat_answer,
-    chat_request,
-    embed_answer,
-    embed_request,
-    generate_request,
-    sampling,
-)
 from app.errors import InvalidRequest
+from app.ollama.answers import Timing, chat_answer, embed_answer
+from app.ollama.requests import chat_request, embed_request, generate_request, sampling
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 

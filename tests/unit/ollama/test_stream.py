@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.api.ollama.stream import NdjsonTranslator
+from app.ollama.stream import NdjsonTranslator
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> str:

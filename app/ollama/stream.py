@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from app.api.ollama.translate import Timing, answer_text, done_reason, ollama_tool_calls
-from app.api.ollama.wire import Json, timestamp
 from app.jsonwire import json_bytes
+from app.ollama.answers import Timing, answer_text, done_reason, ollama_tool_calls
+from app.ollama.wire import Json, timestamp
 from app.upstreams.anthropic.relayed import ChunksTranslated
 from app.upstreams.http import Relayable
 

@@ -8,8 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from app.api.ollama.wire import FOREVER, go_duration_s, keep_alive_s, tagged, timestamp, untagged
 from app.errors import InvalidRequest
+from app.ollama.wire import FOREVER, go_duration_s, keep_alive_s, tagged, timestamp, untagged
 
 
 @pytest.mark.parametrize(
