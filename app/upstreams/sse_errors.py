@@ -25,7 +25,7 @@ from typing import Final
 # the same prefixes, before anything reaches the client).
 ERROR_DATA: Final = (b'data: {"error"', b'data: {"object":"error"')
 _ERROR_EVENT: Final = b"event: error"
-# An NDJSON stream's error line, as Ollama's API writes it (`app.api.ollama.stream`).
+# An NDJSON stream's error line, as Ollama's API writes it (`app.ollama.stream`).
 NDJSON_ERROR: Final = b'{"error"'
 _DONE: Final = b"data: [DONE]"
 UPSTREAM_ERROR: Final = "upstream_error"
