@@ -15,6 +15,7 @@ collector's series). This module is on the ground floor: it imports nothing of t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Final
 
@@ -38,6 +39,24 @@ UPSTREAM_ERROR_KINDS: Final = (
 WAIT_REASONS: Final = ("wake", "max_inflight", "connection_pool")
 TOKEN_TYPES: Final = ("prompt", "completion")  # the `type` of the token counters
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+
+# The request path's increments, without the client library's checks on every call: its
+# `inc` asks whether the series is a parent (never: these are children, or series without
+# labels) and whether the amount is negative (a counter's never is, where these are
+# called), and a histogram's `observe` walks its bounds one by one. About a dozen such
+# calls a request. `tests/unit/test_metrics_fast.py` holds them to the library's own.
+def add(series: Counter | Gauge, amount: float = 1) -> None:
+    """`series.inc(amount)` (a gauge's `dec` is a negative `amount`)."""
+    series._value.inc(amount)
+
+
+def observe(series: Histogram, value: float) -> None:
+    """`series.observe(value)`: the sum, and the first bucket whose bound holds it."""
+    series._sum.inc(value)
+    series._buckets[bisect_left(series._upper_bounds, value)].inc(1)
+
+
 NAMESPACE: Final = "microscheduler"  # the prefix of every series name
 
 
@@ -162,16 +181,16 @@ class Metrics:
         counter = self._request_children.get(key)
         if counter is None:
             counter = self._request_children[key] = self.requests.labels(*key)
-        counter.inc()
+        add(counter)
         timing = self._timing_children.get((backend, endpoint))
         if timing is None:
             timing = self._timing_children[(backend, endpoint)] = (
                 self.duration.labels(backend, endpoint),
                 self.ttfb.labels(backend, endpoint),
             )
-        timing[0].observe(duration_s)
+        observe(timing[0], duration_s)
         if ttfb_s is not None:
-            timing[1].observe(ttfb_s)
+            observe(timing[1], ttfb_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -35,6 +35,7 @@ from app.keys.limits import (
     duration_text,
 )
 from app.keys.metrics import LIMITS, OUTCOMES, KeyMetrics
+from app.metrics import add
 from app.settings.keys import KeyConfig, KeysConfig, Priority, secret_digest
 from app.upstreams.usage import TokenCounter
 
@@ -270,7 +271,7 @@ class _Count:
 
     def inc(self) -> None:
         self.value += 1
-        self._child.inc()
+        add(self._child)
 
 
 class KeyUse:

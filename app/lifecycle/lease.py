@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.metrics import Metrics
+from app.metrics import Metrics, add
 
 # Called every few seconds while a request is held, with the seconds waited so far and
 # what the start is waiting for (None when there is nothing to say).
@@ -57,7 +57,7 @@ class Leases:
         self.in_flight += 1
         self.last_used = time.monotonic()
         self._drained.clear()
-        self._in_flight_gauge.inc()
+        add(self._in_flight_gauge)
         if self._on_change is not None:
             self._on_change()
         return Lease(self)
@@ -65,7 +65,7 @@ class Leases:
     def _give_back(self) -> None:
         self.in_flight -= 1
         self.last_used = time.monotonic()
-        self._in_flight_gauge.dec()
+        add(self._in_flight_gauge, -1)
         if self._on_release is not None:
             self._on_release()
         if self.in_flight == 0:

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter
 
+from app.metrics import add
 from app.settings.endpoints import Api
 
 # The streams that carry usage only when asked (`stream_options.include_usage`).
@@ -98,9 +99,9 @@ class TokenCounter:
 
     def add(self, prompt: int, completion: int) -> None:
         if prompt > 0:
-            self._prompt.inc(prompt)
+            add(self._prompt, prompt)
         if completion > 0:
-            self._completion.inc(completion)
+            add(self._completion, completion)
 
 
 def asks_usage(payload: dict[str, Any]) -> bool:
