@@ -52,6 +52,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 _NOT_FROM_UPSTREAM = HOP_BY_HOP | {"server", "date"}
+_DROPPED_FROM_UPSTREAM: Final = frozenset(name.encode("latin-1") for name in _NOT_FROM_UPSTREAM)
 # A final status a client's HTTP stack can take: uvicorn has no status line for another
 # (999 broke the client's connection), and a 1xx (101) is no final answer.
 RELAYABLE_STATUS: Final = range(200, 600)
@@ -90,6 +91,11 @@ def upstream_content_type(headers: dict[str, str], body: bytes) -> dict[str, str
     `application/x-www-form-urlencoded`, and with no label aiohttp sends
     `application/octet-stream`. A request without a body is left as it is."""
     if not body:
+        return headers
+    # Names lower-case (`forwardable_request_headers`, an upstream's own headers): a
+    # client that labelled it JSON already, the usual case, sends them as they are.
+    sent = headers.get("content-type")
+    if sent == "application/json":
         return headers
     out = {k: v for k, v in headers.items() if k.lower() != "content-type"}
     sent = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
@@ -185,11 +191,18 @@ class UpstreamResponse:
         self._backend = backend
         self._role = role
         self._eof = not first_chunk
-        hop = {t.lower() for v in response.headers.getall("connection", []) for t in v.split(",")}
+        # As received (bytes), names lower-cased: no decoding and encoding again.
+        dropped = _DROPPED_FROM_UPSTREAM
+        if "connection" in response.headers:  # the headers it names are hop-by-hop too
+            dropped = dropped | {
+                t.strip().lower().encode("latin-1")
+                for v in response.headers.getall("connection")
+                for t in v.split(",")
+            }
         self.headers: list[tuple[bytes, bytes]] = [
-            (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in response.headers.items()
-            if name.lower() not in _NOT_FROM_UPSTREAM and name.lower() not in hop
+            (lower, value)
+            for name, value in response.raw_headers
+            if (lower := name.lower()) not in dropped
         ]
         self.content_type = response.headers.get("content-type", "")
 
@@ -283,7 +296,8 @@ class HttpUpstream:
         # The last transport failure in full (address, exception) and when: for the admin.
         self.last_error: str | None = None
         self.timeouts = timeouts
-        self._extra_headers = extra_headers or {}
+        # Lower-case names, as the client's forwarded ones (`upstream_content_type`).
+        self._extra_headers = {k.lower(): v for k, v in (extra_headers or {}).items()}
         self._max_connections = max_connections
         self._slots = asyncio.Semaphore(max_connections) if max_connections else None
         self._observer = observer
