@@ -15,6 +15,7 @@ callers take the ASGI way.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -39,8 +40,10 @@ class ClientLink:
 
     def __init__(self, cycle: _Cycle, flow: _Flow, watched: set[ClientLink]) -> None:
         """`watched`: the connection's links being watched, which it tells when lost (a
-        pipelined request's cycle is not the connection's newest)."""
-        self._cycle = cycle
+        pipelined request's cycle is not the connection's newest). The cycle is held
+        weakly: it holds the scope, which holds this link, and a strong reference back
+        would leave each request's objects to the garbage collector."""
+        self._cycle = weakref.ref(cycle)
         self._flow = flow
         self._watched = watched
         self.on_lost: Callable[[], None] | None = None
@@ -58,14 +61,16 @@ class ClientLink:
 
     def body_in(self) -> bool:
         """The request's body has been read to its end (`receive()` will not wait)."""
-        return not self._cycle.more_body
+        cycle = self._cycle()
+        return cycle is None or not cycle.more_body
 
     def lost(self) -> None:
         """The connection closed (the protocol's `connection_lost`): the watcher is told
         when the response was not complete."""
         callback = self.on_lost
         self.unwatch()
-        if callback is not None and not self._cycle.response_complete:
+        cycle = self._cycle()
+        if callback is not None and cycle is not None and not cycle.response_complete:
             callback()
 
 

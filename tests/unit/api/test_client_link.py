@@ -5,6 +5,8 @@ relay is told there that its client left, and `BodyGuard` that the body is all i
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 from starlette.types import Receive, Scope, Send
 
@@ -86,3 +88,41 @@ async def test_each_request_has_its_own_link() -> None:
     assert links[1] is not None
     assert links[0] is not links[1]
     assert link_of({}) is None  # another server's scope: the callers take the ASGI way
+
+
+async def test_a_served_request_is_freed_without_the_garbage_collector() -> None:
+    """A request's cycle holds its transport (`OneWrite`) and its scope (with the
+    `ClientLink`); neither holds the cycle back strongly, nor `OneWrite` its spent
+    handle: once the next request replaces it, the first is freed by reference counts
+    alone. A reference cycle there left about 18 objects a request to the collector."""
+
+    class Marker:
+        """Something in the scope, freed with it."""
+
+    markers: list[weakref.ref[Marker]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        marker = scope["test.marker"] = Marker()
+        markers.append(weakref.ref(marker))
+        del marker
+        link = link_of(scope)
+        assert link is not None
+        link.watch(lambda: None)
+        assert link.body_in()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        link.unwatch()
+
+    gc.disable()
+    try:
+        protocol, transport = serve(app)
+        protocol.data_received(b"GET /a HTTP/1.1\r\nhost: gw\r\n\r\n")
+        await turns()
+        first = weakref.ref(protocol.cycle)
+        protocol.data_received(b"GET /b HTTP/1.1\r\nhost: gw\r\n\r\n")
+        await turns()
+        assert len(transport.writes) == 2  # both answered
+        assert first() is None
+        assert markers[0]() is None  # its scope too
+    finally:
+        gc.enable()
