@@ -55,6 +55,11 @@ from bench.switch import ASLEEP_MIB, GPU_MIB, MODEL_MIB, call, chat
 
 LAG = "microscheduler_event_loop_lag_seconds"
 PEAK = "microscheduler_event_loop_lag_max_seconds"
+# The lag less the loop thread's wait for a CPU (`app.control.loop_lag`): what the
+# gateway's own work held the loop. The target is read there; the lag is shown beside it.
+HELD = "microscheduler_event_loop_held_seconds"
+HELD_PEAK = "microscheduler_event_loop_held_max_seconds"
+SERIES = {LAG: PEAK, HELD: HELD_PEAK}
 TARGET_MS = 5.0
 PEAK_EVERY_S = 10.0  # well within the max's window; each scrape is loop time too
 STREAM = json.dumps({"model": "steady", "messages": [{"role": "user", "content": "hi"}],
@@ -62,18 +67,18 @@ STREAM = json.dumps({"model": "steady", "messages": [{"role": "user", "content":
 Buckets = list[tuple[float, float]]  # (upper bound, cumulative count), +Inf last
 
 
-def lag_of(text: str) -> tuple[Buckets, float]:
-    """The lag histogram's buckets and the max gauge of a /metrics text."""
+def lag_of(text: str, name: str = LAG) -> tuple[Buckets, float]:
+    """The histogram `name`'s buckets and its max gauge in a /metrics text."""
     buckets: Buckets = []
     peak = math.nan
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == f"{LAG}_bucket":
+            if sample.name == f"{name}_bucket":
                 buckets.append((float(sample.labels["le"]), sample.value))
-            elif sample.name == PEAK:
+            elif sample.name == SERIES[name]:
                 peak = sample.value
     if not buckets:
-        raise RuntimeError(f"/metrics has no {LAG}")
+        raise RuntimeError(f"/metrics has no {name}")
     return sorted(buckets), peak
 
 
@@ -103,11 +108,12 @@ def largest_bucket(buckets: Buckets) -> float:
     return next(le for le, count in buckets if count >= total)
 
 
-def scrape(port: int) -> tuple[Buckets, float]:
+def scrape(port: int) -> dict[str, tuple[Buckets, float]]:
+    """Both series (the lag, and the lag held: less the wait for a CPU), by name."""
     status, text = call(port, "GET", "/metrics")
     if status != 200 or not isinstance(text, str):
         raise RuntimeError(f"/metrics answered {status}")
-    return lag_of(text)
+    return {name: lag_of(text, name) for name in SERIES}
 
 
 def cpu_wait_s(pid: int) -> float:
@@ -218,21 +224,22 @@ def summary(before: Buckets, after: Buckets, peak: float | None) -> dict[str, An
 
 def under_load(gw: Proc, a: argparse.Namespace, events: Callable[[], int]) -> dict[str, Any]:
     """The lag while `events()` runs (it returns how many starts and wakes it did) beside
-    the request load. The max gauge is read every `PEAK_EVERY_S`; a phase comes after
+    the request load. The max gauges are read every `PEAK_EVERY_S`; a phase comes after
     `WINDOW_S` with no load (the rest phase, or the pause), so its readings are its own."""
     load = Load(gw.port, a.clients)
     load.start()
-    peaks: list[float] = []
+    peaks: dict[str, list[float]] = {name: [] for name in SERIES}
     stop = threading.Event()
 
     def read_peaks() -> None:
         while not stop.wait(PEAK_EVERY_S):
-            peaks.append(scrape(gw.port)[1])
+            for name, (_, peak) in scrape(gw.port).items():
+                peaks[name].append(peak)
 
     reader = threading.Thread(target=read_peaks)
     try:
         time.sleep(1.0)  # the load settles
-        before, _ = scrape(gw.port)
+        before = scrape(gw.port)
         began, cpu0, wait0 = time.monotonic(), gw.cpu_s(), cpu_wait_s(gw.popen.pid)
         reader.start()
         done = events()
@@ -243,11 +250,16 @@ def under_load(gw: Proc, a: argparse.Namespace, events: Callable[[], int]) -> di
         if reader.is_alive():
             reader.join(timeout=30)
         load.stop()
-    after, peak = scrape(gw.port)
+    after = scrape(gw.port)
     if load.errors:
         raise RuntimeError(f"load: {len(load.errors)} errors, e.g. {load.errors[:3]}")
     exact = a.rest >= WINDOW_S  # nothing from before the quiet minute is in the window
-    return {**summary(before, after, max([*peaks, peak]) if exact else None),
+    series = {
+        key: summary(before[name][0], after[name][0],
+                     max([*peaks[name], after[name][1]]) if exact else None)
+        for key, name in (("lag", LAG), ("held", HELD))
+    }  # fmt: skip
+    return {**series,
             "starts_and_wakes": done, "wall_s": round(wall, 1), "load_requests": load.ok,
             "load_rps": round(load.ok / wall, 1), "gateway_cpu_pct": round(100 * cpu / wall),
             "loop_cpu_wait_s": round(waited, 2),
@@ -270,10 +282,14 @@ def starts_and_wakes(gw: Proc, rounds: int) -> int:
 
 
 def at_rest(gw: Proc, seconds: float) -> dict[str, Any]:
-    before, _ = scrape(gw.port)
+    before = scrape(gw.port)
     time.sleep(seconds)
-    after, peak = scrape(gw.port)
-    return summary(before, after, peak if seconds >= WINDOW_S else None)
+    after = scrape(gw.port)
+    exact = seconds >= WINDOW_S
+    return {
+        key: summary(before[name][0], after[name][0], after[name][1] if exact else None)
+        for key, name in (("lag", LAG), ("held", HELD))
+    }
 
 
 def phases(gw: Proc, a: argparse.Namespace) -> dict[str, Any]:
@@ -291,12 +307,14 @@ def phases(gw: Proc, a: argparse.Namespace) -> dict[str, Any]:
     return {"rest": rest, "rounds": rounds, "load_alone": alone}
 
 
+def verdict(p: dict[str, Any]) -> str:
+    if p["max_ms"] is None:  # known to its bucket only: under or at its bound
+        return "PASS (to its bucket)" if p["max_bucket_ms"] <= TARGET_MS else "MISS"
+    return "PASS" if p["max_ms"] < TARGET_MS else "MISS"
+
+
 def render(res: dict[str, Any]) -> str:
     r, rest, alone = res["rounds"], res["rest"], res["load_alone"]
-    if r["max_ms"] is None:  # known to its bucket only: under or at its bound
-        verdict = "PASS (to its bucket)" if r["max_bucket_ms"] <= TARGET_MS else "MISS"
-    else:
-        verdict = "PASS" if r["max_ms"] < TARGET_MS else "MISS"
 
     def row(label: str, p: dict[str, Any], target: str) -> str:
         top = f"<= {p['max_bucket_ms']:g} ms (its bucket)"
@@ -305,15 +323,22 @@ def render(res: dict[str, Any]) -> str:
         return (f"| {label} | {p['samples']} | {p['p50_ms']:.2f} ms | {p['p99_ms']:.2f} ms "
                 f"| {top} | {p['over_5ms']} | {target} |")  # fmt: skip
 
+    def table(key: str, target: str) -> list[str]:
+        return [
+            "| phase | samples | p50 | p99 | max | over 5 ms | target |",
+            "|---|---:|---:|---:|---:|---:|---|",
+            row(f"at rest, {res['rest_s']:g} s", rest[key], "-"),
+            row(f"{r['starts_and_wakes']} starts and wakes under load", r[key], target),
+            row("the load alone, as long", alone[key], "-"),
+        ]
+
     return "\n".join([
         f"Event loop lag ({res['machine']})", "",
-        "| phase | samples | p50 | p99 | max | over 5 ms | target |",
-        "|---|---:|---:|---:|---:|---:|---|",
-        row(f"at rest, {res['rest_s']:g} s", rest, "-"),
-        row(f"{r['starts_and_wakes']} starts and wakes under load", r,
-            f"max < {TARGET_MS:g} ms: {verdict}"),
-        row("the load alone, as long", alone, "-"),
-        "",
+        "Held: the lag less the loop's thread's wait for a CPU meanwhile "
+        f"({HELD}): what the gateway's own work held the loop.", "",
+        *table("held", f"max < {TARGET_MS:g} ms: {verdict(r['held'])}"), "",
+        f"The lag itself ({LAG}), the machine's wait for a CPU included:", "",
+        *table("lag", f"(max < {TARGET_MS:g} ms: {verdict(r['lag'])})"), "",
         f"Load: {res['clients']} clients streaming chat requests (16 tokens at "
         f"{res['tokens_per_s']:g}/s). With the starts and wakes: {r['load_rps']}/s, gateway "
         f"CPU {r['gateway_cpu_pct']}% of a core, its loop's thread waited "

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.control.loop_lag import LAG_BUCKETS, LoopLag, WindowMax, lateness
+from app.control.loop_lag import LAG_BUCKETS, LoopLag, WindowMax, cpu_wait_s, held, lateness
 from app.tasks import cancel_and_wait, spawn
 
 HISTOGRAM = "microscheduler_event_loop_lag_seconds"
@@ -89,3 +91,66 @@ async def test_a_blocking_call_on_the_loop_shows_up_in_the_histogram() -> None:
     peak = registry.get_sample_value(PEAK)
     assert peak is not None
     assert peak >= 0.09
+
+
+HELD = "microscheduler_event_loop_held_seconds"
+HELD_PEAK = "microscheduler_event_loop_held_max_seconds"
+
+
+def test_held_is_the_lag_less_the_wait_for_a_cpu() -> None:
+    assert held(0.012, 0.010) == pytest.approx(0.002)
+    assert held(0.012, 0.0) == pytest.approx(0.012)
+    assert held(0.003, 0.004) == 0.0  # waits before the wake was due count too: never < 0
+
+
+def test_a_sample_with_its_cpu_wait_goes_to_the_held_series_too() -> None:
+    registry = CollectorRegistry()
+    lag = LoopLag(registry)
+    lag.record(10.0, 10.018, waited=0.0165)  # a busy machine: 16.5 of the 18 ms waiting
+    lag.record(10.1, 10.107, waited=0.0)  # the loop held 7 ms by the gateway's own work
+    lag.record(10.2, 10.2001, waited=None)  # not known: the lag only
+    assert registry.get_sample_value(f"{HISTOGRAM}_count") == 3
+    assert registry.get_sample_value(f"{HELD}_count") == 2
+    assert registry.get_sample_value(f"{HELD}_bucket", {"le": "0.002"}) == 1
+    assert registry.get_sample_value(f"{HELD}_bucket", {"le": "0.005"}) == 1
+    assert registry.get_sample_value(f"{HELD}_bucket", {"le": "0.01"}) == 2
+    assert registry.get_sample_value(PEAK) == pytest.approx(0.018)
+    assert registry.get_sample_value(HELD_PEAK) == pytest.approx(0.007)
+
+
+def test_the_cpu_wait_is_read_from_schedstat(tmp_path: Path) -> None:
+    stat = tmp_path / "schedstat"
+    stat.write_text("393457 130534000 12\n")  # on a CPU, waiting for one (ns), runs
+    assert cpu_wait_s(stat) == pytest.approx(0.130534)
+    assert cpu_wait_s(tmp_path / "absent") is None  # no schedstat: the held series stay empty
+    stat.write_text("garbage\n")
+    assert cpu_wait_s(stat) is None
+
+
+def script(*values: float) -> Callable[[], float]:
+    """A reading that gives `values` in turn, then its last one again."""
+    left = list(values)
+    return lambda: left.pop(0) if len(left) > 1 else left[0]
+
+
+async def test_the_sampler_gives_each_sample_its_cpu_wait() -> None:
+    registry = CollectorRegistry()
+    samples: asyncio.Queue[float] = asyncio.Queue()
+    # Due 1 ms after each reading; woke 12 ms, 18 ms and 0.5 ms late. The thread waited
+    # 16.5 ms for a CPU during the second sleep, none during the others.
+    clock = script(0.0, 0.013, 0.013, 0.032, 0.032, 0.0335)
+    waits = script(1.0, 1.0, 1.0, 1.0165, 1.0165, 1.0165)
+    lag = LoopLag(
+        registry, interval_s=0.001, on_sample=samples.put_nowait, clock=clock, cpu_wait=waits
+    )
+    task = spawn(lag.run(), name="test-loop-held")
+    try:
+        seen = [await asyncio.wait_for(samples.get(), 5.0) for _ in range(3)]
+    finally:
+        await cancel_and_wait(task)
+    assert seen == pytest.approx([0.012, 0.018, 0.0005])
+    assert registry.get_sample_value(f"{HELD}_bucket", {"le": "0.001"}) == 1  # 0.5 ms
+    assert registry.get_sample_value(f"{HELD}_bucket", {"le": "0.002"}) == 2  # 1.5 ms
+    assert registry.get_sample_value(f"{HELD}_bucket", {"le": "0.02"}) == 3  # 12 ms
+    assert registry.get_sample_value(HELD_PEAK) == pytest.approx(0.012)
+    assert registry.get_sample_value(PEAK) == pytest.approx(0.018)
