@@ -24,11 +24,19 @@ class GatedReceive:
         return {"type": "http.disconnect"}
 
 
-async def relay_until_cancelled(receive: GatedReceive, *, stop_first: bool = False) -> str:
-    watch = _DisconnectWatch(receive, {})  # no link in the scope: receive() is watched
+async def relay_until_cancelled(
+    receive: GatedReceive,
+    *,
+    stop_first: bool = False,
+    scope: dict[str, object] | None = None,
+    ready: asyncio.Event | None = None,
+) -> str:
+    """A relay's wait for its upstream, watched: by `receive` (no link in `scope`) or by
+    the link there. `ready` (else `receive.watching`) is set once the watch is up."""
+    watch = _DisconnectWatch(receive, scope or {})
     if stop_first:
         watch.stop()
-    receive.watching.set()
+    (ready or receive.watching).set()
     try:
         await asyncio.wait_for(asyncio.Event().wait(), 0.2)  # stands in for the upstream wait
     except asyncio.CancelledError:
@@ -90,21 +98,10 @@ def never_receive() -> GatedReceive:
 async def watched_by_link(
     link: ClientLink, ready: asyncio.Event, *, stop_first: bool = False
 ) -> str:
-    watch = _DisconnectWatch(never_receive(), {LINK_KEY: link})
-    if stop_first:
-        watch.stop()
-    ready.set()
-    try:
-        await asyncio.wait_for(asyncio.Event().wait(), 0.2)
-    except asyncio.CancelledError:
-        assert watch.disconnected
-        watch.absorb_cancel()
-        return "cancelled by the watch"
-    except TimeoutError:
-        return "not cancelled"
-    finally:
-        watch.stop()
-    return "unreachable"
+    # never_receive(): a receive() the link's watch must not use (it would never return).
+    return await relay_until_cancelled(
+        never_receive(), stop_first=stop_first, scope={LINK_KEY: link}, ready=ready
+    )
 
 
 async def test_the_connection_tells_the_watch_through_the_link() -> None:
