@@ -60,6 +60,7 @@ PEAK = "microscheduler_event_loop_lag_max_seconds"
 HELD = "microscheduler_event_loop_held_seconds"
 HELD_PEAK = "microscheduler_event_loop_held_max_seconds"
 SERIES = {LAG: PEAK, HELD: HELD_PEAK}
+PHASE_KEYS = (("lag", LAG), ("held", HELD))  # a phase's summaries, by key, and their series
 TARGET_MS = 5.0
 PEAK_EVERY_S = 10.0  # well within the max's window; each scrape is loop time too
 STREAM = json.dumps({"model": "steady", "messages": [{"role": "user", "content": "hi"}],
@@ -257,7 +258,7 @@ def under_load(gw: Proc, a: argparse.Namespace, events: Callable[[], int]) -> di
     series = {
         key: summary(before[name][0], after[name][0],
                      max([*peaks[name], after[name][1]]) if exact else None)
-        for key, name in (("lag", LAG), ("held", HELD))
+        for key, name in PHASE_KEYS
     }  # fmt: skip
     return {**series,
             "starts_and_wakes": done, "wall_s": round(wall, 1), "load_requests": load.ok,
@@ -288,7 +289,7 @@ def at_rest(gw: Proc, seconds: float) -> dict[str, Any]:
     exact = seconds >= WINDOW_S
     return {
         key: summary(before[name][0], after[name][0], after[name][1] if exact else None)
-        for key, name in (("lag", LAG), ("held", HELD))
+        for key, name in PHASE_KEYS
     }
 
 

@@ -24,9 +24,7 @@ async def chat_answer(
         return NdjsonStream(response, NdjsonTranslator(model, generate=generate, clock=clock))
 
     def answer(body: Json) -> Json:
-        total, load = clock()
-        timing = answers.Timing(total=total, load=load, prompt=0.0)
-        return answers.chat_answer(body, model=model, generate=generate, timing=timing)
+        return answers.chat_answer(body, model=model, generate=generate, timing=_timing(clock))
 
     return await _whole(response, within_s, answer, _envelope(model, images), "a chat completion")
 
@@ -37,11 +35,15 @@ async def embed_answer(
     """An embeddings answer as `/api/embed`'s, named `model`."""
 
     def answer(body: Json) -> Json:
-        total, load = clock()
-        timing = answers.Timing(total=total, load=load, prompt=0.0)
-        return answers.embed_answer(body, model=model, timing=timing)
+        return answers.embed_answer(body, model=model, timing=_timing(clock))
 
     return await _whole(response, within_s, answer, _envelope(model, 0), "an embeddings answer")
+
+
+def _timing(clock: Clock) -> answers.Timing:
+    """The answer's durations, read when it is translated."""
+    total, load = clock()
+    return answers.Timing(total=total, load=load, prompt=0.0)
 
 
 def _envelope(model: str, images: int) -> Callable[[int, bytes], Json]:

@@ -62,18 +62,17 @@ Translation = Callable[[ClientRequest, Route, dict[str, str]], Translated]
 def messages_as_chat(request: ClientRequest, route: Route, headers: dict[str, str]) -> Translated:
     """A Messages request as a chat completion for `route`'s upstream model."""
     chat = to_openai_chat(request.payload, model=route.upstream_model, stream=request.stream)
-    call = Call(route, CHAT_PATH, chat, request.stream, json_bytes(chat), headers | _JSON,
-                api=Api.CHAT)  # fmt: skip
+    call = _json_call(route, CHAT_PATH, chat, request.stream, headers, Api.CHAT)
     return Translated(call, partial(_as_messages, model=request.model, stream=request.stream))
 
 
 def count_tokens_as_tokenize(
     request: ClientRequest, route: Route, headers: dict[str, str]
 ) -> Translated:
-    """A `count_tokens` request as vLLM's `/tokenize` (never a stream)."""
+    """A `count_tokens` request as vLLM's `/tokenize` in its chat form (never a stream;
+    `TokenizeChatRequest`, vllm/entrypoints/serve/tokenize/protocol.py)."""
     tokenize = tokenize_request(request.payload, model=route.upstream_model)
-    call = Call(route, TOKENIZE_PATH, tokenize, False, json_bytes(tokenize), headers | _JSON,
-                api=Api.TOKENIZE)  # fmt: skip
+    call = _json_call(route, TOKENIZE_PATH, tokenize, False, headers, Api.TOKENIZE)
     return Translated(call, as_token_count)
 
 
@@ -92,8 +91,7 @@ def ollama_chat_as_chat(
     build = generate_request if generate else chat_request
     chat = build(request.payload, model=route.upstream_model, stream=request.stream,
                  max_model_len=max_model_len)  # fmt: skip
-    call = Call(route, CHAT_PATH, chat.body, request.stream, json_bytes(chat.body),
-                headers | _JSON, api=Api.CHAT)  # fmt: skip
+    call = _json_call(route, CHAT_PATH, chat.body, request.stream, headers, Api.CHAT)
     answer = partial(chat_answer, model=request.model, generate=generate, clock=clock,
                      images=chat.images)  # fmt: skip
     return Translated(call, answer)
@@ -105,9 +103,20 @@ def ollama_embed_as_embeddings(
     """Ollama's `/api/embed` as `/v1/embeddings` for `route`'s upstream model (never a
     stream)."""
     embed = embed_request(request.payload, model=route.upstream_model)
-    call = Call(route, EMBEDDINGS_PATH, embed, False, json_bytes(embed), headers | _JSON,
-                api=Api.EMBEDDINGS)  # fmt: skip
+    call = _json_call(route, EMBEDDINGS_PATH, embed, False, headers, Api.EMBEDDINGS)
     return Translated(call, partial(embed_answer, model=request.model, clock=clock))
+
+
+def _json_call(
+    route: Route,
+    path: str,
+    payload: dict[str, Any],
+    stream: bool,
+    headers: dict[str, str],
+    api: Api,
+) -> Call:
+    """The translated call: `payload` written once as its JSON body, labelled JSON."""
+    return Call(route, path, payload, stream, json_bytes(payload), headers | _JSON, api=api)
 
 
 async def _as_messages(

@@ -19,6 +19,11 @@ async def turns(n: int = 5) -> None:
         await asyncio.sleep(0)
 
 
+async def no_content(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def test_a_connection_lost_mid_response_tells_the_watcher() -> None:
     links: list[ClientLink] = []
     told: list[str] = []
@@ -56,8 +61,7 @@ async def test_the_link_says_the_body_is_in_only_once_its_last_byte_is() -> None
         message = await receive()  # does not wait: the body is all in
         assert message["body"] == b"abcdef"
         assert not message["more_body"]
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await no_content(send)
 
     protocol, transport = serve(app)
     protocol.data_received(b"POST /x HTTP/1.1\r\nhost: gw\r\ncontent-length: 6\r\n\r\nabc")
@@ -75,8 +79,7 @@ async def test_each_request_has_its_own_link() -> None:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         links.append(link_of(scope))
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await no_content(send)
 
     protocol, _ = serve(app)
     protocol.data_received(b"GET /a HTTP/1.1\r\nhost: gw\r\n\r\n")
@@ -109,8 +112,7 @@ async def test_a_served_request_is_freed_without_the_garbage_collector() -> None
         assert link is not None
         link.watch(lambda: None)
         assert link.body_in()
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await no_content(send)
         link.unwatch()
 
     gc.disable()
